@@ -1,0 +1,11 @@
+//! eddy-cluster: tasks, the shards that run them, and how events are routed to them.
+//!
+//! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
+//! rows; a task is touched only by the shard thread that owns it.
+
+pub mod engine;
+pub mod route;
+pub mod task;
+
+pub use engine::{Engine, EventReply, TaskId, TaskReport};
+pub use task::{Outcome, Row, Task};

@@ -1,0 +1,543 @@
+//! Aggregate arithmetic: per-group running state that events enter and leave.
+//!
+//! Invariants: every state is exact under any interleaving of `insert` and `remove`
+//! (float sums are kept as non-overlapping partials, variance from exact moments), and
+//! no single update costs more than O(log window): MIN/MAX keep a value→count ordered
+//! multiset, COUNT DISTINCT a value→count map.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+
+use crate::types::{ColumnType, Value};
+
+/// The aggregate functions of the dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AggFunc {
+    CountStar,
+    Count,
+    Sum,
+    Avg,
+    Min,
+    Max,
+    StddevSamp,
+    StddevPop,
+    VarSamp,
+    VarPop,
+    CountDistinct,
+    LastValue,
+}
+
+impl AggFunc {
+    /// Resolves a function name as written in SQL; `distinct` only combines with COUNT.
+    pub fn from_sql(name: &str, distinct: bool, star: bool) -> Option<AggFunc> {
+        let name = name.to_ascii_lowercase();
+        Some(match (name.as_str(), distinct, star) {
+            ("count", false, true) => AggFunc::CountStar,
+            ("count", false, false) => AggFunc::Count,
+            ("count", true, false) => AggFunc::CountDistinct,
+            ("sum", false, false) => AggFunc::Sum,
+            ("avg", false, false) => AggFunc::Avg,
+            ("min", false, false) => AggFunc::Min,
+            ("max", false, false) => AggFunc::Max,
+            ("stddev" | "stddev_samp", false, false) => AggFunc::StddevSamp,
+            ("stddev_pop", false, false) => AggFunc::StddevPop,
+            ("variance" | "var_samp", false, false) => AggFunc::VarSamp,
+            ("var_pop", false, false) => AggFunc::VarPop,
+            ("last_value", false, false) => AggFunc::LastValue,
+            _ => return None,
+        })
+    }
+
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            AggFunc::CountStar | AggFunc::Count => "COUNT",
+            AggFunc::Sum => "SUM",
+            AggFunc::Avg => "AVG",
+            AggFunc::Min => "MIN",
+            AggFunc::Max => "MAX",
+            AggFunc::StddevSamp => "STDDEV_SAMP",
+            AggFunc::StddevPop => "STDDEV_POP",
+            AggFunc::VarSamp => "VAR_SAMP",
+            AggFunc::VarPop => "VAR_POP",
+            AggFunc::CountDistinct => "COUNT",
+            AggFunc::LastValue => "LAST_VALUE",
+        }
+    }
+
+    pub fn needs_numeric(self) -> bool {
+        matches!(
+            self,
+            AggFunc::Sum
+                | AggFunc::Avg
+                | AggFunc::StddevSamp
+                | AggFunc::StddevPop
+                | AggFunc::VarSamp
+                | AggFunc::VarPop
+        )
+    }
+
+    /// The result type for an argument of type `arg` (`None` for `COUNT(*)`).
+    pub fn result_type(self, arg: Option<ColumnType>) -> ResultType {
+        match self {
+            AggFunc::CountStar | AggFunc::Count | AggFunc::CountDistinct => {
+                ResultType::Column(ColumnType::Int64)
+            }
+            AggFunc::Sum if arg.is_some_and(|t| t.is_integer()) => ResultType::Numeric,
+            AggFunc::Sum
+            | AggFunc::Avg
+            | AggFunc::StddevSamp
+            | AggFunc::StddevPop
+            | AggFunc::VarSamp
+            | AggFunc::VarPop => ResultType::Column(ColumnType::Float64),
+            AggFunc::Min | AggFunc::Max | AggFunc::LastValue => {
+                ResultType::Column(arg.unwrap_or(ColumnType::Int64))
+            }
+        }
+    }
+
+    /// A fresh state for this function over an argument of type `arg`.
+    pub fn new_state(self, arg: Option<ColumnType>) -> AggState {
+        match self {
+            AggFunc::CountStar | AggFunc::Count => AggState::Count(0),
+            AggFunc::Sum | AggFunc::Avg if arg.is_some_and(|t| t.is_integer()) => {
+                AggState::SumInt { sum: 0, n: 0 }
+            }
+            AggFunc::Sum | AggFunc::Avg => AggState::SumFloat {
+                sum: ExactSum::default(),
+                n: 0,
+            },
+            AggFunc::StddevSamp | AggFunc::StddevPop | AggFunc::VarSamp | AggFunc::VarPop => {
+                AggState::Moments {
+                    s1: ExactSum::default(),
+                    s2: ExactSum::default(),
+                    n: 0,
+                }
+            }
+            AggFunc::Min | AggFunc::Max => AggState::Extreme(BTreeMap::new()),
+            AggFunc::CountDistinct => AggState::Distinct(HashMap::new()),
+            AggFunc::LastValue => AggState::Last(None),
+        }
+    }
+}
+
+/// What an aggregate returns: a stream column type, or NUMERIC for exact integer sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultType {
+    Column(ColumnType),
+    Numeric,
+}
+
+/// A value with a total order, for the MIN/MAX multiset (NaN sorts above every number).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrdValue(pub Value);
+
+impl Ord for OrdValue {
+    fn cmp(&self, other: &Self) -> Ordering {
+        match (&self.0, &other.0) {
+            (Value::Int(a), Value::Int(b)) => a.cmp(b),
+            (Value::Float(a), Value::Float(b)) => {
+                let a = if *a == 0.0 { 0.0 } else { *a };
+                let b = if *b == 0.0 { 0.0 } else { *b };
+                a.total_cmp(&b)
+            }
+            (Value::Text(a), Value::Text(b)) => a.cmp(b),
+            (Value::Timestamp(a), Value::Timestamp(b)) => a.cmp(b),
+            (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
+            (Value::Numeric(a), Value::Numeric(b)) => a.cmp(b),
+            (a, b) => rank(a).cmp(&rank(b)),
+        }
+    }
+}
+
+fn rank(v: &Value) -> u8 {
+    match v {
+        Value::Null => 0,
+        Value::Bool(_) => 1,
+        Value::Int(_) => 2,
+        Value::Numeric(_) => 3,
+        Value::Float(_) => 4,
+        Value::Text(_) => 5,
+        Value::Timestamp(_) => 6,
+    }
+}
+
+impl PartialOrd for OrdValue {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// An exact sum of finite doubles as non-overlapping partials (Shewchuk's expansion,
+/// the method of Python's `math.fsum`), plus counts of the non-finite values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExactSum {
+    partials: Vec<f64>,
+    nan: u32,
+    pos_inf: u32,
+    neg_inf: u32,
+}
+
+impl ExactSum {
+    pub fn add(&mut self, x: f64) {
+        if x.is_finite() {
+            self.grow(x);
+        } else if x.is_nan() {
+            self.nan += 1;
+        } else if x > 0.0 {
+            self.pos_inf += 1;
+        } else {
+            self.neg_inf += 1;
+        }
+    }
+
+    pub fn sub(&mut self, x: f64) {
+        if x.is_finite() {
+            self.grow(-x);
+        } else if x.is_nan() {
+            self.nan -= 1;
+        } else if x > 0.0 {
+            self.pos_inf -= 1;
+        } else {
+            self.neg_inf -= 1;
+        }
+    }
+
+    fn grow(&mut self, mut x: f64) {
+        let mut kept = 0;
+        for j in 0..self.partials.len() {
+            let mut y = self.partials[j];
+            if x.abs() < y.abs() {
+                std::mem::swap(&mut x, &mut y);
+            }
+            let hi = x + y;
+            let lo = y - (hi - x);
+            if lo != 0.0 {
+                self.partials[kept] = lo;
+                kept += 1;
+            }
+            x = hi;
+        }
+        self.partials.truncate(kept);
+        if x != 0.0 {
+            self.partials.push(x);
+        }
+    }
+
+    fn has_special(&self) -> bool {
+        self.nan > 0 || self.pos_inf > 0 || self.neg_inf > 0
+    }
+
+    /// The exact sum rounded once to the nearest double.
+    pub fn value(&self) -> f64 {
+        if self.nan > 0 || (self.pos_inf > 0 && self.neg_inf > 0) {
+            return f64::NAN;
+        }
+        if self.pos_inf > 0 {
+            return f64::INFINITY;
+        }
+        if self.neg_inf > 0 {
+            return f64::NEG_INFINITY;
+        }
+        let p = &self.partials;
+        let mut n = p.len();
+        if n == 0 {
+            return 0.0;
+        }
+        n -= 1;
+        let mut hi = p[n];
+        let mut lo = 0.0;
+        while n > 0 {
+            n -= 1;
+            let x = hi;
+            let y = p[n];
+            hi = x + y;
+            let yr = hi - x;
+            lo = y - yr;
+            if lo != 0.0 {
+                break;
+            }
+        }
+        // Round half to even correctly when the remaining partials push past a tie.
+        if n > 0 && ((lo < 0.0 && p[n - 1] < 0.0) || (lo > 0.0 && p[n - 1] > 0.0)) {
+            let y = lo * 2.0;
+            let x = hi + y;
+            let yr = x - hi;
+            if y == yr {
+                hi = x;
+            }
+        }
+        hi
+    }
+
+    fn partials(&self) -> &[f64] {
+        &self.partials
+    }
+}
+
+/// `a * b` as an exact unevaluated sum `p + e`.
+fn two_product(a: f64, b: f64) -> (f64, f64) {
+    let p = a * b;
+    (p, a.mul_add(b, -p))
+}
+
+/// The running state of one aggregate for one group.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AggState {
+    Count(i64),
+    SumInt { sum: i128, n: i64 },
+    SumFloat { sum: ExactSum, n: i64 },
+    Moments { s1: ExactSum, s2: ExactSum, n: i64 },
+    Extreme(BTreeMap<OrdValue, u32>),
+    Distinct(HashMap<Value, u32>),
+    /// The newest event's value with its (event time, arrival sequence).
+    Last(Option<(i64, u64, Value)>),
+}
+
+impl AggState {
+    /// Applies an event whose argument value is `v` (ignored for `COUNT(*)`).
+    pub fn insert(&mut self, func: AggFunc, v: &Value, ts: i64, seq: u64) {
+        if func == AggFunc::CountStar {
+            if let AggState::Count(n) = self {
+                *n += 1;
+            }
+            return;
+        }
+        if func == AggFunc::LastValue {
+            if let AggState::Last(last) = self {
+                let newer = match last {
+                    Some((lts, lseq, _)) => (ts, seq) > (*lts, *lseq),
+                    None => true,
+                };
+                if newer {
+                    *last = Some((ts, seq, v.clone()));
+                }
+            }
+            return;
+        }
+        if v.is_null() {
+            return;
+        }
+        match self {
+            AggState::Count(n) => *n += 1,
+            AggState::SumInt { sum, n } => {
+                if let Value::Int(x) = v {
+                    *sum += *x as i128;
+                    *n += 1;
+                }
+            }
+            AggState::SumFloat { sum, n } => {
+                if let Some(x) = v.as_f64() {
+                    sum.add(x);
+                    *n += 1;
+                }
+            }
+            AggState::Moments { s1, s2, n } => {
+                if let Some(x) = v.as_f64() {
+                    s1.add(x);
+                    let (p, e) = two_product(x, x);
+                    s2.add(p);
+                    s2.add(e);
+                    *n += 1;
+                }
+            }
+            AggState::Extreme(map) => *map.entry(OrdValue(v.clone())).or_insert(0) += 1,
+            AggState::Distinct(map) => *map.entry(v.clone()).or_insert(0) += 1,
+            AggState::Last(_) => {}
+        }
+    }
+
+    /// Removes an event that `insert` applied earlier with the same value.
+    pub fn remove(&mut self, func: AggFunc, v: &Value) {
+        if func == AggFunc::CountStar {
+            if let AggState::Count(n) = self {
+                *n -= 1;
+                assert!(*n >= 0);
+            }
+            return;
+        }
+        if func == AggFunc::LastValue || v.is_null() {
+            // LAST_VALUE only changes when the group empties, which drops the group.
+            return;
+        }
+        match self {
+            AggState::Count(n) => *n -= 1,
+            AggState::SumInt { sum, n } => {
+                if let Value::Int(x) = v {
+                    *sum -= *x as i128;
+                    *n -= 1;
+                }
+            }
+            AggState::SumFloat { sum, n } => {
+                if let Some(x) = v.as_f64() {
+                    sum.sub(x);
+                    *n -= 1;
+                }
+            }
+            AggState::Moments { s1, s2, n } => {
+                if let Some(x) = v.as_f64() {
+                    s1.sub(x);
+                    let (p, e) = two_product(x, x);
+                    s2.sub(p);
+                    s2.sub(e);
+                    *n -= 1;
+                }
+            }
+            AggState::Extreme(map) => map.decrement(&OrdValue(v.clone())),
+            AggState::Distinct(map) => map.decrement(v),
+            AggState::Last(_) => {}
+        }
+    }
+
+    /// The aggregate's value for the group as it stands.
+    pub fn result(&self, func: AggFunc) -> Value {
+        match (self, func) {
+            (AggState::Count(n), _) => Value::Int(*n),
+            (AggState::SumInt { n: 0, .. }, _) | (AggState::SumFloat { n: 0, .. }, _) => {
+                Value::Null
+            }
+            (AggState::SumInt { sum, .. }, AggFunc::Sum) => Value::Numeric(*sum),
+            (AggState::SumInt { sum, n }, _) => Value::Float(*sum as f64 / *n as f64),
+            (AggState::SumFloat { sum, .. }, AggFunc::Sum) => Value::Float(sum.value()),
+            (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
+            (AggState::Moments { s1, s2, n }, _) => moments_result(func, s1, s2, *n),
+            (AggState::Extreme(map), AggFunc::Min) => {
+                map.keys().next().map_or(Value::Null, |v| v.0.clone())
+            }
+            (AggState::Extreme(map), _) => {
+                map.keys().next_back().map_or(Value::Null, |v| v.0.clone())
+            }
+            (AggState::Distinct(map), _) => Value::Int(map.len() as i64),
+            (AggState::Last(last), _) => last.as_ref().map_or(Value::Null, |l| l.2.clone()),
+        }
+    }
+}
+
+/// A multiset as value → count: removing the last copy removes the key.
+trait CountMap<K> {
+    fn decrement(&mut self, key: &K);
+}
+
+impl<K: Ord> CountMap<K> for BTreeMap<K, u32> {
+    fn decrement(&mut self, key: &K) {
+        let count = self.get_mut(key).expect("removed value was inserted");
+        *count -= 1;
+        if *count == 0 {
+            self.remove(key);
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> CountMap<K> for HashMap<K, u32> {
+    fn decrement(&mut self, key: &K) {
+        let count = self.get_mut(key).expect("removed value was inserted");
+        *count -= 1;
+        if *count == 0 {
+            self.remove(key);
+        }
+    }
+}
+
+/// Variance from exact moments: n·Σx² − (Σx)² is formed exactly, then rounded once.
+fn moments_result(func: AggFunc, s1: &ExactSum, s2: &ExactSum, n: i64) -> Value {
+    let sample = matches!(func, AggFunc::StddevSamp | AggFunc::VarSamp);
+    if n == 0 || (sample && n == 1) {
+        return Value::Null;
+    }
+    if s1.has_special() {
+        return Value::Float(f64::NAN);
+    }
+    let nf = n as f64;
+    let mut m = ExactSum::default();
+    for &p in s2.partials() {
+        let (h, l) = two_product(p, nf);
+        m.add(h);
+        m.add(l);
+    }
+    for &a in s1.partials() {
+        for &b in s1.partials() {
+            let (h, l) = two_product(a, b);
+            m.sub(h);
+            m.sub(l);
+        }
+    }
+    let m = m.value().max(0.0);
+    let var = if sample {
+        m / nf / (nf - 1.0)
+    } else {
+        m / nf / nf
+    };
+    match func {
+        AggFunc::StddevSamp | AggFunc::StddevPop => Value::Float(var.sqrt()),
+        _ => Value::Float(var),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_sum_survives_cancellation() {
+        let mut s = ExactSum::default();
+        s.add(1e100);
+        s.add(1.0);
+        s.add(-1e100);
+        assert_eq!(s.value(), 1.0);
+        for i in 0..1000 {
+            s.add(0.1 * i as f64);
+        }
+        for i in 0..1000 {
+            s.sub(0.1 * i as f64);
+        }
+        assert_eq!(s.value(), 1.0);
+    }
+
+    #[test]
+    fn variance_is_exact_with_large_mean() {
+        let mut st = AggFunc::VarSamp.new_state(Some(ColumnType::Float64));
+        for (i, x) in [1e9 + 4.0, 1e9 + 7.0, 1e9 + 13.0, 1e9 + 16.0].iter().enumerate() {
+            st.insert(AggFunc::VarSamp, &Value::Float(*x), 0, i as u64);
+        }
+        assert_eq!(st.result(AggFunc::VarSamp), Value::Float(30.0));
+        st.remove(AggFunc::VarSamp, &Value::Float(1e9 + 4.0));
+        st.remove(AggFunc::VarSamp, &Value::Float(1e9 + 7.0));
+        st.remove(AggFunc::VarSamp, &Value::Float(1e9 + 13.0));
+        assert_eq!(st.result(AggFunc::VarSamp), Value::Null);
+        assert_eq!(st.result(AggFunc::VarPop), Value::Float(0.0));
+    }
+
+    #[test]
+    fn min_max_follow_removals() {
+        let mut st = AggFunc::Max.new_state(Some(ColumnType::Int64));
+        for (i, x) in [3, 9, 9, 1].iter().enumerate() {
+            st.insert(AggFunc::Max, &Value::Int(*x), 0, i as u64);
+        }
+        st.remove(AggFunc::Max, &Value::Int(9));
+        assert_eq!(st.result(AggFunc::Max), Value::Int(9));
+        st.remove(AggFunc::Max, &Value::Int(9));
+        assert_eq!(st.result(AggFunc::Max), Value::Int(3));
+        assert_eq!(st.result(AggFunc::Min), Value::Int(1));
+    }
+
+    #[test]
+    fn integer_sums_are_numeric_and_exact() {
+        let mut st = AggFunc::Sum.new_state(Some(ColumnType::Int64));
+        st.insert(AggFunc::Sum, &Value::Int(i64::MAX), 0, 0);
+        st.insert(AggFunc::Sum, &Value::Int(i64::MAX), 0, 1);
+        assert_eq!(st.result(AggFunc::Sum), Value::Numeric(2 * i64::MAX as i128));
+        st.insert(AggFunc::Sum, &Value::Null, 0, 2);
+        st.remove(AggFunc::Sum, &Value::Int(i64::MAX));
+        st.remove(AggFunc::Sum, &Value::Int(i64::MAX));
+        assert_eq!(st.result(AggFunc::Sum), Value::Null);
+    }
+
+    #[test]
+    fn last_value_keeps_the_newest_event() {
+        let mut st = AggFunc::LastValue.new_state(Some(ColumnType::Text));
+        st.insert(AggFunc::LastValue, &Value::Text("b".into()), 10, 0);
+        st.insert(AggFunc::LastValue, &Value::Text("a".into()), 5, 1);
+        assert_eq!(st.result(AggFunc::LastValue), Value::Text("b".into()));
+        st.insert(AggFunc::LastValue, &Value::Null, 10, 2);
+        assert_eq!(st.result(AggFunc::LastValue), Value::Null);
+    }
+}

@@ -1,0 +1,828 @@
+//! Binding: checks parsed statements against a catalog snapshot and produces the
+//! definitions and plans the engine runs.
+//!
+//! Invariant: binding is pure; a statement that fails to bind has changed nothing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::sql::sqlparser::ast::{
+    self, ColumnOption, CreateTableOptions, DuplicateTreatment, Expr, FunctionArg,
+    FunctionArgExpr, FunctionArguments, GroupByExpr, SelectItem, SetExpr, SqlOption, TableFactor,
+    TableObject, UnaryOperator,
+};
+
+use crate::aggregate::{AggFunc, ResultType};
+use crate::catalog::{AggDef, Catalog, ColumnDef, EventTimeUnit, MetricDef, StreamDef};
+use crate::error::{Error, ErrorKind, Result};
+use crate::filter::Filter;
+use crate::sql::{normalize_ident, object_name, MetricAst};
+use crate::types::{parse_duration_us, parse_timestamp, ColumnType, Value};
+
+/// Default `retention` of a stream: how long its reservoir keeps events.
+pub const RETENTION_DEFAULT_US: i64 = 7 * 86_400_000_000;
+
+pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<StreamDef> {
+    let name = object_name(&create.name);
+    let mut columns: Vec<ColumnDef> = Vec::new();
+    for c in &create.columns {
+        let col_name = normalize_ident(&c.name);
+        if columns.iter().any(|x| x.name == col_name) {
+            return Err(Error::new(
+                ErrorKind::DuplicateObject,
+                format!("column \"{col_name}\" specified more than once"),
+            ));
+        }
+        let ty = ColumnType::parse(&c.data_type.to_string()).ok_or_else(|| {
+            Error::unsupported(format!("type {} is not supported", c.data_type)).with_hint(
+                "Use BOOLEAN, INTEGER, BIGINT, REAL, DOUBLE PRECISION, TEXT or TIMESTAMP.",
+            )
+        })?;
+        let not_null = c
+            .options
+            .iter()
+            .any(|o| matches!(o.option, ColumnOption::NotNull));
+        columns.push(ColumnDef {
+            name: col_name,
+            ty,
+            not_null,
+        });
+    }
+    if columns.is_empty() {
+        return Err(Error::syntax("a stream needs at least one column"));
+    }
+    let options = match &create.table_options {
+        CreateTableOptions::With(opts) => opts.clone(),
+        CreateTableOptions::None => Vec::new(),
+        _ => return Err(Error::syntax("stream options are written WITH (key = value, …)")),
+    };
+    let mut event_time = None;
+    let mut event_id = None;
+    let mut partition_by: Vec<usize> = Vec::new();
+    let mut partitions = 1u32;
+    let mut lateness_us = 0;
+    let mut retention_us = RETENTION_DEFAULT_US;
+    let column_of = |text: &str, option: &str| -> Result<usize> {
+        let wanted = text.trim().to_lowercase();
+        columns
+            .iter()
+            .position(|c| c.name == wanted)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::UndefinedColumn,
+                    format!("column \"{wanted}\" named by {option} does not exist in stream \"{name}\""),
+                )
+            })
+    };
+    for opt in options {
+        let SqlOption::KeyValue { key, value } = opt else {
+            return Err(Error::syntax("stream options are written key = value"));
+        };
+        let key = normalize_ident(&key).to_lowercase();
+        let text = option_text(&value);
+        match key.as_str() {
+            "event_time" => event_time = Some(column_of(&text, "event_time")?),
+            "event_id" => event_id = Some(column_of(&text, "event_id")?),
+            "partition_by" => {
+                for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+                    let idx = column_of(part, "partition_by")?;
+                    if !partition_by.contains(&idx) {
+                        partition_by.push(idx);
+                    }
+                }
+            }
+            "partitions" => {
+                partitions = text
+                    .parse()
+                    .ok()
+                    .filter(|p| (1..=1024).contains(p))
+                    .ok_or_else(|| invalid_option("partitions", &text, "an integer from 1 to 1024"))?
+            }
+            "lateness" => {
+                lateness_us = parse_duration_us(&text)
+                    .filter(|d| *d >= 0)
+                    .ok_or_else(|| invalid_option("lateness", &text, "a duration such as '5 seconds'"))?
+            }
+            "retention" => {
+                retention_us = parse_duration_us(&text)
+                    .filter(|d| *d > 0)
+                    .ok_or_else(|| invalid_option("retention", &text, "a duration such as '30 days'"))?
+            }
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidParameter,
+                    format!("unrecognized stream option \"{other}\""),
+                )
+                .with_hint("Valid options: event_time, event_id, partition_by, partitions, lateness, retention."))
+            }
+        }
+    }
+    let event_time = event_time.ok_or_else(|| {
+        Error::new(ErrorKind::InvalidParameter, format!("stream \"{name}\" needs an event_time"))
+            .with_hint("Add WITH (event_time = 'ts') naming a TIMESTAMP or BIGINT (milliseconds) column.")
+    })?;
+    let event_time_unit = match columns[event_time].ty {
+        ColumnType::Timestamp => EventTimeUnit::Timestamp,
+        ColumnType::Int64 => EventTimeUnit::Millis,
+        other => {
+            return Err(Error::new(
+                ErrorKind::DatatypeMismatch,
+                format!(
+                    "event_time column \"{}\" is of type {} but must be TIMESTAMP or BIGINT",
+                    columns[event_time].name,
+                    other.sql_name()
+                ),
+            ))
+        }
+    };
+    columns[event_time].not_null = true;
+    if partition_by.is_empty() && partitions != 1 {
+        return Err(Error::new(
+            ErrorKind::InvalidParameter,
+            "a stream without partition_by has exactly one task",
+        )
+        .with_hint("Add partition_by = 'column' to spread the stream over several tasks."));
+    }
+    Ok(StreamDef {
+        name,
+        columns,
+        event_time,
+        event_time_unit,
+        event_id,
+        partitioners: partition_by,
+        partitions,
+        lateness_us,
+        retention_us,
+        sql: sql.to_string(),
+    })
+}
+
+fn option_text(value: &Expr) -> String {
+    match value {
+        Expr::Value(v) => match &v.value {
+            ast::Value::SingleQuotedString(s) => s.clone(),
+            ast::Value::Number(n, _) => n.to_string(),
+            other => other.to_string(),
+        },
+        Expr::Identifier(i) => normalize_ident(i),
+        other => other.to_string(),
+    }
+}
+
+fn invalid_option(key: &str, text: &str, expected: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidParameter,
+        format!("invalid value for option \"{key}\": \"{text}\""),
+    )
+    .with_hint(format!("Expected {expected}."))
+}
+
+pub fn undefined_stream(name: &str) -> Error {
+    Error::new(ErrorKind::UndefinedTable, format!("stream \"{name}\" does not exist"))
+}
+
+pub fn bind_create_metric(catalog: &Catalog, m: &MetricAst) -> Result<MetricDef> {
+    let select = &m.select;
+    if select.from.len() != 1 || !select.from[0].joins.is_empty() {
+        return Err(Error::unsupported("a metric reads exactly one stream"));
+    }
+    let stream_name = match &select.from[0].relation {
+        TableFactor::Table { name, .. } => object_name(name),
+        _ => return Err(Error::unsupported("a metric reads exactly one stream")),
+    };
+    let stream = catalog.stream(&stream_name).ok_or_else(|| {
+        if catalog.metric(&stream_name).is_some() {
+            Error::unsupported(format!("\"{stream_name}\" is a metric; metrics read streams"))
+        } else {
+            undefined_stream(&stream_name)
+        }
+    })?;
+    if select.having.is_some() || select.distinct.is_some() {
+        return Err(Error::unsupported("HAVING and DISTINCT are not supported in a metric")
+            .with_hint("Filter the metric's rows when you SELECT from it."));
+    }
+    let column = |ident: &ast::Ident| -> Result<usize> {
+        let name = normalize_ident(ident);
+        stream
+            .column_index(&name)
+            .ok_or_else(|| Error::undefined_column(&name, &stream.name))
+    };
+    let mut group_by = Vec::new();
+    match &select.group_by {
+        GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => {
+            for e in exprs {
+                match e {
+                    Expr::Identifier(i) => group_by.push(column(i)?),
+                    Expr::CompoundIdentifier(parts) if parts.len() == 2 => {
+                        group_by.push(column(&parts[1])?)
+                    }
+                    other => {
+                        return Err(Error::unsupported(format!(
+                            "GROUP BY {other}: metrics group by stream columns"
+                        )))
+                    }
+                }
+            }
+        }
+        _ => return Err(Error::unsupported("GROUP BY ALL and grouping sets are not supported")),
+    }
+    let mut aggregates: Vec<AggDef> = Vec::new();
+    for item in &select.projection {
+        let (expr, alias) = match item {
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(normalize_ident(alias))),
+            _ => {
+                return Err(Error::unsupported("SELECT * is not allowed in a metric")
+                    .with_hint("List the group-by columns and the aggregates."))
+            }
+        };
+        match expr {
+            Expr::Identifier(i) => {
+                let idx = column(i)?;
+                if !group_by.contains(&idx) {
+                    return Err(Error::new(
+                        ErrorKind::Grouping,
+                        format!(
+                            "column \"{}\" must appear in the GROUP BY clause or be used in an aggregate function",
+                            stream.columns[idx].name
+                        ),
+                    ));
+                }
+            }
+            Expr::Function(f) => {
+                let agg = bind_aggregate(stream, f, alias)?;
+                aggregates.push(agg);
+            }
+            other => {
+                return Err(Error::unsupported(format!(
+                    "metric column {other} is neither a group-by column nor an aggregate"
+                ))
+                .with_hint("Compute expressions over a metric when you SELECT from it."))
+            }
+        }
+    }
+    if aggregates.is_empty() {
+        return Err(Error::syntax("a metric needs at least one aggregate"));
+    }
+    let mut names = BTreeSet::new();
+    for name in group_by
+        .iter()
+        .map(|i| stream.columns[*i].name.clone())
+        .chain(aggregates.iter().map(|a| a.alias.clone()))
+    {
+        if !names.insert(name.clone()) {
+            return Err(Error::new(
+                ErrorKind::DuplicateObject,
+                format!("metric column \"{name}\" appears more than once"),
+            )
+            .with_hint("Give each aggregate its own name with AS."));
+        }
+    }
+    let filter = match &select.selection {
+        Some(e) => {
+            let text = e.to_string();
+            Filter::compile(stream, &text)?;
+            Some(text)
+        }
+        None => None,
+    };
+    let partitioner = if stream.partitioners.is_empty() {
+        0
+    } else if group_by.is_empty() {
+        if stream.partitions != 1 {
+            return Err(Error::unsupported(format!(
+                "a metric without GROUP BY needs stream \"{}\" to have partitions = 1",
+                stream.name
+            ))
+            .with_hint(format!(
+                "Group by the partitioner column \"{}\".",
+                stream.columns[stream.partitioners[0]].name
+            )));
+        }
+        0
+    } else {
+        stream
+            .partitioners
+            .iter()
+            .position(|p| group_by.contains(p))
+            .ok_or_else(|| {
+                let names: Vec<&str> = stream
+                    .partitioners
+                    .iter()
+                    .map(|p| stream.columns[*p].name.as_str())
+                    .collect();
+                Error::unsupported("GROUP BY must include a partitioner column of the stream")
+                    .with_hint(format!("Group by one of: {}.", names.join(", ")))
+            })?
+    };
+    Ok(MetricDef {
+        name: m.name.clone(),
+        stream: stream.name.clone(),
+        window: m.window,
+        filter,
+        group_by,
+        aggregates,
+        partitioner,
+        sql: m.sql.clone(),
+    })
+}
+
+fn bind_aggregate(stream: &StreamDef, f: &ast::Function, alias: Option<String>) -> Result<AggDef> {
+    let fname = object_name(&f.name);
+    let FunctionArguments::List(list) = &f.args else {
+        return Err(Error::unsupported(format!("{fname} is not an aggregate")));
+    };
+    if f.filter.is_some() || f.over.is_some() || !list.clauses.is_empty() {
+        return Err(Error::unsupported(format!(
+            "{fname}: FILTER, OVER and ORDER BY are not supported in metrics"
+        )));
+    }
+    let distinct = matches!(list.duplicate_treatment, Some(DuplicateTreatment::Distinct));
+    let (star, arg) = match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => (true, None),
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(i)))] => {
+            let name = normalize_ident(i);
+            let idx = stream
+                .column_index(&name)
+                .ok_or_else(|| Error::undefined_column(&name, &stream.name))?;
+            (false, Some(idx))
+        }
+        _ => {
+            return Err(Error::unsupported(format!(
+                "{fname}: aggregate arguments must be a single stream column"
+            )))
+        }
+    };
+    let func = AggFunc::from_sql(&fname, distinct, star).ok_or_else(|| {
+        Error::new(
+            ErrorKind::UndefinedFunction,
+            format!("aggregate {fname} is not supported"),
+        )
+        .with_hint("Metrics support COUNT, SUM, AVG, MIN, MAX, STDDEV, STDDEV_POP, VARIANCE, VAR_POP, COUNT(DISTINCT x) and LAST_VALUE.")
+    })?;
+    if let Some(idx) = arg {
+        let ty = stream.columns[idx].ty;
+        if func.needs_numeric() && !ty.is_numeric() {
+            return Err(Error::new(
+                ErrorKind::UndefinedFunction,
+                format!("function {}({}) does not exist", fname.to_lowercase(), ty.sql_name().to_lowercase()),
+            )
+            .with_hint(format!("{} needs a numeric column.", func.sql_name())));
+        }
+    }
+    Ok(AggDef {
+        alias: alias.unwrap_or_else(|| fname.to_lowercase()),
+        func,
+        arg,
+    })
+}
+
+/// One output column of `INSERT … RETURNING`.
+#[derive(Clone, Debug)]
+pub enum ReturningItem {
+    Event(usize),
+    Metric { metric: Arc<MetricDef>, agg: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct ReturningColumn {
+    pub name: String,
+    pub item: ReturningItem,
+    pub ty: ResultType,
+}
+
+/// A bound INSERT: rows in the stream's column order, and what to return per row.
+#[derive(Clone, Debug)]
+pub struct InsertPlan {
+    pub stream: Arc<StreamDef>,
+    pub rows: Vec<Vec<Value>>,
+    pub returning: Option<Vec<ReturningColumn>>,
+}
+
+pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
+    let TableObject::TableName(table) = &insert.table else {
+        return Err(Error::unsupported("INSERT INTO a table function is not supported"));
+    };
+    let name = object_name(table);
+    let stream = catalog.stream(&name).cloned().ok_or_else(|| {
+        if catalog.metric(&name).is_some() {
+            Error::unsupported(format!("cannot insert into metric \"{name}\""))
+                .with_hint("Insert events into the metric's stream.")
+        } else {
+            undefined_stream(&name)
+        }
+    })?;
+    let targets: Vec<usize> = if insert.columns.is_empty() {
+        (0..stream.columns.len()).collect()
+    } else {
+        insert
+            .columns
+            .iter()
+            .map(|c| {
+                let n = object_name(c);
+                stream
+                    .column_index(&n)
+                    .ok_or_else(|| Error::undefined_column(&n, &stream.name))
+            })
+            .collect::<Result<_>>()?
+    };
+    let source = insert
+        .source
+        .as_ref()
+        .ok_or_else(|| Error::unsupported("INSERT needs VALUES"))?;
+    let SetExpr::Values(values) = source.body.as_ref() else {
+        return Err(Error::unsupported("INSERT … SELECT is not supported")
+            .with_hint("Insert events with VALUES or COPY."));
+    };
+    let mut rows = Vec::with_capacity(values.rows.len());
+    for row in &values.rows {
+        let exprs = &row.content;
+        if exprs.len() > targets.len() {
+            return Err(Error::syntax("INSERT has more expressions than target columns"));
+        }
+        if exprs.len() < targets.len() && !insert.columns.is_empty() {
+            return Err(Error::syntax("INSERT has more target columns than expressions"));
+        }
+        let mut out = vec![Value::Null; stream.columns.len()];
+        for (expr, &col) in exprs.iter().zip(&targets) {
+            out[col] = value_from_expr(expr, &stream.columns[col])?;
+        }
+        check_not_null(&stream, &out)?;
+        rows.push(out);
+    }
+    let returning = insert
+        .returning
+        .as_ref()
+        .map(|items| bind_returning(catalog, &stream, items))
+        .transpose()?;
+    Ok(InsertPlan {
+        stream,
+        rows,
+        returning,
+    })
+}
+
+/// The shape of a prepared INSERT: the column type each `$n` fills, and the RETURNING
+/// columns, without binding any values.
+pub fn insert_shape(
+    catalog: &Catalog,
+    insert: &ast::Insert,
+) -> Result<(Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>)> {
+    let TableObject::TableName(table) = &insert.table else {
+        return Err(Error::unsupported("INSERT INTO a table function is not supported"));
+    };
+    let name = object_name(table);
+    let stream = catalog.stream(&name).cloned().ok_or_else(|| undefined_stream(&name))?;
+    let targets: Vec<usize> = if insert.columns.is_empty() {
+        (0..stream.columns.len()).collect()
+    } else {
+        insert
+            .columns
+            .iter()
+            .map(|c| {
+                let n = object_name(c);
+                stream
+                    .column_index(&n)
+                    .ok_or_else(|| Error::undefined_column(&n, &stream.name))
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut params: Vec<Option<ColumnType>> = Vec::new();
+    if let Some(SetExpr::Values(values)) = insert.source.as_ref().map(|s| s.body.as_ref()) {
+        for row in &values.rows {
+            for (expr, col) in row.content.iter().zip(&targets) {
+                let mut e = expr;
+                while let Expr::Cast { expr, .. } | Expr::Nested(expr) = e {
+                    e = expr;
+                }
+                if let Expr::Value(v) = e {
+                    if let ast::Value::Placeholder(p) = &v.value {
+                        if let Some(i) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                            if params.len() < i {
+                                params.resize(i, None);
+                            }
+                            params[i - 1] = Some(stream.columns[*col].ty);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let returning = insert
+        .returning
+        .as_ref()
+        .map(|items| bind_returning(catalog, &stream, items))
+        .transpose()?;
+    Ok((params, returning))
+}
+
+/// Fails with 23502 when a NOT NULL column of `row` is NULL.
+pub fn check_not_null(stream: &StreamDef, row: &[Value]) -> Result<()> {
+    for (c, v) in stream.columns.iter().zip(row) {
+        if c.not_null && v.is_null() {
+            return Err(Error::new(
+                ErrorKind::NotNullViolation,
+                format!(
+                    "null value in column \"{}\" of relation \"{}\" violates not-null constraint",
+                    c.name, stream.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn bind_returning(
+    catalog: &Catalog,
+    stream: &Arc<StreamDef>,
+    items: &[SelectItem],
+) -> Result<Vec<ReturningColumn>> {
+    let metrics = catalog.metrics_of(&stream.name);
+    let mut out = Vec::new();
+    let event_col = |i: usize| ReturningColumn {
+        name: stream.columns[i].name.clone(),
+        item: ReturningItem::Event(i),
+        ty: ResultType::Column(stream.columns[i].ty),
+    };
+    let metric_cols = |m: &Arc<MetricDef>| -> Vec<ReturningColumn> {
+        m.aggregates
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ReturningColumn {
+                name: format!("{}.{}", m.name, a.alias),
+                item: ReturningItem::Metric {
+                    metric: m.clone(),
+                    agg: i,
+                },
+                ty: a.result_type(stream),
+            })
+            .collect()
+    };
+    let find_metric = |name: &str| -> Result<&Arc<MetricDef>> {
+        metrics.iter().find(|m| m.name == name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::UndefinedTable,
+                format!("missing FROM-clause entry for table \"{name}\""),
+            )
+            .with_hint(format!(
+                "RETURNING names a metric of stream \"{}\" or one of its columns.",
+                stream.name
+            ))
+        })
+    };
+    for item in items {
+        let (expr, alias) = match item {
+            SelectItem::Wildcard(_) => {
+                out.extend((0..stream.columns.len()).map(event_col));
+                for m in &metrics {
+                    out.extend(metric_cols(m));
+                }
+                continue;
+            }
+            SelectItem::QualifiedWildcard(kind, _) => {
+                let name = match kind {
+                    ast::SelectItemQualifiedWildcardKind::ObjectName(n) => object_name(n),
+                    _ => return Err(Error::unsupported("RETURNING expression not supported")),
+                };
+                if name == stream.name {
+                    out.extend((0..stream.columns.len()).map(event_col));
+                } else {
+                    out.extend(metric_cols(find_metric(&name)?));
+                }
+                continue;
+            }
+            SelectItem::UnnamedExpr(e) => (e, None),
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(normalize_ident(alias))),
+            other => return Err(Error::unsupported(format!("RETURNING {other} is not supported"))),
+        };
+        let mut col = match expr {
+            Expr::Identifier(i) => {
+                let n = normalize_ident(i);
+                let idx = stream
+                    .column_index(&n)
+                    .ok_or_else(|| Error::undefined_column(&n, &stream.name))?;
+                event_col(idx)
+            }
+            Expr::CompoundIdentifier(parts) if parts.len() == 2 => {
+                let owner = normalize_ident(&parts[0]);
+                let n = normalize_ident(&parts[1]);
+                if owner == stream.name {
+                    let idx = stream
+                        .column_index(&n)
+                        .ok_or_else(|| Error::undefined_column(&n, &stream.name))?;
+                    event_col(idx)
+                } else {
+                    let m = find_metric(&owner)?;
+                    metric_cols(m)
+                        .into_iter()
+                        .find(|c| c.name == format!("{owner}.{n}"))
+                        .ok_or_else(|| Error::undefined_column(&n, &owner))?
+                }
+            }
+            other => {
+                return Err(Error::unsupported(format!(
+                    "RETURNING {other}: return stream columns or metric columns"
+                )))
+            }
+        };
+        if let Some(a) = alias {
+            col.name = a;
+        }
+        out.push(col);
+    }
+    Ok(out)
+}
+
+fn mismatch(col: &ColumnDef, found: &str) -> Error {
+    Error::new(
+        ErrorKind::DatatypeMismatch,
+        format!(
+            "column \"{}\" is of type {} but expression is of type {found}",
+            col.name,
+            col.ty.sql_name().to_lowercase()
+        ),
+    )
+    .with_hint("You will need to rewrite or cast the expression.")
+}
+
+/// Converts a constant expression of VALUES into a value of the column's type.
+pub fn value_from_expr(expr: &Expr, col: &ColumnDef) -> Result<Value> {
+    match expr {
+        Expr::Nested(e) => value_from_expr(e, col),
+        Expr::Value(v) => match &v.value {
+            ast::Value::Null => Ok(Value::Null),
+            ast::Value::Boolean(b) => match col.ty {
+                ColumnType::Boolean => Ok(Value::Bool(*b)),
+                ColumnType::Text => Ok(Value::Text(if *b { "true" } else { "false" }.into())),
+                _ => Err(mismatch(col, "boolean")),
+            },
+            ast::Value::Number(n, _) => value_from_number(&n.to_string(), col),
+            ast::Value::SingleQuotedString(s)
+            | ast::Value::EscapedStringLiteral(s)
+            | ast::Value::DoubleQuotedString(s) => value_from_text(s, col),
+            ast::Value::DollarQuotedString(s) => value_from_text(&s.value, col),
+            ast::Value::Placeholder(p) => Err(Error::new(
+                ErrorKind::InvalidParameter,
+                format!("there is no parameter {p}"),
+            )),
+            other => Err(Error::unsupported(format!("literal {other} is not supported"))),
+        },
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => match expr.as_ref() {
+            Expr::Value(v) => match &v.value {
+                ast::Value::Number(n, _) => value_from_number(&format!("-{n}"), col),
+                _ => Err(Error::unsupported("unary minus needs a number")),
+            },
+            _ => Err(Error::unsupported("unary minus needs a number")),
+        },
+        Expr::UnaryOp {
+            op: UnaryOperator::Plus,
+            expr,
+        } => value_from_expr(expr, col),
+        Expr::Cast { expr, .. } => value_from_expr(expr, col),
+        Expr::TypedString(t) => match t.value.value.clone().into_string() {
+            Some(s) => value_from_text(&s, col),
+            None => Err(Error::unsupported("typed literal not supported")),
+        },
+        other => Err(Error::unsupported(format!(
+            "VALUES accepts constants only, not {other}"
+        ))),
+    }
+}
+
+fn value_from_number(text: &str, col: &ColumnDef) -> Result<Value> {
+    match col.ty {
+        ColumnType::Int32 | ColumnType::Int64 => parse_int(text, col),
+        ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
+        ColumnType::Text => Ok(Value::Text(text.into())),
+        ColumnType::Boolean => Err(mismatch(col, "integer")),
+        ColumnType::Timestamp => Err(mismatch(col, "integer")),
+    }
+}
+
+fn invalid_text(ty: ColumnType, text: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidText,
+        format!(
+            "invalid input syntax for type {}: \"{text}\"",
+            ty.sql_name().to_lowercase()
+        ),
+    )
+}
+
+fn parse_int(text: &str, col: &ColumnDef) -> Result<Value> {
+    let t = text.trim();
+    let v: i64 = match t.parse::<i64>() {
+        Ok(v) => v,
+        Err(_) => {
+            let f: f64 = t.parse().map_err(|_| invalid_text(col.ty, text))?;
+            if !f.is_finite() || f.abs() > 9.2e18 {
+                return Err(out_of_range(col.ty));
+            }
+            f.round() as i64
+        }
+    };
+    if col.ty == ColumnType::Int32 && i32::try_from(v).is_err() {
+        return Err(out_of_range(col.ty));
+    }
+    Ok(Value::Int(v))
+}
+
+fn out_of_range(ty: ColumnType) -> Error {
+    Error::new(
+        ErrorKind::NumericOutOfRange,
+        format!("value out of range for type {}", ty.sql_name().to_lowercase()),
+    )
+}
+
+fn parse_float(text: &str, col: &ColumnDef) -> Result<Value> {
+    let t = text.trim();
+    let v = match t.to_ascii_lowercase().as_str() {
+        "nan" => f64::NAN,
+        "infinity" | "inf" | "+infinity" => f64::INFINITY,
+        "-infinity" | "-inf" => f64::NEG_INFINITY,
+        _ => t.parse::<f64>().map_err(|_| invalid_text(col.ty, text))?,
+    };
+    Ok(Value::Float(if col.ty == ColumnType::Float32 {
+        v as f32 as f64
+    } else {
+        v
+    }))
+}
+
+/// Converts text (a quoted literal, a COPY field, a text parameter) into the column's type.
+pub fn value_from_text(text: &str, col: &ColumnDef) -> Result<Value> {
+    match col.ty {
+        ColumnType::Text => Ok(Value::Text(text.into())),
+        ColumnType::Int32 | ColumnType::Int64 => parse_int(text, col),
+        ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
+        ColumnType::Boolean => match text.trim().to_ascii_lowercase().as_str() {
+            "t" | "true" | "yes" | "on" | "1" | "y" => Ok(Value::Bool(true)),
+            "f" | "false" | "no" | "off" | "0" | "n" => Ok(Value::Bool(false)),
+            _ => Err(invalid_text(col.ty, text)),
+        },
+        ColumnType::Timestamp => parse_timestamp(text)
+            .map(Value::Timestamp)
+            .ok_or_else(|| invalid_text(col.ty, text)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::{parse_statement, Statement};
+
+    pub(crate) fn catalog_with(stmts: &[&str]) -> Catalog {
+        let mut catalog = Catalog::default();
+        for s in stmts {
+            catalog = crate::ddl::apply(&catalog, &parse_statement(s).unwrap()).unwrap().0;
+        }
+        catalog
+    }
+
+    const STREAM: &str = "CREATE STREAM p (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+        merchant TEXT, amount DOUBLE PRECISION) WITH (event_time = 'ts', event_id = 'id', \
+        partition_by = 'card, merchant', partitions = 4, lateness = '5 seconds')";
+
+    #[test]
+    fn binds_stream_options() {
+        let c = catalog_with(&[STREAM]);
+        let s = c.stream("p").unwrap();
+        assert_eq!(s.partitioners, vec![2, 3]);
+        assert_eq!(s.lateness_us, 5_000_000);
+        assert_eq!(s.event_id, Some(0));
+    }
+
+    #[test]
+    fn metric_runs_in_first_partitioner_of_its_group_by() {
+        let c = catalog_with(&[
+            STREAM,
+            "CREATE METRIC m AS SELECT merchant, SUM(amount) AS s FROM p WINDOW SLIDING (SIZE 1 MINUTE) GROUP BY merchant",
+        ]);
+        assert_eq!(c.metric("m").unwrap().partitioner, 1);
+        let err = crate::ddl::apply(
+            &c,
+            &parse_statement("CREATE METRIC x AS SELECT COUNT(*) FROM p WINDOW INFINITE").unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Unsupported);
+    }
+
+    #[test]
+    fn insert_errors_have_the_right_kind() {
+        let c = catalog_with(&[STREAM]);
+        let bind = |sql: &str| match parse_statement(sql).unwrap() {
+            Statement::Insert(i) => bind_insert(&c, &i),
+            _ => unreachable!(),
+        };
+        assert_eq!(bind("INSERT INTO p VALUES (1, 'x', 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::InvalidText);
+        assert_eq!(bind("INSERT INTO p VALUES (NULL, '2026-01-01', 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::NotNullViolation);
+        assert_eq!(bind("INSERT INTO p VALUES (1, 5, 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::DatatypeMismatch);
+        assert_eq!(bind("INSERT INTO nope VALUES (1)").unwrap_err().kind, ErrorKind::UndefinedTable);
+        let plan = bind("INSERT INTO p VALUES (1, '2026-01-01 00:00:01', 'c', NULL, -2.5) RETURNING *").unwrap();
+        assert_eq!(plan.rows[0][4], Value::Float(-2.5));
+        assert_eq!(plan.returning.unwrap().len(), 5);
+    }
+}

@@ -1,0 +1,295 @@
+//! The shared-prefix DAG of a stream: Window → Filter → GroupBy → Aggregator.
+//!
+//! Invariant: node identity is structural (partitioner + window spec, + filter text,
+//! + group-by columns, + aggregate), so two metrics with the same prefix share nodes,
+//! and display ids (W1, F1, G1, A1, …) are numbered by first appearance over metrics in
+//! creation order: the same catalog always prints the same plan.
+
+use std::sync::Arc;
+
+use crate::aggregate::AggFunc;
+use crate::catalog::{Catalog, MetricDef, StreamDef};
+use crate::window::WindowSpec;
+
+/// Structural identity of a window node.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WindowKey {
+    pub partitioner: usize,
+    pub spec: WindowSpec,
+}
+
+/// Structural identity of a filter node (`None`: no WHERE).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FilterKey {
+    pub window: WindowKey,
+    pub predicate: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    pub filter: FilterKey,
+    pub columns: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AggKey {
+    pub group: GroupKey,
+    pub func: AggFunc,
+    pub arg: Option<usize>,
+}
+
+impl AggKey {
+    pub fn of(metric: &MetricDef, agg: usize) -> AggKey {
+        let a = &metric.aggregates[agg];
+        AggKey {
+            group: GroupKey::of(metric),
+            func: a.func,
+            arg: a.arg,
+        }
+    }
+}
+
+impl GroupKey {
+    pub fn of(metric: &MetricDef) -> GroupKey {
+        GroupKey {
+            filter: FilterKey {
+                window: WindowKey {
+                    partitioner: metric.partitioner,
+                    spec: metric.window,
+                },
+                predicate: metric.filter.clone(),
+            },
+            columns: metric.group_by.clone(),
+        }
+    }
+}
+
+/// One node of the printed plan.
+#[derive(Clone, Debug)]
+struct Node {
+    partitioner: usize,
+    id: String,
+    depth: usize,
+    label: String,
+    users: Vec<String>,
+}
+
+/// Appends the children of `prefix` (depth-first, in numbering order) to `out`.
+fn walk(
+    nodes: &[(Vec<String>, Node)],
+    prefix: &[String],
+    visible: &dyn Fn(&Node) -> bool,
+    partitioner: usize,
+    out: &mut Vec<String>,
+) {
+    let depth = prefix.len();
+    for (key, node) in nodes {
+        let child = key.len() == depth + 1 && key[..depth] == *prefix;
+        if !child || node.partitioner != partitioner || !visible(node) {
+            continue;
+        }
+        let users = if node.depth == 3 {
+            format!(" -> {}", node.users.join(", "))
+        } else {
+            format!("  [{}]", node.users.join(", "))
+        };
+        out.push(format!(
+            "{}{} {}{}",
+            "  ".repeat(depth + 2),
+            node.id,
+            node.label,
+            users
+        ));
+        if depth < 3 {
+            walk(nodes, key, visible, partitioner, out);
+        }
+    }
+}
+
+/// The DAG of one stream, in display order.
+pub struct StreamDag {
+    stream: Arc<StreamDef>,
+    metrics: Vec<Arc<MetricDef>>,
+}
+
+impl StreamDag {
+    pub fn new(catalog: &Catalog, stream: &Arc<StreamDef>) -> StreamDag {
+        StreamDag {
+            stream: stream.clone(),
+            metrics: catalog.metrics_of(&stream.name),
+        }
+    }
+
+    fn partitioner_label(&self, p: usize) -> String {
+        let s = &self.stream;
+        if s.partitioners.is_empty() {
+            "Partitioner (none): 1 task".to_string()
+        } else {
+            format!(
+                "Partitioner {}: {} task{}",
+                s.columns[s.partitioners[p]].name,
+                s.partitions,
+                if s.partitions == 1 { "" } else { "s" }
+            )
+        }
+    }
+
+    /// Builds every node with its users, numbered by first appearance.
+    fn nodes(&self) -> Vec<(Vec<String>, Node)> {
+        // Each entry: the path of structural keys (as text) from the window down, and its node.
+        let mut out: Vec<(Vec<String>, Node)> = Vec::new();
+        let mut counters = [0usize; 4];
+        let s = &self.stream;
+        for m in &self.metrics {
+            let gk = GroupKey::of(m);
+            let path = [
+                format!("{:?}", gk.filter.window),
+                format!("{:?}", gk.filter),
+                format!("{gk:?}"),
+            ];
+            let labels = [
+                format!("Window {}", m.window.to_sql()),
+                format!(
+                    "Filter {}",
+                    m.filter.clone().unwrap_or_else(|| "(all events)".to_string())
+                ),
+                if m.group_by.is_empty() {
+                    "GroupBy (no grouping)".to_string()
+                } else {
+                    format!(
+                        "GroupBy {}",
+                        m.group_by
+                            .iter()
+                            .map(|c| s.columns[*c].name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                },
+            ];
+            let prefixes = ["W", "F", "G"];
+            for level in 0..3 {
+                let key: Vec<String> = path[..=level].to_vec();
+                match out.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, node)) => {
+                        if !node.users.contains(&m.name) {
+                            node.users.push(m.name.clone());
+                        }
+                    }
+                    None => {
+                        counters[level] += 1;
+                        out.push((
+                            key,
+                            Node {
+                                partitioner: m.partitioner,
+                                id: format!("{}{}", prefixes[level], counters[level]),
+                                depth: level,
+                                label: labels[level].clone(),
+                                users: vec![m.name.clone()],
+                            },
+                        ));
+                    }
+                }
+            }
+            for (i, a) in m.aggregates.iter().enumerate() {
+                let ak = AggKey::of(m, i);
+                let mut key = path.to_vec();
+                key.push(format!("{ak:?}"));
+                let user = format!("{}.{}", m.name, a.alias);
+                match out.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, node)) => node.users.push(user),
+                    None => {
+                        counters[3] += 1;
+                        out.push((
+                            key,
+                            Node {
+                                partitioner: m.partitioner,
+                                id: format!("A{}", counters[3]),
+                                depth: 3,
+                                label: format!("Aggregator {}", a.to_sql(s)),
+                                users: vec![user],
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Renders the nodes used by `only` (every node when `None`) as an indented tree.
+    fn render(&self, only: Option<&str>) -> Vec<String> {
+        let nodes = self.nodes();
+        let visible = |n: &Node| {
+            only.is_none_or(|m| {
+                n.users
+                    .iter()
+                    .any(|u| u == m || u.starts_with(&format!("{m}.")))
+            })
+        };
+        let mut lines = Vec::new();
+        for p in 0..self.stream.partitioner_count() {
+            let mut part = Vec::new();
+            walk(&nodes, &[], &visible, p, &mut part);
+            if only.is_none() || !part.is_empty() {
+                lines.push(format!("  {}", self.partitioner_label(p)));
+                lines.extend(part);
+            }
+        }
+        lines
+    }
+
+    /// `EXPLAIN STREAM`: every metric's path through the shared DAG.
+    pub fn explain_stream(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "Stream {} ({} metric{})",
+            self.stream.name,
+            self.metrics.len(),
+            if self.metrics.len() == 1 { "" } else { "s" }
+        )];
+        lines.extend(self.render(None));
+        lines
+    }
+
+    /// `EXPLAIN METRIC`: the one path of `metric`, with the users of each shared node.
+    pub fn explain_metric(&self, metric: &str) -> Vec<String> {
+        let mut lines = vec![format!("Metric {metric} on stream {}", self.stream.name)];
+        lines.extend(self.render(Some(metric)));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::parse_statement;
+
+    #[test]
+    fn shared_prefixes_share_ids() {
+        let mut c = Catalog::default();
+        for s in [
+            "CREATE STREAM p (ts TIMESTAMP, card TEXT, amount DOUBLE) WITH (event_time = 'ts', partition_by = 'card', partitions = 2)",
+            "CREATE METRIC a AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM p WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card",
+            "CREATE METRIC b AS SELECT card, COUNT(*) AS n, MAX(amount) AS m FROM p WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card",
+            "CREATE METRIC c AS SELECT card, COUNT(*) AS n FROM p WINDOW SLIDING (SIZE 5 MINUTES) WHERE amount > 10 GROUP BY card",
+        ] {
+            c = crate::ddl::apply(&c, &parse_statement(s).unwrap()).unwrap().0;
+        }
+        let dag = StreamDag::new(&c, c.stream("p").unwrap());
+        let text = dag.explain_stream().join("\n");
+        let expected = "Stream p (3 metrics)
+  Partitioner card: 2 tasks
+    W1 Window SLIDING (SIZE 5 MINUTES)  [a, b, c]
+      F1 Filter (all events)  [a, b]
+        G1 GroupBy card  [a, b]
+          A1 Aggregator COUNT(*) -> a.n, b.n
+          A2 Aggregator SUM(amount) -> a.s
+          A3 Aggregator MAX(amount) -> b.m
+      F2 Filter amount > 10  [c]
+        G2 GroupBy card  [c]
+          A4 Aggregator COUNT(*) -> c.n";
+        assert_eq!(text, expected);
+        let m = dag.explain_metric("b").join("\n");
+        assert!(m.contains("A3 Aggregator MAX(amount) -> b.m"), "{m}");
+        assert!(!m.contains("A2"), "{m}");
+    }
+}

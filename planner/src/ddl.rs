@@ -1,0 +1,152 @@
+//! DDL: applies CREATE and DROP to a catalog value and returns the new catalog.
+//!
+//! Invariant: `apply` never mutates its input; the caller swaps the result in atomically.
+
+use std::sync::Arc;
+
+use crate::bind::{bind_create_metric, bind_create_stream, undefined_stream};
+use crate::catalog::Catalog;
+use crate::error::{Error, ErrorKind, Result};
+use crate::sql::Statement;
+
+/// What a DDL statement did: its command tag and an optional notice for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DdlOutcome {
+    pub tag: &'static str,
+    pub notice: Option<String>,
+    /// Whether the catalog changed (and must be persisted and pushed to the shards).
+    pub changed: bool,
+}
+
+impl DdlOutcome {
+    fn changed(tag: &'static str) -> DdlOutcome {
+        DdlOutcome {
+            tag,
+            notice: None,
+            changed: true,
+        }
+    }
+
+    fn skipped(tag: &'static str, notice: String) -> DdlOutcome {
+        DdlOutcome {
+            tag,
+            notice: Some(notice),
+            changed: false,
+        }
+    }
+}
+
+fn exists_error(kind: &str, name: &str) -> Error {
+    Error::new(ErrorKind::DuplicateObject, format!("{kind} \"{name}\" already exists"))
+}
+
+fn name_taken(catalog: &Catalog, name: &str) -> Option<&'static str> {
+    if catalog.streams.contains_key(name) {
+        Some("stream")
+    } else if catalog.metrics.contains_key(name) {
+        Some("metric")
+    } else {
+        None
+    }
+}
+
+pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome)> {
+    let mut next = catalog.clone();
+    let outcome = match stmt {
+        Statement::CreateStream { create, sql } => {
+            let def = bind_create_stream(create, sql)?;
+            if let Some(kind) = name_taken(catalog, &def.name) {
+                if create.if_not_exists {
+                    return Ok((
+                        next,
+                        DdlOutcome::skipped(
+                            "CREATE STREAM",
+                            format!("{kind} \"{}\" already exists, skipping", def.name),
+                        ),
+                    ));
+                }
+                return Err(exists_error(kind, &def.name));
+            }
+            next.order.push(def.name.clone());
+            next.streams.insert(def.name.clone(), Arc::new(def));
+            DdlOutcome::changed("CREATE STREAM")
+        }
+        Statement::CreateMetric(m) => {
+            if let Some(kind) = name_taken(catalog, &m.name) {
+                if m.if_not_exists {
+                    return Ok((
+                        next,
+                        DdlOutcome::skipped(
+                            "CREATE METRIC",
+                            format!("{kind} \"{}\" already exists, skipping", m.name),
+                        ),
+                    ));
+                }
+                return Err(exists_error(kind, &m.name));
+            }
+            let def = bind_create_metric(catalog, m)?;
+            next.order.push(def.name.clone());
+            next.metrics.insert(def.name.clone(), Arc::new(def));
+            DdlOutcome::changed("CREATE METRIC")
+        }
+        Statement::DropStream {
+            name,
+            if_exists,
+            cascade,
+        } => {
+            if !catalog.streams.contains_key(name) {
+                if *if_exists {
+                    return Ok((
+                        next,
+                        DdlOutcome::skipped(
+                            "DROP STREAM",
+                            format!("stream \"{name}\" does not exist, skipping"),
+                        ),
+                    ));
+                }
+                return Err(undefined_stream(name));
+            }
+            let dependents: Vec<String> = catalog
+                .metrics_of(name)
+                .iter()
+                .map(|m| m.name.clone())
+                .collect();
+            if !dependents.is_empty() && !cascade {
+                return Err(Error::new(
+                    ErrorKind::DependentObjects,
+                    format!("cannot drop stream \"{name}\" because other objects depend on it"),
+                )
+                .with_detail(format!("metrics {} read it", dependents.join(", ")))
+                .with_hint("Use DROP STREAM … CASCADE to drop the dependent metrics too."));
+            }
+            for d in &dependents {
+                next.metrics.remove(d);
+            }
+            next.streams.remove(name);
+            next.order.retain(|n| n != name && !dependents.contains(n));
+            DdlOutcome::changed("DROP STREAM")
+        }
+        Statement::DropMetric { name, if_exists } => {
+            if !catalog.metrics.contains_key(name) {
+                if *if_exists {
+                    return Ok((
+                        next,
+                        DdlOutcome::skipped(
+                            "DROP METRIC",
+                            format!("metric \"{name}\" does not exist, skipping"),
+                        ),
+                    ));
+                }
+                return Err(Error::new(
+                    ErrorKind::UndefinedTable,
+                    format!("metric \"{name}\" does not exist"),
+                ));
+            }
+            next.metrics.remove(name);
+            next.order.retain(|n| n != name);
+            DdlOutcome::changed("DROP METRIC")
+        }
+        _ => return Err(Error::internal("not a DDL statement")),
+    };
+    Ok((next, outcome))
+}

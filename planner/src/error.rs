@@ -1,0 +1,74 @@
+//! Planner errors: one variant per kind of mistake a user can make, so the server can
+//! map each to its SQLSTATE without parsing messages.
+
+/// A user-facing error with PostgreSQL's primary message, optional detail and hint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Syntax,
+    UndefinedTable,
+    UndefinedObject,
+    DuplicateObject,
+    UndefinedColumn,
+    UndefinedFunction,
+    Grouping,
+    DatatypeMismatch,
+    NotNullViolation,
+    InvalidText,
+    NumericOutOfRange,
+    Unsupported,
+    DependentObjects,
+    InvalidParameter,
+    ResourcesExhausted,
+    Internal,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Error {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Error {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn syntax(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Syntax, message)
+    }
+
+    pub fn unsupported(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Unsupported, message)
+    }
+
+    pub fn undefined_column(column: &str, relation: &str) -> Error {
+        Error::new(
+            ErrorKind::UndefinedColumn,
+            format!("column \"{column}\" of relation \"{relation}\" does not exist"),
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Internal, message)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,221 @@
+//! WHERE predicates of metrics, compiled to DataFusion physical expressions and
+//! evaluated over Arrow batches of events; and the conversion of rows to Arrow.
+//!
+//! Invariant: a predicate that evaluates to NULL drops the event, as SQL's WHERE does.
+
+use std::sync::{Arc, OnceLock};
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, BooleanBuilder, Decimal128Builder, Float32Builder, Float64Builder,
+    Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::{DFSchema, DataFusionError, SchemaError};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::prelude::SessionContext;
+
+use crate::aggregate::ResultType;
+use crate::catalog::StreamDef;
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{ColumnType, Value};
+
+/// A compiled predicate over a stream's events.
+#[derive(Clone, Debug)]
+pub struct Filter {
+    pub text: String,
+    expr: Arc<dyn PhysicalExpr>,
+}
+
+fn session() -> &'static SessionContext {
+    static CTX: OnceLock<SessionContext> = OnceLock::new();
+    CTX.get_or_init(SessionContext::new)
+}
+
+/// The Arrow schema of a stream's events.
+pub fn stream_schema(stream: &StreamDef) -> SchemaRef {
+    Arc::new(Schema::new(
+        stream
+            .columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.ty.arrow(), !c.not_null))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The Arrow type of an aggregate result or column.
+pub fn result_arrow_type(ty: ResultType) -> DataType {
+    match ty {
+        ResultType::Column(c) => c.arrow(),
+        ResultType::Numeric => DataType::Decimal128(38, 0),
+    }
+}
+
+/// Maps a DataFusion error met while planning a user's expression to a SQL error.
+pub fn datafusion_error(e: DataFusionError) -> Error {
+    match e {
+        DataFusionError::SchemaError(err, _) => match *err {
+            SchemaError::FieldNotFound { field, .. } => Error::new(
+                ErrorKind::UndefinedColumn,
+                format!("column \"{}\" does not exist", field.name),
+            ),
+            other => Error::new(ErrorKind::UndefinedColumn, other.to_string()),
+        },
+        DataFusionError::SQL(e, _) => Error::syntax(format!("syntax error: {e}")),
+        DataFusionError::Plan(m) if m.contains("table") && m.contains("not found") => {
+            Error::new(ErrorKind::UndefinedTable, m)
+        }
+        DataFusionError::Plan(m) if m.contains("oerc") || m.contains("type") => {
+            Error::new(ErrorKind::DatatypeMismatch, m)
+        }
+        DataFusionError::Plan(m) => Error::syntax(m),
+        DataFusionError::NotImplemented(m) => Error::unsupported(m),
+        DataFusionError::ArrowError(e, _) => Error::new(ErrorKind::InvalidText, e.to_string()),
+        DataFusionError::Context(_, inner) => datafusion_error(*inner),
+        DataFusionError::Diagnostic(_, inner) => datafusion_error(*inner),
+        other => Error::internal(other.to_string()),
+    }
+}
+
+impl Filter {
+    /// Compiles `text` against the stream's columns; fails on unknown columns and on
+    /// predicates that are not boolean.
+    pub fn compile(stream: &StreamDef, text: &str) -> Result<Filter> {
+        let schema = stream_schema(stream);
+        let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(datafusion_error)?;
+        let logical = session()
+            .parse_sql_expr(text, &df_schema)
+            .map_err(datafusion_error)?;
+        let expr = session()
+            .create_physical_expr(logical, &df_schema)
+            .map_err(datafusion_error)?;
+        let ty = expr.data_type(&schema).map_err(datafusion_error)?;
+        if ty != DataType::Boolean {
+            return Err(Error::new(
+                ErrorKind::DatatypeMismatch,
+                format!("argument of WHERE must be type boolean, not type {ty}"),
+            ));
+        }
+        Ok(Filter {
+            text: text.to_string(),
+            expr,
+        })
+    }
+
+    /// Evaluates the predicate over a batch; `true` where the event passes.
+    pub fn evaluate(&self, batch: &RecordBatch) -> Result<Vec<bool>> {
+        let value = self.expr.evaluate(batch).map_err(datafusion_error)?;
+        let array = value
+            .into_array(batch.num_rows())
+            .map_err(datafusion_error)?;
+        let mask = array
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .ok_or_else(|| Error::internal("WHERE did not produce booleans"))?;
+        Ok((0..mask.len())
+            .map(|i| mask.is_valid(i) && mask.value(i))
+            .collect())
+    }
+}
+
+/// Builds an Arrow batch from rows whose values follow `types`.
+pub fn rows_to_batch<R: AsRef<[Value]>>(
+    schema: SchemaRef,
+    types: &[ResultType],
+    rows: &[R],
+) -> Result<RecordBatch> {
+    assert_eq!(schema.fields().len(), types.len());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(types.len());
+    for (i, ty) in types.iter().enumerate() {
+        let values = rows.iter().map(|r| &r.as_ref()[i]);
+        columns.push(build_array(*ty, values, rows.len()));
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+    RecordBatch::try_new_with_options(schema, columns, &options)
+        .map_err(|e| Error::internal(e.to_string()))
+}
+
+fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: usize) -> ArrayRef {
+    match ty {
+        ResultType::Numeric => {
+            let mut b = Decimal128Builder::with_capacity(n);
+            for v in values {
+                match v {
+                    Value::Numeric(x) => b.append_value(*x),
+                    Value::Int(x) => b.append_value(*x as i128),
+                    _ => b.append_null(),
+                }
+            }
+            Arc::new(b.finish().with_precision_and_scale(38, 0).expect("valid decimal"))
+        }
+        ResultType::Column(ColumnType::Boolean) => {
+            let mut b = BooleanBuilder::with_capacity(n);
+            for v in values {
+                b.append_option(match v {
+                    Value::Bool(x) => Some(*x),
+                    _ => None,
+                });
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Int32) => {
+            let mut b = Int32Builder::with_capacity(n);
+            for v in values {
+                b.append_option(match v {
+                    Value::Int(x) => Some(*x as i32),
+                    _ => None,
+                });
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Int64) => {
+            let mut b = Int64Builder::with_capacity(n);
+            for v in values {
+                b.append_option(match v {
+                    Value::Int(x) => Some(*x),
+                    _ => None,
+                });
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Float32) => {
+            let mut b = Float32Builder::with_capacity(n);
+            for v in values {
+                b.append_option(v.as_f64().map(|x| x as f32));
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Float64) => {
+            let mut b = Float64Builder::with_capacity(n);
+            for v in values {
+                b.append_option(v.as_f64());
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Text) => {
+            let mut b = StringBuilder::with_capacity(n, n * 8);
+            for v in values {
+                match v {
+                    Value::Text(s) => b.append_value(s),
+                    _ => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        ResultType::Column(ColumnType::Timestamp) => {
+            let mut b = TimestampMicrosecondBuilder::with_capacity(n);
+            for v in values {
+                b.append_option(match v {
+                    Value::Timestamp(x) => Some(*x),
+                    _ => None,
+                });
+            }
+            Arc::new(b.finish())
+        }
+    }
+}
+
+/// The types of a stream's columns as result types.
+pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
+    stream.columns.iter().map(|c| ResultType::Column(c.ty)).collect()
+}

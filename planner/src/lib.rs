@@ -1,0 +1,18 @@
+//! eddy-planner: the SQL dialect, the catalog, the shared-prefix DAG and the pure
+//! compute of windows and aggregates.
+//!
+//! Architecture invariant: this crate does no IO. It knows nothing of sockets, threads,
+//! files, pgwire or storage engines; everything here is a function from facts to values.
+
+pub mod aggregate;
+pub mod bind;
+pub mod catalog;
+pub mod dag;
+pub mod ddl;
+pub mod error;
+pub mod filter;
+pub mod sql;
+pub mod types;
+pub mod window;
+
+pub use error::{Error, ErrorKind, Result};

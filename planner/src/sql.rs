@@ -1,0 +1,521 @@
+//! The Eddy dialect: splits a query string into statements and parses each one.
+//!
+//! Standard statements (INSERT, COPY, SELECT, SET, transactions) are parsed by sqlparser;
+//! Eddy's own (CREATE STREAM/METRIC, DROP, SHOW, DESCRIBE, EXPLAIN) are recognised from
+//! their leading keywords. The `WINDOW` clause of CREATE METRIC is cut out of the token
+//! stream before the remaining SELECT goes to sqlparser.
+
+use datafusion::sql::sqlparser::ast::{self, Ident, ObjectName, ObjectNamePart};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+
+use crate::error::{Error, Result};
+use crate::types::parse_duration_us;
+use crate::window::WindowSpec;
+
+/// One parsed statement, not yet bound to a catalog.
+#[derive(Debug, Clone)]
+pub enum Statement {
+    CreateStream {
+        create: Box<ast::CreateTable>,
+        sql: String,
+    },
+    CreateMetric(Box<MetricAst>),
+    DropStream {
+        name: String,
+        if_exists: bool,
+        cascade: bool,
+    },
+    DropMetric {
+        name: String,
+        if_exists: bool,
+    },
+    ShowStreams,
+    ShowMetrics,
+    Describe(String),
+    ExplainStream(String),
+    ExplainMetric(String),
+    Insert(Box<ast::Insert>),
+    Copy(Box<ast::Statement>),
+    /// A query for DataFusion, as text.
+    Query(String),
+    /// `SET x = y` and other session settings, accepted and ignored.
+    Set,
+    /// `SHOW name` of a runtime parameter.
+    ShowVariable(String),
+    Begin,
+    Commit,
+    Rollback,
+    Empty,
+}
+
+/// `CREATE METRIC name AS SELECT … FROM stream WINDOW … [WHERE …] [GROUP BY …]`.
+#[derive(Debug, Clone)]
+pub struct MetricAst {
+    pub name: String,
+    pub if_not_exists: bool,
+    pub window: WindowSpec,
+    pub select: Box<ast::Select>,
+    pub sql: String,
+}
+
+/// Lower-cases unquoted identifiers, as PostgreSQL does.
+pub fn normalize_ident(ident: &Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_lowercase()
+    }
+}
+
+/// A word token as an object name: unquoted words are lower-cased.
+fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
+    if w.quote_style.is_some() {
+        w.value.clone()
+    } else {
+        w.value.to_lowercase()
+    }
+}
+
+/// The last part of a possibly qualified name (`public.payments` → `payments`).
+pub fn object_name(name: &ObjectName) -> String {
+    match name.0.last() {
+        Some(ObjectNamePart::Identifier(ident)) => normalize_ident(ident),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+fn tokenize(sql: &str) -> Result<Vec<Token>> {
+    Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize()
+        .map_err(|e| Error::syntax(e.message.clone()))
+}
+
+fn tokens_to_sql(tokens: &[Token]) -> String {
+    tokens.iter().map(|t| t.to_string()).collect::<String>()
+}
+
+fn is_ws(t: &Token) -> bool {
+    matches!(t, Token::Whitespace(_))
+}
+
+/// Splits a query string at top-level semicolons into statement texts (comments kept).
+pub fn split_statements(sql: &str) -> Result<Vec<String>> {
+    let tokens = tokenize(sql)?;
+    let mut out = Vec::new();
+    let mut current: Vec<Token> = Vec::new();
+    for t in tokens {
+        if t == Token::SemiColon {
+            out.push(tokens_to_sql(&current));
+            current.clear();
+        } else {
+            current.push(t);
+        }
+    }
+    if current.iter().any(|t| !is_ws(t)) {
+        out.push(tokens_to_sql(&current));
+    }
+    Ok(out
+        .into_iter()
+        .filter(|s| {
+            tokenize(s).is_ok_and(|ts| {
+                ts.iter()
+                    .any(|t| !is_ws(t) && !matches!(t, Token::Whitespace(Whitespace::SingleLineComment { .. })))
+            })
+        })
+        .collect())
+}
+
+/// The non-whitespace words of a statement, upper-cased, for keyword dispatch.
+fn leading_words(tokens: &[Token], n: usize) -> Vec<String> {
+    tokens
+        .iter()
+        .filter(|t| !is_ws(t))
+        .take(n)
+        .map(|t| match t {
+            Token::Word(w) if w.quote_style.is_none() => w.value.to_ascii_uppercase(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// Parses one statement's text (no trailing semicolon).
+pub fn parse_statement(sql: &str) -> Result<Statement> {
+    let tokens = tokenize(sql)?;
+    let words = leading_words(&tokens, 3);
+    let w: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
+    match w.as_slice() {
+        [] => Ok(Statement::Empty),
+        ["CREATE", "STREAM", ..] => parse_create_stream(&tokens, sql),
+        ["CREATE", "METRIC", ..] => parse_create_metric(&tokens, sql),
+        ["DROP", "STREAM", ..] | ["DROP", "METRIC", ..] => parse_drop(&tokens),
+        ["SHOW", "STREAMS", ..] => Ok(Statement::ShowStreams),
+        ["SHOW", "METRICS", ..] => Ok(Statement::ShowMetrics),
+        ["DESCRIBE", ..] | ["DESC", ..] => Ok(Statement::Describe(single_name(&tokens, 1)?)),
+        ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
+        ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
+        ["ALTER", "STREAM", ..] => Err(Error::unsupported("ALTER STREAM is not supported yet")
+            .with_hint("Drop and re-create the stream to change its columns.")),
+        ["BEGIN", ..] | ["START", "TRANSACTION", ..] => Ok(Statement::Begin),
+        ["COMMIT", ..] | ["END", ..] => Ok(Statement::Commit),
+        ["ROLLBACK", ..] | ["ABORT", ..] => Ok(Statement::Rollback),
+        ["SET", ..] | ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
+        ["SHOW", name, ..] => Ok(Statement::ShowVariable(name.to_ascii_lowercase())),
+        _ => parse_standard(sql),
+    }
+}
+
+fn parse_standard(sql: &str) -> Result<Statement> {
+    let mut parsed = Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(parser_error)?;
+    if parsed.len() != 1 {
+        return Err(Error::syntax("expected exactly one statement"));
+    }
+    match parsed.remove(0) {
+        ast::Statement::Insert(insert) => Ok(Statement::Insert(Box::new(insert))),
+        copy @ ast::Statement::Copy { .. } => Ok(Statement::Copy(Box::new(copy))),
+        ast::Statement::Query(_) | ast::Statement::Explain { .. } => {
+            Ok(Statement::Query(sql.to_string()))
+        }
+        ast::Statement::CreateTable(_) => Err(Error::unsupported("CREATE TABLE is not supported")
+            .with_hint("Eddy stores events in streams: use CREATE STREAM.")),
+        other => Err(Error::unsupported(format!(
+            "statement not supported: {}",
+            other.to_string().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        ))),
+    }
+}
+
+/// Turns a sqlparser error into a PostgreSQL-style syntax error.
+pub fn parser_error(e: datafusion::sql::sqlparser::parser::ParserError) -> Error {
+    let text = e.to_string();
+    let text = text
+        .trim_start_matches("sql parser error: ")
+        .trim_start_matches("SQL parser error: ")
+        .to_string();
+    Error::syntax(format!("syntax error: {text}"))
+}
+
+fn parse_create_stream(tokens: &[Token], sql: &str) -> Result<Statement> {
+    // CREATE STREAM … has the shape of CREATE TABLE … WITH (…): let sqlparser read it.
+    let mut rewritten = tokens.to_vec();
+    if let Some(t) = rewritten.iter_mut().filter(|t| !is_ws(t)).nth(1) {
+        *t = Token::make_keyword("TABLE");
+    }
+    let text = tokens_to_sql(&rewritten);
+    let mut parsed = Parser::parse_sql(&PostgreSqlDialect {}, &text).map_err(parser_error)?;
+    match parsed.pop() {
+        Some(ast::Statement::CreateTable(create)) if parsed.is_empty() => {
+            Ok(Statement::CreateStream {
+                create: Box::new(create),
+                sql: sql.trim().to_string(),
+            })
+        }
+        _ => Err(Error::syntax("syntax error in CREATE STREAM")),
+    }
+}
+
+fn parse_create_metric(tokens: &[Token], sql: &str) -> Result<Statement> {
+    let significant: Vec<(usize, &Token)> =
+        tokens.iter().enumerate().filter(|(_, t)| !is_ws(t)).collect();
+    let word = |i: usize| -> Option<String> {
+        match significant.get(i).map(|(_, t)| *t) {
+            Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_uppercase()),
+            _ => None,
+        }
+    };
+    let mut i = 2;
+    let mut if_not_exists = false;
+    if word(i).as_deref() == Some("IF") {
+        if word(i + 1).as_deref() != Some("NOT") || word(i + 2).as_deref() != Some("EXISTS") {
+            return Err(Error::syntax("syntax error: expected IF NOT EXISTS"));
+        }
+        if_not_exists = true;
+        i += 3;
+    }
+    let name = match significant.get(i).map(|(_, t)| *t) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => return Err(Error::syntax("syntax error: expected a metric name after CREATE METRIC")),
+    };
+    if word(i + 1).as_deref() != Some("AS") {
+        return Err(Error::syntax("syntax error: expected AS after the metric name")
+            .with_hint("CREATE METRIC name AS SELECT … FROM stream WINDOW … [WHERE …] GROUP BY …"));
+    }
+    let body_start = significant
+        .get(i + 2)
+        .map(|(pos, _)| *pos)
+        .ok_or_else(|| Error::syntax("syntax error: expected SELECT after AS"))?;
+    let body = &tokens[body_start..];
+    let (window, select_tokens) = cut_window(body)?;
+    let select_sql = tokens_to_sql(&select_tokens);
+    let mut parsed = Parser::parse_sql(&PostgreSqlDialect {}, &select_sql).map_err(parser_error)?;
+    let query = match parsed.pop() {
+        Some(ast::Statement::Query(q)) if parsed.is_empty() => q,
+        _ => return Err(Error::syntax("syntax error: a metric is defined by one SELECT")),
+    };
+    if query.order_by.is_some() || query.limit_clause.is_some() || query.with.is_some() {
+        return Err(Error::unsupported(
+            "ORDER BY, LIMIT and WITH are not allowed in a metric definition",
+        )
+        .with_hint("Apply them when you SELECT from the metric."));
+    }
+    let select = match *query.body {
+        ast::SetExpr::Select(select) => select,
+        _ => return Err(Error::unsupported("a metric is defined by a plain SELECT")),
+    };
+    Ok(Statement::CreateMetric(Box::new(MetricAst {
+        name,
+        if_not_exists,
+        window,
+        select,
+        sql: sql.trim().to_string(),
+    })))
+}
+
+/// Removes `WINDOW SLIDING (…)`, `WINDOW TUMBLING (…)` or `WINDOW INFINITE` from a
+/// SELECT's tokens and parses it.
+fn cut_window(tokens: &[Token]) -> Result<(WindowSpec, Vec<Token>)> {
+    let mut depth = 0i32;
+    for (i, t) in tokens.iter().enumerate() {
+        match t {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            Token::Word(w) if depth == 0 && w.value.eq_ignore_ascii_case("WINDOW") => {
+                let rest: Vec<(usize, &Token)> = tokens
+                    .iter()
+                    .enumerate()
+                    .skip(i + 1)
+                    .filter(|(_, t)| !is_ws(t))
+                    .collect();
+                let kind = match rest.first() {
+                    Some((_, Token::Word(k))) => k.value.to_ascii_uppercase(),
+                    _ => return Err(window_syntax()),
+                };
+                if kind == "INFINITE" {
+                    let end = rest[0].0 + 1;
+                    let mut out = tokens[..i].to_vec();
+                    out.extend_from_slice(&tokens[end..]);
+                    return Ok((WindowSpec::Infinite, out));
+                }
+                if kind != "SLIDING" && kind != "TUMBLING" {
+                    return Err(window_syntax());
+                }
+                if !matches!(rest.get(1), Some((_, Token::LParen))) {
+                    return Err(window_syntax());
+                }
+                let open = rest[1].0;
+                let mut d = 0;
+                let mut close = None;
+                for (j, t) in tokens.iter().enumerate().skip(open) {
+                    match t {
+                        Token::LParen => d += 1,
+                        Token::RParen => {
+                            d -= 1;
+                            if d == 0 {
+                                close = Some(j);
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let close = close.ok_or_else(window_syntax)?;
+                let spec = parse_window_args(&kind, &tokens[open + 1..close])?;
+                let mut out = tokens[..i].to_vec();
+                out.extend_from_slice(&tokens[close + 1..]);
+                return Ok((spec, out));
+            }
+            _ => {}
+        }
+    }
+    Err(Error::syntax("a metric needs a WINDOW clause").with_hint(
+        "Add WINDOW SLIDING (SIZE 5 MINUTES), WINDOW TUMBLING (SIZE 1 HOUR) or WINDOW INFINITE after FROM.",
+    ))
+}
+
+fn window_syntax() -> Error {
+    Error::syntax("syntax error in WINDOW clause").with_hint(
+        "Write WINDOW SLIDING (SIZE 5 MINUTES [, DELAY 1 MINUTE]), WINDOW TUMBLING (SIZE 1 HOUR) or WINDOW INFINITE.",
+    )
+}
+
+fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
+    let mut size = None;
+    let mut delay = 0;
+    for part in tokens.split(|t| *t == Token::Comma) {
+        let sig: Vec<&Token> = part.iter().filter(|t| !is_ws(t)).collect();
+        let key = match sig.first() {
+            Some(Token::Word(w)) => w.value.to_ascii_uppercase(),
+            _ => return Err(window_syntax()),
+        };
+        let text = match sig.get(1) {
+            Some(Token::Word(w)) if w.value.eq_ignore_ascii_case("INTERVAL") => match sig.get(2) {
+                Some(Token::SingleQuotedString(s)) => s.clone(),
+                _ => return Err(window_syntax()),
+            },
+            _ => sig[1..].iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "),
+        };
+        let us = parse_duration_us(&text).ok_or_else(|| {
+            Error::syntax(format!("invalid window duration \"{text}\""))
+                .with_hint("Write a duration such as 5 MINUTES, 1 HOUR, 7 DAYS or 500 MILLISECONDS.")
+        })?;
+        match key.as_str() {
+            "SIZE" if us > 0 => size = Some(us),
+            "DELAY" if kind == "SLIDING" && us >= 0 => delay = us,
+            _ => return Err(window_syntax()),
+        }
+    }
+    let size_us = size.ok_or_else(window_syntax)?;
+    Ok(match kind {
+        "SLIDING" => WindowSpec::Sliding {
+            size_us,
+            delay_us: delay,
+        },
+        _ => WindowSpec::Tumbling { size_us },
+    })
+}
+
+fn parse_drop(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    let kw = |t: Option<&&Token>, k: &str| matches!(t, Some(Token::Word(w)) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(k));
+    let is_stream = kw(words.get(1), "STREAM");
+    let mut i = 2;
+    let if_exists = kw(words.get(2), "IF") && kw(words.get(3), "EXISTS");
+    if if_exists {
+        i += 2;
+    }
+    let name = match words.get(i) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => return Err(Error::syntax("syntax error: expected a name after DROP")),
+    };
+    let cascade = kw(words.get(i + 1), "CASCADE");
+    let extra = if cascade || kw(words.get(i + 1), "RESTRICT") { i + 2 } else { i + 1 };
+    if words.len() > extra {
+        return Err(Error::syntax(format!(
+            "syntax error at or near \"{}\"",
+            words[extra]
+        )));
+    }
+    Ok(if is_stream {
+        Statement::DropStream {
+            name,
+            if_exists,
+            cascade,
+        }
+    } else {
+        Statement::DropMetric { name, if_exists }
+    })
+}
+
+/// The object name at significant-token position `at` (e.g. `DESCRIBE name`).
+fn single_name(tokens: &[Token], at: usize) -> Result<String> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    match words.get(at) {
+        Some(Token::Word(w)) if words.len() == at + 1 => Ok(word_name(w)),
+        _ => Err(Error::syntax("syntax error: expected one object name")),
+    }
+}
+
+/// Replaces `$1`, `$2`, … by SQL literals (already quoted by the caller, or `NULL`).
+pub fn substitute_params(sql: &str, literals: &[String]) -> Result<String> {
+    let tokens = tokenize(sql)?;
+    let mut out = String::with_capacity(sql.len());
+    for t in tokens {
+        match &t {
+            Token::Placeholder(p) if p.starts_with('$') => {
+                let idx: usize = p[1..]
+                    .parse()
+                    .map_err(|_| Error::syntax(format!("invalid parameter {p}")))?;
+                let lit = literals.get(idx.wrapping_sub(1)).ok_or_else(|| {
+                    Error::new(
+                        crate::error::ErrorKind::InvalidParameter,
+                        format!("there is no parameter {p}"),
+                    )
+                })?;
+                out.push_str(lit);
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    Ok(out)
+}
+
+/// The highest `$n` placeholder in a statement.
+pub fn count_params(sql: &str) -> usize {
+    tokenize(sql)
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| match t {
+                    Token::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok(),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// Quotes text as a SQL string literal.
+pub fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_on_top_level_semicolons() {
+        let parts = split_statements("SELECT ';'; SELECT 2; -- done\n").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].trim(), "SELECT ';'");
+    }
+
+    #[test]
+    fn parses_metric_with_window() {
+        let sql = "CREATE METRIC m AS SELECT card, COUNT(*) AS n FROM payments \
+                   WINDOW SLIDING (SIZE 5 MINUTES, DELAY 1 MINUTE) WHERE amount > 0 GROUP BY card";
+        match parse_statement(sql).unwrap() {
+            Statement::CreateMetric(m) => {
+                assert_eq!(m.name, "m");
+                assert_eq!(
+                    m.window,
+                    WindowSpec::Sliding {
+                        size_us: 300_000_000,
+                        delay_us: 60_000_000
+                    }
+                );
+                assert_eq!(m.select.selection.as_ref().unwrap().to_string(), "amount > 0");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn window_interval_literal_and_infinite() {
+        let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s WINDOW TUMBLING (SIZE INTERVAL '1 hour')";
+        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Tumbling { size_us: 3_600_000_000 }));
+        let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s WINDOW INFINITE GROUP BY x";
+        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Infinite));
+        let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s GROUP BY x";
+        assert!(parse_statement(sql).is_err());
+    }
+
+    #[test]
+    fn parses_create_stream_and_drop() {
+        let sql = "CREATE STREAM IF NOT EXISTS p (id BIGINT NOT NULL, ts TIMESTAMP) WITH (event_time = 'ts')";
+        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateStream { create, .. } if create.if_not_exists));
+        assert!(matches!(
+            parse_statement("DROP STREAM IF EXISTS p CASCADE").unwrap(),
+            Statement::DropStream { if_exists: true, cascade: true, .. }
+        ));
+    }
+
+    #[test]
+    fn substitutes_parameters() {
+        let sql = substitute_params("SELECT * FROM m WHERE card = $1 AND x = '$2'", &["'c''1'".into()]).unwrap();
+        assert_eq!(sql, "SELECT * FROM m WHERE card = 'c''1' AND x = '$2'");
+        assert_eq!(count_params("INSERT INTO s VALUES ($1, $2, $3)"), 3);
+    }
+}

@@ -1,0 +1,405 @@
+//! Column types and scalar values of events, shared by every layer.
+//!
+//! Invariant: a `Value` stored for a column always has the variant that the column's
+//! `ColumnType` implies (`Int` for INTEGER/BIGINT, `Float` for REAL/DOUBLE, `Timestamp`
+//! in microseconds since the Unix epoch), or `Null`.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+
+/// The SQL column types a stream may declare; each maps to exactly one Arrow type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColumnType {
+    Boolean,
+    Int32,
+    Int64,
+    Float32,
+    Float64,
+    Text,
+    Timestamp,
+}
+
+impl ColumnType {
+    pub fn arrow(self) -> DataType {
+        match self {
+            ColumnType::Boolean => DataType::Boolean,
+            ColumnType::Int32 => DataType::Int32,
+            ColumnType::Int64 => DataType::Int64,
+            ColumnType::Float32 => DataType::Float32,
+            ColumnType::Float64 => DataType::Float64,
+            ColumnType::Text => DataType::Utf8,
+            ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+        }
+    }
+
+    /// The PostgreSQL spelling, as `DESCRIBE` shows it.
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            ColumnType::Boolean => "BOOLEAN",
+            ColumnType::Int32 => "INTEGER",
+            ColumnType::Int64 => "BIGINT",
+            ColumnType::Float32 => "REAL",
+            ColumnType::Float64 => "DOUBLE PRECISION",
+            ColumnType::Text => "TEXT",
+            ColumnType::Timestamp => "TIMESTAMP",
+        }
+    }
+
+    pub fn is_integer(self) -> bool {
+        matches!(self, ColumnType::Int32 | ColumnType::Int64)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, ColumnType::Float32 | ColumnType::Float64)
+    }
+
+    pub fn is_numeric(self) -> bool {
+        self.is_integer() || self.is_float()
+    }
+
+    /// Parses a type name as written in `CREATE STREAM` (already lower-cased or not).
+    pub fn parse(name: &str) -> Option<ColumnType> {
+        let name = name.trim().to_ascii_lowercase();
+        let name = name.split('(').next().unwrap_or("").trim().to_string();
+        Some(match name.as_str() {
+            "boolean" | "bool" => ColumnType::Boolean,
+            "integer" | "int" | "int4" | "smallint" | "int2" => ColumnType::Int32,
+            "bigint" | "int8" => ColumnType::Int64,
+            "real" | "float4" => ColumnType::Float32,
+            "double precision" | "double" | "float8" | "float" => ColumnType::Float64,
+            "text" | "varchar" | "character varying" | "string" | "char" | "character" => {
+                ColumnType::Text
+            }
+            "timestamp" | "timestamptz" | "timestamp without time zone"
+            | "timestamp with time zone" => ColumnType::Timestamp,
+            _ => return None,
+        })
+    }
+}
+
+/// One scalar of an event or of an aggregate result.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    /// Exact integer sums (`SUM` of integers is NUMERIC, as in PostgreSQL).
+    Numeric(i128),
+    Float(f64),
+    Text(Arc<str>),
+    /// Microseconds since 1970-01-01 00:00:00 UTC.
+    Timestamp(i64),
+}
+
+impl Value {
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    /// The value as f64, for numeric aggregates; `None` for NULL and non-numbers.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Int(v) => Some(*v as f64),
+            Value::Float(v) => Some(*v),
+            Value::Numeric(v) => Some(*v as f64),
+            _ => None,
+        }
+    }
+
+    /// The text form Kafka's partitioner hashes and COPY writes: PostgreSQL's output format.
+    pub fn to_text(&self) -> Option<String> {
+        match self {
+            Value::Null => None,
+            Value::Bool(b) => Some(if *b { "t" } else { "f" }.to_string()),
+            Value::Int(v) => Some(v.to_string()),
+            Value::Numeric(v) => Some(v.to_string()),
+            Value::Float(v) => Some(format_float(*v)),
+            Value::Text(s) => Some(s.to_string()),
+            Value::Timestamp(us) => Some(format_timestamp(*us)),
+        }
+    }
+
+    /// Normalised bits for hashing floats: -0.0 equals 0.0 and all NaNs are one value.
+    fn float_bits(v: f64) -> u64 {
+        if v == 0.0 {
+            0
+        } else if v.is_nan() {
+            f64::NAN.to_bits()
+        } else {
+            v.to_bits()
+        }
+    }
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Value::Null, Value::Null) => true,
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::Numeric(a), Value::Numeric(b)) => a == b,
+            (Value::Float(a), Value::Float(b)) => Value::float_bits(*a) == Value::float_bits(*b),
+            (Value::Text(a), Value::Text(b)) => a == b,
+            (Value::Timestamp(a), Value::Timestamp(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Value {}
+
+impl Hash for Value {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            Value::Null => {}
+            Value::Bool(b) => b.hash(state),
+            Value::Int(v) => v.hash(state),
+            Value::Numeric(v) => v.hash(state),
+            Value::Float(v) => Value::float_bits(*v).hash(state),
+            Value::Text(s) => s.hash(state),
+            Value::Timestamp(v) => v.hash(state),
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.to_text() {
+            Some(s) => f.write_str(&s),
+            None => f.write_str("NULL"),
+        }
+    }
+}
+
+/// Formats a double the way PostgreSQL 12+ does: the shortest text that reads back exactly.
+pub fn format_float(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".to_string();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "Infinity" } else { "-Infinity" }.to_string();
+    }
+    let exponent = if v == 0.0 {
+        0
+    } else {
+        v.abs().log10().floor() as i32
+    };
+    if (-4..15).contains(&exponent) {
+        format!("{v}")
+    } else {
+        let s = format!("{v:e}");
+        match s.split_once('e') {
+            Some((mantissa, exp)) if exp.starts_with('-') => format!("{mantissa}e-{:0>2}", &exp[1..]),
+            Some((mantissa, exp)) => format!("{mantissa}e+{exp:0>2}"),
+            None => s,
+        }
+    }
+}
+
+/// Formats microseconds since the epoch as PostgreSQL's ISO timestamp text.
+pub fn format_timestamp(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let mut s = format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        y,
+        m,
+        d,
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    );
+    if micros != 0 {
+        let frac = format!("{micros:06}");
+        s.push('.');
+        s.push_str(frac.trim_end_matches('0'));
+    }
+    s
+}
+
+/// Parses `YYYY-MM-DD[ T]HH:MM:SS[.ffffff][Z|+HH[:MM]]` or a bare date into microseconds.
+pub fn parse_timestamp(text: &str) -> Option<i64> {
+    let t = text.trim();
+    if t.len() < 10 {
+        return None;
+    }
+    let date = t.get(..10)?;
+    let mut parts = date.split('-');
+    let y: i64 = parts.next()?.parse().ok()?;
+    let m: u32 = parts.next()?.parse().ok()?;
+    let d: u32 = parts.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let mut rest = t.get(10..)?.trim_start_matches(['T', ' ']);
+    let (mut h, mut mi, mut s, mut us) = (0i64, 0i64, 0i64, 0i64);
+    let mut offset_secs = 0i64;
+    if !rest.is_empty() {
+        let end = rest
+            .find(|c: char| c == 'Z' || c == '+' || (c == '-'))
+            .unwrap_or(rest.len());
+        let (clock, zone) = rest.split_at(end);
+        let mut cp = clock.trim().split(':');
+        h = cp.next()?.parse().ok()?;
+        mi = cp.next()?.parse().ok()?;
+        let sec = cp.next().unwrap_or("0");
+        let (sw, sf) = sec.split_once('.').unwrap_or((sec, ""));
+        s = sw.parse().ok()?;
+        if !sf.is_empty() {
+            if !sf.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let digits: String = sf.chars().chain(std::iter::repeat('0')).take(6).collect();
+            us = digits.parse().ok()?;
+        }
+        if h > 24 || mi > 59 || s > 60 {
+            return None;
+        }
+        rest = zone.trim();
+        if let Some(z) = rest.strip_prefix(['+', '-']) {
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            let (zh, zm) = z.split_once(':').unwrap_or((z.get(..2)?, z.get(2..).unwrap_or("0")));
+            let zh: i64 = zh.parse().ok()?;
+            let zm: i64 = if zm.is_empty() { 0 } else { zm.parse().ok()? };
+            offset_secs = sign * (zh * 3600 + zm * 60);
+        } else if !(rest.is_empty() || rest == "Z") {
+            return None;
+        }
+    }
+    let days = days_from_civil(y, m, d);
+    let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset_secs;
+    Some(secs * 1_000_000 + us)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Parses a duration such as `5 minutes`, `1 hour 30 minutes`, `500 ms` into microseconds.
+pub fn parse_duration_us(text: &str) -> Option<i64> {
+    let words: Vec<String> = text
+        .split_whitespace()
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    if words.is_empty() {
+        return None;
+    }
+    let mut total: i64 = 0;
+    let mut i = 0;
+    while i < words.len() {
+        // Accept both "5 minutes" and "5minutes".
+        let w = &words[i];
+        let split = w.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(w.len());
+        let (num, unit) = if split < w.len() {
+            (w[..split].to_string(), w[split..].to_string())
+        } else {
+            i += 1;
+            (w.clone(), words.get(i)?.clone())
+        };
+        let n: f64 = num.parse().ok()?;
+        let unit_us = unit_us(&unit)?;
+        total = total.checked_add((n * unit_us as f64).round() as i64)?;
+        i += 1;
+    }
+    Some(total)
+}
+
+fn unit_us(unit: &str) -> Option<i64> {
+    Some(match unit.trim_end_matches(',') {
+        "us" | "microsecond" | "microseconds" => 1,
+        "ms" | "millisecond" | "milliseconds" => 1_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
+        "h" | "hour" | "hours" => 3_600_000_000,
+        "d" | "day" | "days" => 86_400_000_000,
+        "w" | "week" | "weeks" => 7 * 86_400_000_000,
+        _ => return None,
+    })
+}
+
+/// Formats microseconds as the largest whole unit, e.g. `5 MINUTES`, as EXPLAIN shows sizes.
+pub fn format_duration_us(us: i64) -> String {
+    const UNITS: [(i64, &str, &str); 6] = [
+        (7 * 86_400_000_000, "WEEK", "WEEKS"),
+        (86_400_000_000, "DAY", "DAYS"),
+        (3_600_000_000, "HOUR", "HOURS"),
+        (60_000_000, "MINUTE", "MINUTES"),
+        (1_000_000, "SECOND", "SECONDS"),
+        (1_000, "MILLISECOND", "MILLISECONDS"),
+    ];
+    for (size, one, many) in UNITS {
+        if us != 0 && us % size == 0 {
+            let n = us / size;
+            return format!("{n} {}", if n == 1 { one } else { many });
+        }
+    }
+    format!("{us} MICROSECONDS")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip() {
+        let us = parse_timestamp("2026-11-22 10:00:00").unwrap();
+        assert_eq!(format_timestamp(us), "2026-11-22 10:00:00");
+        let us = parse_timestamp("2026-11-22T10:00:00.25Z").unwrap();
+        assert_eq!(format_timestamp(us), "2026-11-22 10:00:00.25");
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00+01:00"), Some(-3_600_000_000));
+        assert_eq!(parse_timestamp("not a timestamp"), None);
+        assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration_us("5 minutes"), Some(300_000_000));
+        assert_eq!(parse_duration_us("1 hour 30 minutes"), Some(5_400_000_000));
+        assert_eq!(parse_duration_us("500ms"), Some(500_000));
+        assert_eq!(parse_duration_us("5 fortnights"), None);
+        assert_eq!(format_duration_us(300_000_000), "5 MINUTES");
+        assert_eq!(format_duration_us(1_000), "1 MILLISECOND");
+    }
+
+    #[test]
+    fn floats_format_like_postgres() {
+        assert_eq!(format_float(12.5), "12.5");
+        assert_eq!(format_float(3.0), "3");
+        assert_eq!(format_float(0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(format_float(f64::NAN), "NaN");
+        assert_eq!(format_float(1e20), "1e+20");
+        assert_eq!(format_float(1.5e-7), "1.5e-07");
+    }
+
+    #[test]
+    fn float_values_hash_as_equal() {
+        assert_eq!(Value::Float(0.0), Value::Float(-0.0));
+        assert_ne!(Value::Int(1), Value::Float(1.0));
+    }
+}

@@ -1,0 +1,107 @@
+//! Window bookkeeping: which event times a window holds at stream time T.
+//!
+//! Invariant: a window is described by its edges only (offsets from T); the executor
+//! moves each edge forward monotonically, so an event enters and leaves a window at most
+//! once, in event-time order.
+
+use crate::types::format_duration_us;
+
+/// A window kind with its sizes in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WindowSpec {
+    /// Events with T − delay − size < ts ≤ T − delay.
+    Sliding { size_us: i64, delay_us: i64 },
+    /// Events with ⌊T / size⌋·size ≤ ts ≤ T, aligned to the Unix epoch.
+    Tumbling { size_us: i64 },
+    /// Every event with ts ≤ T.
+    Infinite,
+}
+
+impl WindowSpec {
+    /// The newest event time inside the window at stream time `t` (the head edge).
+    pub fn head_bound(&self, t: i64) -> i64 {
+        match self {
+            WindowSpec::Sliding { delay_us, .. } => t.saturating_sub(*delay_us),
+            WindowSpec::Tumbling { .. } | WindowSpec::Infinite => t,
+        }
+    }
+
+    /// Event times at or below this bound have left the window at stream time `t`
+    /// (the tail edge); `None` when nothing ever leaves.
+    pub fn tail_bound(&self, t: i64) -> Option<i64> {
+        match self {
+            WindowSpec::Sliding { size_us, delay_us } => {
+                Some(t.saturating_sub(*delay_us).saturating_sub(*size_us))
+            }
+            WindowSpec::Tumbling { size_us } => Some(t.div_euclid(*size_us) * size_us - 1),
+            WindowSpec::Infinite => None,
+        }
+    }
+
+    /// Whether an event at `ts` belongs to the window at stream time `t`.
+    pub fn contains(&self, t: i64, ts: i64) -> bool {
+        ts <= self.head_bound(t) && self.tail_bound(t).is_none_or(|tail| ts > tail)
+    }
+
+    /// How far back from T the reservoir must keep events for this window.
+    pub fn reach_us(&self) -> Option<i64> {
+        match self {
+            WindowSpec::Sliding { size_us, delay_us } => Some(size_us + delay_us),
+            WindowSpec::Tumbling { size_us } => Some(*size_us),
+            WindowSpec::Infinite => None,
+        }
+    }
+
+    /// The tumbling epoch of stream time `t`: a change of epoch empties the window at once.
+    pub fn epoch(&self, t: i64) -> i64 {
+        match self {
+            WindowSpec::Tumbling { size_us } => t.div_euclid(*size_us),
+            _ => 0,
+        }
+    }
+
+    /// The clause as written in SQL, for EXPLAIN and DESCRIBE.
+    pub fn to_sql(&self) -> String {
+        match self {
+            WindowSpec::Sliding { size_us, delay_us: 0 } => {
+                format!("SLIDING (SIZE {})", format_duration_us(*size_us))
+            }
+            WindowSpec::Sliding { size_us, delay_us } => format!(
+                "SLIDING (SIZE {}, DELAY {})",
+                format_duration_us(*size_us),
+                format_duration_us(*delay_us)
+            ),
+            WindowSpec::Tumbling { size_us } => {
+                format!("TUMBLING (SIZE {})", format_duration_us(*size_us))
+            }
+            WindowSpec::Infinite => "INFINITE".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sliding_bounds() {
+        let w = WindowSpec::Sliding { size_us: 10, delay_us: 0 };
+        assert!(w.contains(100, 100));
+        assert!(w.contains(100, 91));
+        assert!(!w.contains(100, 90));
+        let d = WindowSpec::Sliding { size_us: 10, delay_us: 5 };
+        assert!(!d.contains(100, 96));
+        assert!(d.contains(100, 95));
+        assert!(!d.contains(100, 85));
+    }
+
+    #[test]
+    fn tumbling_bounds_align_to_epoch() {
+        let w = WindowSpec::Tumbling { size_us: 10 };
+        assert!(w.contains(25, 20));
+        assert!(!w.contains(25, 19));
+        assert!(w.contains(-5, -10));
+        assert_eq!(w.epoch(25), 2);
+        assert!(WindowSpec::Infinite.contains(25, i64::MIN));
+    }
+}

@@ -1,0 +1,312 @@
+//! Result cells and their PostgreSQL encodings, text and binary.
+//!
+//! Invariant: text output matches PostgreSQL's own formatting (floats shortest-exact,
+//! timestamps ISO, booleans t/f), so psql and sqllogictest see what PostgreSQL would show.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float32Array, Float64Array,
+    Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array, UInt32Array, UInt64Array,
+    UInt8Array,
+};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo};
+use pgwire::api::Type;
+use pgwire::error::PgWireResult;
+use pgwire::messages::data::DataRow;
+use rust_decimal::Decimal;
+
+use eddy_planner::aggregate::ResultType;
+use eddy_planner::types::{format_float, format_timestamp, ColumnType, Value};
+
+/// One result value, typed for the wire.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cell {
+    Null,
+    Bool(bool),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Text(String),
+    /// Microseconds since the Unix epoch.
+    Timestamp(i64),
+    /// Days since the Unix epoch.
+    Date(i32),
+    Numeric(i128, u32),
+}
+
+/// A result column: its name and PostgreSQL type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Column {
+    pub name: String,
+    pub ty: Type,
+}
+
+impl Column {
+    pub fn new(name: impl Into<String>, ty: Type) -> Column {
+        Column {
+            name: name.into(),
+            ty,
+        }
+    }
+
+    pub fn text(name: impl Into<String>) -> Column {
+        Column::new(name, Type::TEXT)
+    }
+}
+
+/// The PostgreSQL type of an Eddy column or aggregate result.
+pub fn pg_type(ty: ResultType) -> Type {
+    match ty {
+        ResultType::Numeric => Type::NUMERIC,
+        ResultType::Column(c) => match c {
+            ColumnType::Boolean => Type::BOOL,
+            ColumnType::Int32 => Type::INT4,
+            ColumnType::Int64 => Type::INT8,
+            ColumnType::Float32 => Type::FLOAT4,
+            ColumnType::Float64 => Type::FLOAT8,
+            ColumnType::Text => Type::TEXT,
+            ColumnType::Timestamp => Type::TIMESTAMP,
+        },
+    }
+}
+
+/// The PostgreSQL type shown for an Arrow type.
+pub fn pg_type_of_arrow(dt: &DataType) -> Type {
+    match dt {
+        DataType::Boolean => Type::BOOL,
+        DataType::Int8 | DataType::Int16 | DataType::UInt8 | DataType::Int32 => Type::INT4,
+        DataType::UInt16 => Type::INT4,
+        DataType::Int64 | DataType::UInt32 | DataType::UInt64 => Type::INT8,
+        DataType::Float16 | DataType::Float32 => Type::FLOAT4,
+        DataType::Float64 => Type::FLOAT8,
+        DataType::Timestamp(_, _) => Type::TIMESTAMP,
+        DataType::Date32 | DataType::Date64 => Type::DATE,
+        DataType::Decimal128(_, _) => Type::NUMERIC,
+        _ => Type::TEXT,
+    }
+}
+
+/// Converts an Eddy value to a cell of the given result type.
+pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
+    match (v, ty) {
+        (Value::Null, _) => Cell::Null,
+        (Value::Bool(b), _) => Cell::Bool(*b),
+        (Value::Int(i), ResultType::Column(ColumnType::Int32)) => Cell::I32(*i as i32),
+        (Value::Int(i), ResultType::Numeric) => Cell::Numeric(*i as i128, 0),
+        (Value::Int(i), _) => Cell::I64(*i),
+        (Value::Numeric(n), _) => Cell::Numeric(*n, 0),
+        (Value::Float(f), ResultType::Column(ColumnType::Float32)) => Cell::F32(*f as f32),
+        (Value::Float(f), _) => Cell::F64(*f),
+        (Value::Text(s), _) => Cell::Text(s.to_string()),
+        (Value::Timestamp(t), _) => Cell::Timestamp(*t),
+    }
+}
+
+/// The cells of one Arrow column.
+pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
+    let n = array.len();
+    let mut out = Vec::with_capacity(n);
+    macro_rules! prim {
+        ($ty:ty, $variant:expr) => {{
+            let a = array.as_any().downcast_ref::<$ty>().expect("array type");
+            for i in 0..n {
+                out.push(if a.is_null(i) { Cell::Null } else { $variant(a.value(i)) });
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::Null => out.resize(n, Cell::Null),
+        DataType::Boolean => prim!(BooleanArray, Cell::Bool),
+        DataType::Int8 => prim!(Int8Array, |v: i8| Cell::I32(v as i32)),
+        DataType::Int16 => prim!(Int16Array, |v: i16| Cell::I32(v as i32)),
+        DataType::Int32 => prim!(Int32Array, Cell::I32),
+        DataType::Int64 => prim!(Int64Array, Cell::I64),
+        DataType::UInt8 => prim!(UInt8Array, |v: u8| Cell::I32(v as i32)),
+        DataType::UInt16 => prim!(UInt16Array, |v: u16| Cell::I32(v as i32)),
+        DataType::UInt32 => prim!(UInt32Array, |v: u32| Cell::I64(v as i64)),
+        DataType::UInt64 => prim!(UInt64Array, |v: u64| Cell::I64(v as i64)),
+        DataType::Float32 => prim!(Float32Array, Cell::F32),
+        DataType::Float64 => prim!(Float64Array, Cell::F64),
+        DataType::Decimal128(_, scale) => {
+            let scale = (*scale).max(0) as u32;
+            prim!(Decimal128Array, |v: i128| Cell::Numeric(v, scale))
+        }
+        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64 => {
+            let is_date = !matches!(array.data_type(), DataType::Timestamp(_, _));
+            let target = if is_date {
+                DataType::Date32
+            } else {
+                DataType::Timestamp(TimeUnit::Microsecond, None)
+            };
+            let casted = cast(array, &target).unwrap_or_else(|_| array.clone());
+            if is_date {
+                let a = casted.as_primitive::<datafusion::arrow::datatypes::Date32Type>();
+                for i in 0..n {
+                    out.push(if a.is_null(i) { Cell::Null } else { Cell::Date(a.value(i)) });
+                }
+            } else {
+                let a = casted
+                    .as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
+                for i in 0..n {
+                    out.push(if a.is_null(i) { Cell::Null } else { Cell::Timestamp(a.value(i)) });
+                }
+            }
+        }
+        _ => {
+            let casted = cast(array, &DataType::Utf8).ok();
+            match casted.as_ref().map(|c| c.as_string::<i32>()) {
+                Some(a) => {
+                    for i in 0..n {
+                        out.push(if a.is_null(i) {
+                            Cell::Null
+                        } else {
+                            Cell::Text(a.value(i).to_string())
+                        });
+                    }
+                }
+                None => out.resize(n, Cell::Text(format!("<{}>", array.data_type()))),
+            }
+        }
+    }
+    out
+}
+
+/// Rows of cells from Arrow batches.
+pub fn rows_of_batches(batches: &[RecordBatch]) -> Vec<Vec<Cell>> {
+    let mut rows = Vec::new();
+    for batch in batches {
+        let columns: Vec<Vec<Cell>> = batch.columns().iter().map(cells_of_array).collect();
+        for r in 0..batch.num_rows() {
+            rows.push(columns.iter().map(|c| c[r].clone()).collect());
+        }
+    }
+    rows
+}
+
+fn epoch_2000_us() -> i64 {
+    946_684_800_000_000
+}
+
+impl Cell {
+    /// PostgreSQL's text output of the value (`None` for NULL).
+    pub fn to_text(&self) -> Option<String> {
+        Some(match self {
+            Cell::Null => return None,
+            Cell::Bool(b) => if *b { "t" } else { "f" }.to_string(),
+            Cell::I32(v) => v.to_string(),
+            Cell::I64(v) => v.to_string(),
+            Cell::F32(v) => format_float(*v as f64),
+            Cell::F64(v) => format_float(*v),
+            Cell::Text(s) => s.clone(),
+            Cell::Timestamp(us) => format_timestamp(*us),
+            Cell::Date(d) => format_timestamp(*d as i64 * 86_400_000_000)[..10].to_string(),
+            Cell::Numeric(v, scale) => decimal_text(*v, *scale),
+        })
+    }
+
+    fn encode(&self, enc: &mut DataRowEncoder, field: &FieldInfo) -> PgWireResult<()> {
+        let ty = field.datatype();
+        if field.format() == FieldFormat::Text {
+            let text = self.to_text();
+            return enc.encode_field_with_type_and_format(
+                &text,
+                ty,
+                FieldFormat::Text,
+                field.format_options(),
+            );
+        }
+        let opts = field.format_options();
+        let bin = FieldFormat::Binary;
+        match self {
+            Cell::Null => enc.encode_field_with_type_and_format(&None::<i64>, ty, bin, opts),
+            Cell::Bool(b) => enc.encode_field_with_type_and_format(b, ty, bin, opts),
+            Cell::I32(v) if *ty == Type::INT8 => {
+                enc.encode_field_with_type_and_format(&(*v as i64), ty, bin, opts)
+            }
+            Cell::I32(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
+            Cell::I64(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
+            Cell::F32(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
+            Cell::F64(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
+            Cell::Text(s) => enc.encode_field_with_type_and_format(s, ty, bin, opts),
+            Cell::Timestamp(us) => {
+                let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());
+                enc.encode_field_with_type_and_format(&t, ty, bin, opts)
+            }
+            Cell::Date(d) => {
+                let date = NaiveDate::from_ymd_opt(1970, 1, 1)
+                    .and_then(|e| e.checked_add_signed(chrono::Duration::days(*d as i64)));
+                enc.encode_field_with_type_and_format(&date, ty, bin, opts)
+            }
+            Cell::Numeric(v, scale) => {
+                let d = Decimal::try_from_i128_with_scale(*v, *scale).ok();
+                enc.encode_field_with_type_and_format(&d, ty, bin, opts)
+            }
+        }
+    }
+}
+
+fn decimal_text(v: i128, scale: u32) -> String {
+    if scale == 0 {
+        return v.to_string();
+    }
+    let neg = v < 0;
+    let digits = v.unsigned_abs().to_string();
+    let scale = scale as usize;
+    let padded = if digits.len() <= scale {
+        format!("{}{}", "0".repeat(scale + 1 - digits.len()), digits)
+    } else {
+        digits
+    };
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    format!("{}{int}.{frac}", if neg { "-" } else { "" })
+}
+
+/// Field descriptions for columns, with the client's requested formats.
+pub fn fields(columns: &[Column], format_for: &dyn Fn(usize) -> FieldFormat) -> Arc<Vec<FieldInfo>> {
+    Arc::new(
+        columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| FieldInfo::new(c.name.clone(), None, None, c.ty.clone(), format_for(i)))
+            .collect(),
+    )
+}
+
+/// Encodes rows for the wire.
+pub fn encode_rows(fields: &Arc<Vec<FieldInfo>>, rows: Vec<Vec<Cell>>) -> Vec<PgWireResult<DataRow>> {
+    let mut enc = DataRowEncoder::new(fields.clone());
+    rows.into_iter()
+        .map(|row| {
+            for (cell, field) in row.iter().zip(fields.iter()) {
+                cell.encode(&mut enc, field)?;
+            }
+            Ok(enc.take_row())
+        })
+        .collect()
+}
+
+/// Microseconds since the Unix epoch from a binary TIMESTAMP parameter.
+pub fn timestamp_from_pg_binary(us_since_2000: i64) -> i64 {
+    us_since_2000 + epoch_2000_us()
+}
+
+#[allow(dead_code)]
+fn _naive(_: NaiveDateTime) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_text() {
+        assert_eq!(decimal_text(12345, 2), "123.45");
+        assert_eq!(decimal_text(-5, 3), "-0.005");
+        assert_eq!(decimal_text(7, 0), "7");
+    }
+}

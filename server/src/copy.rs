@@ -1,0 +1,317 @@
+//! `COPY stream FROM STDIN` in text and CSV formats.
+//!
+//! Invariant: the whole input is parsed and checked before any row reaches the engine,
+//! so a bad line fails the statement and applies nothing. A line `\.` ends the data, as
+//! psql sends it from scripts.
+
+use std::sync::Arc;
+
+use datafusion::sql::sqlparser::ast::{CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement};
+
+use eddy_planner::bind::undefined_stream;
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::sql::{normalize_ident, object_name};
+use eddy_planner::types::Value;
+use eddy_planner::{Error, ErrorKind, Result};
+
+use crate::db::row_from_fields;
+
+/// Bytes a single COPY may buffer before it is refused.
+pub const COPY_BYTES_MAX: usize = 1 << 30;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Text,
+    Csv,
+}
+
+/// A COPY FROM STDIN in progress: its target and the data received so far.
+pub struct CopyIn {
+    pub stream: Arc<StreamDef>,
+    targets: Vec<usize>,
+    format: Format,
+    delimiter: char,
+    null: String,
+    header: bool,
+    quote: char,
+    data: Vec<u8>,
+}
+
+impl CopyIn {
+    pub fn bind(catalog: &Catalog, stmt: &Statement) -> Result<CopyIn> {
+        let Statement::Copy {
+            source,
+            to,
+            target,
+            options,
+            legacy_options,
+            ..
+        } = stmt
+        else {
+            return Err(Error::internal("not a COPY statement"));
+        };
+        if *to {
+            return Err(Error::unsupported("COPY … TO is not supported")
+                .with_hint("Read streams and metrics with SELECT."));
+        }
+        if !matches!(target, CopyTarget::Stdin) {
+            return Err(Error::unsupported("COPY FROM reads only STDIN")
+                .with_hint("Use psql's \\copy to load a client-side file."));
+        }
+        let CopySource::Table { table_name, columns } = source else {
+            return Err(Error::unsupported("COPY FROM needs a stream name"));
+        };
+        let name = object_name(table_name);
+        let stream = catalog.stream(&name).cloned().ok_or_else(|| undefined_stream(&name))?;
+        let targets = if columns.is_empty() {
+            (0..stream.columns.len()).collect()
+        } else {
+            columns
+                .iter()
+                .map(|c| {
+                    let n = normalize_ident(c);
+                    stream
+                        .column_index(&n)
+                        .ok_or_else(|| Error::undefined_column(&n, &stream.name))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut copy = CopyIn {
+            stream,
+            targets,
+            format: Format::Text,
+            delimiter: '\t',
+            null: "\\N".to_string(),
+            header: false,
+            quote: '"',
+            data: Vec::new(),
+        };
+        let mut delimiter = None;
+        let mut null = None;
+        for o in options {
+            match o {
+                CopyOption::Format(f) => {
+                    copy.format = match f.value.to_lowercase().as_str() {
+                        "csv" => Format::Csv,
+                        "text" => Format::Text,
+                        other => {
+                            return Err(Error::unsupported(format!("COPY format \"{other}\" is not supported"))
+                                .with_hint("Use FORMAT csv or FORMAT text."))
+                        }
+                    }
+                }
+                CopyOption::Delimiter(c) => delimiter = Some(*c),
+                CopyOption::Null(s) => null = Some(s.clone()),
+                CopyOption::Header(h) => copy.header = *h,
+                CopyOption::Quote(c) => copy.quote = *c,
+                CopyOption::Encoding(_) | CopyOption::Freeze(_) => {}
+                other => return Err(Error::unsupported(format!("COPY option {other} is not supported"))),
+            }
+        }
+        for o in legacy_options {
+            match o {
+                CopyLegacyOption::Csv(_) => copy.format = Format::Csv,
+                CopyLegacyOption::Delimiter(c) => delimiter = Some(*c),
+                CopyLegacyOption::Null(s) => null = Some(s.clone()),
+                other => return Err(Error::unsupported(format!("COPY option {other} is not supported"))),
+            }
+        }
+        if copy.format == Format::Csv {
+            copy.delimiter = ',';
+            copy.null = String::new();
+        }
+        if let Some(d) = delimiter {
+            copy.delimiter = d;
+        }
+        if let Some(n) = null {
+            copy.null = n;
+        }
+        Ok(copy)
+    }
+
+    /// The number of columns the client sends per line.
+    pub fn columns(&self) -> usize {
+        self.targets.len()
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
+        if self.data.len() + bytes.len() > COPY_BYTES_MAX {
+            return Err(Error::new(
+                ErrorKind::ResourcesExhausted,
+                format!("COPY data exceeds {COPY_BYTES_MAX} bytes"),
+            )
+            .with_hint("Split the load into several COPY statements."));
+        }
+        self.data.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Parses every line into a row of the stream.
+    pub fn rows(&self) -> Result<Vec<Vec<Value>>> {
+        let text = std::str::from_utf8(&self.data).map_err(|_| {
+            Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8")
+        })?;
+        let records = match self.format {
+            Format::Csv => self.csv_records(text)?,
+            Format::Text => text
+                .split('\n')
+                .map(|l| l.strip_suffix('\r').unwrap_or(l))
+                .take_while(|l| *l != "\\.")
+                .filter(|l| !l.is_empty())
+                .map(|l| self.text_fields(l))
+                .collect(),
+        };
+        records
+            .iter()
+            .enumerate()
+            .skip(usize::from(self.header))
+            .map(|(i, fields)| row_from_fields(&self.stream, &self.targets, fields, i + 1))
+            .collect()
+    }
+
+    fn text_fields(&self, line: &str) -> Vec<Option<String>> {
+        line.split(self.delimiter)
+            .map(|f| {
+                if f == self.null {
+                    None
+                } else {
+                    Some(unescape_text(f))
+                }
+            })
+            .collect()
+    }
+
+    /// RFC 4180 records: quoted fields may hold delimiters, quotes (doubled) and newlines;
+    /// an unquoted field equal to the NULL string is NULL.
+    fn csv_records(&self, text: &str) -> Result<Vec<Vec<Option<String>>>> {
+        let mut records = Vec::new();
+        let mut fields: Vec<Option<String>> = Vec::new();
+        let mut field = String::new();
+        let mut quoted = false;
+        let mut in_quotes = false;
+        let mut chars = text.chars().peekable();
+        let mut at_line_start = true;
+        while let Some(c) = chars.next() {
+            if at_line_start && !in_quotes && c == '\\' && chars.peek() == Some(&'.') {
+                // The end-of-data marker `\.` on a line of its own.
+                let rest: String = chars.clone().take(3).collect();
+                if rest == "." || rest.starts_with(".\n") || rest.starts_with(".\r") {
+                    break;
+                }
+            }
+            at_line_start = false;
+            if in_quotes {
+                if c == self.quote {
+                    if chars.peek() == Some(&self.quote) {
+                        field.push(self.quote);
+                        chars.next();
+                    } else {
+                        in_quotes = false;
+                    }
+                } else {
+                    field.push(c);
+                }
+                continue;
+            }
+            if c == self.quote {
+                in_quotes = true;
+                quoted = true;
+            } else if c == self.delimiter {
+                fields.push(self.csv_field(&mut field, &mut quoted));
+            } else if c == '\n' || c == '\r' {
+                if c == '\r' && chars.peek() == Some(&'\n') {
+                    chars.next();
+                }
+                fields.push(self.csv_field(&mut field, &mut quoted));
+                if !(fields.len() == 1 && fields[0].is_none()) || self.targets.len() == 1 {
+                    records.push(std::mem::take(&mut fields));
+                } else {
+                    fields.clear();
+                }
+                at_line_start = true;
+            } else {
+                field.push(c);
+            }
+        }
+        if in_quotes {
+            return Err(Error::new(ErrorKind::InvalidText, "unterminated CSV quoted field"));
+        }
+        if !field.is_empty() || quoted || !fields.is_empty() {
+            fields.push(self.csv_field(&mut field, &mut quoted));
+            records.push(fields);
+        }
+        Ok(records)
+    }
+
+    fn csv_field(&self, field: &mut String, quoted: &mut bool) -> Option<String> {
+        let text = std::mem::take(field);
+        let was_quoted = std::mem::replace(quoted, false);
+        if !was_quoted && text == self.null {
+            None
+        } else {
+            Some(text)
+        }
+    }
+}
+
+/// Undoes COPY text format's backslash escapes.
+fn unescape_text(f: &str) -> String {
+    if !f.contains('\\') {
+        return f.to_string();
+    }
+    let mut out = String::with_capacity(f.len());
+    let mut chars = f.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_planner::sql::parse_statement;
+
+    fn copy_for(sql: &str) -> CopyIn {
+        let mut catalog = Catalog::default();
+        let create = parse_statement(
+            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, note TEXT) WITH (event_time = 'ts')",
+        )
+        .unwrap();
+        catalog = eddy_planner::ddl::apply(&catalog, &create).unwrap().0;
+        let Ok(eddy_planner::sql::Statement::Copy(stmt)) = parse_statement(sql) else {
+            panic!("not a copy")
+        };
+        CopyIn::bind(&catalog, &stmt).unwrap()
+    }
+
+    #[test]
+    fn csv_quotes_nulls_and_end_marker() {
+        let mut c = copy_for("COPY s FROM STDIN (FORMAT csv)");
+        c.push(b"1,2026-01-01 00:00:00,\"a, \"\"b\"\"\"\n2,2026-01-01 00:00:01,\n\\.\n3,x,y\n").unwrap();
+        let rows = c.rows().unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0][2], Value::Text("a, \"b\"".into()));
+        assert_eq!(rows[1][2], Value::Null);
+    }
+
+    #[test]
+    fn text_format_and_bad_line() {
+        let mut c = copy_for("COPY s FROM STDIN");
+        c.push(b"1\t2026-01-01 00:00:00\t\\N\n").unwrap();
+        assert_eq!(c.rows().unwrap()[0][2], Value::Null);
+        c.push(b"oops\t2026-01-01\tx\n").unwrap();
+        assert_eq!(c.rows().unwrap_err().kind, ErrorKind::InvalidText);
+    }
+}

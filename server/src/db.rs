@@ -1,0 +1,534 @@
+//! The database: catalog, engine and the execution of every statement kind.
+//!
+//! Invariants: DDL is serialised (`ddl` lock) and swaps in a whole new catalog only after
+//! the shards installed it and the catalog file was rewritten; a statement that fails
+//! before reaching the engine has applied nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use pgwire::api::Type;
+
+use eddy_cluster::{Engine, Outcome, Row};
+use eddy_planner::aggregate::ResultType;
+use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::dag::StreamDag;
+use eddy_planner::ddl::{self, DdlOutcome};
+use eddy_planner::sql::{self, Statement};
+use eddy_planner::types::{format_duration_us, Value};
+use eddy_planner::{Error, ErrorKind, Result};
+
+use crate::cells::{cell_of, pg_type, Cell, Column};
+use crate::copy::CopyIn;
+use crate::query;
+
+/// Rows per engine call when a COPY is applied.
+const COPY_BATCH_ROWS: usize = 8192;
+const CATALOG_FILE: &str = "catalog.sql";
+/// Separates statements in the catalog file (a line of its own).
+const CATALOG_SEPARATOR: &str = "\n-- eddy:end\n";
+
+/// What a statement produced.
+pub enum Output {
+    Rows {
+        columns: Vec<Column>,
+        rows: Vec<Vec<Cell>>,
+        tag: &'static str,
+    },
+    Command {
+        tag: &'static str,
+        rows: Option<usize>,
+    },
+    CopyIn(CopyIn),
+    Begin,
+    /// COMMIT or ROLLBACK, with its tag.
+    Commit(&'static str),
+    Empty,
+}
+
+/// A statement's output and the notices to send before it.
+pub struct Executed {
+    pub output: Output,
+    pub notices: Vec<String>,
+}
+
+impl Executed {
+    fn new(output: Output) -> Executed {
+        Executed {
+            output,
+            notices: Vec::new(),
+        }
+    }
+}
+
+pub struct Db {
+    catalog: RwLock<Arc<Catalog>>,
+    engine: Arc<Engine>,
+    data_dir: PathBuf,
+    ddl: tokio::sync::Mutex<()>,
+}
+
+impl Db {
+    /// Opens the data directory, replays the catalog file and starts the shards.
+    pub async fn open(data_dir: &Path, shards: usize) -> anyhow::Result<Arc<Db>> {
+        std::fs::create_dir_all(data_dir)?;
+        let engine = Arc::new(Engine::start(shards));
+        let mut catalog = Catalog::default();
+        let path = data_dir.join(CATALOG_FILE);
+        if path.exists() {
+            let text = std::fs::read_to_string(&path)?;
+            for stmt in text.split(CATALOG_SEPARATOR).filter(|s| !s.trim().is_empty()) {
+                let parsed = sql::parse_statement(stmt)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?;
+                catalog = ddl::apply(&catalog, &parsed)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?
+                    .0;
+            }
+        }
+        let catalog = Arc::new(catalog);
+        engine
+            .apply_catalog(catalog.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("installing the catalog: {e}"))?;
+        Ok(Arc::new(Db {
+            catalog: RwLock::new(catalog),
+            engine,
+            data_dir: data_dir.to_path_buf(),
+            ddl: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.read().expect("catalog lock").clone()
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Writes the catalog file atomically: temp file, fsync, rename.
+    fn persist(&self, catalog: &Catalog) -> Result<()> {
+        let text: String = catalog
+            .statements()
+            .iter()
+            .map(|s| format!("{s}{CATALOG_SEPARATOR}"))
+            .collect();
+        let path = self.data_dir.join(CATALOG_FILE);
+        let tmp = self.data_dir.join(format!("{CATALOG_FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&self.data_dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("could not write {}: {e}", path.display()),
+            )
+        })
+    }
+
+    /// Executes one statement's text.
+    pub async fn execute(&self, text: &str) -> Result<Executed> {
+        let stmt = sql::parse_statement(text)?;
+        match stmt {
+            Statement::CreateStream { .. }
+            | Statement::CreateMetric(_)
+            | Statement::DropStream { .. }
+            | Statement::DropMetric { .. } => self.ddl(&stmt).await,
+            Statement::ShowStreams => self.show_streams().await,
+            Statement::ShowMetrics => Ok(self.show_metrics()),
+            Statement::Describe(name) => self.describe(&name),
+            Statement::ExplainStream(name) => {
+                let catalog = self.catalog();
+                let stream = catalog.stream(&name).ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
+                Ok(plan_rows(StreamDag::new(&catalog, stream).explain_stream()))
+            }
+            Statement::ExplainMetric(name) => {
+                let catalog = self.catalog();
+                let metric = catalog.metric(&name).ok_or_else(|| undefined_metric(&name))?;
+                let stream = catalog.stream(&metric.stream).ok_or_else(|| Error::internal("metric without stream"))?;
+                Ok(plan_rows(StreamDag::new(&catalog, stream).explain_metric(&name)))
+            }
+            Statement::Insert(insert) => {
+                let catalog = self.catalog();
+                let plan = bind_insert(&catalog, &insert)?;
+                self.insert(plan).await
+            }
+            Statement::Copy(copy) => {
+                let catalog = self.catalog();
+                Ok(Executed::new(Output::CopyIn(CopyIn::bind(&catalog, &copy)?)))
+            }
+            Statement::Query(sql) => {
+                let ctx = query::context(&self.catalog(), &self.engine)?;
+                let (columns, rows) = query::run(&ctx, &sql).await?;
+                Ok(Executed::new(Output::Rows {
+                    columns,
+                    rows,
+                    tag: "SELECT",
+                }))
+            }
+            Statement::Set => Ok(Executed::new(Output::Command { tag: "SET", rows: None })),
+            Statement::ShowVariable(name) => Ok(show_variable(&name)),
+            Statement::Begin => Ok(Executed::new(Output::Begin)),
+            Statement::Commit => Ok(Executed::new(Output::Commit("COMMIT"))),
+            Statement::Rollback => Ok(Executed::new(Output::Commit("ROLLBACK"))),
+            Statement::Empty => Ok(Executed::new(Output::Empty)),
+        }
+    }
+
+    async fn ddl(&self, stmt: &Statement) -> Result<Executed> {
+        let _guard = self.ddl.lock().await;
+        let current = self.catalog();
+        let (next, DdlOutcome { tag, notice, changed }) = ddl::apply(&current, stmt)?;
+        if changed {
+            let next = Arc::new(next);
+            self.persist(&next)?;
+            self.engine.apply_catalog(next.clone()).await?;
+            *self.catalog.write().expect("catalog lock") = next;
+        }
+        Ok(Executed {
+            output: Output::Command { tag, rows: None },
+            notices: notice.into_iter().collect(),
+        })
+    }
+
+    async fn insert(&self, plan: eddy_planner::bind::InsertPlan) -> Result<Executed> {
+        let n = plan.rows.len();
+        let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
+        let want = plan.returning.is_some();
+        let replies = self.engine.ingest(&plan.stream, rows.clone(), want).await?;
+        let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes));
+        let output = match plan.returning {
+            None => Output::Command {
+                tag: "INSERT",
+                rows: Some(n),
+            },
+            Some(cols) => {
+                let columns: Vec<Column> = cols
+                    .iter()
+                    .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
+                    .collect();
+                let out_rows = rows
+                    .iter()
+                    .zip(&replies)
+                    .map(|(row, reply)| {
+                        cols.iter()
+                            .map(|c| match &c.item {
+                                ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
+                                ReturningItem::Metric { metric, agg } => reply
+                                    .metrics
+                                    .iter()
+                                    .find(|(name, _)| *name == metric.name)
+                                    .map_or(Cell::Null, |(_, vals)| cell_of(&vals[*agg], c.ty)),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                Output::Rows {
+                    columns,
+                    rows: out_rows,
+                    tag: "INSERT",
+                }
+            }
+        };
+        Ok(Executed { output, notices })
+    }
+
+    /// Parses and applies a finished COPY; nothing is applied if any row is bad.
+    pub async fn finish_copy(&self, copy: CopyIn) -> Result<Executed> {
+        let stream = copy.stream.clone();
+        let rows = copy.rows()?;
+        for row in &rows {
+            check_not_null(&stream, row)?;
+        }
+        let n = rows.len();
+        let mut late = Vec::new();
+        let rows: Vec<Row> = rows.into_iter().map(Row::from).collect();
+        for chunk in rows.chunks(COPY_BATCH_ROWS) {
+            let replies = self.engine.ingest(&stream, chunk.to_vec(), false).await?;
+            late.extend(replies.into_iter().map(|r| r.outcomes));
+        }
+        Ok(Executed {
+            output: Output::Command {
+                tag: "COPY",
+                rows: Some(n),
+            },
+            notices: late_notices(&stream, late.iter()),
+        })
+    }
+
+    async fn show_streams(&self) -> Result<Executed> {
+        let catalog = self.catalog();
+        let report = self.engine.report().await?;
+        let columns = vec![
+            Column::text("name"),
+            Column::text("event_time"),
+            Column::text("partition_by"),
+            Column::new("partitions", Type::INT4),
+            Column::text("lateness"),
+            Column::text("retention"),
+            Column::new("metrics", Type::INT8),
+            Column::new("events", Type::INT8),
+            Column::new("late", Type::INT8),
+            Column::new("duplicates", Type::INT8),
+            Column::new("stored", Type::INT8),
+        ];
+        let rows = catalog
+            .streams
+            .values()
+            .map(|s| {
+                // Every partitioner sees every event; count them once, from the first.
+                let first: Vec<_> = report
+                    .iter()
+                    .filter(|r| r.task.stream == s.name && r.task.partitioner == 0)
+                    .collect();
+                let all: Vec<_> = report.iter().filter(|r| r.task.stream == s.name).collect();
+                let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64, rs: &[&eddy_cluster::TaskReport]| {
+                    rs.iter().map(|r| f(r)).sum::<u64>() as i64
+                };
+                vec![
+                    Cell::Text(s.name.clone()),
+                    Cell::Text(s.columns[s.event_time].name.clone()),
+                    Cell::Text(
+                        s.partitioners
+                            .iter()
+                            .map(|p| s.columns[*p].name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    ),
+                    Cell::I32(s.tasks_per_partitioner() as i32),
+                    Cell::Text(duration_text(s.lateness_us)),
+                    Cell::Text(duration_text(s.retention_us)),
+                    Cell::I64(catalog.metrics_of(&s.name).len() as i64),
+                    Cell::I64(sum(&|r| r.stats.accepted, &first)),
+                    Cell::I64(sum(&|r| r.stats.late, &all)),
+                    Cell::I64(sum(&|r| r.stats.duplicates, &all)),
+                    Cell::I64(sum(&|r| r.stored_events as u64, &first)),
+                ]
+            })
+            .collect();
+        Ok(Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "SHOW",
+        }))
+    }
+
+    fn show_metrics(&self) -> Executed {
+        let catalog = self.catalog();
+        let columns = vec![
+            Column::text("name"),
+            Column::text("stream"),
+            Column::text("window"),
+            Column::text("filter"),
+            Column::text("group_by"),
+            Column::text("aggregates"),
+        ];
+        let rows = catalog
+            .order
+            .iter()
+            .filter_map(|n| catalog.metric(n))
+            .map(|m| {
+                let s = catalog.stream(&m.stream).expect("metric's stream exists");
+                vec![
+                    Cell::Text(m.name.clone()),
+                    Cell::Text(m.stream.clone()),
+                    Cell::Text(m.window.to_sql()),
+                    m.filter.clone().map_or(Cell::Null, Cell::Text),
+                    Cell::Text(
+                        m.group_by
+                            .iter()
+                            .map(|c| s.columns[*c].name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    ),
+                    Cell::Text(
+                        m.aggregates
+                            .iter()
+                            .map(|a| format!("{} AS {}", a.to_sql(s), a.alias))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    ),
+                ]
+            })
+            .collect();
+        Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "SHOW",
+        })
+    }
+
+    fn describe(&self, name: &str) -> Result<Executed> {
+        let catalog = self.catalog();
+        let columns = vec![
+            Column::text("column"),
+            Column::text("type"),
+            Column::new("nullable", Type::BOOL),
+            Column::text("role"),
+        ];
+        let type_name = |t: ResultType| match t {
+            ResultType::Numeric => "NUMERIC".to_string(),
+            ResultType::Column(c) => c.sql_name().to_string(),
+        };
+        let rows = if let Some(s) = catalog.stream(name) {
+            s.columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut roles = Vec::new();
+                    if i == s.event_time {
+                        roles.push("event_time".to_string());
+                    }
+                    if s.event_id == Some(i) {
+                        roles.push("event_id".to_string());
+                    }
+                    if let Some(p) = s.partitioners.iter().position(|x| *x == i) {
+                        roles.push(format!("partitioner {}", p + 1));
+                    }
+                    vec![
+                        Cell::Text(c.name.clone()),
+                        Cell::Text(c.ty.sql_name().to_string()),
+                        Cell::Bool(!c.not_null),
+                        if roles.is_empty() { Cell::Null } else { Cell::Text(roles.join(", ")) },
+                    ]
+                })
+                .collect()
+        } else if let Some(m) = catalog.metric(name) {
+            let s = catalog.stream(&m.stream).ok_or_else(|| Error::internal("metric without stream"))?;
+            let mut rows: Vec<Vec<Cell>> = m
+                .group_by
+                .iter()
+                .map(|c| {
+                    let col = &s.columns[*c];
+                    vec![
+                        Cell::Text(col.name.clone()),
+                        Cell::Text(col.ty.sql_name().to_string()),
+                        Cell::Bool(!col.not_null),
+                        Cell::Text("group key".to_string()),
+                    ]
+                })
+                .collect();
+            rows.extend(m.aggregates.iter().map(|a| {
+                vec![
+                    Cell::Text(a.alias.clone()),
+                    Cell::Text(type_name(a.result_type(s))),
+                    Cell::Bool(true),
+                    Cell::Text(a.to_sql(s)),
+                ]
+            }));
+            rows
+        } else {
+            return Err(Error::new(
+                ErrorKind::UndefinedTable,
+                format!("stream or metric \"{name}\" does not exist"),
+            ));
+        };
+        Ok(Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "DESCRIBE",
+        }))
+    }
+}
+
+fn undefined_metric(name: &str) -> Error {
+    Error::new(ErrorKind::UndefinedTable, format!("metric \"{name}\" does not exist"))
+}
+
+fn duration_text(us: i64) -> String {
+    if us == 0 {
+        "0".to_string()
+    } else {
+        format_duration_us(us).to_lowercase()
+    }
+}
+
+fn plan_rows(lines: Vec<String>) -> Executed {
+    Executed::new(Output::Rows {
+        columns: vec![Column::text("QUERY PLAN")],
+        rows: lines.into_iter().map(|l| vec![Cell::Text(l)]).collect(),
+        tag: "EXPLAIN",
+    })
+}
+
+fn late_notices<'a>(stream: &StreamDef, outcomes: impl Iterator<Item = &'a Vec<Outcome>>) -> Vec<String> {
+    let (mut late, mut dup) = (0, 0);
+    for o in outcomes {
+        if o.contains(&Outcome::Late) {
+            late += 1;
+        } else if o.contains(&Outcome::Duplicate) {
+            dup += 1;
+        }
+    }
+    let mut out = Vec::new();
+    if late > 0 {
+        out.push(format!(
+            "{late} late event{} not applied to stream \"{}\" (older than stream time minus lateness {})",
+            if late == 1 { "" } else { "s" },
+            stream.name,
+            duration_text(stream.lateness_us)
+        ));
+    }
+    if dup > 0 {
+        out.push(format!(
+            "{dup} duplicate event{} not applied again to stream \"{}\"",
+            if dup == 1 { "" } else { "s" },
+            stream.name
+        ));
+    }
+    out
+}
+
+fn show_variable(name: &str) -> Executed {
+    let value = match name {
+        "server_version" => "16.6",
+        "server_encoding" | "client_encoding" => "UTF8",
+        "datestyle" => "ISO, MDY",
+        "timezone" => "UTC",
+        "integer_datetimes" | "standard_conforming_strings" => "on",
+        "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "search_path" => "public",
+        "max_identifier_length" => "63",
+        _ => "",
+    };
+    Executed::new(Output::Rows {
+        columns: vec![Column::text(name)],
+        rows: vec![vec![Cell::Text(value.to_string())]],
+        tag: "SHOW",
+    })
+}
+
+/// Converts text fields of one COPY line into a row; public for the COPY parser.
+pub fn row_from_fields(
+    stream: &StreamDef,
+    targets: &[usize],
+    fields: &[Option<String>],
+    line: usize,
+) -> Result<Vec<Value>> {
+    if fields.len() != targets.len() {
+        return Err(Error::new(
+            ErrorKind::InvalidText,
+            format!(
+                "line {line}: expected {} columns, found {}",
+                targets.len(),
+                fields.len()
+            ),
+        ));
+    }
+    let mut row = vec![Value::Null; stream.columns.len()];
+    for (f, &c) in fields.iter().zip(targets) {
+        if let Some(text) = f {
+            row[c] = value_from_text(text, &stream.columns[c]).map_err(|mut e| {
+                e.detail = Some(format!("COPY {}, line {line}, column {}", stream.name, stream.columns[c].name));
+                e
+            })?;
+        }
+    }
+    Ok(row)
+}

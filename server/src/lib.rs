@@ -1,0 +1,13 @@
+//! eddy-server: the `eddy` binary's library — the PostgreSQL front end, sessions, the
+//! catalog file, COPY, and DataFusion for ad-hoc SELECT.
+//!
+//! Architecture invariant: this is the only crate that knows pgwire. It binds statements
+//! through the planner and hands rows to the engine; it never reaches into operator state.
+
+pub mod cells;
+pub mod copy;
+pub mod db;
+pub mod pg;
+pub mod pg_catalog;
+pub mod query;
+pub mod serve;

@@ -1,0 +1,275 @@
+//! Ad-hoc SELECT through DataFusion: every stream and metric is a table.
+//!
+//! Invariant: a metric scan whose filters pin every group-by column to a constant is a
+//! point lookup in the one task that owns the group (hash lookup, no scan); anything
+//! else reads the current rows of every task, and DataFusion does the rest.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{Result as DfResult, ScalarValue};
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use eddy_cluster::Engine;
+use eddy_planner::aggregate::ResultType;
+use eddy_planner::bind::value_from_text;
+use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
+use eddy_planner::filter::{datafusion_error, result_arrow_type, rows_to_batch, stream_schema, stream_types};
+use eddy_planner::types::Value;
+use eddy_planner::{Error, Result};
+
+use crate::cells::{pg_type_of_arrow, rows_of_batches, Cell, Column};
+use crate::pg_catalog;
+
+/// The result columns and types of a metric: group-by columns, then aggregates.
+pub fn metric_columns(stream: &StreamDef, metric: &MetricDef) -> Vec<(String, ResultType)> {
+    metric
+        .group_by
+        .iter()
+        .map(|c| {
+            let col = &stream.columns[*c];
+            (col.name.clone(), ResultType::Column(col.ty))
+        })
+        .chain(
+            metric
+                .aggregates
+                .iter()
+                .map(|a| (a.alias.clone(), a.result_type(stream))),
+        )
+        .collect()
+}
+
+#[derive(Debug)]
+struct MetricTable {
+    engine: Arc<Engine>,
+    stream: Arc<StreamDef>,
+    metric: Arc<MetricDef>,
+    schema: SchemaRef,
+    types: Vec<ResultType>,
+}
+
+impl MetricTable {
+    fn new(engine: Arc<Engine>, stream: Arc<StreamDef>, metric: Arc<MetricDef>) -> MetricTable {
+        let cols = metric_columns(&stream, &metric);
+        let schema = Arc::new(Schema::new(
+            cols.iter()
+                .map(|(n, t)| Field::new(n, result_arrow_type(*t), true))
+                .collect::<Vec<_>>(),
+        ));
+        MetricTable {
+            engine,
+            stream,
+            metric,
+            schema,
+            types: cols.into_iter().map(|(_, t)| t).collect(),
+        }
+    }
+
+    /// The group-by column position a filter pins to a constant, with the value.
+    fn key_filter(&self, expr: &Expr) -> Option<(usize, Value)> {
+        let Expr::BinaryExpr(BinaryExpr { left, op: Operator::Eq, right }) = expr else {
+            return None;
+        };
+        let (col, lit) = match (strip_cast(left), strip_cast(right)) {
+            (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c)) => (c, v),
+            _ => return None,
+        };
+        let pos = self
+            .metric
+            .group_by
+            .iter()
+            .position(|g| self.stream.columns[*g].name == col.name)?;
+        let def = &self.stream.columns[self.metric.group_by[pos]];
+        let value = scalar_to_value(lit, def)?;
+        Some((pos, value))
+    }
+}
+
+fn strip_cast(e: &Expr) -> &Expr {
+    match e {
+        Expr::Cast(c) => strip_cast(&c.expr),
+        Expr::TryCast(c) => strip_cast(&c.expr),
+        other => other,
+    }
+}
+
+fn scalar_to_value(v: &ScalarValue, col: &eddy_planner::catalog::ColumnDef) -> Option<Value> {
+    if v.is_null() {
+        return None;
+    }
+    let text = match v {
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => s.clone(),
+        other => other.to_string(),
+    };
+    value_from_text(&text, col).ok()
+}
+
+#[async_trait]
+impl TableProvider for MetricTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.key_filter(f).is_some() {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let mut key: Vec<Option<Value>> = vec![None; self.metric.group_by.len()];
+        for f in filters {
+            if let Some((pos, v)) = self.key_filter(f) {
+                key[pos] = Some(v);
+            }
+        }
+        let key: Option<Vec<Value>> = if key.is_empty() { None } else { key.into_iter().collect() };
+        let rows = self
+            .engine
+            .metric_rows(&self.stream, &self.metric, key)
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let batch = rows_to_batch(self.schema.clone(), &self.types, &rows)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let table = MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
+        table.scan(state, projection, &[], limit).await
+    }
+}
+
+#[derive(Debug)]
+struct StreamTable {
+    engine: Arc<Engine>,
+    stream: Arc<StreamDef>,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for StreamTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let rows = self
+            .engine
+            .stream_rows(&self.stream)
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let batch = rows_to_batch(self.schema.clone(), &stream_types(&self.stream), &rows)
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let table = MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
+        table.scan(state, projection, &[], limit).await
+    }
+}
+
+/// A DataFusion context with every stream and metric of `catalog` registered.
+pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext> {
+    let config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema("eddy", "public")
+        .set_str("datafusion.sql_parser.dialect", "PostgreSQL");
+    let ctx = SessionContext::new_with_config(config);
+    for stream in catalog.streams.values() {
+        let table = StreamTable {
+            engine: engine.clone(),
+            stream: stream.clone(),
+            schema: stream_schema(stream),
+        };
+        ctx.register_table(stream.name.as_str(), Arc::new(table))
+            .map_err(datafusion_error)?;
+    }
+    for metric in catalog.metrics.values() {
+        let stream = catalog
+            .stream(&metric.stream)
+            .ok_or_else(|| Error::internal("metric without stream"))?;
+        let table = MetricTable::new(engine.clone(), stream.clone(), metric.clone());
+        ctx.register_table(metric.name.as_str(), Arc::new(table))
+            .map_err(datafusion_error)?;
+    }
+    pg_catalog::register(&ctx, catalog)?;
+    Ok(ctx)
+}
+
+/// Runs a SELECT (or any query DataFusion plans) and returns its columns and rows.
+pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
+    let sql = pg_catalog::rewrite(sql);
+    let df = ctx.sql(&sql).await.map_err(unwrap_external)?;
+    let schema = df.schema().as_arrow().clone();
+    let batches = df.collect().await.map_err(unwrap_external)?;
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| Column::new(f.name().clone(), pg_type_of_arrow(f.data_type())))
+        .collect();
+    Ok((columns, rows_of_batches(&batches)))
+}
+
+/// The result columns and parameter types of a query, without running it.
+pub async fn describe(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Option<datafusion::arrow::datatypes::DataType>>)> {
+    let sql = pg_catalog::rewrite(sql);
+    let plan = ctx
+        .state()
+        .create_logical_plan(&sql)
+        .await
+        .map_err(unwrap_external)?;
+    let columns = plan
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| Column::new(f.name().clone(), pg_type_of_arrow(f.data_type())))
+        .collect();
+    let params = plan.get_parameter_types().map_err(datafusion_error)?;
+    let n = params
+        .keys()
+        .filter_map(|k| k.trim_start_matches('$').parse::<usize>().ok())
+        .max()
+        .unwrap_or(0);
+    let types = (1..=n)
+        .map(|i| params.get(&format!("${i}")).cloned().flatten())
+        .collect();
+    Ok((columns, types))
+}
+
+/// Errors raised inside table scans come back wrapped; unwrap Eddy's own.
+fn unwrap_external(e: datafusion::error::DataFusionError) -> Error {
+    match e {
+        datafusion::error::DataFusionError::External(inner) => match inner.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(other) => Error::internal(other.to_string()),
+        },
+        datafusion::error::DataFusionError::Context(_, inner) => unwrap_external(*inner),
+        other => datafusion_error(other),
+    }
+}

@@ -1,0 +1,12 @@
+//! eddy-storage: where a task's events and aggregate state live.
+//!
+//! Architecture invariant: storage knows no SQL. It stores opaque timed events and
+//! opaque state bytes behind two narrow traits, `Reservoir` and `StateStore`, so the
+//! disk-backed implementations can replace the in-memory ones without touching the
+//! planner or the executor.
+
+pub mod reservoir;
+pub mod state;
+
+pub use reservoir::{MemReservoir, Reservoir, Timed};
+pub use state::{MemStateStore, StateStore};
