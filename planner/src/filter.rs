@@ -62,8 +62,10 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
             other => Error::new(ErrorKind::UndefinedColumn, other.to_string()),
         },
         DataFusionError::SQL(e, _) => Error::syntax(format!("syntax error: {e}")),
-        DataFusionError::Plan(m) if m.contains("table") && m.contains("not found") => {
-            Error::new(ErrorKind::UndefinedTable, m)
+        DataFusionError::Plan(m) if m.starts_with("table '") && m.ends_with("' not found") => {
+            let name = m["table '".len()..m.len() - "' not found".len()].rsplit('.').next().unwrap_or("").to_string();
+            Error::new(ErrorKind::UndefinedTable, format!("relation \"{name}\" does not exist"))
+                .with_hint("SHOW STREAMS and SHOW METRICS list what can be queried.")
         }
         DataFusionError::Plan(m) if m.contains("oerc") || m.contains("type") => {
             Error::new(ErrorKind::DatatypeMismatch, m)

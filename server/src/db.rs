@@ -287,7 +287,6 @@ impl Db {
                     .iter()
                     .filter(|r| r.task.stream == s.name && r.task.partitioner == 0)
                     .collect();
-                let all: Vec<_> = report.iter().filter(|r| r.task.stream == s.name).collect();
                 let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64, rs: &[&eddy_cluster::TaskReport]| {
                     rs.iter().map(|r| f(r)).sum::<u64>() as i64
                 };
@@ -306,8 +305,8 @@ impl Db {
                     Cell::Text(duration_text(s.retention_us)),
                     Cell::I64(catalog.metrics_of(&s.name).len() as i64),
                     Cell::I64(sum(&|r| r.stats.accepted, &first)),
-                    Cell::I64(sum(&|r| r.stats.late, &all)),
-                    Cell::I64(sum(&|r| r.stats.duplicates, &all)),
+                    Cell::I64(sum(&|r| r.stats.late, &first)),
+                    Cell::I64(sum(&|r| r.stats.duplicates, &first)),
                     Cell::I64(sum(&|r| r.stored_events as u64, &first)),
                 ]
             })

@@ -1,0 +1,18 @@
+# The two commands of the README.
+#   make serve   builds Eddy (release) and starts it on 127.0.0.1:5433, data in ./data
+#   make test    runs every test (see .ci/test)
+
+CARGO_TARGET_DIR ?= $(HOME)/.cache/eddy-target
+export CARGO_TARGET_DIR
+
+.PHONY: serve test bench
+
+serve:
+	.ci/setup
+	cargo run --release -p eddy-server --bin eddy -- serve
+
+test:
+	.ci/test
+
+bench:
+	cargo run --release -p eddy-bench --bin engine

@@ -1,0 +1,183 @@
+//! Protocol-level tests against an in-process server: a scripted psql session compared
+//! with its expected output, tokio-postgres on the extended protocol (typed binary
+//! parameters, RETURNING, errors), CancelRequest, and the catalog surviving a restart.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use eddy_server::serve::{Config, Server};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+async fn start(dir: &Path) -> Server {
+    Server::start(&Config {
+        pg_addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        shards: 2,
+    })
+    .await
+    .unwrap()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("eddy-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+async fn connect(server: &Server) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={} user=eddy dbname=eddy", server.addr.port()),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_session_matches_expected_output() {
+    let dir = temp_dir("psql");
+    let server = start(&dir).await;
+    let script_dir = repo().join("clients/psql");
+    let port = server.addr.port().to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("psql")
+            .args(["-X", "-h", "127.0.0.1", "-p", &port, "-U", "eddy", "-d", "eddy", "-f"])
+            .arg("tour.sql")
+            .current_dir(&script_dir)
+            .env("PGAPPNAME", "psql")
+            .output()
+            .expect("psql is installed")
+    })
+    .await
+    .unwrap();
+    let got = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let expected_path = repo().join("clients/psql/tour.expected");
+    if std::env::var("EDDY_BLESS").is_ok() {
+        std::fs::write(&expected_path, &got).unwrap();
+    }
+    let expected = std::fs::read_to_string(&expected_path).unwrap();
+    assert_eq!(got, expected, "psql output differs from {}", expected_path.display());
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_protocol_with_binary_parameters() {
+    let dir = temp_dir("extended");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    client
+        .batch_execute(
+            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, k TEXT NOT NULL, x DOUBLE PRECISION, n INTEGER) \
+             WITH (event_time = 'ts', event_id = 'id', partition_by = 'k', partitions = 3); \
+             CREATE METRIC m AS SELECT k, COUNT(*) AS c, SUM(x) AS sx, SUM(n) AS sn, MIN(ts) AS first \
+             FROM s WINDOW SLIDING (SIZE 1 MINUTE) GROUP BY k",
+        )
+        .await
+        .unwrap();
+    let insert = client
+        .prepare("INSERT INTO s VALUES ($1, $2, $3, $4, $5) RETURNING m.c, m.sx, m.sn")
+        .await
+        .unwrap();
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap().naive_utc();
+    let mut sum = 0.0;
+    for i in 0..5i64 {
+        let ts = base + chrono::Duration::seconds(i);
+        let x = 0.1 * (i + 1) as f64;
+        sum += x;
+        let row = client
+            .query_one(&insert, &[&i, &ts, &"a", &x, &(i as i32)])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), i + 1);
+        let sx: f64 = row.get(1);
+        assert!((sx - sum).abs() < 1e-12, "{sx} vs {sum}");
+        let sn: rust_decimal::Decimal = row.get(2);
+        assert_eq!(sn, rust_decimal::Decimal::from((0..=i).sum::<i64>()));
+    }
+    let lookup = client.prepare("SELECT c, first FROM m WHERE k = $1").await.unwrap();
+    let rows = client.query(&lookup, &[&"a"]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 5);
+    assert_eq!(rows[0].get::<_, chrono::NaiveDateTime>(1), base);
+    assert!(client.query(&lookup, &[&"zz"]).await.unwrap().is_empty());
+
+    let err = client.simple_query("INSERT INTO s VALUES (9, 'x', 'a', 1, 1)").await.unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22P02");
+    let err = client.query("SELECT * FROM nope", &[]).await.unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "42P01");
+    let row = client.query_one("SELECT 1::BIGINT AS one", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_request_stops_a_running_query() {
+    let dir = temp_dir("cancel");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    let token = client.cancel_token();
+    let running = tokio::spawn(async move {
+        client
+            .simple_query("SELECT count(*) FROM generate_series(1, 100000000000)")
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the query ends after cancel")
+        .unwrap();
+    let err = result.unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "57014", "{err}");
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_survives_restart() {
+    let dir = temp_dir("restart");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    client
+        .batch_execute(
+            "CREATE STREAM r (ts TIMESTAMP NOT NULL, k TEXT) WITH (event_time = 'ts'); \
+             CREATE METRIC rm AS SELECT k, COUNT(*) AS c FROM r WINDOW INFINITE GROUP BY k; \
+             CREATE METRIC gone AS SELECT k, COUNT(*) AS c FROM r WINDOW INFINITE GROUP BY k; \
+             DROP METRIC gone",
+        )
+        .await
+        .unwrap();
+    drop(client);
+    server.stop().await;
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    let rows = client.simple_query("SHOW METRICS").await.unwrap();
+    let names: Vec<String> = rows
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, vec!["rm".to_string()]);
+    client
+        .batch_execute("INSERT INTO r VALUES ('2026-01-01 00:00:00', 'a')")
+        .await
+        .unwrap();
+    let row = client.query_one("SELECT c FROM rm WHERE k = 'a'", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
