@@ -10,7 +10,9 @@ use datafusion::arrow::array::{ArrayRef, BooleanArray, Int16Array, Int32Array, S
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{create_udf, ColumnarValue, Volatility};
 use datafusion::prelude::SessionContext;
 
 use eddy_planner::catalog::Catalog;
@@ -126,6 +128,7 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             ("attnotnull", Arc::new(BooleanArray::from(att_notnull)) as ArrayRef),
             ("attisdropped", Arc::new(BooleanArray::from(vec![false; m])) as ArrayRef),
             ("atttypmod", ints(vec![-1; m])),
+            ("attlen", Arc::new(Int16Array::from(vec![-1i16; m])) as ArrayRef),
             ("attidentity", strings(vec![String::new(); m])),
             ("attgenerated", strings(vec![String::new(); m])),
         ])?,
@@ -150,6 +153,7 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             ("typbasetype", ints(vec![0; types.len()])),
             ("typtypmod", ints(vec![-1; types.len()])),
             ("typrelid", ints(vec![0; types.len()])),
+            ("typnotnull", Arc::new(BooleanArray::from(vec![false; types.len()])) as ArrayRef),
         ])?,
     )?;
     let empty = |cols: &[(&str, DataType)]| -> Result<Arc<MemTable>> {
@@ -175,12 +179,41 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             ("adbin", DataType::Utf8),
         ])?,
     )?;
+    register_functions(ctx);
     let cat = ctx
         .catalog("eddy")
         .ok_or_else(|| Error::internal("default catalog missing"))?;
     cat.register_schema("pg_catalog", schema)
         .map_err(datafusion_error)?;
     Ok(())
+}
+
+/// `current_database()`, `pg_get_expr(…)` and `has_table_privilege(…)` as drivers call them.
+fn register_functions(ctx: &SessionContext) {
+    let constant = |value: Option<String>| {
+        Arc::new(move |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(value.clone()))))
+    };
+    ctx.register_udf(create_udf(
+        "current_database",
+        vec![],
+        DataType::Utf8,
+        Volatility::Immutable,
+        constant(Some("eddy".to_string())),
+    ));
+    ctx.register_udf(create_udf(
+        "pg_get_expr",
+        vec![DataType::Utf8, DataType::Int32],
+        DataType::Utf8,
+        Volatility::Immutable,
+        constant(None),
+    ));
+    ctx.register_udf(create_udf(
+        "has_table_privilege",
+        vec![DataType::Int32, DataType::Utf8],
+        DataType::Boolean,
+        Volatility::Immutable,
+        Arc::new(|_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))),
+    ));
 }
 
 /// Rewrites PostgreSQL-only spellings in drivers' catalog queries into what DataFusion
@@ -194,5 +227,6 @@ pub fn rewrite(sql: &str) -> String {
         .replace("OPERATOR(pg_catalog.~)", "~")
         .replace("OPERATOR(pg_catalog.=)", "=")
         .replace("::regclass", "")
+        .replace("pg_catalog.pg_get_expr(", "pg_get_expr(")
         .replace("::regproc", "")
 }

@@ -231,7 +231,7 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Ve
     let columns = schema
         .fields()
         .iter()
-        .map(|f| Column::new(f.name().clone(), pg_type_of_arrow(f.data_type())))
+        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
         .collect();
     Ok((columns, rows_of_batches(&batches)))
 }
@@ -248,7 +248,7 @@ pub async fn describe(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, V
         .schema()
         .fields()
         .iter()
-        .map(|f| Column::new(f.name().clone(), pg_type_of_arrow(f.data_type())))
+        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
         .collect();
     let params = plan.get_parameter_types().map_err(datafusion_error)?;
     let n = params
@@ -260,6 +260,22 @@ pub async fn describe(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, V
         .map(|i| params.get(&format!("${i}")).cloned().flatten())
         .collect();
     Ok((columns, types))
+}
+
+/// The name PostgreSQL gives an unaliased result column: a function call is named after
+/// the function (`count(*)` → `count`), any other expression `?column?`.
+fn pg_column_name(name: &str) -> String {
+    let Some(open) = name.find('(') else {
+        return name.to_string();
+    };
+    let head = &name[..open];
+    let is_function = !head.is_empty()
+        && head.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
+    if is_function {
+        head.rsplit('.').next().unwrap_or(head).to_string()
+    } else {
+        "?column?".to_string()
+    }
 }
 
 /// Errors raised inside table scans come back wrapped; unwrap Eddy's own.
