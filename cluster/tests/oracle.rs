@@ -60,8 +60,9 @@ const STREAM_SQL: &str = "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT 
 
 fn seeds() -> Vec<u64> {
     let mut seeds = vec![0x5EED_0001, 0xC0FF_EE02, 0x0BAD_5EED, 0xD1CE_0004];
-    if let Ok(text) = std::env::var("EDDY_ORACLE_SEED") {
-        let text = text.trim();
+    let text = std::env::var("EDDY_ORACLE_SEED").unwrap_or_default();
+    let text = text.trim();
+    if !text.is_empty() {
         let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
             Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
             None => text.replace('_', "").parse(),
@@ -329,6 +330,15 @@ struct Agg {
     sql: &'static str,
     f: F,
     col: Option<Col>,
+}
+
+impl Agg {
+    fn needs_squares(&self) -> bool {
+        matches!(
+            self.f,
+            F::VarSamp | F::VarPop | F::StddevSamp | F::StddevPop
+        )
+    }
 }
 
 /// An aggregate written as in SQL, e.g. `COUNT(DISTINCT tag)`; the model's own reading.
@@ -614,28 +624,20 @@ fn fixed(x: f64) -> i128 {
 struct U256([u64; 4]);
 
 impl U256 {
-    /// `v` · 2^(64·limbs).
-    fn shifted(v: u128, limbs: usize) -> U256 {
-        let mut out = [0u64; 4];
-        out[limbs] = v as u64;
-        out[limbs + 1] = (v >> 64) as u64;
-        U256(out)
-    }
-
     fn square(v: u128) -> U256 {
-        let lo = u128::from(v as u64);
-        let hi = v >> 64;
-        let mut out = U256::shifted(lo * lo, 0);
-        let cross = U256::shifted(lo * hi, 1);
-        out.accumulate(cross);
-        out.accumulate(cross);
-        out.accumulate(U256::shifted(hi * hi, 2));
-        out
+        let (lo, hi) = (u128::from(v as u64), v >> 64);
+        let (ll, lh, hh) = (lo * lo, lo * hi, hi * hi);
+        // v² = ll + 2·lh·2^64 + hh·2^128, limb by limb with carries.
+        let t1 = (ll >> 64) + 2 * u128::from(lh as u64);
+        let t2 = (t1 >> 64) + u128::from(hh as u64) + 2 * (lh >> 64);
+        let t3 = (t2 >> 64) + (hh >> 64);
+        assert_eq!(t3 >> 64, 0, "256-bit overflow in the model");
+        U256([ll as u64, t1 as u64, t2 as u64, t3 as u64])
     }
 
-    fn accumulate(&mut self, other: U256) {
+    fn accumulate(&mut self, other: &U256) {
         let mut carry = false;
-        for (a, b) in self.0.iter_mut().zip(other.0) {
+        for (a, &b) in self.0.iter_mut().zip(other.0.iter()) {
             let (s1, c1) = a.overflowing_add(b);
             let (s2, c2) = s1.overflowing_add(u64::from(carry));
             *a = s2;
@@ -644,10 +646,10 @@ impl U256 {
         assert!(!carry, "256-bit overflow in the model");
     }
 
-    fn minus(self, other: U256) -> U256 {
+    fn minus(self, other: &U256) -> U256 {
         let mut out = self;
         let mut borrow = false;
-        for (a, b) in out.0.iter_mut().zip(other.0) {
+        for (a, &b) in out.0.iter_mut().zip(other.0.iter()) {
             let (d1, b1) = a.overflowing_sub(b);
             let (d2, b2) = d1.overflowing_sub(u64::from(borrow));
             *a = d2;
@@ -687,6 +689,8 @@ struct Acc {
     amount_sum: i128,
     /// Σ |amount| (for the tolerance only).
     amount_abs: f64,
+    /// Whether `amount_sq` is kept (only variances need it).
+    squares: bool,
     /// Σ amount², in units of 2^-140.
     amount_sq: U256,
     amount_min: Option<f64>,
@@ -707,6 +711,13 @@ struct Acc {
 }
 
 impl Acc {
+    fn new(squares: bool) -> Acc {
+        Acc {
+            squares,
+            ..Acc::default()
+        }
+    }
+
     fn push(&mut self, e: &Ev, seq: usize) {
         self.n += 1;
         if let Some(x) = e.amount {
@@ -714,7 +725,9 @@ impl Acc {
             self.amount_n += 1;
             self.amount_sum += s;
             self.amount_abs += x.abs();
-            self.amount_sq.accumulate(U256::square(s.unsigned_abs()));
+            if self.squares {
+                self.amount_sq.accumulate(&U256::square(s.unsigned_abs()));
+            }
             if self.amount_min.is_none_or(|m| x < m) {
                 self.amount_min = Some(x);
             }
@@ -858,7 +871,7 @@ impl Model {
                 if filt.passes(e) {
                     self.infinite
                         .entry((grp, filt, code))
-                        .or_default()
+                        .or_insert_with(|| Acc::new(true))
                         .push(e, seq);
                 }
             }
@@ -867,9 +880,10 @@ impl Model {
         Outcome::Accepted
     }
 
-    /// The window's events of group `code` passing `filt`, at the current stream time.
-    fn acc(&self, win: Win, grp: Grp, filt: Filt, code: u32) -> Acc {
-        let mut acc = Acc::default();
+    /// The window's events of group `code` passing `filt`, at the current stream time;
+    /// with `squares`, enough for variances.
+    fn acc(&self, win: Win, grp: Grp, filt: Filt, code: u32, squares: bool) -> Acc {
+        let mut acc = Acc::new(squares);
         let Some(t) = self.t else {
             return acc;
         };
@@ -879,7 +893,7 @@ impl Model {
                 .infinite
                 .get(&(grp, filt, code))
                 .copied()
-                .unwrap_or_default();
+                .unwrap_or_else(|| Acc::new(true));
         }
         let (after, upto) = win.range(t);
         if let Some(list) = self.by_group[grp.idx()].get(&code) {
@@ -963,6 +977,7 @@ impl Model {
                 exact(v.unwrap_or(Value::Null))
             }
             (F::VarSamp | F::VarPop | F::StddevSamp | F::StddevPop, Some(Col::Amount)) => {
+                assert!(acc.squares, "the model skipped the squares {} needs", a.sql);
                 let sample = matches!(a.f, F::VarSamp | F::StddevSamp);
                 let n = acc.amount_n;
                 if n == 0 || (sample && n == 1) {
@@ -973,7 +988,7 @@ impl Model {
                 let num = acc
                     .amount_sq
                     .times(n)
-                    .minus(U256::square(acc.amount_sum.unsigned_abs()));
+                    .minus(&U256::square(acc.amount_sum.unsigned_abs()));
                 let den = if sample { n * (n - 1) } else { n * n };
                 let var = num.to_f64() * 2f64.powi(-2 * SCALE_BITS) / den as f64;
                 let value = if matches!(a.f, F::StddevSamp | F::StddevPop) {
@@ -1000,7 +1015,11 @@ impl Model {
                 let acc = match memo.iter().find(|(k2, _)| *k2 == key) {
                     Some((_, acc)) => *acc,
                     None => {
-                        let acc = self.acc(m.win, m.grp, m.filt, m.grp.code(k, tag));
+                        let squares = metrics.iter().any(|m2| {
+                            (m2.win, m2.grp, m2.filt) == key
+                                && m2.aggs.iter().any(Agg::needs_squares)
+                        });
+                        let acc = self.acc(m.win, m.grp, m.filt, m.grp.code(k, tag), squares);
                         memo.push((key, acc));
                         acc
                     }
@@ -1161,36 +1180,43 @@ impl Harness {
         }
     }
 
-    fn recent_ts(&mut self, within: usize) -> Option<i64> {
+    /// The arrival number of one of the last `within` accepted events.
+    fn recent(&mut self, within: usize) -> Option<usize> {
         let len = self.model.events.len();
         if len == 0 {
             return None;
         }
         let back = self.rng.below(within.min(len) as u64) as usize;
-        Some(self.model.events[len - 1 - back].ts)
+        Some(len - 1 - back)
     }
 
-    fn next_ts(&mut self) -> i64 {
+    /// The next event time and, when it was chosen against an accepted event (a tie, or
+    /// an edge of a window), that event, whose group the new event then joins.
+    fn next_ts(&mut self) -> (i64, Option<usize>) {
         let t = self.model.t.unwrap_or(self.clock);
         let r = self.rng.unit();
         if r < 0.08 {
             // Out of order, up to 2.5 s behind stream time: some beyond the lateness.
-            return t - self.rng.between(0, 2_500_000);
+            return (t - self.rng.between(0, 2_500_000), None);
         }
         if r < 0.09 {
             // The oldest time still accepted.
-            return t - LATENESS;
+            return (t - LATENESS, None);
         }
         if r < 0.095 {
             // Late by one microsecond.
-            return t - LATENESS - 1;
+            return (t - LATENESS - 1, None);
         }
         if r < 0.11 {
             // The same time as a recent event: ties resolve in arrival order.
-            return self.recent_ts(30).unwrap_or(t);
+            return match self.recent(30) {
+                Some(seq) => (self.model.events[seq].ts, Some(seq)),
+                None => (t, None),
+            };
         }
         let r = self.rng.unit();
-        if r < 0.01 {
+        let mut base = None;
+        if r < 0.02 {
             // Move the clock so that a recent event sits exactly on (or next to) an edge
             // of a window: sliding 10 s, delayed 10 s by 3 s, delayed 2.5 s by 0.5 s.
             const EDGES: [i64; 10] = [
@@ -1202,21 +1228,25 @@ impl Harness {
                 13 * SEC - 1,
                 500 * MS,
                 500 * MS - 1,
-                3_000 * MS + 1,
+                3 * SEC + 1,
                 2_500 * MS,
             ];
-            if let Some(base) = self.recent_ts(20) {
+            if let Some(seq) = self.recent(20) {
                 let edge = EDGES[self.rng.below(EDGES.len() as u64) as usize];
-                self.clock = self.clock.max(base + edge);
+                let at = self.model.events[seq].ts + edge;
+                if at >= self.clock {
+                    self.clock = at;
+                    base = Some(seq);
+                }
             }
-        } else if r < 0.015 {
+        } else if r < 0.025 {
             // Exactly on, or just before, the next tumbling boundary.
             let size = 7 * SEC;
             self.clock = (self.clock.div_euclid(size) + 1) * size - self.rng.between(0, 1);
-        } else if r >= 0.06 {
+        } else if r >= 0.07 {
             self.clock += self.rng.between(0, 300_000);
         }
-        self.clock
+        (self.clock, base)
     }
 
     fn amount(&mut self) -> Option<f64> {
@@ -1256,14 +1286,19 @@ impl Harness {
             }
             id
         };
-        let ts = self.next_ts();
+        let (ts, base) = self.next_ts();
         // Skewed towards the first keys.
-        let k = self.rng.below(self.keys).min(self.rng.below(self.keys)) as u8;
-        let tag = if self.rng.chance(0.2) {
+        let mut k = self.rng.below(self.keys).min(self.rng.below(self.keys)) as u8;
+        let mut tag = if self.rng.chance(0.2) {
             None
         } else {
             Some(self.rng.below(TAGS.len() as u64) as u8)
         };
+        if let Some(seq) = base {
+            // Join the group of the event on the edge, so that its answer shows the edge.
+            k = self.model.events[seq].k;
+            tag = self.model.events[seq].tag;
+        }
         let amount = self.amount();
         let qty = if self.rng.chance(0.1) {
             None
@@ -1387,7 +1422,7 @@ impl Harness {
         for m in &self.metrics {
             let mut expected: HashMap<Vec<Value>, Vec<Exp>> = HashMap::new();
             for &code in self.model.by_group[m.grp.idx()].keys() {
-                let acc = self.model.acc(m.win, m.grp, m.filt, code);
+                let acc = self.model.acc(m.win, m.grp, m.filt, code, true);
                 if acc.n > 0 {
                     let values = m.aggs.iter().map(|a| self.model.expect(&acc, a)).collect();
                     expected.insert(m.grp.values(code), values);
@@ -1420,7 +1455,29 @@ impl Harness {
         }
     }
 
+    /// Whether metric `m` would find stored events of some group in its window now.
+    fn has_history(&self, m: &MSpec) -> bool {
+        self.probes().into_iter().any(|(k, t)| {
+            let acc = self
+                .model
+                .acc(m.win, m.grp, m.filt, m.grp.code(k, t), false);
+            acc.n > 0
+        })
+    }
+
     fn create(&mut self, specs: Vec<MSpec>) {
+        // A jump of the clock may just have emptied a window: ingest a little more until
+        // every new metric has stored events to backfill, or the check proves nothing.
+        let mut extra = 0;
+        while !specs.iter().all(|m| self.has_history(m)) {
+            assert!(
+                extra < 1_000,
+                "seed {:#x}: no history to backfill",
+                self.seed
+            );
+            self.batch(1, true);
+            extra += 1;
+        }
         let names: Vec<&str> = specs.iter().map(|m| m.name).collect();
         let when = format!(
             "right after CREATE METRIC {names:?} at event #{}",
@@ -1434,20 +1491,6 @@ impl Harness {
         self.task
             .set_metrics(&self.catalog.metrics_of("s"))
             .unwrap_or_else(|e| panic!("seed {:#x}: {when}: set_metrics: {e:?}", self.seed));
-        // The new metrics must have history to backfill, or the check proves nothing.
-        let probes = self.probes();
-        for m in self.metrics.iter().filter(|m| names.contains(&m.name)) {
-            assert!(
-                probes.iter().any(|&(k, t)| self
-                    .model
-                    .acc(m.win, m.grp, m.filt, m.grp.code(k, t))
-                    .n
-                    > 0),
-                "seed {:#x}: {when}: metric {} has no stored events to backfill",
-                self.seed,
-                m.name
-            );
-        }
         self.check_probes(&when);
         self.check_groups(&when);
     }

@@ -6,6 +6,9 @@
 //! `<SQLSTATE> <message>`, so `statement error 42P01` matches by regex. A query's type string
 //! (`query IT`) must have one character per result column (or be empty); the characters
 //! themselves are not checked, since the simple-query protocol does not report column types.
+//! Every file gets the runner variables `EDDY_PG_HOST` and `EDDY_PG_PORT` (see
+//! [`connection_vars`]): after `control substitution on`, a `system ok` record can reach the
+//! server with `psql -h $EDDY_PG_HOST -p $EDDY_PG_PORT -U eddy -d eddy`, e.g. to feed COPY data.
 
 pub mod db;
 pub mod files;
@@ -105,6 +108,32 @@ pub fn rewrite_column_validator(
     !expected.is_empty() && actual.len() == expected.len()
 }
 
+/// Host variable set for every file: `$EDDY_PG_HOST` in records run with `control substitution on`.
+pub const HOST_VAR: &str = "EDDY_PG_HOST";
+/// Port variable set for every file: `$EDDY_PG_PORT` in records run with `control substitution on`.
+pub const PORT_VAR: &str = "EDDY_PG_PORT";
+
+/// The runner variables that tell `system` records where the server is, so a file can pipe data
+/// into `psql -h $EDDY_PG_HOST -p $EDDY_PG_PORT` (COPY data cannot travel over the runner's own
+/// connection). Empty if `addr` does not parse (the connection attempt reports that).
+pub fn connection_vars(addr: &str) -> Vec<(String, String)> {
+    let Ok(config) = db::pg_config(addr) else {
+        return Vec::new();
+    };
+    let host = config.get_hosts().iter().find_map(|h| match h {
+        tokio_postgres::config::Host::Tcp(name) => Some(name.clone()),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    });
+    match (host, config.get_ports().first()) {
+        (Some(host), Some(port)) => vec![
+            (HOST_VAR.to_owned(), host),
+            (PORT_VAR.to_owned(), port.to_string()),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// Runs (or rewrites) one .slt file against the server at `addr` on fresh connections.
 ///
 /// In [`Mode::Rewrite`], the file's expected output is replaced in place by what the server
@@ -141,6 +170,9 @@ pub async fn run_file(addr: &str, path: &Path, mode: Mode) -> Result<(), FileErr
         }
     });
     runner.with_column_validator(column_count_validator);
+    for (key, value) in connection_vars(addr) {
+        runner.set_var(key, value);
+    }
 
     let result = match mode {
         Mode::Check => runner.run_file_async(path).await.map_err(FileError::from),
@@ -197,6 +229,22 @@ mod tests {
         assert!(!column_count_validator(&two, &vec![Integer]));
         assert!(!rewrite_column_validator(&two, &vec![]));
         assert!(rewrite_column_validator(&two, &vec![Integer, Text]));
+    }
+
+    #[test]
+    fn connection_vars_name_host_and_port() {
+        assert_eq!(
+            connection_vars("127.0.0.1:5433"),
+            vec![
+                (HOST_VAR.to_owned(), "127.0.0.1".to_owned()),
+                (PORT_VAR.to_owned(), "5433".to_owned())
+            ]
+        );
+        assert_eq!(
+            connection_vars("[::1]:5433")[0],
+            (HOST_VAR.to_owned(), "::1".to_owned())
+        );
+        assert!(connection_vars("nonsense").is_empty());
     }
 
     #[test]

@@ -1,0 +1,195 @@
+//! Engine benchmark, in-process (no network): COUNT, SUM, AVG of amount over a 5-minute
+//! SLIDING window grouped by card. Prints one JSON object: events/s per shard and the
+//! per-event latency percentiles.
+//!
+//! `engine --mode task` drives one task directly (one core's work, per-event latency);
+//! `--mode engine` goes through the shard queues with `--shards` threads.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use eddy_cluster::{Engine, Row, Task};
+use eddy_planner::catalog::Catalog;
+use eddy_planner::ddl;
+use eddy_planner::sql::parse_statement;
+use eddy_planner::types::Value;
+
+struct Args {
+    events: u64,
+    cards: u64,
+    mode: String,
+    shards: usize,
+    batch: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        events: 10_000_000,
+        cards: 100_000,
+        mode: "task".to_string(),
+        shards: 2,
+        batch: 1024,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--events" => a.events = value.parse()?,
+            "--cards" => a.cards = value.parse()?,
+            "--mode" => a.mode = value,
+            "--shards" => a.shards = value.parse()?,
+            "--batch" => a.batch = value.parse()?,
+            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N"),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+/// A deterministic event generator: 10 000 events per second of event time.
+struct Events {
+    state: u64,
+    next_id: i64,
+    cards: Vec<Value>,
+}
+
+impl Events {
+    fn new(cards: u64) -> Events {
+        Events {
+            state: 0x9e37_79b9_7f4a_7c15,
+            next_id: 0,
+            cards: (0..cards).map(|c| Value::Text(format!("card-{c}").into())).collect(),
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state
+    }
+
+    fn next(&mut self) -> Row {
+        let id = self.next_id;
+        self.next_id += 1;
+        let card = self.cards[(self.next_u64() % self.cards.len() as u64) as usize].clone();
+        let amount = (self.next_u64() % 100_000) as f64 / 100.0;
+        let ts = 1_800_000_000_000_000 + id * 100;
+        Row::from(vec![Value::Int(id), Value::Timestamp(ts), card, Value::Float(amount)])
+    }
+}
+
+fn catalog(partitions: u32) -> Result<Catalog> {
+    let mut c = Catalog::default();
+    for sql in [
+        format!(
+            "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions})"
+        ),
+        "CREATE METRIC card_5m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean \
+         FROM payments WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card"
+            .to_string(),
+    ] {
+        c = ddl::apply(&c, &parse_statement(&sql)?)?.0;
+    }
+    Ok(c)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn run_task(a: &Args) -> Result<serde_json::Value> {
+    let c = catalog(1)?;
+    let stream = c.stream("payments").expect("created").clone();
+    let mut task = Task::new(stream.clone(), 0);
+    task.set_metrics(&c.metrics_of("payments"))?;
+    let mut gen = Events::new(a.cards);
+    let mut latencies = Vec::with_capacity(a.events as usize);
+    let mut busy_ns: u128 = 0;
+    let wall = Instant::now();
+    let mut one = vec![gen.next()];
+    for _ in 0..a.events {
+        one[0] = gen.next();
+        let t = Instant::now();
+        task.ingest(&one, false)?;
+        let ns = t.elapsed().as_nanos();
+        busy_ns += ns;
+        latencies.push(ns.min(u32::MAX as u128) as u32);
+    }
+    let wall_s = wall.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let rate = a.events as f64 / (busy_ns as f64 / 1e9);
+    Ok(serde_json::json!({
+        "mode": "task",
+        "workload": "COUNT, SUM, AVG(amount) over SLIDING 5 MINUTES GROUP BY card",
+        "events": a.events,
+        "cards": a.cards,
+        "shards": 1,
+        "events_per_sec_per_shard": rate.round(),
+        "wall_seconds": wall_s,
+        "latency_us": {
+            "p50": percentile(&latencies, 0.50),
+            "p99": percentile(&latencies, 0.99),
+            "p999": percentile(&latencies, 0.999),
+            "max": percentile(&latencies, 1.0),
+        },
+        "stored_events": task.stored_events(),
+    }))
+}
+
+fn run_engine(a: &Args) -> Result<serde_json::Value> {
+    let c = Arc::new(catalog((a.shards * 4) as u32)?);
+    let stream = c.stream("payments").expect("created").clone();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let engine = Engine::start(a.shards);
+    runtime.block_on(engine.apply_catalog(c.clone()))?;
+    let mut gen = Events::new(a.cards);
+    let mut latencies = Vec::new();
+    let wall = Instant::now();
+    let mut sent = 0u64;
+    while sent < a.events {
+        let n = (a.events - sent).min(a.batch as u64);
+        let rows: Vec<Row> = (0..n).map(|_| gen.next()).collect();
+        let t = Instant::now();
+        runtime.block_on(engine.ingest(&stream, rows, false))?;
+        latencies.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+        sent += n;
+    }
+    let wall_s = wall.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    engine.shutdown();
+    Ok(serde_json::json!({
+        "mode": "engine",
+        "workload": "COUNT, SUM, AVG(amount) over SLIDING 5 MINUTES GROUP BY card",
+        "events": a.events,
+        "cards": a.cards,
+        "shards": a.shards,
+        "batch": a.batch,
+        "events_per_sec": (a.events as f64 / wall_s).round(),
+        "events_per_sec_per_shard": (a.events as f64 / wall_s / a.shards as f64).round(),
+        "batch_latency_us": {
+            "p50": percentile(&latencies, 0.50),
+            "p99": percentile(&latencies, 0.99),
+            "p999": percentile(&latencies, 0.999),
+            "max": percentile(&latencies, 1.0),
+        },
+    }))
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    let out = match a.mode.as_str() {
+        "task" => run_task(&a)?,
+        "engine" => run_engine(&a)?,
+        other => bail!("unknown mode {other}"),
+    };
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
