@@ -84,7 +84,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("shards", &self.queues.len()).finish()
+        f.debug_struct("Engine")
+            .field("shards", &self.queues.len())
+            .finish()
     }
 }
 
@@ -115,7 +117,10 @@ impl Engine {
     }
 
     async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
-        self.queues[shard].send(cmd).await.map_err(|_| engine_gone())
+        self.queues[shard]
+            .send(cmd)
+            .await
+            .map_err(|_| engine_gone())
     }
 
     /// Installs a catalog on every shard: creates and drops tasks, adds and removes
@@ -124,7 +129,8 @@ impl Engine {
         let mut waits = Vec::new();
         for shard in 0..self.shards() {
             let (tx, rx) = oneshot::channel();
-            self.send(shard, Command::Catalog(catalog.clone(), tx)).await?;
+            self.send(shard, Command::Catalog(catalog.clone(), tx))
+                .await?;
             waits.push(rx);
         }
         for rx in waits {
@@ -314,7 +320,9 @@ impl Shard {
                 } => {
                     let result = match self.tasks.get_mut(&task) {
                         Some(t) => t.ingest(&rows, values),
-                        None => Err(Error::internal(format!("task {task:?} is not on this shard"))),
+                        None => Err(Error::internal(format!(
+                            "task {task:?} is not on this shard"
+                        ))),
                     };
                     let _ = reply.send(result);
                 }

@@ -65,6 +65,9 @@ mod tests {
 
     #[test]
     fn null_routes_like_the_empty_key() {
-        assert_eq!(partition_for(&Value::Null, 8), partition_for(&Value::Text("".into()), 8));
+        assert_eq!(
+            partition_for(&Value::Null, 8),
+            partition_for(&Value::Text("".into()), 8)
+        );
     }
 }

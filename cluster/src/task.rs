@@ -199,7 +199,11 @@ impl Task {
         for w in &mut self.windows {
             for f in &mut w.filters {
                 for g in &mut f.groups {
-                    let keep: Vec<bool> = g.aggs.iter().map(|a| wanted_aggs.contains(&a.key)).collect();
+                    let keep: Vec<bool> = g
+                        .aggs
+                        .iter()
+                        .map(|a| wanted_aggs.contains(&a.key))
+                        .collect();
                     if keep.iter().all(|k| *k) {
                         continue;
                     }
@@ -335,14 +339,30 @@ impl Task {
             .iter()
             .map(|m| {
                 let gk = GroupKey::of(m);
-                let wi = self.windows.iter().position(|w| w.key == gk.filter.window).expect("window added");
-                let fi = self.windows[wi].filters.iter().position(|f| f.key == gk.filter).expect("filter added");
+                let wi = self
+                    .windows
+                    .iter()
+                    .position(|w| w.key == gk.filter.window)
+                    .expect("window added");
+                let fi = self.windows[wi]
+                    .filters
+                    .iter()
+                    .position(|f| f.key == gk.filter)
+                    .expect("filter added");
                 let g = &self.windows[wi].filters[fi];
-                let gi = g.groups.iter().position(|g| g.key == gk).expect("group added");
+                let gi = g
+                    .groups
+                    .iter()
+                    .position(|g| g.key == gk)
+                    .expect("group added");
                 let aggs = (0..m.aggregates.len())
                     .map(|i| {
                         let ak = AggKey::of(m, i);
-                        g.groups[gi].aggs.iter().position(|a| a.key == ak).expect("aggregate added")
+                        g.groups[gi]
+                            .aggs
+                            .iter()
+                            .position(|a| a.key == ak)
+                            .expect("aggregate added")
                     })
                     .collect();
                 MetricSlot {
@@ -364,7 +384,8 @@ impl Task {
             return Ok(());
         };
         let mut rows: Vec<Row> = Vec::with_capacity(self.reservoir.len());
-        self.reservoir.for_range(i64::MIN, i64::MAX, &mut |e| rows.push(e.row.clone()));
+        self.reservoir
+            .for_range(i64::MIN, i64::MAX, &mut |e| rows.push(e.row.clone()));
         let schema = stream_schema(&self.stream);
         let types = stream_types(&self.stream);
         let mut passes = Vec::with_capacity(rows.len());
@@ -425,7 +446,11 @@ impl Task {
             .filter_map(|f| Some((f.predicate.clone()?, f.bit?)))
             .collect();
         if !predicates.is_empty() {
-            let batch = rows_to_batch(stream_schema(&self.stream), &stream_types(&self.stream), rows)?;
+            let batch = rows_to_batch(
+                stream_schema(&self.stream),
+                &stream_types(&self.stream),
+                rows,
+            )?;
             for (predicate, bit) in predicates {
                 for (i, pass) in predicate.evaluate(&batch)?.into_iter().enumerate() {
                     if pass {
@@ -437,7 +462,11 @@ impl Task {
         let mut out = Vec::with_capacity(rows.len());
         for (row, mask) in rows.iter().zip(bits) {
             let outcome = self.apply(row, mask)?;
-            let vals = if values { self.values_for(row) } else { Vec::new() };
+            let vals = if values {
+                self.values_for(row)
+            } else {
+                Vec::new()
+            };
             out.push((outcome, vals));
         }
         Ok(out)
@@ -445,7 +474,11 @@ impl Task {
 
     fn apply(&mut self, row: &Row, mask: u64) -> Result<Outcome> {
         let ts = Task::event_time(&self.stream, row)?;
-        let id = self.stream.event_id.map(|c| row[c].clone()).filter(|v| !v.is_null());
+        let id = self
+            .stream
+            .event_id
+            .map(|c| row[c].clone())
+            .filter(|v| !v.is_null());
         if let Some(id) = &id {
             if self.dedup_ids.contains(id) {
                 self.stats.duplicates += 1;
@@ -497,7 +530,10 @@ impl Task {
             .windows
             .iter()
             .filter_map(|w| w.key.spec.reach_us())
-            .fold(self.stream.retention_us.max(self.stream.lateness_us), i64::max);
+            .fold(
+                self.stream.retention_us.max(self.stream.lateness_us),
+                i64::max,
+            );
         self.reservoir.expire_through(t.saturating_sub(keep));
         let horizon = t
             .saturating_sub(self.stream.lateness_us)
@@ -541,7 +577,13 @@ impl Task {
             r
         };
         match key {
-            Some(k) => g.table.get(k).filter(live).map(|s| row(k, s)).into_iter().collect(),
+            Some(k) => g
+                .table
+                .get(k)
+                .filter(live)
+                .map(|s| row(k, s))
+                .into_iter()
+                .collect(),
             None => g
                 .table
                 .iter()
@@ -554,7 +596,8 @@ impl Task {
     /// The stored events, oldest first.
     pub fn events(&self) -> Vec<Row> {
         let mut out = Vec::with_capacity(self.reservoir.len());
-        self.reservoir.for_range(i64::MIN, i64::MAX, &mut |e| out.push(e.row.clone()));
+        self.reservoir
+            .for_range(i64::MIN, i64::MAX, &mut |e| out.push(e.row.clone()));
         out
     }
 }
@@ -594,7 +637,9 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
     }
     w.tail = new_tail.max(old_tail);
     if new_head > old_head {
-        reservoir.for_range(old_head.max(w.tail), new_head, &mut |e| apply_event(w, e, key_buf, true));
+        reservoir.for_range(old_head.max(w.tail), new_head, &mut |e| {
+            apply_event(w, e, key_buf, true)
+        });
         w.head = new_head;
     }
 }
@@ -633,7 +678,11 @@ fn enter_group(g: &mut GroupExec, key: &[Value], e: &Event, epoch: i64) {
         // A tumbling window moved on (or the group is new): start empty.
         state.count = 0;
         state.epoch = epoch;
-        state.states = g.aggs.iter().map(|a| a.func.new_state(a.arg_type)).collect();
+        state.states = g
+            .aggs
+            .iter()
+            .map(|a| a.func.new_state(a.arg_type))
+            .collect();
     }
     state.count += 1;
     for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {

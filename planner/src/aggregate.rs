@@ -280,13 +280,73 @@ fn two_product(a: f64, b: f64) -> (f64, f64) {
     (p, a.mul_add(b, -p))
 }
 
+/// A value as exact double parts for the moment sums: a float is itself; a 64-bit
+/// integer is split into a high and a low 32-bit part, each exact as a double.
+fn moment_terms(v: &Value) -> Vec<(MomentTerm, f64)> {
+    match v {
+        Value::Int(x) => {
+            let hi = ((*x >> 32) << 32) as f64;
+            let lo = (*x & 0xffff_ffff) as f64;
+            vec![(MomentTerm::Split(hi, lo), 1.0)]
+        }
+        other => other
+            .as_f64()
+            .map(|x| vec![(MomentTerm::One(x), 1.0)])
+            .unwrap_or_default(),
+    }
+}
+
+enum MomentTerm {
+    One(f64),
+    Split(f64, f64),
+}
+
+/// Adds (`sign` = 1) or removes (`sign` = −1) x to Σx and x² to Σx², exactly.
+fn add_term(s1: &mut ExactSum, s2: &mut ExactSum, term: MomentTerm, sign: f64) {
+    let put = |s: &mut ExactSum, x: f64| {
+        if sign > 0.0 {
+            s.add(x)
+        } else {
+            s.sub(x)
+        }
+    };
+    match term {
+        MomentTerm::One(x) => {
+            put(s1, x);
+            let (p, e) = two_product(x, x);
+            put(s2, p);
+            put(s2, e);
+        }
+        MomentTerm::Split(hi, lo) => {
+            put(s1, hi);
+            put(s1, lo);
+            // (hi + lo)² = hi² + 2·hi·lo + lo², each product exact as p + e.
+            for (a, b, k) in [(hi, hi, 1.0), (hi, lo, 2.0), (lo, lo, 1.0)] {
+                let (p, e) = two_product(a, b);
+                put(s2, p * k);
+                put(s2, e * k);
+            }
+        }
+    }
+}
+
 /// The running state of one aggregate for one group.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AggState {
     Count(i64),
-    SumInt { sum: i128, n: i64 },
-    SumFloat { sum: ExactSum, n: i64 },
-    Moments { s1: ExactSum, s2: ExactSum, n: i64 },
+    SumInt {
+        sum: i128,
+        n: i64,
+    },
+    SumFloat {
+        sum: ExactSum,
+        n: i64,
+    },
+    Moments {
+        s1: ExactSum,
+        s2: ExactSum,
+        n: i64,
+    },
     Extreme(BTreeMap<OrdValue, u32>),
     Distinct(HashMap<Value, u32>),
     /// The newest event's value with its (event time, arrival sequence).
@@ -332,13 +392,10 @@ impl AggState {
                 }
             }
             AggState::Moments { s1, s2, n } => {
-                if let Some(x) = v.as_f64() {
-                    s1.add(x);
-                    let (p, e) = two_product(x, x);
-                    s2.add(p);
-                    s2.add(e);
-                    *n += 1;
+                for (term, sign) in moment_terms(v) {
+                    add_term(s1, s2, term, sign);
                 }
+                *n += 1;
             }
             AggState::Extreme(map) => *map.entry(OrdValue(v.clone())).or_insert(0) += 1,
             AggState::Distinct(map) => *map.entry(v.clone()).or_insert(0) += 1,
@@ -374,13 +431,10 @@ impl AggState {
                 }
             }
             AggState::Moments { s1, s2, n } => {
-                if let Some(x) = v.as_f64() {
-                    s1.sub(x);
-                    let (p, e) = two_product(x, x);
-                    s2.sub(p);
-                    s2.sub(e);
-                    *n -= 1;
+                for (term, sign) in moment_terms(v) {
+                    add_term(s1, s2, term, -sign);
                 }
+                *n -= 1;
             }
             AggState::Extreme(map) => map.decrement(&OrdValue(v.clone())),
             AggState::Distinct(map) => map.decrement(v),
@@ -495,7 +549,10 @@ mod tests {
     #[test]
     fn variance_is_exact_with_large_mean() {
         let mut st = AggFunc::VarSamp.new_state(Some(ColumnType::Float64));
-        for (i, x) in [1e9 + 4.0, 1e9 + 7.0, 1e9 + 13.0, 1e9 + 16.0].iter().enumerate() {
+        for (i, x) in [1e9 + 4.0, 1e9 + 7.0, 1e9 + 13.0, 1e9 + 16.0]
+            .iter()
+            .enumerate()
+        {
             st.insert(AggFunc::VarSamp, &Value::Float(*x), 0, i as u64);
         }
         assert_eq!(st.result(AggFunc::VarSamp), Value::Float(30.0));
@@ -504,6 +561,24 @@ mod tests {
         st.remove(AggFunc::VarSamp, &Value::Float(1e9 + 13.0));
         assert_eq!(st.result(AggFunc::VarSamp), Value::Null);
         assert_eq!(st.result(AggFunc::VarPop), Value::Float(0.0));
+    }
+
+    #[test]
+    fn integer_variance_is_exact_beyond_double_precision() {
+        let mut st = AggFunc::VarSamp.new_state(Some(ColumnType::Int64));
+        for (i, x) in [
+            100_000_000_000_000_001i64,
+            100_000_000_000_000_002,
+            100_000_000_000_000_003,
+        ]
+        .iter()
+        .enumerate()
+        {
+            st.insert(AggFunc::VarSamp, &Value::Int(*x), 0, i as u64);
+        }
+        assert_eq!(st.result(AggFunc::VarSamp), Value::Float(1.0));
+        st.remove(AggFunc::VarSamp, &Value::Int(100_000_000_000_000_001));
+        assert_eq!(st.result(AggFunc::VarPop), Value::Float(0.25));
     }
 
     #[test]
@@ -524,7 +599,10 @@ mod tests {
         let mut st = AggFunc::Sum.new_state(Some(ColumnType::Int64));
         st.insert(AggFunc::Sum, &Value::Int(i64::MAX), 0, 0);
         st.insert(AggFunc::Sum, &Value::Int(i64::MAX), 0, 1);
-        assert_eq!(st.result(AggFunc::Sum), Value::Numeric(2 * i64::MAX as i128));
+        assert_eq!(
+            st.result(AggFunc::Sum),
+            Value::Numeric(2 * i64::MAX as i128)
+        );
         st.insert(AggFunc::Sum, &Value::Null, 0, 2);
         st.remove(AggFunc::Sum, &Value::Int(i64::MAX));
         st.remove(AggFunc::Sum, &Value::Int(i64::MAX));

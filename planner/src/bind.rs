@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::sql::sqlparser::ast::{
-    self, ColumnOption, CreateTableOptions, DuplicateTreatment, Expr, FunctionArg,
-    FunctionArgExpr, FunctionArguments, GroupByExpr, SelectItem, SetExpr, SqlOption, TableFactor,
-    TableObject, UnaryOperator,
+    self, ColumnOption, CreateTableOptions, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr,
+    FunctionArguments, GroupByExpr, SelectItem, SetExpr, SqlOption, TableFactor, TableObject,
+    UnaryOperator,
 };
 
 use crate::aggregate::{AggFunc, ResultType};
@@ -54,7 +54,11 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
     let options = match &create.table_options {
         CreateTableOptions::With(opts) => opts.clone(),
         CreateTableOptions::None => Vec::new(),
-        _ => return Err(Error::syntax("stream options are written WITH (key = value, …)")),
+        _ => {
+            return Err(Error::syntax(
+                "stream options are written WITH (key = value, …)",
+            ))
+        }
     };
     let mut event_time = None;
     let mut event_id = None;
@@ -70,7 +74,9 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::UndefinedColumn,
-                    format!("column \"{wanted}\" named by {option} does not exist in stream \"{name}\""),
+                    format!(
+                        "column \"{wanted}\" named by {option} does not exist in stream \"{name}\""
+                    ),
                 )
             })
     };
@@ -118,8 +124,13 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         }
     }
     let event_time = event_time.ok_or_else(|| {
-        Error::new(ErrorKind::InvalidParameter, format!("stream \"{name}\" needs an event_time"))
-            .with_hint("Add WITH (event_time = 'ts') naming a TIMESTAMP or BIGINT (milliseconds) column.")
+        Error::new(
+            ErrorKind::InvalidParameter,
+            format!("stream \"{name}\" needs an event_time"),
+        )
+        .with_hint(
+            "Add WITH (event_time = 'ts') naming a TIMESTAMP or BIGINT (milliseconds) column.",
+        )
     })?;
     let event_time_unit = match columns[event_time].ty {
         ColumnType::Timestamp => EventTimeUnit::Timestamp,
@@ -178,7 +189,10 @@ fn invalid_option(key: &str, text: &str, expected: &str) -> Error {
 }
 
 pub fn undefined_stream(name: &str) -> Error {
-    Error::new(ErrorKind::UndefinedTable, format!("stream \"{name}\" does not exist"))
+    Error::new(
+        ErrorKind::UndefinedTable,
+        format!("stream \"{name}\" does not exist"),
+    )
 }
 
 pub fn bind_create_metric(catalog: &Catalog, m: &MetricAst) -> Result<MetricDef> {
@@ -192,14 +206,18 @@ pub fn bind_create_metric(catalog: &Catalog, m: &MetricAst) -> Result<MetricDef>
     };
     let stream = catalog.stream(&stream_name).ok_or_else(|| {
         if catalog.metric(&stream_name).is_some() {
-            Error::unsupported(format!("\"{stream_name}\" is a metric; metrics read streams"))
+            Error::unsupported(format!(
+                "\"{stream_name}\" is a metric; metrics read streams"
+            ))
         } else {
             undefined_stream(&stream_name)
         }
     })?;
     if select.having.is_some() || select.distinct.is_some() {
-        return Err(Error::unsupported("HAVING and DISTINCT are not supported in a metric")
-            .with_hint("Filter the metric's rows when you SELECT from it."));
+        return Err(
+            Error::unsupported("HAVING and DISTINCT are not supported in a metric")
+                .with_hint("Filter the metric's rows when you SELECT from it."),
+        );
     }
     let column = |ident: &ast::Ident| -> Result<usize> {
         let name = normalize_ident(ident);
@@ -224,7 +242,11 @@ pub fn bind_create_metric(catalog: &Catalog, m: &MetricAst) -> Result<MetricDef>
                 }
             }
         }
-        _ => return Err(Error::unsupported("GROUP BY ALL and grouping sets are not supported")),
+        _ => {
+            return Err(Error::unsupported(
+                "GROUP BY ALL and grouping sets are not supported",
+            ))
+        }
     }
     let mut aggregates: Vec<AggDef> = Vec::new();
     for item in &select.projection {
@@ -365,7 +387,11 @@ fn bind_aggregate(stream: &StreamDef, f: &ast::Function, alias: Option<String>) 
         if func.needs_numeric() && !ty.is_numeric() {
             return Err(Error::new(
                 ErrorKind::UndefinedFunction,
-                format!("function {}({}) does not exist", fname.to_lowercase(), ty.sql_name().to_lowercase()),
+                format!(
+                    "function {}({}) does not exist",
+                    fname.to_lowercase(),
+                    ty.sql_name().to_lowercase()
+                ),
             )
             .with_hint(format!("{} needs a numeric column.", func.sql_name())));
         }
@@ -401,7 +427,9 @@ pub struct InsertPlan {
 
 pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
     let TableObject::TableName(table) = &insert.table else {
-        return Err(Error::unsupported("INSERT INTO a table function is not supported"));
+        return Err(Error::unsupported(
+            "INSERT INTO a table function is not supported",
+        ));
     };
     let name = object_name(table);
     let stream = catalog.stream(&name).cloned().ok_or_else(|| {
@@ -438,10 +466,14 @@ pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan
     for row in &values.rows {
         let exprs = &row.content;
         if exprs.len() > targets.len() {
-            return Err(Error::syntax("INSERT has more expressions than target columns"));
+            return Err(Error::syntax(
+                "INSERT has more expressions than target columns",
+            ));
         }
         if exprs.len() < targets.len() && !insert.columns.is_empty() {
-            return Err(Error::syntax("INSERT has more target columns than expressions"));
+            return Err(Error::syntax(
+                "INSERT has more target columns than expressions",
+            ));
         }
         let mut out = vec![Value::Null; stream.columns.len()];
         for (expr, &col) in exprs.iter().zip(&targets) {
@@ -462,17 +494,22 @@ pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan
     })
 }
 
+/// The column type each `$n` of an INSERT fills, and its RETURNING columns.
+pub type InsertShape = (Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>);
+
 /// The shape of a prepared INSERT: the column type each `$n` fills, and the RETURNING
 /// columns, without binding any values.
-pub fn insert_shape(
-    catalog: &Catalog,
-    insert: &ast::Insert,
-) -> Result<(Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>)> {
+pub fn insert_shape(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertShape> {
     let TableObject::TableName(table) = &insert.table else {
-        return Err(Error::unsupported("INSERT INTO a table function is not supported"));
+        return Err(Error::unsupported(
+            "INSERT INTO a table function is not supported",
+        ));
     };
     let name = object_name(table);
-    let stream = catalog.stream(&name).cloned().ok_or_else(|| undefined_stream(&name))?;
+    let stream = catalog
+        .stream(&name)
+        .cloned()
+        .ok_or_else(|| undefined_stream(&name))?;
     let targets: Vec<usize> = if insert.columns.is_empty() {
         (0..stream.columns.len()).collect()
     } else {
@@ -593,7 +630,11 @@ fn bind_returning(
             }
             SelectItem::UnnamedExpr(e) => (e, None),
             SelectItem::ExprWithAlias { expr, alias } => (expr, Some(normalize_ident(alias))),
-            other => return Err(Error::unsupported(format!("RETURNING {other} is not supported"))),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "RETURNING {other} is not supported"
+                )))
+            }
         };
         let mut col = match expr {
             Expr::Identifier(i) => {
@@ -665,7 +706,9 @@ pub fn value_from_expr(expr: &Expr, col: &ColumnDef) -> Result<Value> {
                 ErrorKind::InvalidParameter,
                 format!("there is no parameter {p}"),
             )),
-            other => Err(Error::unsupported(format!("literal {other} is not supported"))),
+            other => Err(Error::unsupported(format!(
+                "literal {other} is not supported"
+            ))),
         },
         Expr::UnaryOp {
             op: UnaryOperator::Minus,
@@ -733,7 +776,10 @@ fn parse_int(text: &str, col: &ColumnDef) -> Result<Value> {
 fn out_of_range(ty: ColumnType) -> Error {
     Error::new(
         ErrorKind::NumericOutOfRange,
-        format!("value out of range for type {}", ty.sql_name().to_lowercase()),
+        format!(
+            "value out of range for type {}",
+            ty.sql_name().to_lowercase()
+        ),
     )
 }
 
@@ -777,12 +823,15 @@ mod tests {
     pub(crate) fn catalog_with(stmts: &[&str]) -> Catalog {
         let mut catalog = Catalog::default();
         for s in stmts {
-            catalog = crate::ddl::apply(&catalog, &parse_statement(s).unwrap()).unwrap().0;
+            catalog = crate::ddl::apply(&catalog, &parse_statement(s).unwrap())
+                .unwrap()
+                .0;
         }
         catalog
     }
 
-    const STREAM: &str = "CREATE STREAM p (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+    const STREAM: &str =
+        "CREATE STREAM p (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
         merchant TEXT, amount DOUBLE PRECISION) WITH (event_time = 'ts', event_id = 'id', \
         partition_by = 'card, merchant', partitions = 4, lateness = '5 seconds')";
 
@@ -817,11 +866,31 @@ mod tests {
             Statement::Insert(i) => bind_insert(&c, &i),
             _ => unreachable!(),
         };
-        assert_eq!(bind("INSERT INTO p VALUES (1, 'x', 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::InvalidText);
-        assert_eq!(bind("INSERT INTO p VALUES (NULL, '2026-01-01', 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::NotNullViolation);
-        assert_eq!(bind("INSERT INTO p VALUES (1, 5, 'c', 'm', 1.0)").unwrap_err().kind, ErrorKind::DatatypeMismatch);
-        assert_eq!(bind("INSERT INTO nope VALUES (1)").unwrap_err().kind, ErrorKind::UndefinedTable);
-        let plan = bind("INSERT INTO p VALUES (1, '2026-01-01 00:00:01', 'c', NULL, -2.5) RETURNING *").unwrap();
+        assert_eq!(
+            bind("INSERT INTO p VALUES (1, 'x', 'c', 'm', 1.0)")
+                .unwrap_err()
+                .kind,
+            ErrorKind::InvalidText
+        );
+        assert_eq!(
+            bind("INSERT INTO p VALUES (NULL, '2026-01-01', 'c', 'm', 1.0)")
+                .unwrap_err()
+                .kind,
+            ErrorKind::NotNullViolation
+        );
+        assert_eq!(
+            bind("INSERT INTO p VALUES (1, 5, 'c', 'm', 1.0)")
+                .unwrap_err()
+                .kind,
+            ErrorKind::DatatypeMismatch
+        );
+        assert_eq!(
+            bind("INSERT INTO nope VALUES (1)").unwrap_err().kind,
+            ErrorKind::UndefinedTable
+        );
+        let plan =
+            bind("INSERT INTO p VALUES (1, '2026-01-01 00:00:01', 'c', NULL, -2.5) RETURNING *")
+                .unwrap();
         assert_eq!(plan.rows[0][4], Value::Float(-2.5));
         assert_eq!(plan.returning.unwrap().len(), 5);
     }

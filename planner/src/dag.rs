@@ -1,8 +1,8 @@
 //! The shared-prefix DAG of a stream: Window → Filter → GroupBy → Aggregator.
 //!
-//! Invariant: node identity is structural (partitioner + window spec, + filter text,
-//! + group-by columns, + aggregate), so two metrics with the same prefix share nodes,
-//! and display ids (W1, F1, G1, A1, …) are numbered by first appearance over metrics in
+//! Invariant: node identity is structural (partitioner and window spec, then filter
+//! text, group-by columns and aggregate), so two metrics with the same prefix share
+//! nodes, and display ids (W1, F1, G1, A1, …) are numbered by first appearance over metrics in
 //! creation order: the same catalog always prints the same plan.
 
 use std::sync::Arc;
@@ -151,7 +151,9 @@ impl StreamDag {
                 format!("Window {}", m.window.to_sql()),
                 format!(
                     "Filter {}",
-                    m.filter.clone().unwrap_or_else(|| "(all events)".to_string())
+                    m.filter
+                        .clone()
+                        .unwrap_or_else(|| "(all events)".to_string())
                 ),
                 if m.group_by.is_empty() {
                     "GroupBy (no grouping)".to_string()

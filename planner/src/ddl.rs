@@ -37,7 +37,10 @@ impl DdlOutcome {
 }
 
 fn exists_error(kind: &str, name: &str) -> Error {
-    Error::new(ErrorKind::DuplicateObject, format!("{kind} \"{name}\" already exists"))
+    Error::new(
+        ErrorKind::DuplicateObject,
+        format!("{kind} \"{name}\" already exists"),
+    )
 }
 
 fn name_taken(catalog: &Catalog, name: &str) -> Option<&'static str> {
@@ -54,19 +57,20 @@ pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome
     let mut next = catalog.clone();
     let outcome = match stmt {
         Statement::CreateStream { create, sql } => {
-            let def = bind_create_stream(create, sql)?;
-            if let Some(kind) = name_taken(catalog, &def.name) {
+            let name = crate::sql::object_name(&create.name);
+            if let Some(kind) = name_taken(catalog, &name) {
                 if create.if_not_exists {
                     return Ok((
                         next,
                         DdlOutcome::skipped(
                             "CREATE STREAM",
-                            format!("{kind} \"{}\" already exists, skipping", def.name),
+                            format!("{kind} \"{name}\" already exists, skipping"),
                         ),
                     ));
                 }
-                return Err(exists_error(kind, &def.name));
+                return Err(exists_error(kind, &name));
             }
+            let def = bind_create_stream(create, sql)?;
             next.order.push(def.name.clone());
             next.streams.insert(def.name.clone(), Arc::new(def));
             DdlOutcome::changed("CREATE STREAM")

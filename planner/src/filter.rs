@@ -6,12 +6,14 @@
 use std::sync::{Arc, OnceLock};
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, BooleanBuilder, Decimal128Builder, Float32Builder, Float64Builder,
-    Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+    Array, ArrayRef, BooleanArray, BooleanBuilder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::{DFSchema, DataFusionError, SchemaError};
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 
@@ -63,9 +65,16 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
         },
         DataFusionError::SQL(e, _) => Error::syntax(format!("syntax error: {e}")),
         DataFusionError::Plan(m) if m.starts_with("table '") && m.ends_with("' not found") => {
-            let name = m["table '".len()..m.len() - "' not found".len()].rsplit('.').next().unwrap_or("").to_string();
-            Error::new(ErrorKind::UndefinedTable, format!("relation \"{name}\" does not exist"))
-                .with_hint("SHOW STREAMS and SHOW METRICS list what can be queried.")
+            let name = m["table '".len()..m.len() - "' not found".len()]
+                .rsplit('.')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            Error::new(
+                ErrorKind::UndefinedTable,
+                format!("relation \"{name}\" does not exist"),
+            )
+            .with_hint("SHOW STREAMS and SHOW METRICS list what can be queried.")
         }
         DataFusionError::Plan(m) if m.contains("oerc") || m.contains("type") => {
             Error::new(ErrorKind::DatatypeMismatch, m)
@@ -88,6 +97,16 @@ impl Filter {
         let logical = session()
             .parse_sql_expr(text, &df_schema)
             .map_err(datafusion_error)?;
+        // Coerce types and fold constants now, so that a bad literal ('abc' compared
+        // with a number) fails at CREATE METRIC, not at every later INSERT.
+        let simplify = SimplifyContext::builder()
+            .with_schema(Arc::new(df_schema.clone()))
+            .build();
+        let simplifier = ExprSimplifier::new(simplify);
+        let logical = simplifier
+            .coerce(logical, &df_schema)
+            .and_then(|e| simplifier.simplify(e))
+            .map_err(datafusion_error)?;
         let expr = session()
             .create_physical_expr(logical, &df_schema)
             .map_err(datafusion_error)?;
@@ -98,14 +117,50 @@ impl Filter {
                 format!("argument of WHERE must be type boolean, not type {ty}"),
             ));
         }
-        Ok(Filter {
+        let filter = Filter {
             text: text.to_string(),
             expr,
-        })
+        };
+        filter.probe(stream).map_err(|e| {
+            Error::unsupported(format!("WHERE {text} cannot be evaluated per event: {}", e.message))
+                .with_hint("Metric filters may use the stream's columns, constants, operators and deterministic functions.")
+        })?;
+        Ok(filter)
     }
 
-    /// Evaluates the predicate over a batch; `true` where the event passes.
+    /// Evaluates the predicate once over a row of NULLs, so that expressions that cannot
+    /// run per event (such as `now()`) are refused when the metric is created.
+    fn probe(&self, stream: &StreamDef) -> Result<()> {
+        let schema = Arc::new(Schema::new(
+            stream
+                .columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.ty.arrow(), true))
+                .collect::<Vec<_>>(),
+        ));
+        let row = vec![Value::Null; stream.columns.len()];
+        let batch = rows_to_batch(schema, &stream_types(stream), &[row])?;
+        let value = self.expr.evaluate(&batch).map_err(datafusion_error)?;
+        value.into_array(1).map_err(datafusion_error)?;
+        Ok(())
+    }
+
+    /// Evaluates the predicate over a batch; `true` where the event passes. When the batch
+    /// fails (say, a division by zero in one row), rows are evaluated one by one and a
+    /// row whose evaluation fails does not pass, like a NULL.
     pub fn evaluate(&self, batch: &RecordBatch) -> Result<Vec<bool>> {
+        match self.evaluate_batch(batch) {
+            Ok(mask) => Ok(mask),
+            Err(_) => Ok((0..batch.num_rows())
+                .map(|i| {
+                    self.evaluate_batch(&batch.slice(i, 1))
+                        .is_ok_and(|m| m.first().copied().unwrap_or(false))
+                })
+                .collect()),
+        }
+    }
+
+    fn evaluate_batch(&self, batch: &RecordBatch) -> Result<Vec<bool>> {
         let value = self.expr.evaluate(batch).map_err(datafusion_error)?;
         let array = value
             .into_array(batch.num_rows())
@@ -148,7 +203,11 @@ fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: u
                     _ => b.append_null(),
                 }
             }
-            Arc::new(b.finish().with_precision_and_scale(38, 0).expect("valid decimal"))
+            Arc::new(
+                b.finish()
+                    .with_precision_and_scale(38, 0)
+                    .expect("valid decimal"),
+            )
         }
         ResultType::Column(ColumnType::Boolean) => {
             let mut b = BooleanBuilder::with_capacity(n);
@@ -219,5 +278,9 @@ fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: u
 
 /// The types of a stream's columns as result types.
 pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
-    stream.columns.iter().map(|c| ResultType::Column(c.ty)).collect()
+    stream
+        .columns
+        .iter()
+        .map(|c| ResultType::Column(c.ty))
+        .collect()
 }

@@ -121,8 +121,10 @@ pub fn split_statements(sql: &str) -> Result<Vec<String>> {
         .into_iter()
         .filter(|s| {
             tokenize(s).is_ok_and(|ts| {
-                ts.iter()
-                    .any(|t| !is_ws(t) && !matches!(t, Token::Whitespace(Whitespace::SingleLineComment { .. })))
+                ts.iter().any(|t| {
+                    !is_ws(t)
+                        && !matches!(t, Token::Whitespace(Whitespace::SingleLineComment { .. }))
+                })
             })
         })
         .collect())
@@ -182,7 +184,12 @@ fn parse_standard(sql: &str) -> Result<Statement> {
             .with_hint("Eddy stores events in streams: use CREATE STREAM.")),
         other => Err(Error::unsupported(format!(
             "statement not supported: {}",
-            other.to_string().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            other
+                .to_string()
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
         ))),
     }
 }
@@ -217,8 +224,11 @@ fn parse_create_stream(tokens: &[Token], sql: &str) -> Result<Statement> {
 }
 
 fn parse_create_metric(tokens: &[Token], sql: &str) -> Result<Statement> {
-    let significant: Vec<(usize, &Token)> =
-        tokens.iter().enumerate().filter(|(_, t)| !is_ws(t)).collect();
+    let significant: Vec<(usize, &Token)> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !is_ws(t))
+        .collect();
     let word = |i: usize| -> Option<String> {
         match significant.get(i).map(|(_, t)| *t) {
             Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_uppercase()),
@@ -236,11 +246,18 @@ fn parse_create_metric(tokens: &[Token], sql: &str) -> Result<Statement> {
     }
     let name = match significant.get(i).map(|(_, t)| *t) {
         Some(Token::Word(w)) => word_name(w),
-        _ => return Err(Error::syntax("syntax error: expected a metric name after CREATE METRIC")),
+        _ => {
+            return Err(Error::syntax(
+                "syntax error: expected a metric name after CREATE METRIC",
+            ))
+        }
     };
     if word(i + 1).as_deref() != Some("AS") {
-        return Err(Error::syntax("syntax error: expected AS after the metric name")
-            .with_hint("CREATE METRIC name AS SELECT … FROM stream WINDOW … [WHERE …] GROUP BY …"));
+        return Err(
+            Error::syntax("syntax error: expected AS after the metric name").with_hint(
+                "CREATE METRIC name AS SELECT … FROM stream WINDOW … [WHERE …] GROUP BY …",
+            ),
+        );
     }
     let body_start = significant
         .get(i + 2)
@@ -252,7 +269,11 @@ fn parse_create_metric(tokens: &[Token], sql: &str) -> Result<Statement> {
     let mut parsed = Parser::parse_sql(&PostgreSqlDialect {}, &select_sql).map_err(parser_error)?;
     let query = match parsed.pop() {
         Some(ast::Statement::Query(q)) if parsed.is_empty() => q,
-        _ => return Err(Error::syntax("syntax error: a metric is defined by one SELECT")),
+        _ => {
+            return Err(Error::syntax(
+                "syntax error: a metric is defined by one SELECT",
+            ))
+        }
     };
     if query.order_by.is_some() || query.limit_clause.is_some() || query.with.is_some() {
         return Err(Error::unsupported(
@@ -354,11 +375,16 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
                 Some(Token::SingleQuotedString(s)) => s.clone(),
                 _ => return Err(window_syntax()),
             },
-            _ => sig[1..].iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" "),
+            _ => sig[1..]
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
         };
         let us = parse_duration_us(&text).ok_or_else(|| {
-            Error::syntax(format!("invalid window duration \"{text}\""))
-                .with_hint("Write a duration such as 5 MINUTES, 1 HOUR, 7 DAYS or 500 MILLISECONDS.")
+            Error::syntax(format!("invalid window duration \"{text}\"")).with_hint(
+                "Write a duration such as 5 MINUTES, 1 HOUR, 7 DAYS or 500 MILLISECONDS.",
+            )
         })?;
         match key.as_str() {
             "SIZE" if us > 0 => size = Some(us),
@@ -390,7 +416,11 @@ fn parse_drop(tokens: &[Token]) -> Result<Statement> {
         _ => return Err(Error::syntax("syntax error: expected a name after DROP")),
     };
     let cascade = kw(words.get(i + 1), "CASCADE");
-    let extra = if cascade || kw(words.get(i + 1), "RESTRICT") { i + 2 } else { i + 1 };
+    let extra = if cascade || kw(words.get(i + 1), "RESTRICT") {
+        i + 2
+    } else {
+        i + 1
+    };
     if words.len() > extra {
         return Err(Error::syntax(format!(
             "syntax error at or near \"{}\"",
@@ -486,7 +516,10 @@ mod tests {
                         delay_us: 60_000_000
                     }
                 );
-                assert_eq!(m.select.selection.as_ref().unwrap().to_string(), "amount > 0");
+                assert_eq!(
+                    m.select.selection.as_ref().unwrap().to_string(),
+                    "amount > 0"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -494,10 +527,15 @@ mod tests {
 
     #[test]
     fn window_interval_literal_and_infinite() {
-        let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s WINDOW TUMBLING (SIZE INTERVAL '1 hour')";
-        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Tumbling { size_us: 3_600_000_000 }));
+        let sql =
+            "CREATE METRIC m AS SELECT COUNT(*) FROM s WINDOW TUMBLING (SIZE INTERVAL '1 hour')";
+        assert!(
+            matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Tumbling { size_us: 3_600_000_000 })
+        );
         let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s WINDOW INFINITE GROUP BY x";
-        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Infinite));
+        assert!(
+            matches!(parse_statement(sql).unwrap(), Statement::CreateMetric(m) if m.window == WindowSpec::Infinite)
+        );
         let sql = "CREATE METRIC m AS SELECT COUNT(*) FROM s GROUP BY x";
         assert!(parse_statement(sql).is_err());
     }
@@ -505,16 +543,26 @@ mod tests {
     #[test]
     fn parses_create_stream_and_drop() {
         let sql = "CREATE STREAM IF NOT EXISTS p (id BIGINT NOT NULL, ts TIMESTAMP) WITH (event_time = 'ts')";
-        assert!(matches!(parse_statement(sql).unwrap(), Statement::CreateStream { create, .. } if create.if_not_exists));
+        assert!(
+            matches!(parse_statement(sql).unwrap(), Statement::CreateStream { create, .. } if create.if_not_exists)
+        );
         assert!(matches!(
             parse_statement("DROP STREAM IF EXISTS p CASCADE").unwrap(),
-            Statement::DropStream { if_exists: true, cascade: true, .. }
+            Statement::DropStream {
+                if_exists: true,
+                cascade: true,
+                ..
+            }
         ));
     }
 
     #[test]
     fn substitutes_parameters() {
-        let sql = substitute_params("SELECT * FROM m WHERE card = $1 AND x = '$2'", &["'c''1'".into()]).unwrap();
+        let sql = substitute_params(
+            "SELECT * FROM m WHERE card = $1 AND x = '$2'",
+            &["'c''1'".into()],
+        )
+        .unwrap();
         assert_eq!(sql, "SELECT * FROM m WHERE card = 'c''1' AND x = '$2'");
         assert_eq!(count_params("INSERT INTO s VALUES ($1, $2, $3)"), 3);
     }

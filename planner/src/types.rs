@@ -73,7 +73,9 @@ impl ColumnType {
             "text" | "varchar" | "character varying" | "string" | "char" | "character" => {
                 ColumnType::Text
             }
-            "timestamp" | "timestamptz" | "timestamp without time zone"
+            "timestamp"
+            | "timestamptz"
+            | "timestamp without time zone"
             | "timestamp with time zone" => ColumnType::Timestamp,
             _ => return None,
         })
@@ -193,7 +195,9 @@ pub fn format_float(v: f64) -> String {
     } else {
         let s = format!("{v:e}");
         match s.split_once('e') {
-            Some((mantissa, exp)) if exp.starts_with('-') => format!("{mantissa}e-{:0>2}", &exp[1..]),
+            Some((mantissa, exp)) if exp.starts_with('-') => {
+                format!("{mantissa}e-{:0>2}", &exp[1..])
+            }
             Some((mantissa, exp)) => format!("{mantissa}e+{exp:0>2}"),
             None => s,
         }
@@ -242,9 +246,7 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
     let (mut h, mut mi, mut s, mut us) = (0i64, 0i64, 0i64, 0i64);
     let mut offset_secs = 0i64;
     if !rest.is_empty() {
-        let end = rest
-            .find(|c: char| c == 'Z' || c == '+' || (c == '-'))
-            .unwrap_or(rest.len());
+        let end = rest.find(['Z', '+', '-']).unwrap_or(rest.len());
         let (clock, zone) = rest.split_at(end);
         let mut cp = clock.trim().split(':');
         h = cp.next()?.parse().ok()?;
@@ -265,7 +267,9 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
         rest = zone.trim();
         if let Some(z) = rest.strip_prefix(['+', '-']) {
             let sign = if rest.starts_with('-') { -1 } else { 1 };
-            let (zh, zm) = z.split_once(':').unwrap_or((z.get(..2)?, z.get(2..).unwrap_or("0")));
+            let (zh, zm) = z
+                .split_once(':')
+                .unwrap_or((z.get(..2)?, z.get(2..).unwrap_or("0")));
             let zh: i64 = zh.parse().ok()?;
             let zm: i64 = if zm.is_empty() { 0 } else { zm.parse().ok()? };
             offset_secs = sign * (zh * 3600 + zm * 60);
@@ -372,7 +376,10 @@ mod tests {
         assert_eq!(format_timestamp(us), "2026-11-22 10:00:00");
         let us = parse_timestamp("2026-11-22T10:00:00.25Z").unwrap();
         assert_eq!(format_timestamp(us), "2026-11-22 10:00:00.25");
-        assert_eq!(parse_timestamp("1970-01-01 00:00:00+01:00"), Some(-3_600_000_000));
+        assert_eq!(
+            parse_timestamp("1970-01-01 00:00:00+01:00"),
+            Some(-3_600_000_000)
+        );
         assert_eq!(parse_timestamp("not a timestamp"), None);
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
     }

@@ -63,7 +63,10 @@ impl WindowSpec {
     /// The clause as written in SQL, for EXPLAIN and DESCRIBE.
     pub fn to_sql(&self) -> String {
         match self {
-            WindowSpec::Sliding { size_us, delay_us: 0 } => {
+            WindowSpec::Sliding {
+                size_us,
+                delay_us: 0,
+            } => {
                 format!("SLIDING (SIZE {})", format_duration_us(*size_us))
             }
             WindowSpec::Sliding { size_us, delay_us } => format!(
@@ -85,11 +88,17 @@ mod tests {
 
     #[test]
     fn sliding_bounds() {
-        let w = WindowSpec::Sliding { size_us: 10, delay_us: 0 };
+        let w = WindowSpec::Sliding {
+            size_us: 10,
+            delay_us: 0,
+        };
         assert!(w.contains(100, 100));
         assert!(w.contains(100, 91));
         assert!(!w.contains(100, 90));
-        let d = WindowSpec::Sliding { size_us: 10, delay_us: 5 };
+        let d = WindowSpec::Sliding {
+            size_us: 10,
+            delay_us: 5,
+        };
         assert!(!d.contains(100, 96));
         assert!(d.contains(100, 95));
         assert!(!d.contains(100, 85));

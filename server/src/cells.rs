@@ -116,7 +116,11 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         ($ty:ty, $variant:expr) => {{
             let a = array.as_any().downcast_ref::<$ty>().expect("array type");
             for i in 0..n {
-                out.push(if a.is_null(i) { Cell::Null } else { $variant(a.value(i)) });
+                out.push(if a.is_null(i) {
+                    Cell::Null
+                } else {
+                    $variant(a.value(i))
+                });
             }
         }};
     }
@@ -148,13 +152,21 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
             if is_date {
                 let a = casted.as_primitive::<datafusion::arrow::datatypes::Date32Type>();
                 for i in 0..n {
-                    out.push(if a.is_null(i) { Cell::Null } else { Cell::Date(a.value(i)) });
+                    out.push(if a.is_null(i) {
+                        Cell::Null
+                    } else {
+                        Cell::Date(a.value(i))
+                    });
                 }
             } else {
-                let a = casted
-                    .as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
+                let a =
+                    casted.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
                 for i in 0..n {
-                    out.push(if a.is_null(i) { Cell::Null } else { Cell::Timestamp(a.value(i)) });
+                    out.push(if a.is_null(i) {
+                        Cell::Null
+                    } else {
+                        Cell::Timestamp(a.value(i))
+                    });
                 }
             }
         }
@@ -268,7 +280,10 @@ fn decimal_text(v: i128, scale: u32) -> String {
 }
 
 /// Field descriptions for columns, with the client's requested formats.
-pub fn fields(columns: &[Column], format_for: &dyn Fn(usize) -> FieldFormat) -> Arc<Vec<FieldInfo>> {
+pub fn fields(
+    columns: &[Column],
+    format_for: &dyn Fn(usize) -> FieldFormat,
+) -> Arc<Vec<FieldInfo>> {
     Arc::new(
         columns
             .iter()
@@ -279,7 +294,10 @@ pub fn fields(columns: &[Column], format_for: &dyn Fn(usize) -> FieldFormat) -> 
 }
 
 /// Encodes rows for the wire.
-pub fn encode_rows(fields: &Arc<Vec<FieldInfo>>, rows: Vec<Vec<Cell>>) -> Vec<PgWireResult<DataRow>> {
+pub fn encode_rows(
+    fields: &Arc<Vec<FieldInfo>>,
+    rows: Vec<Vec<Cell>>,
+) -> Vec<PgWireResult<DataRow>> {
     let mut enc = DataRowEncoder::new(fields.clone());
     rows.into_iter()
         .map(|row| {

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use datafusion::sql::sqlparser::ast::{CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement};
+use datafusion::sql::sqlparser::ast::{
+    CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
+};
 
 use eddy_planner::bind::undefined_stream;
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -58,11 +60,22 @@ impl CopyIn {
             return Err(Error::unsupported("COPY FROM reads only STDIN")
                 .with_hint("Use psql's \\copy to load a client-side file."));
         }
-        let CopySource::Table { table_name, columns } = source else {
+        let CopySource::Table {
+            table_name,
+            columns,
+        } = source
+        else {
             return Err(Error::unsupported("COPY FROM needs a stream name"));
         };
         let name = object_name(table_name);
-        let stream = catalog.stream(&name).cloned().ok_or_else(|| undefined_stream(&name))?;
+        let stream = catalog.stream(&name).cloned().ok_or_else(|| {
+            if catalog.metric(&name).is_some() {
+                Error::unsupported(format!("cannot copy into metric \"{name}\""))
+                    .with_hint("Copy events into the metric's stream.")
+            } else {
+                undefined_stream(&name)
+            }
+        })?;
         let targets = if columns.is_empty() {
             (0..stream.columns.len()).collect()
         } else {
@@ -95,8 +108,10 @@ impl CopyIn {
                         "csv" => Format::Csv,
                         "text" => Format::Text,
                         other => {
-                            return Err(Error::unsupported(format!("COPY format \"{other}\" is not supported"))
-                                .with_hint("Use FORMAT csv or FORMAT text."))
+                            return Err(Error::unsupported(format!(
+                                "COPY format \"{other}\" is not supported"
+                            ))
+                            .with_hint("Use FORMAT csv or FORMAT text."))
                         }
                     }
                 }
@@ -105,7 +120,11 @@ impl CopyIn {
                 CopyOption::Header(h) => copy.header = *h,
                 CopyOption::Quote(c) => copy.quote = *c,
                 CopyOption::Encoding(_) | CopyOption::Freeze(_) => {}
-                other => return Err(Error::unsupported(format!("COPY option {other} is not supported"))),
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "COPY option {other} is not supported"
+                    )))
+                }
             }
         }
         for o in legacy_options {
@@ -113,7 +132,11 @@ impl CopyIn {
                 CopyLegacyOption::Csv(_) => copy.format = Format::Csv,
                 CopyLegacyOption::Delimiter(c) => delimiter = Some(*c),
                 CopyLegacyOption::Null(s) => null = Some(s.clone()),
-                other => return Err(Error::unsupported(format!("COPY option {other} is not supported"))),
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "COPY option {other} is not supported"
+                    )))
+                }
             }
         }
         if copy.format == Format::Csv {
@@ -148,9 +171,8 @@ impl CopyIn {
 
     /// Parses every line into a row of the stream.
     pub fn rows(&self) -> Result<Vec<Vec<Value>>> {
-        let text = std::str::from_utf8(&self.data).map_err(|_| {
-            Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8")
-        })?;
+        let text = std::str::from_utf8(&self.data)
+            .map_err(|_| Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8"))?;
         let records = match self.format {
             Format::Csv => self.csv_records(text)?,
             Format::Text => text
@@ -234,7 +256,10 @@ impl CopyIn {
             }
         }
         if in_quotes {
-            return Err(Error::new(ErrorKind::InvalidText, "unterminated CSV quoted field"));
+            return Err(Error::new(
+                ErrorKind::InvalidText,
+                "unterminated CSV quoted field",
+            ));
         }
         if !field.is_empty() || quoted || !fields.is_empty() {
             fields.push(self.csv_field(&mut field, &mut quoted));
@@ -299,7 +324,8 @@ mod tests {
     #[test]
     fn csv_quotes_nulls_and_end_marker() {
         let mut c = copy_for("COPY s FROM STDIN (FORMAT csv)");
-        c.push(b"1,2026-01-01 00:00:00,\"a, \"\"b\"\"\"\n2,2026-01-01 00:00:01,\n\\.\n3,x,y\n").unwrap();
+        c.push(b"1,2026-01-01 00:00:00,\"a, \"\"b\"\"\"\n2,2026-01-01 00:00:01,\n\\.\n3,x,y\n")
+            .unwrap();
         let rows = c.rows().unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0][2], Value::Text("a, \"b\"".into()));

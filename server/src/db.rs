@@ -78,7 +78,10 @@ impl Db {
         let path = data_dir.join(CATALOG_FILE);
         if path.exists() {
             let text = std::fs::read_to_string(&path)?;
-            for stmt in text.split(CATALOG_SEPARATOR).filter(|s| !s.trim().is_empty()) {
+            for stmt in text
+                .split(CATALOG_SEPARATOR)
+                .filter(|s| !s.trim().is_empty())
+            {
                 let parsed = sql::parse_statement(stmt)
                     .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?;
                 catalog = ddl::apply(&catalog, &parsed)
@@ -145,14 +148,22 @@ impl Db {
             Statement::Describe(name) => self.describe(&name),
             Statement::ExplainStream(name) => {
                 let catalog = self.catalog();
-                let stream = catalog.stream(&name).ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
+                let stream = catalog
+                    .stream(&name)
+                    .ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
                 Ok(plan_rows(StreamDag::new(&catalog, stream).explain_stream()))
             }
             Statement::ExplainMetric(name) => {
                 let catalog = self.catalog();
-                let metric = catalog.metric(&name).ok_or_else(|| undefined_metric(&name))?;
-                let stream = catalog.stream(&metric.stream).ok_or_else(|| Error::internal("metric without stream"))?;
-                Ok(plan_rows(StreamDag::new(&catalog, stream).explain_metric(&name)))
+                let metric = catalog
+                    .metric(&name)
+                    .ok_or_else(|| undefined_metric(&name))?;
+                let stream = catalog
+                    .stream(&metric.stream)
+                    .ok_or_else(|| Error::internal("metric without stream"))?;
+                Ok(plan_rows(
+                    StreamDag::new(&catalog, stream).explain_metric(&name),
+                ))
             }
             Statement::Insert(insert) => {
                 let catalog = self.catalog();
@@ -161,7 +172,9 @@ impl Db {
             }
             Statement::Copy(copy) => {
                 let catalog = self.catalog();
-                Ok(Executed::new(Output::CopyIn(CopyIn::bind(&catalog, &copy)?)))
+                Ok(Executed::new(Output::CopyIn(CopyIn::bind(
+                    &catalog, &copy,
+                )?)))
             }
             Statement::Query(sql) => {
                 let ctx = query::context(&self.catalog(), &self.engine)?;
@@ -172,7 +185,10 @@ impl Db {
                     tag: "SELECT",
                 }))
             }
-            Statement::Set => Ok(Executed::new(Output::Command { tag: "SET", rows: None })),
+            Statement::Set => Ok(Executed::new(Output::Command {
+                tag: "SET",
+                rows: None,
+            })),
             Statement::ShowVariable(name) => Ok(show_variable(&name)),
             Statement::Begin => Ok(Executed::new(Output::Begin)),
             Statement::Commit => Ok(Executed::new(Output::Commit("COMMIT"))),
@@ -184,11 +200,26 @@ impl Db {
     async fn ddl(&self, stmt: &Statement) -> Result<Executed> {
         let _guard = self.ddl.lock().await;
         let current = self.catalog();
-        let (next, DdlOutcome { tag, notice, changed }) = ddl::apply(&current, stmt)?;
+        let (
+            next,
+            DdlOutcome {
+                tag,
+                notice,
+                changed,
+            },
+        ) = ddl::apply(&current, stmt)?;
         if changed {
             let next = Arc::new(next);
-            self.persist(&next)?;
-            self.engine.apply_catalog(next.clone()).await?;
+            // The shards first, then the file: if either fails, the shards go back to the
+            // current catalog, so a failed statement leaves nothing behind.
+            let applied = match self.engine.apply_catalog(next.clone()).await {
+                Ok(()) => self.persist(&next),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = applied {
+                self.engine.apply_catalog(current).await?;
+                return Err(e);
+            }
             *self.catalog.write().expect("catalog lock") = next;
         }
         Ok(Executed {
@@ -287,7 +318,8 @@ impl Db {
                     .iter()
                     .filter(|r| r.task.stream == s.name && r.task.partitioner == 0)
                     .collect();
-                let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64, rs: &[&eddy_cluster::TaskReport]| {
+                let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64,
+                           rs: &[&eddy_cluster::TaskReport]| {
                     rs.iter().map(|r| f(r)).sum::<u64>() as i64
                 };
                 vec![
@@ -394,12 +426,18 @@ impl Db {
                         Cell::Text(c.name.clone()),
                         Cell::Text(c.ty.sql_name().to_string()),
                         Cell::Bool(!c.not_null),
-                        if roles.is_empty() { Cell::Null } else { Cell::Text(roles.join(", ")) },
+                        if roles.is_empty() {
+                            Cell::Null
+                        } else {
+                            Cell::Text(roles.join(", "))
+                        },
                     ]
                 })
                 .collect()
         } else if let Some(m) = catalog.metric(name) {
-            let s = catalog.stream(&m.stream).ok_or_else(|| Error::internal("metric without stream"))?;
+            let s = catalog
+                .stream(&m.stream)
+                .ok_or_else(|| Error::internal("metric without stream"))?;
             let mut rows: Vec<Vec<Cell>> = m
                 .group_by
                 .iter()
@@ -437,7 +475,10 @@ impl Db {
 }
 
 fn undefined_metric(name: &str) -> Error {
-    Error::new(ErrorKind::UndefinedTable, format!("metric \"{name}\" does not exist"))
+    Error::new(
+        ErrorKind::UndefinedTable,
+        format!("metric \"{name}\" does not exist"),
+    )
 }
 
 fn duration_text(us: i64) -> String {
@@ -456,7 +497,10 @@ fn plan_rows(lines: Vec<String>) -> Executed {
     })
 }
 
-fn late_notices<'a>(stream: &StreamDef, outcomes: impl Iterator<Item = &'a Vec<Outcome>>) -> Vec<String> {
+fn late_notices<'a>(
+    stream: &StreamDef,
+    outcomes: impl Iterator<Item = &'a Vec<Outcome>>,
+) -> Vec<String> {
     let (mut late, mut dup) = (0, 0);
     for o in outcomes {
         if o.contains(&Outcome::Late) {
@@ -524,7 +568,10 @@ pub fn row_from_fields(
     for (f, &c) in fields.iter().zip(targets) {
         if let Some(text) = f {
             row[c] = value_from_text(text, &stream.columns[c]).map_err(|mut e| {
-                e.detail = Some(format!("COPY {}, line {line}, column {}", stream.name, stream.columns[c].name));
+                e.detail = Some(format!(
+                    "COPY {}, line {line}, column {}",
+                    stream.name, stream.columns[c].name
+                ));
                 e
             })?;
         }

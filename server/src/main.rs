@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use eddy_server::serve::{run, Config};
 
 #[derive(Parser)]
-#[command(name = "eddy", version, about = "Eddy: exact real-time sliding-window SQL over the PostgreSQL protocol")]
+#[command(
+    name = "eddy",
+    version,
+    about = "Eddy: exact real-time sliding-window SQL over the PostgreSQL protocol"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

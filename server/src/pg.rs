@@ -32,7 +32,9 @@ use eddy_planner::sql::{self, quote_literal, Statement};
 use eddy_planner::types::format_timestamp;
 use eddy_planner::{Error, ErrorKind};
 
-use crate::cells::{encode_rows, fields, pg_type, pg_type_of_arrow, timestamp_from_pg_binary, Column};
+use crate::cells::{
+    encode_rows, fields, pg_type, pg_type_of_arrow, timestamp_from_pg_binary, Column,
+};
 use crate::copy::CopyIn;
 use crate::db::{Db, Executed, Output};
 use crate::query;
@@ -83,7 +85,9 @@ where
     for n in notices {
         let info = ErrorInfo::new(SEVERITY_NOTICE.to_string(), "00000".to_string(), n.clone());
         client
-            .send(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(info)))
+            .send(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
+                info,
+            )))
             .await?;
     }
     Ok(())
@@ -226,7 +230,12 @@ pub struct EddyParser;
 impl QueryParser for EddyParser {
     type Statement = String;
 
-    async fn parse_sql<C>(&self, _client: &C, sql: &str, _types: &[Option<Type>]) -> PgWireResult<Option<String>>
+    async fn parse_sql<C>(
+        &self,
+        _client: &C,
+        sql: &str,
+        _types: &[Option<Type>],
+    ) -> PgWireResult<Option<String>>
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
@@ -306,7 +315,11 @@ impl Session {
         let declared = &portal.statement.parameter_types;
         let needs_inference = (0..portal.parameters.len()).any(|i| {
             portal.parameter_format.is_binary(i)
-                && declared.get(i).cloned().flatten().is_none_or(|t| t == Type::UNKNOWN)
+                && declared
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .is_none_or(|t| t == Type::UNKNOWN)
         });
         let inferred = if needs_inference {
             self.shape(sql_text).await?.0
@@ -339,7 +352,12 @@ impl Session {
 
 /// A SQL literal for a binary-format parameter of type `ty`.
 fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
-    let bad = |what: &str| Error::new(ErrorKind::InvalidText, format!("invalid binary {what} parameter"));
+    let bad = |what: &str| {
+        Error::new(
+            ErrorKind::InvalidText,
+            format!("invalid binary {what} parameter"),
+        )
+    };
     let num = |b: &[u8], n: usize| -> eddy_planner::Result<[u8; 8]> {
         if b.len() != n {
             return Err(bad(ty.name()));
@@ -349,7 +367,11 @@ fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
         Ok(out)
     };
     Ok(match *ty {
-        Type::INT2 => i16::from_be_bytes([bytes.first().copied().unwrap_or(0), bytes.get(1).copied().unwrap_or(0)]).to_string(),
+        Type::INT2 => i16::from_be_bytes([
+            bytes.first().copied().unwrap_or(0),
+            bytes.get(1).copied().unwrap_or(0),
+        ])
+        .to_string(),
         Type::INT4 => (i64::from_be_bytes(num(bytes, 4)?) as u32 as i32).to_string(),
         Type::INT8 => i64::from_be_bytes(num(bytes, 8)?).to_string(),
         Type::FLOAT4 | Type::FLOAT8 => {
@@ -364,7 +386,12 @@ fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
                 quote_literal(&eddy_planner::types::format_float(v))
             }
         }
-        Type::BOOL => if bytes.first() == Some(&1) { "TRUE" } else { "FALSE" }.to_string(),
+        Type::BOOL => if bytes.first() == Some(&1) {
+            "TRUE"
+        } else {
+            "FALSE"
+        }
+        .to_string(),
         Type::TIMESTAMP | Type::TIMESTAMPTZ => {
             let us = i64::from_be_bytes(num(bytes, 8)?);
             quote_literal(&format_timestamp(timestamp_from_pg_binary(us)))
@@ -400,7 +427,10 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (inferred, columns) = self.shape(&target.statement).await.map_err(|e| user_error(&e))?;
+        let (inferred, columns) = self
+            .shape(&target.statement)
+            .await
+            .map_err(|e| user_error(&e))?;
         let n = inferred.len().max(target.parameter_types.len());
         let params = (0..n)
             .map(|i| {
@@ -418,19 +448,31 @@ impl ExtendedQueryHandler for Session {
         Ok(DescribeStatementResponse::new(params, f.as_ref().clone()))
     }
 
-    async fn do_describe_portal<C>(&self, _client: &mut C, target: &Portal<String>) -> PgWireResult<DescribePortalResponse>
+    async fn do_describe_portal<C>(
+        &self,
+        _client: &mut C,
+        target: &Portal<String>,
+    ) -> PgWireResult<DescribePortalResponse>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = String>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (_, columns) = self.shape(&target.statement.statement).await.map_err(|e| user_error(&e))?;
+        let (_, columns) = self
+            .shape(&target.statement.statement)
+            .await
+            .map_err(|e| user_error(&e))?;
         let f = fields(&columns, &|i| target.result_column_format.format_for(i));
         Ok(DescribePortalResponse::new(f.as_ref().clone()))
     }
 
-    async fn do_query<C>(&self, client: &mut C, portal: &Portal<String>, _max_rows: usize) -> PgWireResult<Response>
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<String>,
+        _max_rows: usize,
+    ) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = String>,
@@ -479,7 +521,11 @@ impl CopyHandler for Session {
         let Some(copy) = copy else {
             return Err(user_error(&Error::internal("COPY done without COPY")));
         };
-        let executed = self.db.finish_copy(copy).await.map_err(|e| user_error(&e))?;
+        let executed = self
+            .db
+            .finish_copy(copy)
+            .await
+            .map_err(|e| user_error(&e))?;
         send_notices(client, &executed.notices).await?;
         if let Output::Command { rows, .. } = executed.output {
             let tag = Tag::new("COPY").with_rows(rows.unwrap_or(0));

@@ -33,8 +33,11 @@ fn table(columns: Vec<(&str, ArrayRef)>) -> Result<Arc<MemTable>> {
             .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
             .collect::<Vec<_>>(),
     ));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect())
-        .map_err(|e| Error::internal(e.to_string()))?;
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .map_err(|e| Error::internal(e.to_string()))?;
     Ok(Arc::new(
         MemTable::try_new(schema, vec![vec![batch]]).map_err(datafusion_error)?,
     ))
@@ -62,7 +65,10 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
         "pg_namespace",
         table(vec![
             ("oid", ints(vec![NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC])),
-            ("nspname", strings(vec!["pg_catalog".into(), "public".into()])),
+            (
+                "nspname",
+                strings(vec!["pg_catalog".into(), "public".into()]),
+            ),
         ])?,
     )?;
 
@@ -88,7 +94,9 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
                 .collect()
         } else if let Some(m) = catalog.metric(name) {
             class_kind.push("m".to_string());
-            let stream = catalog.stream(&m.stream).ok_or_else(|| Error::internal("metric without stream"))?;
+            let stream = catalog
+                .stream(&m.stream)
+                .ok_or_else(|| Error::internal("metric without stream"))?;
             metric_columns(stream, m)
                 .into_iter()
                 .map(|(n, t)| (n, pg_type(t).oid(), false))
@@ -114,7 +122,10 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             ("relname", strings(class_name)),
             ("relnamespace", ints(vec![NAMESPACE_PUBLIC; n])),
             ("relkind", strings(class_kind)),
-            ("relhasindex", Arc::new(BooleanArray::from(vec![false; n])) as ArrayRef),
+            (
+                "relhasindex",
+                Arc::new(BooleanArray::from(vec![false; n])) as ArrayRef,
+            ),
         ])?,
     )?;
     let m = att_rel.len();
@@ -125,10 +136,19 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             ("attname", strings(att_name)),
             ("atttypid", ints(att_type)),
             ("attnum", Arc::new(Int16Array::from(att_num)) as ArrayRef),
-            ("attnotnull", Arc::new(BooleanArray::from(att_notnull)) as ArrayRef),
-            ("attisdropped", Arc::new(BooleanArray::from(vec![false; m])) as ArrayRef),
+            (
+                "attnotnull",
+                Arc::new(BooleanArray::from(att_notnull)) as ArrayRef,
+            ),
+            (
+                "attisdropped",
+                Arc::new(BooleanArray::from(vec![false; m])) as ArrayRef,
+            ),
             ("atttypmod", ints(vec![-1; m])),
-            ("attlen", Arc::new(Int16Array::from(vec![-1i16; m])) as ArrayRef),
+            (
+                "attlen",
+                Arc::new(Int16Array::from(vec![-1i16; m])) as ArrayRef,
+            ),
             ("attidentity", strings(vec![String::new(); m])),
             ("attgenerated", strings(vec![String::new(); m])),
         ])?,
@@ -147,20 +167,33 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
         "pg_type",
         table(vec![
             ("oid", ints(types.iter().map(|t| t.0).collect())),
-            ("typname", strings(types.iter().map(|t| t.1.to_string()).collect())),
-            ("typnamespace", ints(vec![NAMESPACE_PG_CATALOG; types.len()])),
+            (
+                "typname",
+                strings(types.iter().map(|t| t.1.to_string()).collect()),
+            ),
+            (
+                "typnamespace",
+                ints(vec![NAMESPACE_PG_CATALOG; types.len()]),
+            ),
             ("typtype", strings(vec!["b".to_string(); types.len()])),
             ("typbasetype", ints(vec![0; types.len()])),
             ("typtypmod", ints(vec![-1; types.len()])),
             ("typrelid", ints(vec![0; types.len()])),
-            ("typnotnull", Arc::new(BooleanArray::from(vec![false; types.len()])) as ArrayRef),
+            (
+                "typnotnull",
+                Arc::new(BooleanArray::from(vec![false; types.len()])) as ArrayRef,
+            ),
         ])?,
     )?;
     let empty = |cols: &[(&str, DataType)]| -> Result<Arc<MemTable>> {
         let schema = Arc::new(Schema::new(
-            cols.iter().map(|(n, t)| Field::new(*n, t.clone(), true)).collect::<Vec<_>>(),
+            cols.iter()
+                .map(|(n, t)| Field::new(*n, t.clone(), true))
+                .collect::<Vec<_>>(),
         ));
-        Ok(Arc::new(MemTable::try_new(schema, vec![vec![]]).map_err(datafusion_error)?))
+        Ok(Arc::new(
+            MemTable::try_new(schema, vec![vec![]]).map_err(datafusion_error)?,
+        ))
     };
     reg(
         "pg_description",
@@ -191,7 +224,9 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
 /// `current_database()`, `pg_get_expr(…)` and `has_table_privilege(…)` as drivers call them.
 fn register_functions(ctx: &SessionContext) {
     let constant = |value: Option<String>| {
-        Arc::new(move |_: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(value.clone()))))
+        Arc::new(move |_: &[ColumnarValue]| {
+            Ok(ColumnarValue::Scalar(ScalarValue::Utf8(value.clone())))
+        })
     };
     ctx.register_udf(create_udf(
         "current_database",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::{Result as DfResult, ScalarValue};
+use datafusion::common::{Result as DfResult, ScalarValue, TableReference};
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
@@ -19,7 +19,9 @@ use eddy_cluster::Engine;
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::value_from_text;
 use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
-use eddy_planner::filter::{datafusion_error, result_arrow_type, rows_to_batch, stream_schema, stream_types};
+use eddy_planner::filter::{
+    datafusion_error, result_arrow_type, rows_to_batch, stream_schema, stream_types,
+};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
@@ -72,11 +74,18 @@ impl MetricTable {
 
     /// The group-by column position a filter pins to a constant, with the value.
     fn key_filter(&self, expr: &Expr) -> Option<(usize, Value)> {
-        let Expr::BinaryExpr(BinaryExpr { left, op: Operator::Eq, right }) = expr else {
+        let Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Eq,
+            right,
+        }) = expr
+        else {
             return None;
         };
         let (col, lit) = match (strip_cast(left), strip_cast(right)) {
-            (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c)) => (c, v),
+            (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c)) => {
+                (c, v)
+            }
             _ => return None,
         };
         let pos = self
@@ -103,7 +112,9 @@ fn scalar_to_value(v: &ScalarValue, col: &eddy_planner::catalog::ColumnDef) -> O
         return None;
     }
     let text = match v {
-        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => s.clone(),
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => s.clone(),
         other => other.to_string(),
     };
     value_from_text(&text, col).ok()
@@ -119,7 +130,10 @@ impl TableProvider for MetricTable {
         TableType::View
     }
 
-    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DfResult<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
             .map(|f| {
@@ -145,7 +159,11 @@ impl TableProvider for MetricTable {
                 key[pos] = Some(v);
             }
         }
-        let key: Option<Vec<Value>> = if key.is_empty() { None } else { key.into_iter().collect() };
+        let key: Option<Vec<Value>> = if key.is_empty() {
+            None
+        } else {
+            key.into_iter().collect()
+        };
         let rows = self
             .engine
             .metric_rows(&self.stream, &self.metric, key)
@@ -207,7 +225,7 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
             stream: stream.clone(),
             schema: stream_schema(stream),
         };
-        ctx.register_table(stream.name.as_str(), Arc::new(table))
+        ctx.register_table(TableReference::bare(stream.name.as_str()), Arc::new(table))
             .map_err(datafusion_error)?;
     }
     for metric in catalog.metrics.values() {
@@ -215,7 +233,7 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
             .stream(&metric.stream)
             .ok_or_else(|| Error::internal("metric without stream"))?;
         let table = MetricTable::new(engine.clone(), stream.clone(), metric.clone());
-        ctx.register_table(metric.name.as_str(), Arc::new(table))
+        ctx.register_table(TableReference::bare(metric.name.as_str()), Arc::new(table))
             .map_err(datafusion_error)?;
     }
     pg_catalog::register(&ctx, catalog)?;
@@ -237,7 +255,13 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Ve
 }
 
 /// The result columns and parameter types of a query, without running it.
-pub async fn describe(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Option<datafusion::arrow::datatypes::DataType>>)> {
+pub async fn describe(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(
+    Vec<Column>,
+    Vec<Option<datafusion::arrow::datatypes::DataType>>,
+)> {
     let sql = pg_catalog::rewrite(sql);
     let plan = ctx
         .state()
@@ -270,7 +294,9 @@ fn pg_column_name(name: &str) -> String {
     };
     let head = &name[..open];
     let is_function = !head.is_empty()
-        && head.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
+        && head
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
     if is_function {
         head.rsplit('.').next().unwrap_or(head).to_string()
     } else {

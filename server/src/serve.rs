@@ -49,7 +49,12 @@ impl Server {
                 }
             }
         });
-        Ok(Server { addr, db, stop, task })
+        Ok(Server {
+            addr,
+            db,
+            stop,
+            task,
+        })
     }
 
     /// Stops accepting connections.

@@ -9,7 +9,10 @@ use std::time::Duration;
 use eddy_server::serve::{Config, Server};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 async fn start(dir: &Path) -> Server {
@@ -30,7 +33,10 @@ fn temp_dir(name: &str) -> PathBuf {
 
 async fn connect(server: &Server) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={} user=eddy dbname=eddy", server.addr.port()),
+        &format!(
+            "host=127.0.0.1 port={} user=eddy dbname=eddy",
+            server.addr.port()
+        ),
         tokio_postgres::NoTls,
     )
     .await
@@ -47,7 +53,18 @@ async fn psql_session_matches_expected_output() {
     let port = server.addr.port().to_string();
     let output = tokio::task::spawn_blocking(move || {
         Command::new("psql")
-            .args(["-X", "-h", "127.0.0.1", "-p", &port, "-U", "eddy", "-d", "eddy", "-f"])
+            .args([
+                "-X",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "eddy",
+                "-d",
+                "eddy",
+                "-f",
+            ])
             .arg("tour.sql")
             .current_dir(&script_dir)
             .env("PGAPPNAME", "psql")
@@ -66,7 +83,12 @@ async fn psql_session_matches_expected_output() {
         std::fs::write(&expected_path, &got).unwrap();
     }
     let expected = std::fs::read_to_string(&expected_path).unwrap();
-    assert_eq!(got, expected, "psql output differs from {}", expected_path.display());
+    assert_eq!(
+        got,
+        expected,
+        "psql output differs from {}",
+        expected_path.display()
+    );
     server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -89,7 +111,9 @@ async fn extended_protocol_with_binary_parameters() {
         .prepare("INSERT INTO s VALUES ($1, $2, $3, $4, $5) RETURNING m.c, m.sx, m.sn")
         .await
         .unwrap();
-    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap().naive_utc();
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .unwrap()
+        .naive_utc();
     let mut sum = 0.0;
     for i in 0..5i64 {
         let ts = base + chrono::Duration::seconds(i);
@@ -105,18 +129,27 @@ async fn extended_protocol_with_binary_parameters() {
         let sn: rust_decimal::Decimal = row.get(2);
         assert_eq!(sn, rust_decimal::Decimal::from((0..=i).sum::<i64>()));
     }
-    let lookup = client.prepare("SELECT c, first FROM m WHERE k = $1").await.unwrap();
+    let lookup = client
+        .prepare("SELECT c, first FROM m WHERE k = $1")
+        .await
+        .unwrap();
     let rows = client.query(&lookup, &[&"a"]).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].get::<_, i64>(0), 5);
     assert_eq!(rows[0].get::<_, chrono::NaiveDateTime>(1), base);
     assert!(client.query(&lookup, &[&"zz"]).await.unwrap().is_empty());
 
-    let err = client.simple_query("INSERT INTO s VALUES (9, 'x', 'a', 1, 1)").await.unwrap_err();
+    let err = client
+        .simple_query("INSERT INTO s VALUES (9, 'x', 'a', 1, 1)")
+        .await
+        .unwrap_err();
     assert_eq!(err.code().unwrap().code(), "22P02");
     let err = client.query("SELECT * FROM nope", &[]).await.unwrap_err();
     assert_eq!(err.code().unwrap().code(), "42P01");
-    let row = client.query_one("SELECT 1::BIGINT AS one", &[]).await.unwrap();
+    let row = client
+        .query_one("SELECT 1::BIGINT AS one", &[])
+        .await
+        .unwrap();
     assert_eq!(row.get::<_, i64>(0), 1);
     server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -176,7 +209,10 @@ async fn catalog_survives_restart() {
         .batch_execute("INSERT INTO r VALUES ('2026-01-01 00:00:00', 'a')")
         .await
         .unwrap();
-    let row = client.query_one("SELECT c FROM rm WHERE k = 'a'", &[]).await.unwrap();
+    let row = client
+        .query_one("SELECT c FROM rm WHERE k = 'a'", &[])
+        .await
+        .unwrap();
     assert_eq!(row.get::<_, i64>(0), 1);
     server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);

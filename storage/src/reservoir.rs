@@ -128,7 +128,10 @@ mod tests {
         for (i, ts) in [10, 20, 15, 20, 5].iter().enumerate() {
             r.insert(Ev(*ts, i as u64));
         }
-        assert_eq!(collect(&r, i64::MIN, i64::MAX), vec![(5, 4), (10, 0), (15, 2), (20, 1), (20, 3)]);
+        assert_eq!(
+            collect(&r, i64::MIN, i64::MAX),
+            vec![(5, 4), (10, 0), (15, 2), (20, 1), (20, 3)]
+        );
         assert_eq!(collect(&r, 10, 20), vec![(15, 2), (20, 1), (20, 3)]);
         assert_eq!(collect(&r, 20, 10), vec![]);
         assert_eq!(r.expire_through(10), 2);
@@ -162,7 +165,11 @@ mod tests {
             }
             let a = (next() % 6000) as i64 - 500;
             let b = a + (next() % 300) as i64;
-            let want: Vec<_> = model.iter().filter(|e| e.0 > a && e.0 <= b).map(|e| e.key()).collect();
+            let want: Vec<_> = model
+                .iter()
+                .filter(|e| e.0 > a && e.0 <= b)
+                .map(|e| e.key())
+                .collect();
             assert_eq!(collect(&r, a, b), want);
         }
     }

@@ -57,8 +57,15 @@ mod tests {
     #[test]
     fn batches_put_get_delete_scan() {
         let mut s = MemStateStore::default();
-        s.multi_put(&[(b"a/1", Some(b"x")), (b"a/2", Some(b"y")), (b"b/1", Some(b"z"))]);
-        assert_eq!(s.multi_get(&[b"a/2", b"c"]), vec![Some(b"y".to_vec()), None]);
+        s.multi_put(&[
+            (b"a/1", Some(b"x")),
+            (b"a/2", Some(b"y")),
+            (b"b/1", Some(b"z")),
+        ]);
+        assert_eq!(
+            s.multi_get(&[b"a/2", b"c"]),
+            vec![Some(b"y".to_vec()), None]
+        );
         s.multi_put(&[(b"a/1", None)]);
         assert_eq!(s.scan_prefix(b"a/"), vec![(b"a/2".to_vec(), b"y".to_vec())]);
     }

@@ -60,7 +60,9 @@ impl Events {
         Events {
             state: 0x9e37_79b9_7f4a_7c15,
             next_id: 0,
-            cards: (0..cards).map(|c| Value::Text(format!("card-{c}").into())).collect(),
+            cards: (0..cards)
+                .map(|c| Value::Text(format!("card-{c}").into()))
+                .collect(),
         }
     }
 
@@ -74,10 +76,16 @@ impl Events {
     fn next(&mut self) -> Row {
         let id = self.next_id;
         self.next_id += 1;
-        let card = self.cards[(self.next_u64() % self.cards.len() as u64) as usize].clone();
+        let pick = (self.next_u64() % self.cards.len() as u64) as usize;
+        let card = self.cards[pick].clone();
         let amount = (self.next_u64() % 100_000) as f64 / 100.0;
         let ts = 1_800_000_000_000_000 + id * 100;
-        Row::from(vec![Value::Int(id), Value::Timestamp(ts), card, Value::Float(amount)])
+        Row::from(vec![
+            Value::Int(id),
+            Value::Timestamp(ts),
+            card,
+            Value::Float(amount),
+        ])
     }
 }
 
@@ -86,7 +94,7 @@ fn catalog(partitions: u32) -> Result<Catalog> {
     for sql in [
         format!(
             "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
-             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions})"
+             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}, retention = '5 minutes')"
         ),
         "CREATE METRIC card_5m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean \
          FROM payments WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card"
@@ -147,7 +155,9 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
 fn run_engine(a: &Args) -> Result<serde_json::Value> {
     let c = Arc::new(catalog((a.shards * 4) as u32)?);
     let stream = c.stream("payments").expect("created").clone();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let engine = Engine::start(a.shards);
     runtime.block_on(engine.apply_catalog(c.clone()))?;
     let mut gen = Events::new(a.cards);
