@@ -1,0 +1,2 @@
+\set k random(1, 4)
+SELECT n, total FROM pgb_card WHERE card = 'c-' || :k;
