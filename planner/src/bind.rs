@@ -425,7 +425,8 @@ pub struct InsertPlan {
     pub returning: Option<Vec<ReturningColumn>>,
 }
 
-pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
+/// The stream an INSERT writes and the stream column each VALUES position fills.
+fn insert_target(catalog: &Catalog, insert: &ast::Insert) -> Result<(Arc<StreamDef>, Vec<usize>)> {
     let TableObject::TableName(table) = &insert.table else {
         return Err(Error::unsupported(
             "INSERT INTO a table function is not supported",
@@ -454,6 +455,11 @@ pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan
             })
             .collect::<Result<_>>()?
     };
+    Ok((stream, targets))
+}
+
+pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
+    let (stream, targets) = insert_target(catalog, insert)?;
     let source = insert
         .source
         .as_ref()
@@ -500,30 +506,7 @@ pub type InsertShape = (Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>);
 /// The shape of a prepared INSERT: the column type each `$n` fills, and the RETURNING
 /// columns, without binding any values.
 pub fn insert_shape(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertShape> {
-    let TableObject::TableName(table) = &insert.table else {
-        return Err(Error::unsupported(
-            "INSERT INTO a table function is not supported",
-        ));
-    };
-    let name = object_name(table);
-    let stream = catalog
-        .stream(&name)
-        .cloned()
-        .ok_or_else(|| undefined_stream(&name))?;
-    let targets: Vec<usize> = if insert.columns.is_empty() {
-        (0..stream.columns.len()).collect()
-    } else {
-        insert
-            .columns
-            .iter()
-            .map(|c| {
-                let n = object_name(c);
-                stream
-                    .column_index(&n)
-                    .ok_or_else(|| Error::undefined_column(&n, &stream.name))
-            })
-            .collect::<Result<_>>()?
-    };
+    let (stream, targets) = insert_target(catalog, insert)?;
     let mut params: Vec<Option<ColumnType>> = Vec::new();
     if let Some(SetExpr::Values(values)) = insert.source.as_ref().map(|s| s.body.as_ref()) {
         for row in &values.rows {

@@ -64,6 +64,8 @@ impl Executed {
 
 pub struct Db {
     catalog: RwLock<Arc<Catalog>>,
+    /// The DataFusion context of the current catalog, built once per catalog change.
+    query_ctx: std::sync::Mutex<Option<(Arc<Catalog>, datafusion::prelude::SessionContext)>>,
     engine: Arc<Engine>,
     data_dir: PathBuf,
     ddl: tokio::sync::Mutex<()>,
@@ -96,6 +98,7 @@ impl Db {
             .map_err(|e| anyhow::anyhow!("installing the catalog: {e}"))?;
         Ok(Arc::new(Db {
             catalog: RwLock::new(catalog),
+            query_ctx: std::sync::Mutex::new(None),
             engine,
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
@@ -108,6 +111,21 @@ impl Db {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// A DataFusion context with every stream and metric of the current catalog as a
+    /// table; cached until the catalog changes (each query still gets its own state).
+    pub fn query_context(&self) -> Result<datafusion::prelude::SessionContext> {
+        let catalog = self.catalog();
+        let mut cached = self.query_ctx.lock().expect("query context lock");
+        if let Some((c, ctx)) = cached.as_ref() {
+            if Arc::ptr_eq(c, &catalog) {
+                return Ok(ctx.clone());
+            }
+        }
+        let ctx = query::context(&catalog, &self.engine)?;
+        *cached = Some((catalog, ctx.clone()));
+        Ok(ctx)
     }
 
     /// Writes the catalog file atomically: temp file, fsync, rename.
@@ -177,7 +195,7 @@ impl Db {
                 )?)))
             }
             Statement::Query(sql) => {
-                let ctx = query::context(&self.catalog(), &self.engine)?;
+                let ctx = self.query_context()?;
                 let (columns, rows) = query::run(&ctx, &sql).await?;
                 Ok(Executed::new(Output::Rows {
                     columns,

@@ -272,7 +272,7 @@ impl Session {
         let catalog = self.db.catalog();
         match stmt {
             Statement::Query(q) => {
-                let ctx = query::context(&catalog, self.db.engine())?;
+                let ctx = self.db.query_context()?;
                 let (columns, params) = query::describe(&ctx, &q).await?;
                 let params = params
                     .iter()

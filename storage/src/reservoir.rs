@@ -50,14 +50,46 @@ impl<E> Default for MemReservoir<E> {
 }
 
 impl<E: Timed> MemReservoir<E> {
-    /// Index of the first event with `ts > bound`.
+    /// Index of the first event with `ts > bound`. Window edges sit near the ends of the
+    /// deque (the head near the newest events, the tail near the oldest), so the search
+    /// gallops in from both ends before falling back to a full binary search.
     fn first_after(&self, bound: i64) -> usize {
-        // Fast path for the common case of the newest events.
-        match self.events.back() {
-            None => 0,
-            Some(last) if last.key().0 <= bound => self.events.len(),
-            _ => self.events.partition_point(|e| e.key().0 <= bound),
+        let events = &self.events;
+        let n = events.len();
+        let after = |i: usize| events[i].key().0 > bound;
+        if n == 0 || !after(n - 1) {
+            return n;
         }
+        if after(0) {
+            return 0;
+        }
+        // Invariant from here: !after(lo) and after(hi).
+        let (mut lo, mut hi) = (0, n - 1);
+        let mut step = 1;
+        while step < n {
+            let back = n - 1 - step.min(n - 1);
+            if !after(back) {
+                lo = lo.max(back);
+                break;
+            }
+            hi = back;
+            let front = step.min(n - 1);
+            if after(front) {
+                hi = hi.min(front);
+                break;
+            }
+            lo = front;
+            step *= 2;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if after(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
     }
 }
 
@@ -77,7 +109,7 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
         if upto <= after {
             return;
         }
-        let start = self.events.partition_point(|e| e.key().0 <= after);
+        let start = self.first_after(after);
         for e in self.events.range(start..) {
             if e.key().0 > upto {
                 break;
