@@ -425,6 +425,37 @@ pub struct InsertPlan {
     pub returning: Option<Vec<ReturningColumn>>,
 }
 
+/// The stream a load (`INSERT` or `COPY`, named by `verb`) writes, and the stream
+/// column each input position fills: `columns` in order, or all columns when empty.
+pub fn load_target(
+    catalog: &Catalog,
+    name: &str,
+    columns: &[String],
+    verb: &str,
+) -> Result<(Arc<StreamDef>, Vec<usize>)> {
+    let stream = catalog.stream(name).cloned().ok_or_else(|| {
+        if catalog.metric(name).is_some() {
+            Error::unsupported(format!("cannot {verb} into metric \"{name}\""))
+                .with_hint("Load events into the metric's stream.")
+        } else {
+            undefined_stream(name)
+        }
+    })?;
+    let targets = if columns.is_empty() {
+        (0..stream.columns.len()).collect()
+    } else {
+        columns
+            .iter()
+            .map(|n| {
+                stream
+                    .column_index(n)
+                    .ok_or_else(|| Error::undefined_column(n, &stream.name))
+            })
+            .collect::<Result<_>>()?
+    };
+    Ok((stream, targets))
+}
+
 /// The stream an INSERT writes and the stream column each VALUES position fills.
 fn insert_target(catalog: &Catalog, insert: &ast::Insert) -> Result<(Arc<StreamDef>, Vec<usize>)> {
     let TableObject::TableName(table) = &insert.table else {
@@ -432,30 +463,8 @@ fn insert_target(catalog: &Catalog, insert: &ast::Insert) -> Result<(Arc<StreamD
             "INSERT INTO a table function is not supported",
         ));
     };
-    let name = object_name(table);
-    let stream = catalog.stream(&name).cloned().ok_or_else(|| {
-        if catalog.metric(&name).is_some() {
-            Error::unsupported(format!("cannot insert into metric \"{name}\""))
-                .with_hint("Insert events into the metric's stream.")
-        } else {
-            undefined_stream(&name)
-        }
-    })?;
-    let targets: Vec<usize> = if insert.columns.is_empty() {
-        (0..stream.columns.len()).collect()
-    } else {
-        insert
-            .columns
-            .iter()
-            .map(|c| {
-                let n = object_name(c);
-                stream
-                    .column_index(&n)
-                    .ok_or_else(|| Error::undefined_column(&n, &stream.name))
-            })
-            .collect::<Result<_>>()?
-    };
-    Ok((stream, targets))
+    let columns: Vec<String> = insert.columns.iter().map(object_name).collect();
+    load_target(catalog, &object_name(table), &columns, "insert")
 }
 
 pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {

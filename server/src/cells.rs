@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime};
+use chrono::{DateTime, NaiveDate};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float32Array, Float64Array,
     Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array, UInt32Array, UInt64Array,
@@ -313,9 +313,6 @@ pub fn encode_rows(
 pub fn timestamp_from_pg_binary(us_since_2000: i64) -> i64 {
     us_since_2000 + epoch_2000_us()
 }
-
-#[allow(dead_code)]
-fn _naive(_: NaiveDateTime) {}
 
 #[cfg(test)]
 mod tests {

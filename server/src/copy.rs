@@ -10,7 +10,7 @@ use datafusion::sql::sqlparser::ast::{
     CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
 };
 
-use eddy_planner::bind::undefined_stream;
+use eddy_planner::bind::load_target;
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::sql::{normalize_ident, object_name};
 use eddy_planner::types::Value;
@@ -67,28 +67,8 @@ impl CopyIn {
         else {
             return Err(Error::unsupported("COPY FROM needs a stream name"));
         };
-        let name = object_name(table_name);
-        let stream = catalog.stream(&name).cloned().ok_or_else(|| {
-            if catalog.metric(&name).is_some() {
-                Error::unsupported(format!("cannot copy into metric \"{name}\""))
-                    .with_hint("Copy events into the metric's stream.")
-            } else {
-                undefined_stream(&name)
-            }
-        })?;
-        let targets = if columns.is_empty() {
-            (0..stream.columns.len()).collect()
-        } else {
-            columns
-                .iter()
-                .map(|c| {
-                    let n = normalize_ident(c);
-                    stream
-                        .column_index(&n)
-                        .ok_or_else(|| Error::undefined_column(&n, &stream.name))
-                })
-                .collect::<Result<Vec<_>>>()?
-        };
+        let names: Vec<String> = columns.iter().map(normalize_ident).collect();
+        let (stream, targets) = load_target(catalog, &object_name(table_name), &names, "copy")?;
         let mut copy = CopyIn {
             stream,
             targets,

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use pgwire::api::Type;
 
-use eddy_cluster::{Engine, Outcome, Row};
+use eddy_cluster::{Engine, Outcome, Row, Task};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -248,6 +248,9 @@ impl Db {
 
     async fn insert(&self, plan: eddy_planner::bind::InsertPlan) -> Result<Executed> {
         let n = plan.rows.len();
+        for row in &plan.rows {
+            Task::event_time(&plan.stream, row)?;
+        }
         let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
         let want = plan.returning.is_some();
         let replies = self.engine.ingest(&plan.stream, rows.clone(), want).await?;
@@ -292,8 +295,10 @@ impl Db {
     pub async fn finish_copy(&self, copy: CopyIn) -> Result<Executed> {
         let stream = copy.stream.clone();
         let rows = copy.rows()?;
+        // Every check that can fail runs before the first row reaches a task.
         for row in &rows {
             check_not_null(&stream, row)?;
+            Task::event_time(&stream, row)?;
         }
         let n = rows.len();
         let mut late = Vec::new();
