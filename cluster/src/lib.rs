@@ -4,6 +4,7 @@
 //! rows; a task is touched only by the shard thread that owns it.
 
 pub mod engine;
+pub mod key;
 pub mod route;
 pub mod task;
 

@@ -24,6 +24,8 @@ use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
 use eddy_storage::{MemReservoir, Reservoir, Timed};
 
+use crate::key::{pack, unpack, PackedKey};
+
 /// An event's column values in the stream's column order.
 pub type Row = Arc<[Value]>;
 
@@ -82,7 +84,7 @@ struct GroupState {
 struct GroupExec {
     key: GroupKey,
     aggs: Vec<AggSlot>,
-    table: HashMap<Box<[Value]>, GroupState>,
+    table: HashMap<PackedKey, GroupState>,
 }
 
 struct FilterExec {
@@ -128,7 +130,7 @@ pub struct Task {
     metrics: Vec<MetricSlot>,
     used_bits: u64,
     since_sweep: u32,
-    key_buf: Vec<Value>,
+    key_buf: Vec<u8>,
     pub stats: TaskStats,
 }
 
@@ -571,24 +573,28 @@ impl Task {
         let w = &self.windows[m.window];
         let g = &w.filters[m.filter].groups[m.group];
         let live = |s: &&GroupState| s.epoch == w.epoch && s.count > 0;
-        let row = |k: &[Value], s: &GroupState| {
-            let mut r = k.to_vec();
+        let row = |k: &[u8], s: &GroupState| {
+            let mut r = unpack(k);
             r.extend(metric_values(g, m, Some(s)));
             r
         };
         match key {
-            Some(k) => g
-                .table
-                .get(k)
-                .filter(live)
-                .map(|s| row(k, s))
-                .into_iter()
-                .collect(),
+            Some(k) => {
+                let positions: Vec<usize> = (0..k.len()).collect();
+                let mut packed = Vec::new();
+                pack(&mut packed, &positions, k);
+                g.table
+                    .get(packed.as_slice())
+                    .filter(live)
+                    .map(|s| row(&packed, s))
+                    .into_iter()
+                    .collect()
+            }
             None => g
                 .table
                 .iter()
                 .filter(|(_, s)| live(s))
-                .map(|(k, s)| row(k, s))
+                .map(|(k, s)| row(k.as_bytes(), s))
                 .collect(),
         }
     }
@@ -615,14 +621,13 @@ fn metric_values(g: &GroupExec, m: &MetricSlot, state: Option<&GroupState>) -> V
         .collect()
 }
 
-fn fill_key(buf: &mut Vec<Value>, columns: &[usize], row: &[Value]) {
-    buf.clear();
-    buf.extend(columns.iter().map(|c| row[*c].clone()));
+fn fill_key(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
+    pack(buf, columns, row);
 }
 
 /// Moves a window's edges to stream time `t`: events past the tail leave, then events
 /// that reached the head enter, both in event-time order.
-fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf: &mut Vec<Value>) {
+fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf: &mut Vec<u8>) {
     let spec = w.key.spec;
     let new_head = spec.head_bound(t);
     let new_tail = spec.tail_bound(t).unwrap_or(i64::MIN);
@@ -645,7 +650,7 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
 }
 
 /// Applies (`enter`) or removes one event to every group under the window.
-fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<Value>, enter: bool) {
+fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool) {
     let epoch = w.epoch;
     for f in &mut w.filters {
         if f.bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
@@ -662,12 +667,12 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<Value>, enter: b
     }
 }
 
-fn enter_group(g: &mut GroupExec, key: &[Value], e: &Event, epoch: i64) {
+fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
     let state = match g.table.get_mut(key) {
         Some(s) => s,
         None => g
             .table
-            .entry(key.to_vec().into_boxed_slice())
+            .entry(PackedKey::new(key))
             .or_insert_with(|| GroupState {
                 count: 0,
                 epoch,
@@ -691,7 +696,7 @@ fn enter_group(g: &mut GroupExec, key: &[Value], e: &Event, epoch: i64) {
     }
 }
 
-fn leave_group(g: &mut GroupExec, key: &[Value], e: &Event) {
+fn leave_group(g: &mut GroupExec, key: &[u8], e: &Event) {
     let Some(state) = g.table.get_mut(key) else {
         panic!("an event left a group it never entered");
     };
