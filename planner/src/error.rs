@@ -23,6 +23,7 @@ pub enum ErrorKind {
     DatatypeMismatch,
     NotNullViolation,
     InvalidText,
+    BadCopyFormat,
     NumericOutOfRange,
     Unsupported,
     DependentObjects,

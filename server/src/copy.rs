@@ -237,7 +237,7 @@ impl CopyIn {
         }
         if in_quotes {
             return Err(Error::new(
-                ErrorKind::InvalidText,
+                ErrorKind::BadCopyFormat,
                 "unterminated CSV quoted field",
             ));
         }

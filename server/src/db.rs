@@ -579,7 +579,7 @@ pub fn row_from_fields(
 ) -> Result<Vec<Value>> {
     if fields.len() != targets.len() {
         return Err(Error::new(
-            ErrorKind::InvalidText,
+            ErrorKind::BadCopyFormat,
             format!(
                 "line {line}: expected {} columns, found {}",
                 targets.len(),

@@ -52,6 +52,7 @@ pub fn sqlstate(kind: ErrorKind) -> &'static str {
         ErrorKind::DatatypeMismatch => "42804",
         ErrorKind::NotNullViolation => "23502",
         ErrorKind::InvalidText => "22P02",
+        ErrorKind::BadCopyFormat => "22P04",
         ErrorKind::NumericOutOfRange => "22003",
         ErrorKind::Unsupported => "0A000",
         ErrorKind::DependentObjects => "2BP01",
