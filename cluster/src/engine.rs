@@ -57,9 +57,7 @@ enum Command {
         reply: oneshot::Sender<IngestReply>,
     },
     MetricRows {
-        stream: String,
-        partitioner: usize,
-        partition: Option<u32>,
+        task: TaskId,
         metric: String,
         key: Option<Vec<Value>>,
         reply: oneshot::Sender<Vec<Vec<Value>>>,
@@ -229,9 +227,7 @@ impl Engine {
             self.send(
                 shard_of(&task, self.shards()),
                 Command::MetricRows {
-                    stream: stream.name.clone(),
-                    partitioner: p,
-                    partition: Some(part),
+                    task,
                     metric: metric.name.clone(),
                     key: key.clone(),
                     reply: tx,
@@ -327,23 +323,16 @@ impl Shard {
                     let _ = reply.send(result);
                 }
                 Command::MetricRows {
-                    stream,
-                    partitioner,
-                    partition,
+                    task,
                     metric,
                     key,
                     reply,
                 } => {
                     let rows = self
                         .tasks
-                        .iter()
-                        .filter(|(id, _)| {
-                            id.stream == stream
-                                && id.partitioner == partitioner
-                                && partition.is_none_or(|p| p == id.partition)
-                        })
-                        .flat_map(|(_, t)| t.metric_rows(&metric, key.as_deref()))
-                        .collect();
+                        .get(&task)
+                        .map(|t| t.metric_rows(&metric, key.as_deref()))
+                        .unwrap_or_default();
                     let _ = reply.send(rows);
                 }
                 Command::StreamRows { stream, reply } => {

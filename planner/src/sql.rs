@@ -8,7 +8,7 @@
 use datafusion::sql::sqlparser::ast::{self, Ident, ObjectName, ObjectNamePart};
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
-use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
 use crate::error::{Error, Result};
 use crate::types::parse_duration_us;
@@ -101,33 +101,26 @@ fn is_ws(t: &Token) -> bool {
     matches!(t, Token::Whitespace(_))
 }
 
-/// Splits a query string at top-level semicolons into statement texts (comments kept).
+/// Splits a query string at top-level semicolons into statement texts (comments kept);
+/// pieces holding only whitespace and comments are dropped.
 pub fn split_statements(sql: &str) -> Result<Vec<String>> {
-    let tokens = tokenize(sql)?;
     let mut out = Vec::new();
     let mut current: Vec<Token> = Vec::new();
-    for t in tokens {
-        if t == Token::SemiColon {
-            out.push(tokens_to_sql(&current));
-            current.clear();
-        } else {
-            current.push(t);
-        }
-    }
-    if current.iter().any(|t| !is_ws(t)) {
-        out.push(tokens_to_sql(&current));
-    }
-    Ok(out
+    for t in tokenize(sql)?
         .into_iter()
-        .filter(|s| {
-            tokenize(s).is_ok_and(|ts| {
-                ts.iter().any(|t| {
-                    !is_ws(t)
-                        && !matches!(t, Token::Whitespace(Whitespace::SingleLineComment { .. }))
-                })
-            })
-        })
-        .collect())
+        .chain(std::iter::once(Token::SemiColon))
+    {
+        if t != Token::SemiColon {
+            current.push(t);
+            continue;
+        }
+        // Comments are whitespace tokens, so this keeps only pieces with a statement.
+        if current.iter().any(|t| !is_ws(t)) {
+            out.push(tokens_to_sql(&current));
+        }
+        current.clear();
+    }
+    Ok(out)
 }
 
 /// The non-whitespace words of a statement, upper-cased, for keyword dispatch.

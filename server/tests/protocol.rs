@@ -25,10 +25,27 @@ async fn start(dir: &Path) -> Server {
     .unwrap()
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+/// A fresh data directory, removed when the test ends (pass or fail).
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("eddy-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    TempDir(dir)
 }
 
 async fn connect(server: &Server) -> tokio_postgres::Client {
@@ -90,7 +107,6 @@ async fn psql_session_matches_expected_output() {
         expected_path.display()
     );
     server.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +168,6 @@ async fn extended_protocol_with_binary_parameters() {
         .unwrap();
     assert_eq!(row.get::<_, i64>(0), 1);
     server.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +196,6 @@ async fn cancel_request_stops_a_running_query() {
     let err = result.unwrap_err();
     assert_eq!(err.code().unwrap().code(), "57014", "{err}");
     server.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,5 +235,4 @@ async fn catalog_survives_restart() {
         .unwrap();
     assert_eq!(row.get::<_, i64>(0), 1);
     server.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
