@@ -17,6 +17,7 @@ use eddy_planner::{Error, Result};
 
 use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
+use crate::watch::{WatchId, WatchTarget, Watcher};
 
 /// Commands waiting per shard before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 1024;
@@ -67,6 +68,15 @@ enum Command {
         reply: oneshot::Sender<Vec<Row>>,
     },
     Report(oneshot::Sender<Vec<TaskReport>>),
+    Watch {
+        stream: String,
+        partitioner: usize,
+        id: WatchId,
+        target: WatchTarget,
+        watcher: Arc<dyn Watcher>,
+        reply: oneshot::Sender<()>,
+    },
+    Unwatch(WatchId),
 }
 
 /// The shard owning a task: stable across restarts and nodes.
@@ -277,6 +287,48 @@ impl Engine {
         Ok(out)
     }
 
+    /// Attaches a subscription to the tasks of `stream`'s `partitioner`: a metric watch
+    /// (the metric runs in that partitioner's tasks) first receives each task's current
+    /// rows; a stream watch uses partitioner 0 so each event is seen once. Returns once
+    /// every task delivers to it.
+    pub async fn watch(
+        &self,
+        stream: &str,
+        partitioner: usize,
+        target: WatchTarget,
+        id: WatchId,
+        watcher: Arc<dyn Watcher>,
+    ) -> Result<()> {
+        let mut waits = Vec::new();
+        for shard in 0..self.shards() {
+            let (tx, rx) = oneshot::channel();
+            self.send(
+                shard,
+                Command::Watch {
+                    stream: stream.to_string(),
+                    partitioner,
+                    id,
+                    target: target.clone(),
+                    watcher: watcher.clone(),
+                    reply: tx,
+                },
+            )
+            .await?;
+            waits.push(rx);
+        }
+        for rx in waits {
+            rx.await.map_err(|_| engine_gone())?;
+        }
+        Ok(())
+    }
+
+    /// Detaches a subscription from every task.
+    pub async fn unwatch(&self, id: WatchId) {
+        for shard in 0..self.shards() {
+            let _ = self.send(shard, Command::Unwatch(id)).await;
+        }
+    }
+
     /// Stops the shard threads after they finish the commands already queued.
     pub fn shutdown(self) {
         drop(self.queues);
@@ -344,6 +396,28 @@ impl Shard {
                         .collect();
                     let _ = reply.send(rows);
                 }
+                Command::Watch {
+                    stream,
+                    partitioner,
+                    id,
+                    target,
+                    watcher,
+                    reply,
+                } => {
+                    for (_, task) in self
+                        .tasks
+                        .iter_mut()
+                        .filter(|(t, _)| t.stream == stream && t.partitioner == partitioner)
+                    {
+                        task.watch(id, target.clone(), watcher.clone());
+                    }
+                    let _ = reply.send(());
+                }
+                Command::Unwatch(id) => {
+                    for task in self.tasks.values_mut() {
+                        task.unwatch(id);
+                    }
+                }
                 Command::Report(reply) => {
                     let report = self
                         .tasks
@@ -364,9 +438,16 @@ impl Shard {
     fn apply_catalog(&mut self, catalog: &Catalog) -> Result<()> {
         // Tasks of dropped (or re-created) streams go away with their state.
         self.tasks.retain(|id, task| {
-            catalog
+            let keep = catalog
                 .stream(&id.stream)
-                .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || **s == **task.stream())
+                .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || **s == **task.stream());
+            if !keep {
+                task.end_watches(&Error::new(
+                    eddy_planner::ErrorKind::UndefinedTable,
+                    format!("stream \"{}\" was dropped", id.stream),
+                ));
+            }
+            keep
         });
         for stream in catalog.streams.values() {
             let metrics = catalog.metrics_of(&stream.name);

@@ -7,6 +7,8 @@ pub mod engine;
 pub mod key;
 pub mod route;
 pub mod task;
+pub mod watch;
 
 pub use engine::{Engine, EventReply, TaskId, TaskReport};
 pub use task::{Outcome, Row, Task};
+pub use watch::{Change, WatchId, WatchTarget, Watcher};

@@ -8,7 +8,10 @@
 //! - every window holds exactly the events with tail < ts ≤ head for its edges at T: its
 //!   edges only move forward, and each event enters and leaves at most once;
 //! - a group whose window holds no event has no entry (sliding) or a stale epoch
-//!   (tumbling), and is never shown.
+//!   (tumbling), and is never shown;
+//! - with watches attached, every group whose values an event changed (by entering,
+//!   expiring or a tumbling window moving on) is handed to the metric's watchers once
+//!   for that event, with its values after the event.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use eddy_planner::{Error, Result};
 use eddy_storage::{MemReservoir, Reservoir, Timed};
 
 use crate::key::{pack, unpack, PackedKey};
+use crate::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// An event's column values in the stream's column order.
 pub type Row = Arc<[Value]>;
@@ -85,6 +89,19 @@ struct GroupExec {
     key: GroupKey,
     aggs: Vec<AggSlot>,
     table: HashMap<PackedKey, GroupState>,
+    /// A metric on this group has watchers: record the keys each event changes.
+    watched: bool,
+    touched: Vec<Box<[u8]>>,
+}
+
+/// A subscription attached to this task.
+struct TaskWatch {
+    id: WatchId,
+    target: WatchTarget,
+    /// The metric's slot in `Task::metrics` (metric targets).
+    slot: usize,
+    watcher: Arc<dyn Watcher>,
+    pending: Vec<Change>,
 }
 
 struct FilterExec {
@@ -131,6 +148,7 @@ pub struct Task {
     used_bits: u64,
     since_sweep: u32,
     key_buf: Vec<u8>,
+    watches: Vec<TaskWatch>,
     pub stats: TaskStats,
 }
 
@@ -149,6 +167,7 @@ impl Task {
             used_bits: 0,
             since_sweep: 0,
             key_buf: Vec::new(),
+            watches: Vec::new(),
             stats: TaskStats::default(),
         }
     }
@@ -299,6 +318,8 @@ impl Task {
                         key: gk.clone(),
                         aggs: Vec::new(),
                         table: HashMap::new(),
+                        watched: false,
+                        touched: Vec::new(),
                     });
                     new_groups.push((wi, fi, f.groups.len() - 1));
                     f.groups.len() - 1
@@ -376,7 +397,97 @@ impl Task {
                 }
             })
             .collect();
+        self.rebind_watches();
         Ok(())
+    }
+
+    /// Points every watch at its metric's slot again after the metrics changed; a watch
+    /// whose metric is gone ends.
+    fn rebind_watches(&mut self) {
+        let metrics = &self.metrics;
+        self.watches.retain_mut(|w| {
+            let WatchTarget::Metric(name) = &w.target else {
+                return true;
+            };
+            match metrics.iter().position(|m| &m.name == name) {
+                Some(slot) => {
+                    w.slot = slot;
+                    true
+                }
+                None => {
+                    w.watcher.end(Error::new(
+                        eddy_planner::ErrorKind::UndefinedTable,
+                        format!("metric \"{name}\" was dropped"),
+                    ));
+                    false
+                }
+            }
+        });
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    g.watched = false;
+                    g.touched.clear();
+                }
+            }
+        }
+        for watch in &self.watches {
+            if let WatchTarget::Metric(_) = watch.target {
+                let m = &self.metrics[watch.slot];
+                self.windows[m.window].filters[m.filter].groups[m.group].watched = true;
+            }
+        }
+    }
+
+    /// Attaches a subscription. A metric watch first receives every current row of the
+    /// metric in this task, stamped with the task's stream time.
+    pub fn watch(&mut self, id: WatchId, target: WatchTarget, watcher: Arc<dyn Watcher>) {
+        let slot = match &target {
+            WatchTarget::Metric(name) => match self.metrics.iter().position(|m| &m.name == name) {
+                Some(slot) => slot,
+                None => return,
+            },
+            WatchTarget::Stream => 0,
+        };
+        if let (WatchTarget::Metric(_), Some(t)) = (&target, self.time) {
+            let m = &self.metrics[slot];
+            let w = &self.windows[m.window];
+            let g = &w.filters[m.filter].groups[m.group];
+            let snapshot: Vec<Change> = g
+                .table
+                .iter()
+                .filter(|(_, s)| s.epoch == w.epoch && s.count > 0)
+                .map(|(k, s)| change_row(g, m, k.as_bytes(), Some(s), t))
+                .collect();
+            if !snapshot.is_empty() && !watcher.deliver(snapshot) {
+                return;
+            }
+        }
+        self.watches.push(TaskWatch {
+            id,
+            target,
+            slot,
+            watcher,
+            pending: Vec::new(),
+        });
+        self.rebind_watches();
+    }
+
+    /// Detaches a subscription.
+    pub fn unwatch(&mut self, id: WatchId) {
+        self.watches.retain(|w| w.id != id);
+        self.rebind_watches();
+    }
+
+    /// Ends every subscription attached to this task (the task goes away).
+    pub fn end_watches(&mut self, error: &Error) {
+        for w in self.watches.drain(..) {
+            w.watcher.end(error.clone());
+        }
+    }
+
+    pub fn watch_count(&self) -> usize {
+        self.watches.len()
     }
 
     /// Computes a new filter's bit for every stored event, in Arrow batches.
@@ -463,15 +574,82 @@ impl Task {
         }
         let mut out = Vec::with_capacity(rows.len());
         for (row, mask) in rows.iter().zip(bits) {
-            let outcome = self.apply(row, mask)?;
+            let outcome = self.apply(row, mask);
+            if !self.watches.is_empty() && matches!(outcome, Ok(Outcome::Accepted)) {
+                self.collect_changes(row);
+            }
             let vals = if values {
                 self.values_for(row)
             } else {
                 Vec::new()
             };
-            out.push((outcome, vals));
+            match outcome {
+                Ok(outcome) => out.push((outcome, vals)),
+                Err(e) => {
+                    self.deliver_changes();
+                    return Err(e);
+                }
+            }
         }
+        self.deliver_changes();
         Ok(out)
+    }
+
+    /// Turns what the last accepted event changed into rows for each watch.
+    fn collect_changes(&mut self, row: &Row) {
+        let Some(t) = self.time else { return };
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    if g.touched.len() > 1 {
+                        g.touched.sort_unstable();
+                        g.touched.dedup();
+                    }
+                }
+            }
+        }
+        for watch in &mut self.watches {
+            match watch.target {
+                WatchTarget::Stream => {
+                    let mut r = row.to_vec();
+                    r.push(Value::Timestamp(t));
+                    watch.pending.push(Change {
+                        key: Box::default(),
+                        row: r,
+                    });
+                }
+                WatchTarget::Metric(_) => {
+                    let m = &self.metrics[watch.slot];
+                    let w = &self.windows[m.window];
+                    let g = &w.filters[m.filter].groups[m.group];
+                    for key in &g.touched {
+                        let state = g
+                            .table
+                            .get(&**key)
+                            .filter(|s| s.epoch == w.epoch && s.count > 0);
+                        watch.pending.push(change_row(g, m, key, state, t));
+                    }
+                }
+            }
+        }
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    g.touched.clear();
+                }
+            }
+        }
+    }
+
+    /// Hands each watch what it collected during a batch; drops watches whose reader left.
+    fn deliver_changes(&mut self) {
+        let before = self.watches.len();
+        self.watches.retain_mut(|w| {
+            w.pending.is_empty() || w.watcher.deliver(std::mem::take(&mut w.pending))
+        });
+        if self.watches.len() != before {
+            self.rebind_watches();
+        }
     }
 
     fn apply(&mut self, row: &Row, mask: u64) -> Result<Outcome> {
@@ -608,6 +786,23 @@ impl Task {
     }
 }
 
+/// A metric's row for one group as a change: group-by values, aggregates, `changed_at`.
+fn change_row(
+    g: &GroupExec,
+    m: &MetricSlot,
+    key: &[u8],
+    state: Option<&GroupState>,
+    t: i64,
+) -> Change {
+    let mut row = unpack(key);
+    row.extend(metric_values(g, m, state));
+    row.push(Value::Timestamp(t));
+    Change {
+        key: key.into(),
+        row,
+    }
+}
+
 fn metric_values(g: &GroupExec, m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
     m.aggs
         .iter()
@@ -633,7 +828,24 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
     let new_tail = spec.tail_bound(t).unwrap_or(i64::MIN);
     let (old_head, old_tail) = (w.head, w.tail);
     match spec {
-        WindowSpec::Tumbling { .. } => w.epoch = spec.epoch(t),
+        WindowSpec::Tumbling { .. } => {
+            let epoch = spec.epoch(t);
+            if epoch != w.epoch {
+                // Every group live in the old epoch is empty now.
+                let old = w.epoch;
+                for f in &mut w.filters {
+                    for g in f.groups.iter_mut().filter(|g| g.watched) {
+                        g.touched.extend(
+                            g.table
+                                .iter()
+                                .filter(|(_, s)| s.epoch == old && s.count > 0)
+                                .map(|(k, _)| Box::<[u8]>::from(k.as_bytes())),
+                        );
+                    }
+                }
+                w.epoch = epoch;
+            }
+        }
         WindowSpec::Sliding { .. } if new_tail > old_tail => {
             let upto = new_tail.min(old_head);
             reservoir.for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false));
@@ -668,6 +880,9 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
 }
 
 fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
+    if g.watched {
+        g.touched.push(key.into());
+    }
     let state = match g.table.get_mut(key) {
         Some(s) => s,
         None => g
@@ -697,6 +912,9 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
 }
 
 fn leave_group(g: &mut GroupExec, key: &[u8], e: &Event) {
+    if g.watched {
+        g.touched.push(key.into());
+    }
     let Some(state) = g.table.get_mut(key) else {
         panic!("an event left a group it never entered");
     };

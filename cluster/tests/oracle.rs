@@ -22,6 +22,11 @@
 //! first answers must already count the stored events) and drops others (the remaining
 //! metrics' values must not change).
 //!
+//! `changes_match_the_model` watches every metric as a continuous query would: after each
+//! event, every group whose modelled values changed (an event entered, one expired, a
+//! tumbling window moved on) must be among the rows handed to the watchers, and every
+//! handed row must equal the model's values at that moment.
+//!
 //! The seeds are fixed; `EDDY_ORACLE_SEED` (decimal or 0x-hex) replaces the first one.
 //! Every failure message names the seed and the event.
 
@@ -29,7 +34,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
+use std::sync::Mutex;
+
 use eddy_cluster::task::{Outcome, Row, Task};
+use eddy_cluster::watch::{Change, WatchTarget, Watcher};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
@@ -1685,4 +1693,127 @@ fn metrics_added_and_dropped_midway() {
         h.run(3_000);
         h.finish();
     }
+}
+
+/// Records what a task hands to a subscription.
+#[derive(Default)]
+struct Recorder {
+    changes: Mutex<Vec<Change>>,
+}
+
+impl Watcher for Recorder {
+    fn deliver(&self, changes: Vec<Change>) -> bool {
+        self.changes.lock().unwrap().extend(changes);
+        true
+    }
+
+    fn end(&self, error: eddy_planner::Error) {
+        panic!("watch ended: {error:?}");
+    }
+}
+
+impl Harness {
+    /// The model's values of every group of metric `m` (empty groups included), by
+    /// group-by values.
+    fn all_groups(&self, m: &MSpec) -> HashMap<Vec<Value>, Vec<Exp>> {
+        self.probes()
+            .into_iter()
+            .map(|(k, tag)| {
+                let code = m.grp.code(k, tag);
+                let acc = self.model.acc(m.win, m.grp, m.filt, code, true);
+                let exp = m.aggs.iter().map(|a| self.model.expect(&acc, a)).collect();
+                (m.grp.values(code), exp)
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn changes_match_the_model() {
+    let seed = seeds()[0] ^ 0xC4A6_6E5;
+    let mut h = Harness::new(seed, start_time(seed, 0), main_metrics());
+    h.run(500);
+    let recorders: Vec<Arc<Recorder>> = h
+        .metrics
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let r = Arc::new(Recorder::default());
+            h.task
+                .watch(i as u64, WatchTarget::Metric(m.name.to_string()), r.clone());
+            r
+        })
+        .collect();
+    // The snapshot: every non-empty group, stamped with the stream time.
+    let t = h.model.t.expect("events before the watch");
+    for (m, r) in h.metrics.iter().zip(&recorders) {
+        let got = std::mem::take(&mut *r.changes.lock().unwrap());
+        let live = h
+            .all_groups(m)
+            .into_iter()
+            .filter(|(_, exp)| !matches!(&exp[0], Exp::Exact(Value::Int(0))))
+            .count();
+        if m.aggs[0].sql == "COUNT(*)" {
+            assert_eq!(got.len(), live, "seed {seed:#x}: snapshot of {}", m.name);
+        }
+        for c in &got {
+            assert_eq!(c.row.last(), Some(&Value::Timestamp(t)));
+        }
+    }
+    let mut before: Vec<HashMap<Vec<Value>, Vec<Exp>>> =
+        h.metrics.iter().map(|m| h.all_groups(m)).collect();
+    let mut emitted = 0usize;
+    for i in 0..2_000 {
+        let e = h.generate();
+        let outcome = h.model.offer(&e);
+        let got = h.task.ingest(&[row(&e)], false).expect("ingest");
+        assert_eq!(got[0].0, outcome, "seed {seed:#x}: event #{i} outcome");
+        for (mi, m) in h.metrics.iter().enumerate() {
+            let now = h.all_groups(m);
+            let changes = std::mem::take(&mut *recorders[mi].changes.lock().unwrap());
+            let width = m.grp.columns().len();
+            let mut seen: HashSet<Vec<Value>> = HashSet::new();
+            for c in &changes {
+                let (key, rest) = c.row.split_at(width);
+                let (values, at) = rest.split_at(rest.len() - 1);
+                assert_eq!(
+                    at[0],
+                    Value::Timestamp(h.model.t.unwrap()),
+                    "seed {seed:#x}: event #{i}: {} changed_at",
+                    m.name
+                );
+                let exp = now.get(key).unwrap_or_else(|| {
+                    panic!(
+                        "seed {seed:#x}: event #{i}: {} emitted unknown group {key:?}",
+                        m.name
+                    )
+                });
+                if let Some(what) = mismatch(m, values, exp) {
+                    panic!(
+                        "seed {seed:#x}: event #{i} {e:?}: {} group {key:?}: {what}",
+                        m.name
+                    );
+                }
+                assert!(
+                    seen.insert(key.to_vec()),
+                    "seed {seed:#x}: event #{i}: {} emitted group {key:?} twice",
+                    m.name
+                );
+            }
+            for (key, exp) in &now {
+                let old = &before[mi][key];
+                if format!("{old:?}") != format!("{exp:?}") {
+                    assert!(
+                        seen.contains(key),
+                        "seed {seed:#x}: event #{i} {e:?}: {} group {key:?} changed from \
+                         {old:?} to {exp:?} but no row was emitted",
+                        m.name
+                    );
+                }
+            }
+            emitted += changes.len();
+            before[mi] = now;
+        }
+    }
+    assert!(emitted > 2_000, "seed {seed:#x}: only {emitted} changes");
 }
