@@ -1730,7 +1730,7 @@ impl Harness {
 
 #[test]
 fn changes_match_the_model() {
-    let seed = seeds()[0] ^ 0xC4A6_6E5;
+    let seed = seeds()[0] ^ 0x0C4A_66E5;
     let mut h = Harness::new(seed, start_time(seed, 0), main_metrics());
     h.run(500);
     let recorders: Vec<Arc<Recorder>> = h

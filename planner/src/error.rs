@@ -29,6 +29,12 @@ pub enum ErrorKind {
     DependentObjects,
     InvalidParameter,
     ResourcesExhausted,
+    /// A configured limit was reached (a subscription fell too far behind).
+    LimitExceeded,
+    /// DECLARE outside a transaction block.
+    NoActiveTransaction,
+    DuplicateCursor,
+    UndefinedCursor,
     Internal,
 }
 

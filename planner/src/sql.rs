@@ -40,14 +40,55 @@ pub enum Statement {
     Copy(Box<ast::Statement>),
     /// A query for DataFusion, as text.
     Query(String),
-    /// `SET x = y` and other session settings, accepted and ignored.
+    /// `SELECT … EMIT CHANGES`: the query without `EMIT CHANGES`.
+    Subscribe(String),
+    /// `COPY (query) TO STDOUT` or `COPY name TO STDOUT`.
+    CopyOut(CopyOut),
+    /// `DECLARE name CURSOR FOR query`.
+    Declare {
+        name: String,
+        query: String,
+        subscribe: bool,
+    },
+    /// `FETCH [FORWARD] [n | ALL] [FROM] name [WITH (timeout = '…')]`.
+    Fetch(Fetch),
+    /// `CLOSE name`, or `CLOSE ALL` (`None`).
+    Close(Option<String>),
+    ShowSubscriptions,
+    /// Session settings Eddy accepts and ignores (`RESET`, `DISCARD`, …).
     Set,
+    /// `SET [SESSION] name = value` or `SET name TO value`.
+    SetVariable {
+        name: String,
+        value: String,
+    },
     /// `SHOW name` of a runtime parameter.
     ShowVariable(String),
     Begin,
     Commit,
     Rollback,
     Empty,
+}
+
+/// `COPY … TO STDOUT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyOut {
+    pub query: String,
+    /// The query ends in `EMIT CHANGES`: the COPY never ends on its own.
+    pub subscribe: bool,
+    pub csv: bool,
+    pub header: bool,
+    pub delimiter: char,
+    pub null: String,
+}
+
+/// `FETCH`: how many rows (`None`: all that are ready) and how long to wait for the first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    pub cursor: String,
+    pub count: Option<u64>,
+    /// With `WITH (timeout = '…')`: return what is there when it passes, even nothing.
+    pub timeout_us: Option<i64>,
 }
 
 /// `CREATE METRIC name AS SELECT … FROM stream WINDOW … [WHERE …] [GROUP BY …]`.
@@ -148,6 +189,11 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["DROP", "STREAM", ..] | ["DROP", "METRIC", ..] => parse_drop(&tokens),
         ["SHOW", "STREAMS", ..] => Ok(Statement::ShowStreams),
         ["SHOW", "METRICS", ..] => Ok(Statement::ShowMetrics),
+        ["SHOW", "SUBSCRIPTIONS", ..] => Ok(Statement::ShowSubscriptions),
+        ["DECLARE", ..] => parse_declare(&tokens),
+        ["FETCH", ..] | ["MOVE", ..] => parse_fetch(&tokens),
+        ["CLOSE", ..] => parse_close(&tokens),
+        ["COPY", "(", ..] | ["COPY", _, "TO"] => parse_copy_out(&tokens),
         ["DESCRIBE", ..] | ["DESC", ..] => Ok(Statement::Describe(single_name(&tokens, 1)?)),
         ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
         ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
@@ -156,9 +202,360 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["BEGIN", ..] | ["START", "TRANSACTION", ..] => Ok(Statement::Begin),
         ["COMMIT", ..] | ["END", ..] => Ok(Statement::Commit),
         ["ROLLBACK", ..] | ["ABORT", ..] => Ok(Statement::Rollback),
-        ["SET", ..] | ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
+        ["SET", ..] => Ok(parse_set(&tokens)),
+        ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
         ["SHOW", name, ..] => Ok(Statement::ShowVariable(name.to_ascii_lowercase())),
-        _ => parse_standard(sql),
+        _ => match cut_emit_changes(&tokens)? {
+            Some(query) => {
+                let query = tokens_to_sql(&query);
+                match parse_standard(&query)? {
+                    Statement::Query(_) => Ok(Statement::Subscribe(query.trim().to_string())),
+                    _ => Err(Error::syntax("syntax error: EMIT CHANGES ends a SELECT")),
+                }
+            }
+            None => parse_standard(sql),
+        },
+    }
+}
+
+fn is_word(t: &Token, word: &str) -> bool {
+    matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
+}
+
+/// Removes a trailing `EMIT CHANGES` (at the end of the statement or of a parenthesised
+/// query) and returns the rest; `None` without one.
+fn cut_emit_changes(tokens: &[Token]) -> Result<Option<Vec<Token>>> {
+    let significant: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    for (n, &i) in significant.iter().enumerate() {
+        if !is_word(&tokens[i], "EMIT") {
+            continue;
+        }
+        let Some(&j) = significant.get(n + 1) else {
+            break;
+        };
+        if !is_word(&tokens[j], "CHANGES") {
+            continue;
+        }
+        let last = significant[n + 2..]
+            .iter()
+            .all(|&k| tokens[k] == Token::RParen);
+        if !last {
+            return Err(
+                Error::syntax("syntax error: EMIT CHANGES must end the SELECT")
+                    .with_hint("Write SELECT … FROM … [WHERE …] EMIT CHANGES."),
+            );
+        }
+        let mut out = tokens[..i].to_vec();
+        out.extend_from_slice(&tokens[j + 1..]);
+        return Ok(Some(out));
+    }
+    Ok(None)
+}
+
+/// The text of a query that follows `FOR` or sits in `COPY (…)`, and whether it ends in
+/// `EMIT CHANGES`.
+fn inner_query(tokens: &[Token]) -> Result<(String, bool)> {
+    let (tokens, subscribe) = match cut_emit_changes(tokens)? {
+        Some(t) => (t, true),
+        None => (tokens.to_vec(), false),
+    };
+    let text = tokens_to_sql(&tokens).trim().to_string();
+    match parse_standard(&text)? {
+        Statement::Query(_) => Ok((text, subscribe)),
+        _ => Err(Error::syntax("syntax error: expected a SELECT")),
+    }
+}
+
+fn parse_declare(tokens: &[Token]) -> Result<Statement> {
+    let significant: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let name = match significant.get(1).map(|&i| &tokens[i]) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => {
+            return Err(Error::syntax(
+                "syntax error: expected a cursor name after DECLARE",
+            ))
+        }
+    };
+    let Some(n_for) = significant.iter().position(|&i| is_word(&tokens[i], "FOR")) else {
+        return Err(Error::syntax("syntax error: expected FOR in DECLARE")
+            .with_hint("DECLARE name CURSOR FOR SELECT …"));
+    };
+    let options = &significant[2..n_for];
+    let mut saw_cursor = false;
+    for &i in options {
+        let Token::Word(w) = &tokens[i] else {
+            return Err(Error::syntax("syntax error in DECLARE"));
+        };
+        match w.value.to_ascii_uppercase().as_str() {
+            "CURSOR" => saw_cursor = true,
+            "NO" | "SCROLL" | "ASENSITIVE" | "INSENSITIVE" | "WITHOUT" | "HOLD" => {}
+            "BINARY" => return Err(Error::unsupported("binary cursors are not supported")),
+            "WITH" => {
+                return Err(Error::unsupported("WITH HOLD cursors are not supported")
+                    .with_hint("A cursor lives until the end of its transaction."))
+            }
+            other => {
+                return Err(Error::syntax(format!(
+                    "syntax error at or near \"{other}\""
+                )))
+            }
+        }
+    }
+    if !saw_cursor {
+        return Err(Error::syntax("syntax error: expected CURSOR in DECLARE"));
+    }
+    let (query, subscribe) = inner_query(&tokens[significant[n_for] + 1..])?;
+    Ok(Statement::Declare {
+        name,
+        query,
+        subscribe,
+    })
+}
+
+fn parse_fetch(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    if is_word(words[0], "MOVE") {
+        return Err(Error::unsupported("MOVE is not supported").with_hint("Use FETCH."));
+    }
+    let mut i = 1;
+    let mut count = Some(1u64);
+    let number = |t: &Token| match t {
+        Token::Number(n, _) => n.parse::<u64>().ok(),
+        _ => None,
+    };
+    match words.get(i) {
+        Some(t) if is_word(t, "NEXT") => i += 1,
+        Some(t) if is_word(t, "FORWARD") => {
+            i += 1;
+            if let Some(n) = words.get(i).and_then(|t| number(t)) {
+                count = Some(n);
+                i += 1;
+            } else if words.get(i).is_some_and(|t| is_word(t, "ALL")) {
+                count = None;
+                i += 1;
+            }
+        }
+        Some(t) if is_word(t, "ALL") => {
+            count = None;
+            i += 1;
+        }
+        Some(t) if number(t).is_some() => {
+            count = number(t);
+            i += 1;
+        }
+        Some(t)
+            if ["PRIOR", "FIRST", "LAST", "ABSOLUTE", "RELATIVE", "BACKWARD"]
+                .iter()
+                .any(|w| is_word(t, w)) =>
+        {
+            return Err(Error::unsupported("cursors only move forward")
+                .with_hint("Use FETCH [FORWARD] n or FETCH ALL."));
+        }
+        _ => {}
+    }
+    if words
+        .get(i)
+        .is_some_and(|t| is_word(t, "FROM") || is_word(t, "IN"))
+    {
+        i += 1;
+    }
+    let cursor = match words.get(i) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => {
+            return Err(Error::syntax(
+                "syntax error: expected a cursor name in FETCH",
+            ))
+        }
+    };
+    i += 1;
+    let mut timeout_us = None;
+    if i < words.len() {
+        // WITH ( timeout = 'interval' )
+        let ok = words.len() == i + 6
+            && is_word(words[i], "WITH")
+            && *words[i + 1] == Token::LParen
+            && is_word(words[i + 2], "TIMEOUT")
+            && *words[i + 3] == Token::Eq
+            && *words[i + 5] == Token::RParen;
+        let text = match words.get(i + 4) {
+            Some(Token::SingleQuotedString(s)) if ok => s.clone(),
+            _ => {
+                return Err(Error::syntax("syntax error at the end of FETCH")
+                    .with_hint("FETCH n FROM cursor [WITH (timeout = '1 second')]"))
+            }
+        };
+        let us = parse_duration_us(&text)
+            .filter(|us| *us >= 0)
+            .ok_or_else(|| {
+                Error::new(
+                    crate::error::ErrorKind::InvalidParameter,
+                    format!("invalid FETCH timeout: \"{text}\""),
+                )
+                .with_hint("Write an interval such as '500 milliseconds' or '2 seconds'.")
+            })?;
+        timeout_us = Some(us);
+    }
+    Ok(Statement::Fetch(Fetch {
+        cursor,
+        count,
+        timeout_us,
+    }))
+}
+
+/// `SET [SESSION] name =|TO value`; any other form of SET is accepted as is.
+fn parse_set(tokens: &[Token]) -> Statement {
+    let mut words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).skip(1).collect();
+    if words.first().is_some_and(|t| is_word(t, "SESSION")) {
+        words.remove(0);
+    }
+    match words.as_slice() {
+        [Token::Word(name), op, value] if **op == Token::Eq || is_word(op, "TO") => {
+            let value = match value {
+                Token::SingleQuotedString(s) => s.clone(),
+                Token::Word(w) => w.value.clone(),
+                other => other.to_string(),
+            };
+            Statement::SetVariable {
+                name: name.value.to_ascii_lowercase(),
+                value,
+            }
+        }
+        _ => Statement::Set,
+    }
+}
+
+fn parse_close(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    match words.as_slice() {
+        [_, t] if is_word(t, "ALL") => Ok(Statement::Close(None)),
+        [_, Token::Word(w)] => Ok(Statement::Close(Some(word_name(w)))),
+        _ => Err(Error::syntax(
+            "syntax error: expected CLOSE name or CLOSE ALL",
+        )),
+    }
+}
+
+fn parse_copy_out(tokens: &[Token]) -> Result<Statement> {
+    let significant: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let open = significant[1];
+    let (query, subscribe, rest) = if tokens[open] == Token::LParen {
+        let mut depth = 0;
+        let mut close = None;
+        for (j, t) in tokens.iter().enumerate().skip(open) {
+            match t {
+                Token::LParen => depth += 1,
+                Token::RParen => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(j);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let close = close.ok_or_else(|| Error::syntax("syntax error: unbalanced parentheses"))?;
+        let (query, subscribe) = inner_query(&tokens[open + 1..close])?;
+        (query, subscribe, &tokens[close + 1..])
+    } else {
+        let Token::Word(w) = &tokens[open] else {
+            return Err(Error::syntax("syntax error in COPY"));
+        };
+        let name = word_name(w);
+        (
+            format!("SELECT * FROM {}", quote_ident(&name)),
+            false,
+            &tokens[open + 1..],
+        )
+    };
+    // Let sqlparser read the target and options of `COPY t TO …`.
+    let text = format!("COPY t {}", tokens_to_sql(rest));
+    let parsed = Parser::parse_sql(&PostgreSqlDialect {}, &text).map_err(parser_error)?;
+    let Some(ast::Statement::Copy {
+        to: true,
+        target,
+        options,
+        legacy_options,
+        ..
+    }) = parsed.into_iter().next()
+    else {
+        return Err(Error::syntax(
+            "syntax error: expected COPY (query) TO STDOUT",
+        ));
+    };
+    if !matches!(target, ast::CopyTarget::Stdout) {
+        return Err(
+            Error::unsupported("COPY TO a file or program is not supported")
+                .with_hint("Use COPY … TO STDOUT; psql's \\copy writes to a local file."),
+        );
+    }
+    let mut out = CopyOut {
+        query,
+        subscribe,
+        csv: false,
+        header: false,
+        delimiter: '\t',
+        null: "\\N".to_string(),
+    };
+    let mut delimiter = None;
+    let mut null = None;
+    for o in options {
+        match o {
+            ast::CopyOption::Format(f) => match f.value.to_ascii_lowercase().as_str() {
+                "csv" => out.csv = true,
+                "text" => out.csv = false,
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "COPY format \"{other}\" is not supported"
+                    ))
+                    .with_hint("Use FORMAT text or FORMAT csv."))
+                }
+            },
+            ast::CopyOption::Header(h) => out.header = h,
+            ast::CopyOption::Delimiter(c) => delimiter = Some(c),
+            ast::CopyOption::Null(n) => null = Some(n),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "COPY option {other} is not supported"
+                )))
+            }
+        }
+    }
+    for o in legacy_options {
+        match o {
+            ast::CopyLegacyOption::Csv(_) => out.csv = true,
+            ast::CopyLegacyOption::Delimiter(c) => delimiter = Some(c),
+            ast::CopyLegacyOption::Null(n) => null = Some(n),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "COPY option {other} is not supported"
+                )))
+            }
+        }
+    }
+    if out.csv {
+        out.delimiter = ',';
+        out.null = String::new();
+    }
+    if let Some(d) = delimiter {
+        out.delimiter = d;
+    }
+    if let Some(n) = null {
+        out.null = n;
+    }
+    Ok(Statement::CopyOut(out))
+}
+
+/// A name quoted only when it has to be.
+fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 
@@ -487,6 +884,63 @@ pub fn quote_literal(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_continuous_queries() {
+        let Statement::Subscribe(q) =
+            parse_statement("SELECT * FROM m WHERE n > 1 emit changes").unwrap()
+        else {
+            panic!("not a subscription")
+        };
+        assert_eq!(q, "SELECT * FROM m WHERE n > 1");
+        assert!(parse_statement("SELECT * FROM m EMIT CHANGES WHERE n > 1").is_err());
+        let Statement::CopyOut(c) = parse_statement(
+            "COPY (SELECT * FROM m EMIT CHANGES) TO STDOUT WITH (FORMAT csv, HEADER)",
+        )
+        .unwrap() else {
+            panic!("not a COPY TO")
+        };
+        assert!(c.subscribe && c.csv && c.header && c.delimiter == ',');
+        assert_eq!(c.query, "SELECT * FROM m");
+        let Statement::CopyOut(c) = parse_statement("COPY payments TO STDOUT").unwrap() else {
+            panic!("not a COPY TO")
+        };
+        assert!(!c.subscribe && !c.csv && c.null == "\\N");
+        assert!(parse_statement("COPY (SELECT 1) TO '/tmp/x'").is_err());
+        let Statement::Declare {
+            name,
+            query,
+            subscribe,
+        } = parse_statement("DECLARE C NO SCROLL CURSOR FOR SELECT * FROM p EMIT CHANGES").unwrap()
+        else {
+            panic!("not a DECLARE")
+        };
+        assert_eq!(
+            (name.as_str(), query.as_str(), subscribe),
+            ("c", "SELECT * FROM p", true)
+        );
+        let fetch = |sql: &str| match parse_statement(sql).unwrap() {
+            Statement::Fetch(f) => (f.cursor, f.count, f.timeout_us),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(fetch("FETCH c"), ("c".into(), Some(1), None));
+        assert_eq!(fetch("FETCH 100 FROM c"), ("c".into(), Some(100), None));
+        assert_eq!(fetch("FETCH FORWARD ALL IN c"), ("c".into(), None, None));
+        assert_eq!(
+            fetch("FETCH 10 FROM c WITH (timeout = '1 second')"),
+            ("c".into(), Some(10), Some(1_000_000))
+        );
+        assert!(parse_statement("FETCH PRIOR FROM c").is_err());
+        assert!(parse_statement("FETCH 1 FROM c WITH (timeout = 'soon')").is_err());
+        assert!(matches!(
+            parse_statement("CLOSE ALL").unwrap(),
+            Statement::Close(None)
+        ));
+        assert!(matches!(
+            parse_statement("SHOW SUBSCRIPTIONS").unwrap(),
+            Statement::ShowSubscriptions
+        ));
+    }
 
     #[test]
     fn splits_on_top_level_semicolons() {

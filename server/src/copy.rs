@@ -283,6 +283,70 @@ fn unescape_text(f: &str) -> String {
     out
 }
 
+/// Encodes result rows as the lines of a `COPY … TO STDOUT` (text or CSV), with
+/// pgwire's COPY encoder.
+pub struct CopyLines {
+    encoder: pgwire::api::results::CopyEncoder,
+    header: Option<Vec<u8>>,
+}
+
+impl CopyLines {
+    pub fn new(columns: &[crate::cells::Column], copy: &eddy_planner::sql::CopyOut) -> CopyLines {
+        use pgwire::api::results::{CopyCsvOptions, CopyEncoder, CopyTextOptions, FieldFormat};
+        let fields = crate::cells::fields(columns, &|_| FieldFormat::Text);
+        let delimiter = copy.delimiter.to_string();
+        let encoder = if copy.csv {
+            CopyEncoder::new_csv(
+                fields,
+                CopyCsvOptions {
+                    delimiter: delimiter.as_str().into(),
+                    null_string: copy.null.as_str().into(),
+                    ..CopyCsvOptions::default()
+                },
+            )
+        } else {
+            CopyEncoder::new_text(
+                fields,
+                CopyTextOptions {
+                    delimiter: delimiter.as_str().into(),
+                    null_string: copy.null.as_str().into(),
+                },
+            )
+        };
+        let header = (copy.csv && copy.header).then(|| {
+            let names: Vec<String> = columns
+                .iter()
+                .map(|c| {
+                    let special =
+                        c.name.contains(copy.delimiter) || c.name.contains(['"', '\n', '\r']);
+                    if special {
+                        format!("\"{}\"", c.name.replace('"', "\"\""))
+                    } else {
+                        c.name.clone()
+                    }
+                })
+                .collect();
+            format!("{}\n", names.join(&delimiter)).into_bytes()
+        });
+        CopyLines { encoder, header }
+    }
+
+    /// The header line, once (CSV with HEADER).
+    pub fn header(&mut self) -> Option<Vec<u8>> {
+        self.header.take()
+    }
+
+    /// One row as one line.
+    pub fn line(&mut self, row: Vec<crate::cells::Cell>) -> Result<Vec<u8>> {
+        for cell in &row {
+            self.encoder
+                .encode_field(&cell.to_text())
+                .map_err(|e| Error::internal(e.to_string()))?;
+        }
+        Ok(self.encoder.take_copy().data.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,8 +20,9 @@ use eddy_planner::types::{format_duration_us, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, pg_type, Cell, Column};
-use crate::copy::CopyIn;
+use crate::copy::{CopyIn, CopyLines};
 use crate::query;
+use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHandle};
 
 /// Rows per engine call when a COPY is applied.
 const COPY_BATCH_ROWS: usize = 8192;
@@ -41,6 +42,11 @@ pub enum Output {
         rows: Option<usize>,
     },
     CopyIn(CopyIn),
+    /// `COPY (query) TO STDOUT`: the lines to send, one per row.
+    CopyOut {
+        columns: usize,
+        lines: Vec<Vec<u8>>,
+    },
     Begin,
     /// COMMIT or ROLLBACK, with its tag.
     Commit(&'static str),
@@ -60,6 +66,27 @@ impl Executed {
             notices: Vec::new(),
         }
     }
+
+    pub fn command(tag: &'static str) -> Executed {
+        Executed::new(Output::Command { tag, rows: None })
+    }
+
+    pub fn rows(columns: Vec<Column>, rows: Vec<Vec<Cell>>) -> Executed {
+        Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "SHOW",
+        })
+    }
+
+    /// The rows of a FETCH (tagged `FETCH n`).
+    pub fn fetched(columns: Vec<Column>, rows: Vec<Vec<Cell>>) -> Executed {
+        Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "FETCH",
+        })
+    }
 }
 
 pub struct Db {
@@ -69,6 +96,7 @@ pub struct Db {
     engine: Arc<Engine>,
     data_dir: PathBuf,
     ddl: tokio::sync::Mutex<()>,
+    subscriptions: Arc<Registry>,
 }
 
 impl Db {
@@ -102,6 +130,7 @@ impl Db {
             engine,
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
+            subscriptions: Arc::new(Registry::default()),
         }))
     }
 
@@ -153,9 +182,22 @@ impl Db {
         })
     }
 
+    /// Starts a continuous query (`sql` without `EMIT CHANGES`). DDL waits meanwhile,
+    /// so the target cannot vanish between planning and attaching.
+    pub async fn subscribe(&self, sql: &str, opening: Opening) -> Result<SubscriptionHandle> {
+        let _guard = self.ddl.lock().await;
+        let query = ContinuousQuery::plan(&self.catalog(), sql).await?;
+        subscribe::open(&self.subscriptions, &self.engine, query, opening).await
+    }
+
     /// Executes one statement's text.
     pub async fn execute(&self, text: &str) -> Result<Executed> {
-        let stmt = sql::parse_statement(text)?;
+        self.execute_statement(sql::parse_statement(text)?).await
+    }
+
+    /// Executes a parsed statement. Cursors and continuous queries belong to a session
+    /// and are run there (`pg::Session`).
+    pub async fn execute_statement(&self, stmt: Statement) -> Result<Executed> {
         match stmt {
             Statement::CreateStream { .. }
             | Statement::CreateMetric(_)
@@ -203,7 +245,29 @@ impl Db {
                     tag: "SELECT",
                 }))
             }
-            Statement::Set => Ok(Executed::new(Output::Command {
+            Statement::CopyOut(copy) if !copy.subscribe => {
+                let ctx = self.query_context()?;
+                let (columns, rows) = query::run(&ctx, &copy.query).await?;
+                let mut encoder = CopyLines::new(&columns, &copy);
+                let mut lines = Vec::with_capacity(rows.len() + 1);
+                lines.extend(encoder.header());
+                for row in rows {
+                    lines.push(encoder.line(row)?);
+                }
+                Ok(Executed::new(Output::CopyOut {
+                    columns: columns.len(),
+                    lines,
+                }))
+            }
+            Statement::ShowSubscriptions => Ok(self.show_subscriptions()),
+            Statement::Subscribe(_)
+            | Statement::CopyOut(_)
+            | Statement::Declare { .. }
+            | Statement::Fetch(_)
+            | Statement::Close(_) => Err(Error::internal(
+                "cursors and continuous queries run in a session",
+            )),
+            Statement::Set | Statement::SetVariable { .. } => Ok(Executed::new(Output::Command {
                 tag: "SET",
                 rows: None,
             })),
@@ -371,6 +435,49 @@ impl Db {
             rows,
             tag: "SHOW",
         }))
+    }
+
+    fn show_subscriptions(&self) -> Executed {
+        let columns = vec![
+            Column::new("id", Type::INT8),
+            Column::new("pid", Type::INT4),
+            Column::text("user"),
+            Column::text("application_name"),
+            Column::text("client"),
+            Column::text("kind"),
+            Column::text("target"),
+            Column::text("query"),
+            Column::new("started_at", Type::TIMESTAMP),
+            Column::new("rows_sent", Type::INT8),
+            Column::new("rows_coalesced", Type::INT8),
+            Column::new("rows_queued", Type::INT8),
+        ];
+        let rows = self
+            .subscriptions
+            .list()
+            .iter()
+            .map(|s| {
+                vec![
+                    Cell::I64(s.id as i64),
+                    Cell::I32(s.client.pid),
+                    Cell::Text(s.client.user.clone()),
+                    Cell::Text(s.client.application_name.clone()),
+                    Cell::Text(s.client.addr.clone()),
+                    Cell::Text(s.kind.to_string()),
+                    Cell::Text(s.query.target().to_string()),
+                    Cell::Text(s.text.clone()),
+                    Cell::Timestamp(s.started_at),
+                    Cell::I64(s.rows_sent() as i64),
+                    Cell::I64(s.rows_coalesced() as i64),
+                    Cell::I64(s.queued() as i64),
+                ]
+            })
+            .collect();
+        Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "SHOW",
+        })
     }
 
     fn show_metrics(&self) -> Executed {

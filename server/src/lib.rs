@@ -11,3 +11,4 @@ pub mod pg;
 pub mod pg_catalog;
 pub mod query;
 pub mod serve;
+pub mod subscribe;

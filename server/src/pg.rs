@@ -4,40 +4,49 @@
 //! Invariant: an error ends only the statement that raised it; the session and the
 //! connection stay usable.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::copy::CopyHandler;
-use pgwire::api::portal::{Format, Portal};
+use pgwire::api::portal::{Format, Portal, PortalExecutionState};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{
-    CopyResponse, DescribePortalResponse, DescribeStatementResponse, FieldFormat, QueryResponse,
-    Response, Tag,
+    CopyResponse, DescribePortalResponse, DescribeStatementResponse, FieldFormat, FieldInfo,
+    QueryResponse, Response, Tag,
 };
 use pgwire::api::stmt::{QueryParser, StoredStatement};
-use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, ConnectionManager, PgWireServerHandlers, Type};
+use pgwire::api::store::{Entry, PortalStore};
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionHandle, ConnectionManager, PgWireConnectionState,
+    PgWireServerHandlers, Type, DEFAULT_NAME,
+};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult, SEVERITY_ERROR, SEVERITY_NOTICE};
-use pgwire::messages::copy::{CopyData, CopyDone, CopyFail};
+use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
+use pgwire::messages::extendedquery::{Execute, PortalSuspended};
 use pgwire::messages::response::NoticeResponse;
+use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::PgWireBackendMessage;
 use postgres_types::FromSql;
 
 use eddy_planner::aggregate::ResultType;
-use eddy_planner::sql::{self, quote_literal, Statement};
+use eddy_planner::sql::{self, quote_literal, CopyOut, Fetch, Statement};
 use eddy_planner::types::format_timestamp;
 use eddy_planner::{Error, ErrorKind};
 
 use crate::cells::{
-    encode_rows, fields, pg_type, pg_type_of_arrow, timestamp_from_pg_binary, Column,
+    encode_rows, fields, pg_type, pg_type_of_arrow, timestamp_from_pg_binary, Cell, Column,
 };
-use crate::copy::CopyIn;
+use crate::copy::{CopyIn, CopyLines};
 use crate::db::{Db, Executed, Output};
 use crate::query;
+use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
 
 /// The SQLSTATE of an Eddy error.
 pub fn sqlstate(kind: ErrorKind) -> &'static str {
@@ -58,6 +67,10 @@ pub fn sqlstate(kind: ErrorKind) -> &'static str {
         ErrorKind::DependentObjects => "2BP01",
         ErrorKind::InvalidParameter => "22023",
         ErrorKind::ResourcesExhausted => "53000",
+        ErrorKind::LimitExceeded => "53400",
+        ErrorKind::NoActiveTransaction => "25P01",
+        ErrorKind::DuplicateCursor => "42P03",
+        ErrorKind::UndefinedCursor => "34000",
         ErrorKind::Internal => "XX000",
     }
 }
@@ -94,12 +107,44 @@ where
     Ok(())
 }
 
+/// A cursor of this session: its columns and where its rows come from.
+struct Cursor {
+    columns: Vec<Column>,
+    rows: CursorRows,
+}
+
+enum CursorRows {
+    /// `DECLARE … FOR SELECT … EMIT CHANGES`: rows as they change.
+    Live(Arc<SubscriptionHandle>),
+    /// An ordinary query's rows, computed at DECLARE.
+    Done(VecDeque<Vec<Cell>>),
+}
+
+/// A portal running a continuous query (extended protocol): its subscription, owned by
+/// the portal's state so that closing or re-binding the portal ends it.
+struct LivePortal {
+    state: Arc<tokio::sync::Mutex<PortalExecutionState>>,
+    sub: Weak<SubscriptionHandle>,
+    columns: Vec<Column>,
+    copy: Option<CopyOut>,
+}
+
 /// Per-connection state shared by the handlers of one connection.
 pub struct Session {
     db: Arc<Db>,
     manager: Arc<ConnectionManager>,
     copy: Mutex<Option<CopyIn>>,
     parser: Arc<EddyParser>,
+    cursors: Mutex<HashMap<String, Cursor>>,
+    live_portals: Mutex<HashMap<String, LivePortal>>,
+    /// `SET subscription_rows_max`.
+    rows_max: AtomicUsize,
+    /// Inside BEGIN … COMMIT (tracked here: pgwire learns it only after a whole query
+    /// string ran).
+    in_block: std::sync::atomic::AtomicBool,
+    /// A second handle on the client's socket, to notice a disconnect while a continuous
+    /// query waits for rows (pgwire reads the socket only between messages).
+    peer: Option<tokio::net::TcpStream>,
 }
 
 /// The handlers of one connection.
@@ -109,7 +154,11 @@ pub struct Handlers {
 }
 
 impl Handlers {
-    pub fn new(db: Arc<Db>, manager: Arc<ConnectionManager>) -> Handlers {
+    pub fn new(
+        db: Arc<Db>,
+        manager: Arc<ConnectionManager>,
+        peer: Option<tokio::net::TcpStream>,
+    ) -> Handlers {
         Handlers {
             cancel: Arc::new(DefaultCancelHandler::new(manager.clone())),
             session: Arc::new(Session {
@@ -117,6 +166,11 @@ impl Handlers {
                 manager,
                 copy: Mutex::new(None),
                 parser: Arc::new(EddyParser),
+                cursors: Mutex::new(HashMap::new()),
+                live_portals: Mutex::new(HashMap::new()),
+                rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
+                in_block: std::sync::atomic::AtomicBool::new(false),
+                peer,
             }),
         }
     }
@@ -175,6 +229,11 @@ impl Session {
                 }
                 Response::Execution(t)
             }
+            Output::CopyOut { columns, lines } => Response::CopyOut(CopyResponse::new(
+                0,
+                columns,
+                stream::iter(lines.into_iter().map(|l| Ok(CopyData::new(l.into())))),
+            )),
             Output::CopyIn(copy) => {
                 let columns = copy.columns();
                 *self.copy.lock().expect("copy lock") = Some(copy);
@@ -185,6 +244,382 @@ impl Session {
             Output::Empty => Response::EmptyQuery,
         }
     }
+}
+
+fn client_of<C: ClientInfo>(client: &C) -> Client {
+    let meta = client.metadata();
+    Client {
+        pid: client.pid_and_secret_key().0,
+        user: meta.get("user").cloned().unwrap_or_default(),
+        application_name: meta.get("application_name").cloned().unwrap_or_default(),
+        addr: client.socket_addr().to_string(),
+    }
+}
+
+fn disconnected() -> PgWireError {
+    PgWireError::IoError(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "client disconnected",
+    ))
+}
+
+/// How rows of a continuous query go on the wire.
+enum Wire {
+    Rows(Arc<Vec<FieldInfo>>),
+    Copy(CopyLines),
+}
+
+impl Wire {
+    fn encode(&mut self, rows: Vec<Vec<Cell>>) -> PgWireResult<Vec<PgWireBackendMessage>> {
+        match self {
+            Wire::Rows(fields) => encode_rows(fields, rows)
+                .into_iter()
+                .map(|r| r.map(PgWireBackendMessage::DataRow))
+                .collect(),
+            Wire::Copy(lines) => rows
+                .into_iter()
+                .map(|row| {
+                    let line = lines.line(row).map_err(|e| user_error(&e))?;
+                    Ok(PgWireBackendMessage::CopyData(CopyData::new(line.into())))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A portal's placeholder row stream that owns its subscription.
+fn holder(
+    handle: Arc<SubscriptionHandle>,
+) -> impl futures::Stream<Item = PgWireResult<pgwire::messages::data::DataRow>> + Send {
+    stream::unfold(handle, |h| async move {
+        let _owned = h;
+        std::future::pending::<()>().await;
+        None
+    })
+}
+
+impl Session {
+    /// Statements that belong to the session (cursors, settings, transaction ends), and
+    /// everything else through the database.
+    async fn run<C: ClientInfo>(
+        &self,
+        client: &C,
+        stmt: Statement,
+    ) -> eddy_planner::Result<Executed> {
+        match stmt {
+            Statement::Declare {
+                name,
+                query,
+                subscribe,
+            } => self.declare(client, name, &query, subscribe).await,
+            Statement::Fetch(f) => self.fetch(f).await,
+            Statement::Close(name) => {
+                let mut cursors = self.cursors.lock().expect("cursors lock");
+                match name {
+                    None => cursors.clear(),
+                    Some(name) => {
+                        if cursors.remove(&name).is_none() {
+                            return Err(undefined_cursor(&name));
+                        }
+                    }
+                }
+                Ok(Executed::command("CLOSE CURSOR"))
+            }
+            Statement::SetVariable { name, value } if name == "subscription_rows_max" => {
+                let n: usize = value.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidParameter,
+                        format!("invalid value for parameter \"subscription_rows_max\": \"{value}\""),
+                    )
+                    .with_hint("A positive number of rows.")
+                })?;
+                self.rows_max.store(n, Ordering::Relaxed);
+                Ok(Executed::command("SET"))
+            }
+            Statement::ShowVariable(name) if name == "subscription_rows_max" => Ok(Executed::rows(
+                vec![Column::text("subscription_rows_max")],
+                vec![vec![Cell::Text(
+                    self.rows_max.load(Ordering::Relaxed).to_string(),
+                )]],
+            )),
+            Statement::Begin => {
+                self.in_block.store(true, Ordering::Relaxed);
+                self.db.execute_statement(stmt).await
+            }
+            Statement::Commit | Statement::Rollback => {
+                self.in_block.store(false, Ordering::Relaxed);
+                self.end_transaction().await;
+                self.db.execute_statement(stmt).await
+            }
+            other => self.db.execute_statement(other).await,
+        }
+    }
+
+    /// A transaction ended: its cursors and continuous portals end with it.
+    async fn end_transaction(&self) {
+        self.cursors.lock().expect("cursors lock").clear();
+        let portals: Vec<LivePortal> = self
+            .live_portals
+            .lock()
+            .expect("portals lock")
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for p in portals {
+            *p.state.lock().await = PortalExecutionState::Finished;
+        }
+    }
+
+    async fn declare<C: ClientInfo>(
+        &self,
+        client: &C,
+        name: String,
+        query: &str,
+        subscribe: bool,
+    ) -> eddy_planner::Result<Executed> {
+        let in_block = self.in_block.load(Ordering::Relaxed)
+            || client.transaction_status() != TransactionStatus::Idle;
+        if !in_block {
+            return Err(Error::new(
+                ErrorKind::NoActiveTransaction,
+                "DECLARE CURSOR can only be used in transaction blocks",
+            )
+            .with_hint("Run BEGIN first; the cursor ends with COMMIT or ROLLBACK."));
+        }
+        if self
+            .cursors
+            .lock()
+            .expect("cursors lock")
+            .contains_key(&name)
+        {
+            return Err(Error::new(
+                ErrorKind::DuplicateCursor,
+                format!("cursor \"{name}\" already exists"),
+            ));
+        }
+        let cursor = if subscribe {
+            let handle = self.subscribe(client, query, "cursor").await?;
+            Cursor {
+                columns: handle.query.columns.clone(),
+                rows: CursorRows::Live(Arc::new(handle)),
+            }
+        } else {
+            let ctx = self.db.query_context()?;
+            let (columns, rows) = query::run(&ctx, query).await?;
+            Cursor {
+                columns,
+                rows: CursorRows::Done(rows.into()),
+            }
+        };
+        self.cursors
+            .lock()
+            .expect("cursors lock")
+            .insert(name, cursor);
+        Ok(Executed::command("DECLARE CURSOR"))
+    }
+
+    /// FETCH: from a live cursor, waits for the first row (at most the timeout), then
+    /// returns what is queued, up to the count.
+    async fn fetch(&self, f: Fetch) -> eddy_planner::Result<Executed> {
+        let (columns, live) = {
+            let mut cursors = self.cursors.lock().expect("cursors lock");
+            let cursor = cursors
+                .get_mut(&f.cursor)
+                .ok_or_else(|| undefined_cursor(&f.cursor))?;
+            match &mut cursor.rows {
+                CursorRows::Done(rows) => {
+                    let n = f.count.map_or(rows.len(), |c| (c as usize).min(rows.len()));
+                    let out: Vec<Vec<Cell>> = rows.drain(..n).collect();
+                    return Ok(Executed::fetched(cursor.columns.clone(), out));
+                }
+                CursorRows::Live(h) => (cursor.columns.clone(), h.clone()),
+            }
+        };
+        if f.count == Some(0) {
+            return Ok(Executed::fetched(columns, Vec::new()));
+        }
+        let max = f.count.map_or(0, |c| c as usize);
+        let mut rows = live.take(max)?;
+        if rows.is_empty() {
+            let wait = async {
+                tokio::select! {
+                    _ = live.wait() => {}
+                    _ = self.peer_closed() => {}
+                }
+            };
+            match f.timeout_us {
+                Some(us) => {
+                    let _ = tokio::time::timeout(Duration::from_micros(us as u64), wait).await;
+                }
+                None => wait.await,
+            }
+            rows = live.take(max)?;
+        }
+        Ok(Executed::fetched(columns, rows))
+    }
+
+    async fn subscribe<C: ClientInfo>(
+        &self,
+        client: &C,
+        query: &str,
+        kind: &'static str,
+    ) -> eddy_planner::Result<SubscriptionHandle> {
+        let opening = Opening {
+            text: format!("{query} EMIT CHANGES"),
+            kind,
+            client: client_of(client),
+            rows_max: self.rows_max.load(Ordering::Relaxed),
+        };
+        self.db.subscribe(query, opening).await
+    }
+
+    /// Resolves when the client has closed its connection.
+    async fn peer_closed(&self) {
+        let Some(peer) = &self.peer else {
+            return std::future::pending().await;
+        };
+        let mut buf = [0u8; 1];
+        loop {
+            match peer.peek(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // The client sent something pgwire will read later; look again shortly.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Sends a continuous query's rows as they come: with `max_rows`, returns after at
+    /// least one and at most `max_rows` rows, once nothing more is queued; without, only
+    /// ends with an error (the subscription failed, or the client left).
+    async fn pump<C>(
+        &self,
+        client: &mut C,
+        sub: &SubscriptionHandle,
+        wire: &mut Wire,
+        max_rows: usize,
+    ) -> PgWireResult<usize>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let mut sent = 0;
+        loop {
+            let want = if max_rows == 0 { 0 } else { max_rows - sent };
+            let rows = sub.take(want).map_err(|e| user_error(&e))?;
+            if rows.is_empty() {
+                client.flush().await?;
+                if max_rows > 0 && sent > 0 {
+                    return Ok(sent);
+                }
+                tokio::select! {
+                    _ = sub.wait() => {}
+                    _ = self.peer_closed() => return Err(disconnected()),
+                }
+                continue;
+            }
+            sent += rows.len();
+            for m in wire.encode(rows)? {
+                client.feed(m).await?;
+            }
+            if max_rows > 0 && sent >= max_rows {
+                client.flush().await?;
+                return Ok(sent);
+            }
+        }
+    }
+
+    /// A continuous query on the simple protocol: a row description (or a COPY
+    /// header), then rows until the client cancels or leaves.
+    async fn stream_simple<C>(
+        &self,
+        client: &mut C,
+        query: &str,
+        copy: Option<CopyOut>,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let kind = if copy.is_some() { "copy" } else { "rows" };
+        let sub = self
+            .subscribe(client, query, kind)
+            .await
+            .map_err(|e| user_error(&e))?;
+        let mut wire = match copy {
+            Some(c) => {
+                let mut lines = CopyLines::new(&sub.query.columns, &c);
+                start_copy_out(client, sub.query.columns.len(), lines.header()).await?;
+                Wire::Copy(lines)
+            }
+            None => {
+                let app = client
+                    .metadata()
+                    .get("application_name")
+                    .cloned()
+                    .unwrap_or_default();
+                if app.starts_with("psql") {
+                    let mut info = ErrorInfo::new(
+                        SEVERITY_NOTICE.to_string(),
+                        "00000".to_string(),
+                        "psql shows a result only when the query ends, and a continuous query does not end".to_string(),
+                    );
+                    info.hint = Some(format!(
+                        "To see rows as they change, run COPY ({query} EMIT CHANGES) TO STDOUT; Ctrl-C stops it."
+                    ));
+                    client
+                        .send(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
+                            info,
+                        )))
+                        .await?;
+                }
+                let f = fields(&sub.query.columns, &|_| FieldFormat::Text);
+                client
+                    .send(PgWireBackendMessage::RowDescription(
+                        pgwire::messages::data::RowDescription::new(
+                            f.iter().map(Into::into).collect(),
+                        ),
+                    ))
+                    .await?;
+                Wire::Rows(f)
+            }
+        };
+        self.pump(client, &sub, &mut wire, 0).await.map(|_| ())
+    }
+}
+
+fn undefined_cursor(name: &str) -> Error {
+    Error::new(
+        ErrorKind::UndefinedCursor,
+        format!("cursor \"{name}\" does not exist"),
+    )
+}
+
+async fn start_copy_out<C>(
+    client: &mut C,
+    columns: usize,
+    header: Option<Vec<u8>>,
+) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    client
+        .feed(PgWireBackendMessage::CopyOutResponse(CopyOutResponse::new(
+            0,
+            columns as i16,
+            vec![0; columns],
+        )))
+        .await?;
+    if let Some(h) = header {
+        client
+            .feed(PgWireBackendMessage::CopyData(CopyData::new(h.into())))
+            .await?;
+    }
+    client.flush().await?;
+    Ok(())
 }
 
 #[async_trait]
@@ -201,8 +636,33 @@ impl SimpleQueryHandler for Session {
             Err(e) => return Ok(vec![Response::Error(Box::new(error_info(&e)))]),
         };
         let mut out = Vec::new();
+        let count = statements.len();
         for text in statements {
-            match self.db.execute(&text).await {
+            let stmt = match sql::parse_statement(&text) {
+                Ok(stmt) => stmt,
+                Err(e) => {
+                    out.push(Response::Error(Box::new(error_info(&e))));
+                    break;
+                }
+            };
+            let continuous = match &stmt {
+                Statement::Subscribe(q) => Some((q.clone(), None)),
+                Statement::CopyOut(c) if c.subscribe => Some((c.query.clone(), Some(c.clone()))),
+                _ => None,
+            };
+            if let Some((query, copy)) = continuous {
+                if count > 1 {
+                    let e = Error::unsupported(
+                        "a continuous query must be the only statement of its query string",
+                    );
+                    return Ok(vec![Response::Error(Box::new(error_info(&e)))]);
+                }
+                return self
+                    .stream_simple(client, &query, copy)
+                    .await
+                    .map(|_| Vec::new());
+            }
+            match self.run(client, stmt).await {
                 Ok(executed) => {
                     send_notices(client, &executed.notices).await?;
                     let is_copy = matches!(executed.output, Output::CopyIn(_));
@@ -294,7 +754,24 @@ impl Session {
                     .collect();
                 Ok((params, columns))
             }
-            Statement::ShowStreams
+            Statement::Subscribe(q) => {
+                let (columns, params) =
+                    crate::subscribe::ContinuousQuery::describe(&catalog, &q).await?;
+                let params = params
+                    .iter()
+                    .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
+                    .collect();
+                Ok((params, columns))
+            }
+            Statement::Fetch(f) => {
+                let cursors = self.cursors.lock().expect("cursors lock");
+                let cursor = cursors
+                    .get(&f.cursor)
+                    .ok_or_else(|| undefined_cursor(&f.cursor))?;
+                Ok((Vec::new(), cursor.columns.clone()))
+            }
+            Statement::ShowSubscriptions
+            | Statement::ShowStreams
             | Statement::ShowMetrics
             | Statement::Describe(_)
             | Statement::ExplainStream(_)
@@ -417,6 +894,44 @@ impl ExtendedQueryHandler for Session {
         self.parser.clone()
     }
 
+    /// Continuous queries get their own Execute: rows as they come, and with a row
+    /// limit (pgjdbc's fetch size) at least one row, then `PortalSuspended`.
+    async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let name = message
+            .name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAME.to_string());
+        let portal = match client.portal_store().get_portal(&name) {
+            Some(Entry::Value(p)) if is_continuous_text(&p.statement.statement) => p,
+            _ => return self._on_execute(client, message).await,
+        };
+        if !matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
+            return Err(PgWireError::NotReadyForQuery);
+        }
+        client.set_state(PgWireConnectionState::QueryInProgress);
+        let result = self
+            .execute_continuous(client, &name, &portal, message.max_rows.max(0) as usize)
+            .await;
+        if result.is_err() {
+            // The subscription ends with the statement; the portal stays, finished.
+            *portal.state().lock().await = PortalExecutionState::Finished;
+            self.live_portals
+                .lock()
+                .expect("portals lock")
+                .remove(&name);
+        }
+        if !matches!(client.state(), PgWireConnectionState::AwaitingSync) {
+            client.set_state(PgWireConnectionState::ReadyForQuery);
+        }
+        result
+    }
+
     async fn do_describe_statement<C>(
         &self,
         _client: &mut C,
@@ -480,8 +995,12 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let result = match self.bound_sql(portal).await {
-            Ok(text) => self.db.execute(&text).await,
+        let result = match self
+            .bound_sql(portal)
+            .await
+            .and_then(|text| sql::parse_statement(&text))
+        {
+            Ok(stmt) => self.run(client, stmt).await,
             Err(e) => Err(e),
         };
         match result {
@@ -491,6 +1010,119 @@ impl ExtendedQueryHandler for Session {
             }
             Err(e) => Err(user_error(&e)),
         }
+    }
+}
+
+/// Whether a statement's text may be a continuous query (checked fully when it runs).
+fn is_continuous_text(text: &str) -> bool {
+    text.to_ascii_uppercase().contains("EMIT")
+        && matches!(
+            sql::parse_statement(text),
+            Ok(Statement::Subscribe(_))
+                | Ok(Statement::CopyOut(CopyOut {
+                    subscribe: true,
+                    ..
+                }))
+        )
+}
+
+impl Session {
+    async fn execute_continuous<C>(
+        &self,
+        client: &mut C,
+        name: &str,
+        portal: &Arc<Portal<String>>,
+        max_rows: usize,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let initial = matches!(*portal.state().lock().await, PortalExecutionState::Initial);
+        let (sub, columns, copy) = if initial {
+            let text = self.bound_sql(portal).await.map_err(|e| user_error(&e))?;
+            let (query, copy) = match sql::parse_statement(&text).map_err(|e| user_error(&e))? {
+                Statement::Subscribe(q) => (q, None),
+                Statement::CopyOut(c) => (c.query.clone(), Some(c)),
+                _ => return Err(user_error(&Error::internal("not a continuous query"))),
+            };
+            let kind = if copy.is_some() { "copy" } else { "portal" };
+            let sub = Arc::new(
+                self.subscribe(client, &query, kind)
+                    .await
+                    .map_err(|e| user_error(&e))?,
+            );
+            let columns = sub.query.columns.clone();
+            let f = fields(&columns, &|i| portal.result_column_format.format_for(i));
+            portal
+                .start(QueryResponse::new(f, holder(sub.clone())))
+                .await;
+            {
+                let mut live = self.live_portals.lock().expect("portals lock");
+                live.retain(|_, p| p.sub.strong_count() > 0);
+                live.insert(
+                    name.to_string(),
+                    LivePortal {
+                        state: portal.state(),
+                        sub: Arc::downgrade(&sub),
+                        columns: columns.clone(),
+                        copy: copy.clone(),
+                    },
+                );
+            }
+            if let Some(c) = &copy {
+                let mut lines = CopyLines::new(&columns, c);
+                start_copy_out(client, columns.len(), lines.header()).await?;
+            }
+            (sub, columns, copy)
+        } else {
+            let found = self
+                .live_portals
+                .lock()
+                .expect("portals lock")
+                .get(name)
+                .and_then(|p| Some((p.sub.upgrade()?, p.columns.clone(), p.copy.clone())));
+            match found {
+                Some(found) => found,
+                None => {
+                    // A finished portal has no more rows.
+                    client
+                        .send(PgWireBackendMessage::CommandComplete(
+                            Tag::new("SELECT").with_rows(0).into(),
+                        ))
+                        .await?;
+                    return Ok(());
+                }
+            }
+        };
+        let mut wire = match &copy {
+            Some(c) => Wire::Copy(CopyLines::new(&columns, c)),
+            None => Wire::Rows(fields(&columns, &|i| {
+                portal.result_column_format.format_for(i)
+            })),
+        };
+        // A COPY streams until it ends; rows honour the Execute's row limit.
+        let limit = if copy.is_some() { 0 } else { max_rows };
+        let cancel = match client.session_extensions().get::<Arc<ConnectionHandle>>() {
+            Some(handle) => Some(handle.start_query().await),
+            None => None,
+        };
+        let pumped = {
+            let pump = self.pump(client, &sub, &mut wire, limit);
+            match cancel {
+                Some(cancel) => tokio::select! {
+                    r = pump => r,
+                    _ = cancel => Err(PgWireError::QueryCanceled),
+                },
+                None => pump.await,
+            }
+        };
+        pumped?;
+        client
+            .send(PgWireBackendMessage::PortalSuspended(PortalSuspended::new()))
+            .await?;
+        Ok(())
     }
 }
 

@@ -288,7 +288,7 @@ pub async fn describe(
 
 /// The name PostgreSQL gives an unaliased result column: a function call is named after
 /// the function (`count(*)` → `count`), any other expression `?column?`.
-fn pg_column_name(name: &str) -> String {
+pub(crate) fn pg_column_name(name: &str) -> String {
     let Some(open) = name.find('(') else {
         return name.to_string();
     };

@@ -41,7 +41,8 @@ impl Server {
                     accepted = listener.accept() => {
                         let Ok((socket, _)) = accepted else { continue };
                         let _ = socket.set_nodelay(true);
-                        let handlers = Handlers::new(accept_db.clone(), manager.clone());
+                        let handlers =
+                            Handlers::new(accept_db.clone(), manager.clone(), peer_of(&socket));
                         tokio::spawn(async move {
                             let _ = pgwire::tokio::process_socket(socket, None, handlers).await;
                         });
@@ -62,6 +63,15 @@ impl Server {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
+}
+
+/// A second handle on a client's socket, to watch for the client closing it.
+fn peer_of(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let fd = socket.as_fd().try_clone_to_owned().ok()?;
+    let std_stream = std::net::TcpStream::from(fd);
+    std_stream.set_nonblocking(true).ok()?;
+    tokio::net::TcpStream::from_std(std_stream).ok()
 }
 
 /// Runs until a signal, then stops cleanly.

@@ -2,65 +2,12 @@
 //! with its expected output, tokio-postgres on the extended protocol (typed binary
 //! parameters, RETURNING, errors), CancelRequest, and the catalog surviving a restart.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use eddy_server::serve::{Config, Server};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-async fn start(dir: &Path) -> Server {
-    Server::start(&Config {
-        pg_addr: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        shards: 2,
-    })
-    .await
-    .unwrap()
-}
-
-/// A fresh data directory, removed when the test ends (pass or fail).
-struct TempDir(PathBuf);
-
-impl std::ops::Deref for TempDir {
-    type Target = Path;
-
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp_dir(name: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("eddy-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    TempDir(dir)
-}
-
-async fn connect(server: &Server) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=eddy dbname=eddy",
-            server.addr.port()
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    client
-}
+use common::{connect, repo, start, temp_dir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_session_matches_expected_output() {

@@ -1,0 +1,63 @@
+//! Helpers shared by the server's integration tests: an in-process server on a free
+//! loopback port, a data directory that removes itself, and tokio-postgres clients.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use eddy_server::serve::{Config, Server};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub async fn start(dir: &Path) -> Server {
+    Server::start(&Config {
+        pg_addr: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        shards: 2,
+    })
+    .await
+    .unwrap()
+}
+
+/// A fresh data directory, removed when the test ends (pass or fail).
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn temp_dir(name: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("eddy-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    TempDir(dir)
+}
+
+pub fn conn_string(server: &Server) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=eddy dbname=eddy",
+        server.addr.port()
+    )
+}
+
+pub async fn connect(server: &Server) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&conn_string(server), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
