@@ -142,6 +142,8 @@ pub struct Session {
     /// Inside BEGIN … COMMIT (tracked here: pgwire learns it only after a whole query
     /// string ran).
     in_block: std::sync::atomic::AtomicBool,
+    /// `SET application_name` (pgjdbc sets it after startup).
+    application_name: Mutex<Option<String>>,
     /// A second handle on the client's socket, to notice a disconnect while a continuous
     /// query waits for rows (pgwire reads the socket only between messages).
     peer: Option<tokio::net::TcpStream>,
@@ -170,6 +172,7 @@ impl Handlers {
                 live_portals: Mutex::new(HashMap::new()),
                 rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
                 in_block: std::sync::atomic::AtomicBool::new(false),
+                application_name: Mutex::new(None),
                 peer,
             }),
         }
@@ -246,12 +249,11 @@ impl Session {
     }
 }
 
-fn client_of<C: ClientInfo>(client: &C) -> Client {
-    let meta = client.metadata();
+fn client_of<C: ClientInfo>(client: &C, application_name: String) -> Client {
     Client {
         pid: client.pid_and_secret_key().0,
-        user: meta.get("user").cloned().unwrap_or_default(),
-        application_name: meta.get("application_name").cloned().unwrap_or_default(),
+        user: client.metadata().get("user").cloned().unwrap_or_default(),
+        application_name,
         addr: client.socket_addr().to_string(),
     }
 }
@@ -336,6 +338,14 @@ impl Session {
                 self.rows_max.store(n, Ordering::Relaxed);
                 Ok(Executed::command("SET"))
             }
+            Statement::SetVariable { name, value } if name == "application_name" => {
+                *self.application_name.lock().expect("session lock") = Some(value);
+                Ok(Executed::command("SET"))
+            }
+            Statement::ShowVariable(name) if name == "application_name" => Ok(Executed::rows(
+                vec![Column::text("application_name")],
+                vec![vec![Cell::Text(self.application_name(client))]],
+            )),
             Statement::ShowVariable(name) if name == "subscription_rows_max" => Ok(Executed::rows(
                 vec![Column::text("subscription_rows_max")],
                 vec![vec![Cell::Text(
@@ -353,6 +363,16 @@ impl Session {
             }
             other => self.db.execute_statement(other).await,
         }
+    }
+
+    /// The client's application_name: as last SET, else as sent at startup.
+    fn application_name<C: ClientInfo>(&self, client: &C) -> String {
+        self.application_name
+            .lock()
+            .expect("session lock")
+            .clone()
+            .or_else(|| client.metadata().get("application_name").cloned())
+            .unwrap_or_default()
     }
 
     /// A transaction ended: its cursors and continuous portals end with it.
@@ -467,7 +487,7 @@ impl Session {
         let opening = Opening {
             text: format!("{query} EMIT CHANGES"),
             kind,
-            client: client_of(client),
+            client: client_of(client, self.application_name(client)),
             rows_max: self.rows_max.load(Ordering::Relaxed),
         };
         self.db.subscribe(query, opening).await
@@ -554,12 +574,7 @@ impl Session {
                 Wire::Copy(lines)
             }
             None => {
-                let app = client
-                    .metadata()
-                    .get("application_name")
-                    .cloned()
-                    .unwrap_or_default();
-                if app.starts_with("psql") {
+                if self.application_name(client).starts_with("psql") {
                     let mut info = ErrorInfo::new(
                         SEVERITY_NOTICE.to_string(),
                         "00000".to_string(),

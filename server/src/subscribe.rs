@@ -17,13 +17,15 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::array::{Array, BooleanArray};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
 use datafusion::common::{DFSchema, TableReference};
 use datafusion::datasource::empty::EmptyTable;
 use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::Operator;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::optimizer::Analyzer;
-use datafusion::physical_expr::expressions::Column as ColumnExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column as ColumnExpr, Literal};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use tokio::sync::Notify;
@@ -35,7 +37,7 @@ use eddy_planner::filter::{datafusion_error, result_arrow_type, rows_to_batch};
 use eddy_planner::types::ColumnType;
 use eddy_planner::{Error, ErrorKind, Result};
 
-use crate::cells::{cells_of_array, pg_type_of_arrow, Cell, Column};
+use crate::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
 use crate::query::{metric_columns, pg_column_name};
 
 /// Rows a subscription queues for a slow reader unless the session sets
@@ -55,6 +57,52 @@ pub struct ContinuousQuery {
     input_types: Vec<ResultType>,
     predicate: Option<Arc<dyn PhysicalExpr>>,
     projection: Vec<Arc<dyn PhysicalExpr>>,
+    /// The common case without Arrow: a WHERE of `column = constant` terms (or none) and
+    /// a projection of plain columns, evaluated on the values directly.
+    direct: Option<Direct>,
+}
+
+struct Direct {
+    equal: Vec<(usize, Cell)>,
+    columns: Vec<usize>,
+}
+
+fn column_index(e: &Arc<dyn PhysicalExpr>) -> Option<usize> {
+    (e.as_ref() as &dyn std::any::Any)
+        .downcast_ref::<ColumnExpr>()
+        .map(|c| c.index())
+}
+
+/// `col = constant [AND …]` as (column, value) pairs; `None` for anything else.
+fn equalities(e: &Arc<dyn PhysicalExpr>) -> Option<Vec<(usize, Cell)>> {
+    let b = (e.as_ref() as &dyn std::any::Any).downcast_ref::<BinaryExpr>()?;
+    match b.op() {
+        Operator::And => {
+            let mut terms = equalities(b.left())?;
+            terms.extend(equalities(b.right())?);
+            Some(terms)
+        }
+        Operator::Eq => {
+            let (col, lit) = match (column_index(b.left()), column_index(b.right())) {
+                (Some(c), None) => (c, b.right()),
+                (None, Some(c)) => (c, b.left()),
+                _ => return None,
+            };
+            let cell = match (lit.as_ref() as &dyn std::any::Any)
+                .downcast_ref::<Literal>()?
+                .value()
+                .clone()
+            {
+                ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => Cell::Text(s),
+                ScalarValue::Int64(Some(i)) => Cell::I64(i),
+                ScalarValue::Int32(Some(i)) => Cell::I32(i),
+                ScalarValue::Boolean(Some(v)) => Cell::Bool(v),
+                _ => return None,
+            };
+            Some(vec![(col, cell)])
+        }
+        _ => None,
+    }
 }
 
 /// The columns a continuous query reads from `name`: the metric's or stream's, then
@@ -245,6 +293,15 @@ impl ContinuousQuery {
             let i = cols.len() - 1;
             exprs.push(Arc::new(ColumnExpr::new(CHANGED_AT, i)));
         }
+        let direct_columns: Option<Vec<usize>> = exprs.iter().map(column_index).collect();
+        let direct_equal = match &predicate {
+            None => Some(Vec::new()),
+            Some(p) => equalities(p),
+        };
+        let direct = match (direct_columns, direct_equal) {
+            (Some(columns), Some(equal)) => Some(Direct { equal, columns }),
+            _ => None,
+        };
         Ok(ContinuousQuery {
             stream,
             metric,
@@ -253,6 +310,7 @@ impl ContinuousQuery {
             input_types: cols.into_iter().map(|(_, t)| t).collect(),
             predicate,
             projection: exprs,
+            direct,
         })
     }
 
@@ -265,6 +323,17 @@ impl ContinuousQuery {
 
     /// Filters and projects changed rows: (index in `changes`, result row).
     pub fn rows(&self, changes: &[Change]) -> Result<Vec<(usize, Vec<Cell>)>> {
+        if let Some(d) = &self.direct {
+            let cell = |row: &[eddy_planner::types::Value], i: usize| {
+                cell_of(&row[i], self.input_types[i])
+            };
+            return Ok(changes
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| d.equal.iter().all(|(i, want)| cell(&c.row, *i) == *want))
+                .map(|(k, c)| (k, d.columns.iter().map(|&i| cell(&c.row, i)).collect()))
+                .collect());
+        }
         let rows: Vec<&Vec<eddy_planner::types::Value>> = changes.iter().map(|c| &c.row).collect();
         let batch = rows_to_batch(self.input.clone(), &self.input_types, &rows)?;
         let (batch, kept): (_, Vec<usize>) = match &self.predicate {
@@ -324,8 +393,10 @@ struct Queue {
     rows: VecDeque<(Box<[u8]>, Vec<Cell>)>,
     /// The position, counted from the subscription's start, of `rows[0]`.
     base: u64,
-    /// A metric group's newest queued row, by position.
+    /// A metric group's newest queued row, by position; kept only while the queue is
+    /// at its bound (`indexed`), so a reader that keeps up costs no hashing.
     latest: HashMap<Box<[u8]>, u64>,
+    indexed: bool,
     error: Option<Error>,
 }
 
@@ -375,11 +446,15 @@ impl Subscription {
         for _ in 0..n {
             let (key, row) = q.rows.pop_front().expect("counted");
             let at = q.base;
-            if q.latest.get(&key) == Some(&at) {
+            if q.indexed && q.latest.get(&key) == Some(&at) {
                 q.latest.remove(&key);
             }
             q.base += 1;
             out.push(row);
+        }
+        if q.rows.is_empty() && q.indexed {
+            q.latest.clear();
+            q.indexed = false;
         }
         drop(q);
         self.rows_sent.fetch_add(n as u64, Ordering::Relaxed);
@@ -430,8 +505,11 @@ impl Watcher for Subscription {
         }
         let mut q = self.queue.lock().expect("subscription lock");
         let coalesce = self.query.metric.is_some();
+        let mut keys = changes.into_iter().map(|c| c.key);
+        let mut taken = 0;
         for (i, row) in rows {
-            let key = &changes[i].key;
+            let key = keys.nth(i - taken).expect("rows index changes");
+            taken = i + 1;
             if q.rows.len() >= self.rows_max {
                 if !coalesce {
                     drop(q);
@@ -448,20 +526,29 @@ impl Watcher for Subscription {
                     );
                     return false;
                 }
-                if let Some(&at) = q.latest.get(key) {
-                    if at >= q.base {
-                        let slot = (at - q.base) as usize;
-                        q.rows[slot].1 = row;
-                        self.rows_coalesced.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
+                if !q.indexed {
+                    let base = q.base;
+                    let index: HashMap<Box<[u8]>, u64> = q
+                        .rows
+                        .iter()
+                        .enumerate()
+                        .map(|(j, (k, _))| (k.clone(), base + j as u64))
+                        .collect();
+                    q.latest = index;
+                    q.indexed = true;
+                }
+                if let Some(&at) = q.latest.get(&key) {
+                    let slot = (at - q.base) as usize;
+                    q.rows[slot].1 = row;
+                    self.rows_coalesced.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
             }
             let at = q.base + q.rows.len() as u64;
-            if coalesce {
+            if q.indexed {
                 q.latest.insert(key.clone(), at);
             }
-            q.rows.push_back((key.clone(), row));
+            q.rows.push_back((key, row));
         }
         drop(q);
         self.notify.notify_one();

@@ -763,3 +763,40 @@ async fn every_received_row_matches_the_model() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_subscriptions_each_get_every_change() {
+    let dir = temp_dir("sub-many");
+    let server = start(&dir).await;
+    let admin = connect(&server).await;
+    setup(&admin, 4).await;
+    let n = 300;
+    let mut clients = Vec::new();
+    let mut streams = Vec::new();
+    for i in 0..n {
+        let c = connect(&server).await;
+        // Half the subscribers read the metric, half the stream.
+        let sql = if i % 2 == 0 {
+            "SELECT card, n FROM card_1m EMIT CHANGES"
+        } else {
+            "SELECT id, card FROM pay EMIT CHANGES"
+        };
+        streams.push(Box::pin(c.simple_query_raw(sql).await.unwrap()));
+        clients.push(c);
+    }
+    await_subscriptions(&admin, n).await;
+    insert(&admin, &[(1, 0, "a", 10), (2, 1, "b", 20)]).await;
+    for (i, s) in streams.iter_mut().enumerate() {
+        let mut rows = next_rows(s, 2).await;
+        rows.sort();
+        let want = if i % 2 == 0 {
+            vec![row(&["a", "1", &ts(0)]), row(&["b", "1", &ts(1)])]
+        } else {
+            vec![row(&["1", "a", &ts(0)]), row(&["2", "b", &ts(1)])]
+        };
+        assert_eq!(rows, want, "subscriber {i}");
+    }
+    drop(streams);
+    drop(clients);
+    server.stop().await;
+}

@@ -14,7 +14,12 @@ async fn slt_files_pass() {
         ),
     };
 
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Read at run time: a test binary built from another checkout sharing the target
+    // directory would carry that checkout's path.
+    let crate_dir = std::env::var("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let crate_dir = crate_dir.as_path();
     let slt_dir = crate_dir.join("slt");
     let files = collect_slt_files(std::slice::from_ref(&slt_dir))
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", slt_dir.display()));

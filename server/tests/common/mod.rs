@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use eddy_server::serve::{Config, Server};
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    // Read at run time: a test binary built from another checkout sharing the target
+    // directory would carry that checkout's path.
+    let dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&dir).parent().unwrap().to_path_buf()
 }
 
 pub async fn start(dir: &Path) -> Server {

@@ -568,9 +568,11 @@ class EddyContinuousQueryTest {
                 c2.abort(pool);
                 return null;
             });
-            SQLException e = assertThrows(SQLException.class, rs2::next);
-            assertEquals("08006", e.getSQLState(), "next() on an aborted connection: " + e.getMessage());
+            // How the read fails depends on who wins the race (socket closed under the
+            // reader, or the server's reaction to the disconnect read first): any error.
+            assertThrows(SQLException.class, rs2::next);
             aborter.get(10, TimeUnit.SECONDS);
+            assertTrue(c2.isClosed(), "aborted connection should be closed");
             awaitNoSubscription(admin, pid2, "after aborting the connection during next()");
         }
     }
