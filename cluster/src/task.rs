@@ -101,7 +101,22 @@ struct TaskWatch {
     /// The metric's slot in `Task::metrics` (metric targets).
     slot: usize,
     watcher: Arc<dyn Watcher>,
-    pending: Vec<Change>,
+}
+
+/// Which changed rows a watch reads: a metric's (by slot) or the stream's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Feed {
+    Metric(usize),
+    Stream,
+}
+
+impl TaskWatch {
+    fn feed(&self) -> Feed {
+        match self.target {
+            WatchTarget::Metric(_) => Feed::Metric(self.slot),
+            WatchTarget::Stream => Feed::Stream,
+        }
+    }
 }
 
 struct FilterExec {
@@ -149,6 +164,8 @@ pub struct Task {
     since_sweep: u32,
     key_buf: Vec<u8>,
     watches: Vec<TaskWatch>,
+    /// Changed rows collected during a batch, once per feed, shared by its watches.
+    feeds: Vec<(Feed, Vec<Change>)>,
     pub stats: TaskStats,
 }
 
@@ -168,6 +185,7 @@ impl Task {
             since_sweep: 0,
             key_buf: Vec::new(),
             watches: Vec::new(),
+            feeds: Vec::new(),
             stats: TaskStats::default(),
         }
     }
@@ -459,7 +477,7 @@ impl Task {
                 .filter(|(_, s)| s.epoch == w.epoch && s.count > 0)
                 .map(|(k, s)| change_row(g, m, k.as_bytes(), Some(s), t))
                 .collect();
-            if !snapshot.is_empty() && !watcher.deliver(snapshot) {
+            if !snapshot.is_empty() && !watcher.deliver(&snapshot) {
                 return;
             }
         }
@@ -468,7 +486,6 @@ impl Task {
             target,
             slot,
             watcher,
-            pending: Vec::new(),
         });
         self.rebind_watches();
     }
@@ -608,18 +625,32 @@ impl Task {
                 }
             }
         }
-        for watch in &mut self.watches {
-            match watch.target {
-                WatchTarget::Stream => {
+        let mut wanted: Vec<Feed> = self.watches.iter().map(TaskWatch::feed).collect();
+        wanted.sort_unstable_by_key(|f| match f {
+            Feed::Metric(slot) => *slot,
+            Feed::Stream => usize::MAX,
+        });
+        wanted.dedup();
+        for feed in wanted {
+            let at = match self.feeds.iter().position(|(f, _)| *f == feed) {
+                Some(i) => i,
+                None => {
+                    self.feeds.push((feed, Vec::new()));
+                    self.feeds.len() - 1
+                }
+            };
+            let out = &mut self.feeds[at].1;
+            match feed {
+                Feed::Stream => {
                     let mut r = row.to_vec();
                     r.push(Value::Timestamp(t));
-                    watch.pending.push(Change {
+                    out.push(Change {
                         key: Box::default(),
                         row: r,
                     });
                 }
-                WatchTarget::Metric(_) => {
-                    let m = &self.metrics[watch.slot];
+                Feed::Metric(slot) => {
+                    let m = &self.metrics[slot];
                     let w = &self.windows[m.window];
                     let g = &w.filters[m.filter].groups[m.group];
                     for key in &g.touched {
@@ -627,7 +658,7 @@ impl Task {
                             .table
                             .get(&**key)
                             .filter(|s| s.epoch == w.epoch && s.count > 0);
-                        watch.pending.push(change_row(g, m, key, state, t));
+                        out.push(change_row(g, m, key, state, t));
                     }
                 }
             }
@@ -643,9 +674,17 @@ impl Task {
 
     /// Hands each watch what it collected during a batch; drops watches whose reader left.
     fn deliver_changes(&mut self) {
+        if self.feeds.is_empty() {
+            return;
+        }
+        let feeds = std::mem::take(&mut self.feeds);
         let before = self.watches.len();
-        self.watches.retain_mut(|w| {
-            w.pending.is_empty() || w.watcher.deliver(std::mem::take(&mut w.pending))
+        self.watches.retain(|w| {
+            let feed = w.feed();
+            feeds
+                .iter()
+                .find(|(f, _)| *f == feed)
+                .is_none_or(|(_, changes)| changes.is_empty() || w.watcher.deliver(changes))
         });
         if self.watches.len() != before {
             self.rebind_watches();

@@ -30,9 +30,9 @@ pub struct Change {
 
 /// The reading side of a subscription, called from shard threads.
 pub trait Watcher: Send + Sync {
-    /// Hands over changed rows in event order. Returns false when the reader is gone,
-    /// which detaches the watch.
-    fn deliver(&self, changes: Vec<Change>) -> bool;
+    /// Hands over changed rows in event order (shared by every watch of the same metric
+    /// or stream). Returns false when the reader is gone, which detaches the watch.
+    fn deliver(&self, changes: &[Change]) -> bool;
 
     /// The watch cannot go on (its metric or stream was dropped).
     fn end(&self, error: Error);

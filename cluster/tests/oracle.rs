@@ -1702,8 +1702,8 @@ struct Recorder {
 }
 
 impl Watcher for Recorder {
-    fn deliver(&self, changes: Vec<Change>) -> bool {
-        self.changes.lock().unwrap().extend(changes);
+    fn deliver(&self, changes: &[Change]) -> bool {
+        self.changes.lock().unwrap().extend_from_slice(changes);
         true
     }
 

@@ -34,7 +34,7 @@ use eddy_cluster::{Change, Engine, WatchTarget, Watcher};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::filter::{datafusion_error, result_arrow_type, rows_to_batch};
-use eddy_planner::types::ColumnType;
+use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
@@ -63,7 +63,7 @@ pub struct ContinuousQuery {
 }
 
 struct Direct {
-    equal: Vec<(usize, Cell)>,
+    equal: Vec<(usize, eddy_planner::types::Value)>,
     columns: Vec<usize>,
 }
 
@@ -74,7 +74,7 @@ fn column_index(e: &Arc<dyn PhysicalExpr>) -> Option<usize> {
 }
 
 /// `col = constant [AND …]` as (column, value) pairs; `None` for anything else.
-fn equalities(e: &Arc<dyn PhysicalExpr>) -> Option<Vec<(usize, Cell)>> {
+fn equalities(e: &Arc<dyn PhysicalExpr>) -> Option<Vec<(usize, eddy_planner::types::Value)>> {
     let b = (e.as_ref() as &dyn std::any::Any).downcast_ref::<BinaryExpr>()?;
     match b.op() {
         Operator::And => {
@@ -93,10 +93,12 @@ fn equalities(e: &Arc<dyn PhysicalExpr>) -> Option<Vec<(usize, Cell)>> {
                 .value()
                 .clone()
             {
-                ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => Cell::Text(s),
-                ScalarValue::Int64(Some(i)) => Cell::I64(i),
-                ScalarValue::Int32(Some(i)) => Cell::I32(i),
-                ScalarValue::Boolean(Some(v)) => Cell::Bool(v),
+                ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) => {
+                    Value::Text(s.into())
+                }
+                ScalarValue::Int64(Some(i)) => Value::Int(i),
+                ScalarValue::Int32(Some(i)) => Value::Int(i64::from(i)),
+                ScalarValue::Boolean(Some(v)) => Value::Bool(v),
                 _ => return None,
             };
             Some(vec![(col, cell)])
@@ -330,7 +332,7 @@ impl ContinuousQuery {
             return Ok(changes
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| d.equal.iter().all(|(i, want)| cell(&c.row, *i) == *want))
+                .filter(|(_, c)| d.equal.iter().all(|(i, want)| c.row[*i] == *want))
                 .map(|(k, c)| (k, d.columns.iter().map(|&i| cell(&c.row, i)).collect()))
                 .collect());
         }
@@ -489,11 +491,11 @@ impl Subscription {
 }
 
 impl Watcher for Subscription {
-    fn deliver(&self, changes: Vec<Change>) -> bool {
+    fn deliver(&self, changes: &[Change]) -> bool {
         if self.closed.load(Ordering::Acquire) {
             return false;
         }
-        let rows = match self.query.rows(&changes) {
+        let rows = match self.query.rows(changes) {
             Ok(rows) => rows,
             Err(e) => {
                 self.fail(e);
@@ -505,11 +507,8 @@ impl Watcher for Subscription {
         }
         let mut q = self.queue.lock().expect("subscription lock");
         let coalesce = self.query.metric.is_some();
-        let mut keys = changes.into_iter().map(|c| c.key);
-        let mut taken = 0;
         for (i, row) in rows {
-            let key = keys.nth(i - taken).expect("rows index changes");
-            taken = i + 1;
+            let key = changes[i].key.clone();
             if q.rows.len() >= self.rows_max {
                 if !coalesce {
                     drop(q);
