@@ -15,6 +15,8 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
+use crate::codec;
+use crate::log::LocalLog;
 use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
 use crate::watch::{WatchId, WatchTarget, Watcher};
@@ -88,7 +90,12 @@ pub fn shard_of(task: &TaskId, shards: usize) -> usize {
 pub struct Engine {
     queues: Vec<mpsc::Sender<Command>>,
     threads: Vec<JoinHandle<()>>,
+    /// Where events are made durable before tasks apply them (`None`: in memory only).
+    log: Option<Arc<LocalLog>>,
 }
+
+/// Events replayed per engine call at start.
+const REPLAY_BATCH_ROWS: usize = 8192;
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,8 +110,9 @@ fn engine_gone() -> Error {
 }
 
 impl Engine {
-    /// Starts `shards` shard threads.
-    pub fn start(shards: usize) -> Engine {
+    /// Starts `shards` shard threads; with a log, every ingested event is appended to
+    /// its tasks' logs (and durable) before a task applies it.
+    pub fn start(shards: usize, log: Option<Arc<LocalLog>>) -> Engine {
         assert!(shards > 0);
         let mut queues = Vec::with_capacity(shards);
         let mut threads = Vec::with_capacity(shards);
@@ -117,7 +125,73 @@ impl Engine {
                 .expect("spawn shard thread");
             threads.push(thread);
         }
-        Engine { queues, threads }
+        Engine {
+            queues,
+            threads,
+            log,
+        }
+    }
+
+    pub fn log(&self) -> Option<&Arc<LocalLog>> {
+        self.log.as_ref()
+    }
+
+    /// Re-applies every task's logged events (at start, after the catalog is installed).
+    /// Returns how many events were replayed.
+    pub async fn recover(&self, catalog: &Catalog) -> Result<u64> {
+        let Some(log) = &self.log else {
+            return Ok(0);
+        };
+        let mut replayed = 0;
+        for stream in catalog.streams.values() {
+            for p in 0..stream.partitioner_count() {
+                for partition in 0..stream.tasks_per_partitioner() {
+                    let task = TaskId {
+                        stream: stream.name.clone(),
+                        partitioner: p,
+                        partition,
+                    };
+                    let mut rows = Vec::new();
+                    let mut bad = None;
+                    log.replay(&task, 0, &mut |offset, bytes| match codec::decode(&bytes) {
+                        Some(row) => rows.push(row),
+                        None => bad = bad.or(Some(offset)),
+                    })?;
+                    if let Some(offset) = bad {
+                        return Err(Error::internal(format!(
+                            "the log of task {task:?} holds an unreadable event at offset {offset}"
+                        )));
+                    }
+                    replayed += rows.len() as u64;
+                    for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
+                        self.ingest_task(task.clone(), chunk.to_vec(), false)
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(replayed)
+    }
+
+    async fn ingest_task(
+        &self,
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+    ) -> Result<oneshot::Receiver<IngestReply>> {
+        let (tx, rx) = oneshot::channel();
+        let shard = shard_of(&task, self.shards());
+        self.send(
+            shard,
+            Command::Ingest {
+                task,
+                rows,
+                values,
+                reply: tx,
+            },
+        )
+        .await?;
+        Ok(rx)
     }
 
     pub fn shards(&self) -> usize {
@@ -155,7 +229,7 @@ impl Engine {
         values: bool,
     ) -> Result<Vec<EventReply>> {
         let mut replies = vec![EventReply::default(); rows.len()];
-        let mut waits = Vec::new();
+        let mut routed = Vec::new();
         for p in 0..stream.partitioner_count() {
             let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
             for (i, row) in rows.iter().enumerate() {
@@ -173,19 +247,59 @@ impl Engine {
                     partitioner: p,
                     partition,
                 };
-                let (tx, rx) = oneshot::channel();
-                let shard = shard_of(&task, self.shards());
-                self.send(
-                    shard,
-                    Command::Ingest {
-                        task,
-                        rows: task_rows,
-                        values,
-                        reply: tx,
-                    },
-                )
-                .await?;
-                waits.push((p, indexes, rx));
+                routed.push((p, task, indexes, task_rows));
+            }
+        }
+        let mut waits = Vec::new();
+        match &self.log {
+            // Durable first: the log thread hands the events to the tasks after the fsync,
+            // in log order, so a task applies exactly its log's sequence.
+            Some(log) => {
+                let mut batches = Vec::with_capacity(routed.len());
+                let mut commands = Vec::with_capacity(routed.len());
+                for (p, task, indexes, task_rows) in routed {
+                    let records = task_rows
+                        .iter()
+                        .map(|r| {
+                            let mut b = Vec::with_capacity(64);
+                            codec::encode(r, &mut b);
+                            b
+                        })
+                        .collect();
+                    batches.push((task.clone(), records));
+                    let (tx, rx) = oneshot::channel();
+                    let shard = shard_of(&task, self.shards());
+                    commands.push((
+                        shard,
+                        Command::Ingest {
+                            task,
+                            rows: task_rows,
+                            values,
+                            reply: tx,
+                        },
+                    ));
+                    waits.push((p, indexes, rx));
+                }
+                let queues = self.queues.clone();
+                let (durable, appended) = oneshot::channel();
+                log.append(
+                    batches,
+                    Box::new(move |result| {
+                        if result.is_ok() {
+                            for (shard, cmd) in commands {
+                                let _ = queues[shard].blocking_send(cmd);
+                            }
+                        }
+                        let _ = durable.send(result);
+                    }),
+                );
+                appended.await.map_err(|_| engine_gone())??;
+            }
+            None => {
+                for (p, task, indexes, task_rows) in routed {
+                    let rx = self.ingest_task(task, task_rows, values).await?;
+                    waits.push((p, indexes, rx));
+                }
             }
         }
         // Partitioner order is kept so metric values come out in creation order.

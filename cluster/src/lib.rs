@@ -3,12 +3,15 @@
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
 
+pub mod codec;
 pub mod engine;
 pub mod key;
+pub mod log;
 pub mod route;
 pub mod task;
 pub mod watch;
 
 pub use engine::{Engine, EventReply, TaskId, TaskReport};
+pub use log::LocalLog;
 pub use task::{Outcome, Row, Task};
 pub use watch::{Change, WatchId, WatchTarget, Watcher};

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use pgwire::api::Type;
 
-use eddy_cluster::{Engine, Outcome, Row, Task};
+use eddy_cluster::{Engine, LocalLog, Outcome, Row, Task};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -27,6 +27,8 @@ use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHan
 /// Rows per engine call when a COPY is applied.
 const COPY_BATCH_ROWS: usize = 8192;
 const CATALOG_FILE: &str = "catalog.sql";
+/// The embedded log's directory under the data directory.
+const LOG_DIR: &str = "log";
 /// Separates statements in the catalog file (a line of its own).
 const CATALOG_SEPARATOR: &str = "\n-- eddy:end\n";
 
@@ -103,7 +105,8 @@ impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
     pub async fn open(data_dir: &Path, shards: usize) -> anyhow::Result<Arc<Db>> {
         std::fs::create_dir_all(data_dir)?;
-        let engine = Arc::new(Engine::start(shards));
+        let log = Arc::new(LocalLog::open(&data_dir.join(LOG_DIR))?);
+        let engine = Arc::new(Engine::start(shards, Some(log)));
         let mut catalog = Catalog::default();
         let path = data_dir.join(CATALOG_FILE);
         if path.exists() {
@@ -124,6 +127,13 @@ impl Db {
             .apply_catalog(catalog.clone())
             .await
             .map_err(|e| anyhow::anyhow!("installing the catalog: {e}"))?;
+        let replayed = engine
+            .recover(&catalog)
+            .await
+            .map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
+        if replayed > 0 {
+            eprintln!("eddy: replayed {replayed} logged events");
+        }
         Ok(Arc::new(Db {
             catalog: RwLock::new(catalog),
             query_ctx: std::sync::Mutex::new(None),
@@ -279,6 +289,26 @@ impl Db {
         }
     }
 
+    /// Deletes the logs of streams that `next` drops or re-creates, so that a later
+    /// stream of the same name starts empty.
+    async fn drop_logs(&self, current: &Catalog, next: &Catalog) -> Result<()> {
+        let Some(log) = self.engine.log() else {
+            return Ok(());
+        };
+        for (name, stream) in &current.streams {
+            let kept = next.stream(name).is_some_and(|s| **s == **stream);
+            if !kept {
+                log.drop_stream(name).await?;
+            }
+        }
+        for name in next.streams.keys() {
+            if current.stream(name).is_none() {
+                log.drop_stream(name).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn ddl(&self, stmt: &Statement) -> Result<Executed> {
         let _guard = self.ddl.lock().await;
         let current = self.catalog();
@@ -295,7 +325,10 @@ impl Db {
             // The shards first, then the file: if either fails, the shards go back to the
             // current catalog, so a failed statement leaves nothing behind.
             let applied = match self.engine.apply_catalog(next.clone()).await {
-                Ok(()) => self.persist(&next),
+                Ok(()) => match self.drop_logs(&current, &next).await {
+                    Ok(()) => self.persist(&next),
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             };
             if let Err(e) = applied {

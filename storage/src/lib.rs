@@ -5,8 +5,10 @@
 //! disk-backed implementations can replace the in-memory ones without touching the
 //! planner or the executor.
 
+pub mod log;
 pub mod reservoir;
 pub mod state;
 
+pub use log::{LogError, TaskLog};
 pub use reservoir::{MemReservoir, Reservoir, Timed};
 pub use state::{MemStateStore, StateStore};

@@ -1,0 +1,253 @@
+//! Durability of the embedded log against `kill -9`: a real `eddy` process is killed
+//! repeatedly while clients insert, and restarted on the same data directory. Every
+//! acknowledged event must be applied exactly once, no event that was never sent may
+//! appear, and every metric must equal a model computed from the applied events.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::SimpleQueryMessage;
+
+use common::temp_dir;
+use eddy_cluster::route::partition_for;
+use eddy_planner::types::Value;
+
+const PARTITIONS: u32 = 4;
+
+/// A child process killed when dropped, so a failing test leaves no server behind.
+struct Eddy(Child);
+
+impl Drop for Eddy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `eddy serve` on a free port; returns the process and its port.
+fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("eddy starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("eddy printed where it listens")
+            .unwrap();
+        if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Eddy(child), port)
+}
+
+async fn connect(port: u16) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=eddy dbname=eddy"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+fn ts_text(id: i64) -> String {
+    let base = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap();
+    (base + chrono::Duration::milliseconds(id * 10))
+        .format("%Y-%m-%d %H:%M:%S%.3f")
+        .to_string()
+}
+
+fn card_of(id: i64) -> String {
+    format!("c{}", (id * 7919) % 13)
+}
+
+async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<Option<String>>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_event() {
+    let dir = temp_dir("crash");
+    let sent: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    let acked: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    let next_id = Arc::new(std::sync::atomic::AtomicI64::new(1));
+    let mut seed = 0x9e37_79b9_u64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+
+    for round in 0..6 {
+        let (child, port) = spawn_eddy(&dir);
+        let admin = connect(port).await;
+        if round == 0 {
+            admin
+                .batch_execute(&format!(
+                    "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, \
+                     card TEXT NOT NULL, amount BIGINT) WITH (event_time = 'ts', \
+                     event_id = 'id', partition_by = 'card', partitions = {PARTITIONS}, \
+                     lateness = '1 hour', retention = '30 days'); \
+                     CREATE METRIC card_all AS SELECT card, COUNT(*) AS n, SUM(amount) AS total \
+                     FROM pay WINDOW INFINITE GROUP BY card; \
+                     CREATE METRIC card_1m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total \
+                     FROM pay WINDOW SLIDING (SIZE 1 MINUTE) GROUP BY card;"
+                ))
+                .await
+                .unwrap();
+        }
+        // Writers insert until the process dies under them.
+        let mut writers = Vec::new();
+        for _ in 0..3 {
+            let client = connect(port).await;
+            let (sent, acked, next_id) = (sent.clone(), acked.clone(), next_id.clone());
+            writers.push(tokio::spawn(async move {
+                let mut k = 0u64;
+                loop {
+                    k += 1;
+                    let n = 1 + (k * 2_654_435_761 % 9) as i64;
+                    let first = next_id.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                    let ids: Vec<i64> = (first..first + n).collect();
+                    sent.lock().unwrap().extend(&ids);
+                    let values: Vec<String> = ids
+                        .iter()
+                        .map(|id| {
+                            format!(
+                                "({id}, '{}', '{}', {})",
+                                ts_text(*id),
+                                card_of(*id),
+                                id % 100
+                            )
+                        })
+                        .collect();
+                    let sql = format!("INSERT INTO pay VALUES {}", values.join(", "));
+                    if client.batch_execute(&sql).await.is_err() {
+                        return;
+                    }
+                    acked.lock().unwrap().extend(&ids);
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(150 + rand(600))).await;
+        drop(child); // SIGKILL: no shutdown, no flush
+        for w in writers {
+            let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
+        }
+    }
+
+    let (child, port) = spawn_eddy(&dir);
+    let client = connect(port).await;
+    let sent = sent.lock().unwrap().clone();
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 100,
+        "only {} events were acknowledged",
+        acked.len()
+    );
+
+    let ids: Vec<i64> = rows(&client, "SELECT id FROM pay")
+        .await
+        .into_iter()
+        .map(|r| r[0].as_deref().unwrap().parse().unwrap())
+        .collect();
+    let applied: HashSet<i64> = ids.iter().copied().collect();
+    assert_eq!(ids.len(), applied.len(), "an event was applied twice");
+    let lost: Vec<_> = acked.difference(&applied).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged events lost: {lost:?}",
+        lost.len()
+    );
+    assert!(
+        applied.is_subset(&sent),
+        "an event that was never sent appeared"
+    );
+
+    // The metrics against a model of the applied events.
+    let mut all: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut task_time: HashMap<u32, i64> = HashMap::new();
+    let task = |card: &str| partition_for(&Value::Text(card.into()), PARTITIONS);
+    for id in &applied {
+        let e = all.entry(card_of(*id)).or_default();
+        e.0 += 1;
+        e.1 += id % 100;
+        let t = task_time.entry(task(&card_of(*id))).or_insert(0);
+        *t = (*t).max(id * 10);
+    }
+    let mut got_all = HashMap::new();
+    for r in rows(&client, "SELECT card, n, total FROM card_all").await {
+        let n: i64 = r[1].as_deref().unwrap().parse().unwrap();
+        let total: i64 = r[2].as_deref().unwrap().parse().unwrap();
+        got_all.insert(r[0].clone().unwrap(), (n, total));
+    }
+    assert_eq!(got_all, all, "card_all after recovery");
+    let mut window: HashMap<String, (i64, i64)> = HashMap::new();
+    for id in &applied {
+        let card = card_of(*id);
+        let t = task_time[&task(&card)];
+        let ms = id * 10;
+        if ms > t - 60_000 && ms <= t {
+            let e = window.entry(card).or_default();
+            e.0 += 1;
+            e.1 += id % 100;
+        }
+    }
+    let mut got_window = HashMap::new();
+    for r in rows(&client, "SELECT card, n, total FROM card_1m").await {
+        let n: i64 = r[1].as_deref().unwrap().parse().unwrap();
+        let total: i64 = r[2].as_deref().unwrap().parse().unwrap();
+        got_window.insert(r[0].clone().unwrap(), (n, total));
+    }
+    assert_eq!(got_window, window, "card_1m after recovery");
+
+    // Duplicates of acknowledged events are still recognised after the restarts.
+    let dup = *acked.iter().next().unwrap();
+    client
+        .batch_execute(&format!(
+            "INSERT INTO pay VALUES ({dup}, '{}', '{}', 1)",
+            ts_text(dup),
+            card_of(dup)
+        ))
+        .await
+        .unwrap();
+    let count = rows(&client, "SELECT count(*) FROM pay").await;
+    assert_eq!(
+        count[0][0].as_deref(),
+        Some(applied.len().to_string().as_str())
+    );
+    drop(child);
+}
