@@ -12,6 +12,6 @@ pub mod task;
 pub mod watch;
 
 pub use engine::{Engine, EventReply, TaskId, TaskReport};
-pub use log::LocalLog;
+pub use log::{LocalLog, LogStats};
 pub use task::{Outcome, Row, Task};
 pub use watch::{Change, WatchId, WatchTarget, Watcher};

@@ -9,8 +9,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -33,9 +35,22 @@ enum Request {
     },
 }
 
+/// Counters of the log writer, for SHOW STORAGE and /metrics.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// Statements (append calls) made durable.
+    pub appends: AtomicU64,
+    pub records: AtomicU64,
+    pub bytes: AtomicU64,
+    /// fsync rounds: each makes every append waiting at that moment durable.
+    pub commits: AtomicU64,
+    pub commit_micros: AtomicU64,
+}
+
 /// The embedded log of a node.
 pub struct LocalLog {
     dir: PathBuf,
+    stats: Arc<LogStats>,
     requests: Option<mpsc::Sender<Request>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -76,15 +91,40 @@ impl LocalLog {
             .map_err(|e| Error::internal(format!("could not create {}: {e}", dir.display())))?;
         let (tx, rx) = mpsc::channel();
         let root = dir.to_path_buf();
+        let stats = Arc::new(LogStats::default());
+        let writer_stats = stats.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-log".into())
-            .spawn(move || Writer::new(root).run(rx))
+            .spawn(move || Writer::new(root, writer_stats).run(rx))
             .map_err(|e| Error::internal(format!("could not start the log thread: {e}")))?;
         Ok(LocalLog {
             dir: dir.to_path_buf(),
+            stats,
             requests: Some(tx),
             thread: Some(thread),
         })
+    }
+
+    pub fn stats(&self) -> &LogStats {
+        &self.stats
+    }
+
+    /// Bytes of a stream's logs on disk.
+    pub fn disk_bytes(&self, stream: &str) -> u64 {
+        fn walk(dir: &Path) -> u64 {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => walk(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        walk(&self.dir.join(dir_name(stream)))
     }
 
     fn closed() -> Error {
@@ -147,13 +187,15 @@ impl Drop for LocalLog {
 struct Writer {
     root: PathBuf,
     logs: HashMap<TaskId, TaskLog>,
+    stats: Arc<LogStats>,
 }
 
 impl Writer {
-    fn new(root: PathBuf) -> Writer {
+    fn new(root: PathBuf, stats: Arc<LogStats>) -> Writer {
         Writer {
             root,
             logs: HashMap::new(),
+            stats,
         }
     }
 
@@ -179,7 +221,15 @@ impl Writer {
                 match req {
                     Request::Append { batches, after } => {
                         let mut result = Ok(());
+                        self.stats.appends.fetch_add(1, Ordering::Relaxed);
                         for (task, records) in batches {
+                            self.stats
+                                .records
+                                .fetch_add(records.len() as u64, Ordering::Relaxed);
+                            self.stats.bytes.fetch_add(
+                                records.iter().map(|r| r.len() as u64 + 8).sum(),
+                                Ordering::Relaxed,
+                            );
                             let appended = self
                                 .log(&task)
                                 .and_then(|l| l.append(&records).map_err(storage_error));
@@ -210,6 +260,10 @@ impl Writer {
                 }
             }
             let mut synced = Ok(());
+            let started = Instant::now();
+            if !dirty.is_empty() {
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            }
             for task in &dirty {
                 if let Some(log) = self.logs.get_mut(task) {
                     if let Err(e) = log.sync() {
@@ -217,6 +271,9 @@ impl Writer {
                     }
                 }
             }
+            self.stats
+                .commit_micros
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             for (after, result) in waiting {
                 after(result.and(synced.clone()));
             }

@@ -55,6 +55,7 @@ pub enum Statement {
     /// `CLOSE name`, or `CLOSE ALL` (`None`).
     Close(Option<String>),
     ShowSubscriptions,
+    ShowStorage,
     /// Session settings Eddy accepts and ignores (`RESET`, `DISCARD`, …).
     Set,
     /// `SET [SESSION] name = value` or `SET name TO value`.
@@ -190,6 +191,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SHOW", "STREAMS", ..] => Ok(Statement::ShowStreams),
         ["SHOW", "METRICS", ..] => Ok(Statement::ShowMetrics),
         ["SHOW", "SUBSCRIPTIONS", ..] => Ok(Statement::ShowSubscriptions),
+        ["SHOW", "STORAGE", ..] => Ok(Statement::ShowStorage),
         ["DECLARE", ..] => parse_declare(&tokens),
         ["FETCH", ..] | ["MOVE", ..] => parse_fetch(&tokens),
         ["CLOSE", ..] => parse_close(&tokens),

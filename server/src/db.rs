@@ -270,6 +270,7 @@ impl Db {
                 }))
             }
             Statement::ShowSubscriptions => Ok(self.show_subscriptions()),
+            Statement::ShowStorage => self.show_storage().await,
             Statement::Subscribe(_)
             | Statement::CopyOut(_)
             | Statement::Declare { .. }
@@ -470,6 +471,175 @@ impl Db {
         }))
     }
 
+    /// Per stream: what its tasks hold and what its log holds on disk.
+    async fn show_storage(&self) -> Result<Executed> {
+        let catalog = self.catalog();
+        let report = self.engine.report().await?;
+        let columns = vec![
+            Column::text("stream"),
+            Column::new("tasks", Type::INT4),
+            Column::new("events", Type::INT8),
+            Column::new("late", Type::INT8),
+            Column::new("duplicates", Type::INT8),
+            Column::new("stored_events", Type::INT8),
+            Column::new("log_bytes", Type::INT8),
+        ];
+        let rows = catalog
+            .streams
+            .values()
+            .map(|s| {
+                let tasks: Vec<_> = report.iter().filter(|r| r.task.stream == s.name).collect();
+                let first = tasks.iter().filter(|r| r.task.partitioner == 0);
+                let (mut events, mut late, mut dups, mut stored) = (0u64, 0u64, 0u64, 0u64);
+                for r in first {
+                    events += r.stats.accepted;
+                    late += r.stats.late;
+                    dups += r.stats.duplicates;
+                    stored += r.stored_events as u64;
+                }
+                let log_bytes = self.engine.log().map_or(0, |l| l.disk_bytes(&s.name));
+                vec![
+                    Cell::Text(s.name.clone()),
+                    Cell::I32(tasks.len() as i32),
+                    Cell::I64(events as i64),
+                    Cell::I64(late as i64),
+                    Cell::I64(dups as i64),
+                    Cell::I64(stored as i64),
+                    Cell::I64(log_bytes as i64),
+                ]
+            })
+            .collect();
+        Ok(Executed::rows(columns, rows))
+    }
+
+    /// The node's counters in Prometheus' text format (`GET /metrics`).
+    pub async fn metrics_text(&self) -> Result<String> {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        let catalog = self.catalog();
+        let report = self.engine.report().await?;
+        let per_stream = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
+            catalog
+                .streams
+                .keys()
+                .map(|name| {
+                    let v: u64 = report
+                        .iter()
+                        .filter(|r| &r.task.stream == name && r.task.partitioner == 0)
+                        .map(f)
+                        .sum();
+                    (format!("{{stream=\"{}\"}}", label(name)), v as f64)
+                })
+                .collect()
+        };
+        family(
+            "eddy_events_total",
+            "counter",
+            "Events accepted per stream.",
+            per_stream(&|r| r.stats.accepted),
+        );
+        family(
+            "eddy_late_events_total",
+            "counter",
+            "Events older than stream time minus lateness, not applied.",
+            per_stream(&|r| r.stats.late),
+        );
+        family(
+            "eddy_duplicate_events_total",
+            "counter",
+            "Events whose id was already applied, not applied again.",
+            per_stream(&|r| r.stats.duplicates),
+        );
+        family(
+            "eddy_stored_events",
+            "gauge",
+            "Events held in the reservoirs of each stream.",
+            per_stream(&|r| r.stored_events as u64),
+        );
+        if let Some(log) = self.engine.log() {
+            let disk = catalog
+                .streams
+                .keys()
+                .map(|n| {
+                    (
+                        format!("{{stream=\"{}\"}}", label(n)),
+                        log.disk_bytes(n) as f64,
+                    )
+                })
+                .collect();
+            family(
+                "eddy_log_disk_bytes",
+                "gauge",
+                "Bytes of each stream's embedded log on disk.",
+                disk,
+            );
+            let s = log.stats();
+            let get = |a: &std::sync::atomic::AtomicU64| {
+                vec![(
+                    String::new(),
+                    a.load(std::sync::atomic::Ordering::Relaxed) as f64,
+                )]
+            };
+            family(
+                "eddy_log_appends_total",
+                "counter",
+                "Statements made durable in the embedded log.",
+                get(&s.appends),
+            );
+            family(
+                "eddy_log_records_total",
+                "counter",
+                "Event records appended to the embedded log.",
+                get(&s.records),
+            );
+            family(
+                "eddy_log_bytes_total",
+                "counter",
+                "Bytes appended to the embedded log.",
+                get(&s.bytes),
+            );
+            family(
+                "eddy_log_commits_total",
+                "counter",
+                "fsync rounds of the embedded log (group commits).",
+                get(&s.commits),
+            );
+            family(
+                "eddy_log_commit_seconds_total",
+                "counter",
+                "Time spent in fsync rounds of the embedded log.",
+                vec![(
+                    String::new(),
+                    s.commit_micros.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
+                )],
+            );
+        }
+        let subs = self.subscriptions.list();
+        family(
+            "eddy_subscriptions",
+            "gauge",
+            "Open continuous queries.",
+            vec![(String::new(), subs.len() as f64)],
+        );
+        family(
+            "eddy_subscription_rows_coalesced_total",
+            "counter",
+            "Rows of open metric subscriptions replaced by newer ones while their reader lagged.",
+            vec![(
+                String::new(),
+                subs.iter().map(|s| s.rows_coalesced()).sum::<u64>() as f64,
+            )],
+        );
+        Ok(out)
+    }
+
     fn show_subscriptions(&self) -> Executed {
         let columns = vec![
             Column::new("id", Type::INT8),
@@ -635,6 +805,13 @@ impl Db {
             tag: "DESCRIBE",
         }))
     }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn undefined_metric(name: &str) -> Error {

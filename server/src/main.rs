@@ -25,6 +25,9 @@ enum Command {
         /// Address of the PostgreSQL protocol listener.
         #[arg(long, env = "EDDY_PG_ADDR", default_value = "127.0.0.1:5433")]
         pg_addr: SocketAddr,
+        /// Address of the HTTP listener for `GET /metrics` (Prometheus text format).
+        #[arg(long, env = "EDDY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+        http_addr: SocketAddr,
         /// Directory for the catalog and data.
         #[arg(long, env = "EDDY_DATA_DIR", default_value = "data")]
         data_dir: PathBuf,
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
             pg_addr,
+            http_addr,
             data_dir,
             shards,
         } => {
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             runtime.block_on(run(Config {
                 pg_addr,
+                http_addr: Some(http_addr),
                 data_dir,
                 shards,
             }))

@@ -786,6 +786,7 @@ impl Session {
                 Ok((Vec::new(), cursor.columns.clone()))
             }
             Statement::ShowSubscriptions
+            | Statement::ShowStorage
             | Statement::ShowStreams
             | Statement::ShowMetrics
             | Statement::Describe(_)

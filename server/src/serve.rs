@@ -14,6 +14,8 @@ use crate::pg::Handlers;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub pg_addr: SocketAddr,
+    /// Where `GET /metrics` answers in Prometheus' text format (`None`: nowhere).
+    pub http_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub shards: usize,
 }
@@ -21,6 +23,7 @@ pub struct Config {
 /// A running server: its bound address and the handle to stop it.
 pub struct Server {
     pub addr: SocketAddr,
+    pub http_addr: Option<SocketAddr>,
     pub db: Arc<Db>,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -31,13 +34,29 @@ impl Server {
         let db = Db::open(&config.data_dir, config.shards).await?;
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
+        let http = match config.http_addr {
+            Some(a) => Some(TcpListener::bind(a).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen for /metrics on {a}: {e} (set --http-addr)")
+            })?),
+            None => None,
+        };
+        let http_addr = http.as_ref().map(|l| l.local_addr()).transpose()?;
         let manager = Arc::new(ConnectionManager::new());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
+        let metrics_db = db.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
                     _ = stopped.changed() => break,
+                    Some(Ok((socket, _))) = async {
+                        match &http {
+                            Some(l) => Some(l.accept().await),
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        tokio::spawn(answer_http(socket, metrics_db.clone()));
+                    }
                     accepted = listener.accept() => {
                         let Ok((socket, _)) = accepted else { continue };
                         let _ = socket.set_nodelay(true);
@@ -52,6 +71,7 @@ impl Server {
         });
         Ok(Server {
             addr,
+            http_addr,
             db,
             stop,
             task,
@@ -63,6 +83,37 @@ impl Server {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
+}
+
+/// Answers one HTTP request: `GET /metrics` gets the node's counters; anything else 404.
+async fn answer_http(mut socket: tokio::net::TcpStream, db: Arc<Db>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), socket.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => request.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+    }
+    let line = String::from_utf8_lossy(&request);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?"))
+    {
+        match db.metrics_text().await {
+            Ok(text) => ("200 OK", text),
+            Err(e) => ("500 Internal Server Error", format!("{e}\n")),
+        }
+    } else {
+        ("404 Not Found", "eddy serves GET /metrics\n".to_string())
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = socket.write_all(response.as_bytes()).await;
+    let _ = socket.shutdown().await;
 }
 
 /// A second handle on a client's socket, to watch for the client closing it.
@@ -77,6 +128,9 @@ fn peer_of(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
 /// Runs until a signal, then stops cleanly.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(&config).await?;
+    if let Some(http) = server.http_addr {
+        eprintln!("eddy: metrics on http://{http}/metrics");
+    }
     eprintln!(
         "eddy: listening on {} (PostgreSQL protocol), data dir {}, {} shard{}",
         server.addr,

@@ -183,3 +183,54 @@ async fn catalog_survives_restart() {
     assert_eq!(row.get::<_, i64>(0), 1);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_is_observable_in_sql_and_over_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = temp_dir("observe");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    client
+        .batch_execute(
+            "CREATE STREAM obs (id BIGINT, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', event_id = 'id', partition_by = 'card', partitions = 2); \
+             INSERT INTO obs VALUES (1, '2026-01-01 00:00:00', 'a'), (2, '2026-01-01 00:00:01', 'b'); \
+             INSERT INTO obs VALUES (1, '2026-01-01 00:00:02', 'a');",
+        )
+        .await
+        .unwrap();
+    let rows = client.query("SHOW STORAGE", &[]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r.get::<_, String>("stream"), "obs");
+    assert_eq!(r.get::<_, i32>("tasks"), 2);
+    assert_eq!(r.get::<_, i64>("events"), 2);
+    assert_eq!(r.get::<_, i64>("duplicates"), 1);
+    assert_eq!(r.get::<_, i64>("stored_events"), 2);
+    assert!(r.get::<_, i64>("log_bytes") > 0);
+
+    let http = server.http_addr.expect("metrics listener");
+    let mut socket = tokio::net::TcpStream::connect(http).await.unwrap();
+    socket
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: eddy\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    socket.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for line in [
+        "eddy_events_total{stream=\"obs\"} 2",
+        "eddy_duplicate_events_total{stream=\"obs\"} 1",
+        "eddy_log_records_total 3",
+        "eddy_log_appends_total 2",
+        "eddy_subscriptions 0",
+    ] {
+        assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
+    }
+    let mut socket = tokio::net::TcpStream::connect(http).await.unwrap();
+    socket.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    socket.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+    server.stop().await;
+}

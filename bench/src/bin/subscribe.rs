@@ -292,6 +292,7 @@ async fn main() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let server = Server::start(&Config {
         pg_addr: "127.0.0.1:0".parse()?,
+        http_addr: None,
         data_dir: dir.clone(),
         shards: a.shards,
     })

@@ -18,6 +18,7 @@ pub fn repo() -> PathBuf {
 pub async fn start(dir: &Path) -> Server {
     Server::start(&Config {
         pg_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: Some("127.0.0.1:0".parse().unwrap()),
         data_dir: dir.to_path_buf(),
         shards: 2,
     })
