@@ -15,11 +15,11 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::codec;
 use crate::log::LocalLog;
 use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
 use crate::watch::{WatchId, WatchTarget, Watcher};
+use eddy_planner::codec;
 
 /// Commands waiting per shard before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 1024;
@@ -153,10 +153,14 @@ impl Engine {
                     };
                     let mut rows = Vec::new();
                     let mut bad = None;
-                    log.replay(&task, 0, &mut |offset, bytes| match codec::decode(&bytes) {
-                        Some(row) => rows.push(row),
-                        None => bad = bad.or(Some(offset)),
-                    })?;
+                    log.replay(
+                        &task,
+                        0,
+                        &mut |offset, bytes| match codec::decode_row(&bytes) {
+                            Some(row) => rows.push(row),
+                            None => bad = bad.or(Some(offset)),
+                        },
+                    )?;
                     if let Some(offset) = bad {
                         return Err(Error::internal(format!(
                             "the log of task {task:?} holds an unreadable event at offset {offset}"
@@ -262,7 +266,7 @@ impl Engine {
                         .iter()
                         .map(|r| {
                             let mut b = Vec::with_capacity(64);
-                            codec::encode(r, &mut b);
+                            codec::encode_row(r, &mut b);
                             b
                         })
                         .collect();

@@ -3,7 +3,6 @@
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
 
-pub mod codec;
 pub mod engine;
 pub mod key;
 pub mod log;

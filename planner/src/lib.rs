@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod bind;
 pub mod catalog;
+pub mod codec;
 pub mod dag;
 pub mod ddl;
 pub mod error;

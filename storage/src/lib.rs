@@ -11,4 +11,4 @@ pub mod state;
 
 pub use log::{LogError, TaskLog};
 pub use reservoir::{MemReservoir, Reservoir, Timed};
-pub use state::{MemStateStore, StateStore};
+pub use state::{Family, MemStateStore, RocksStore, StateError, StateStore};

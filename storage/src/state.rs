@@ -1,52 +1,203 @@
-//! The state store: aggregate state by key, read and written in batches.
+//! The state store: aggregate state by key, read and written in batches, in column
+//! families by kind of state. `RocksStore` is the node's RocksDB database; `MemStateStore`
+//! is the in-memory model the tests hold it to.
 //!
-//! Invariant: the API is batch-only (`multi_get` / `multi_put`), so an implementation
-//! backed by an external engine pays one round trip per batch, never one per event.
+//! Invariants: the API is batch-only (`multi_get` / `write`), so a store backed by an
+//! external engine pays one call per batch, never one per event; a `write` is atomic
+//! (all of its puts and deletes, across families, or none); after `sync` returns, every
+//! write before it survives a crash of the process.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
 
-/// Keyed byte state with batch reads and writes.
-pub trait StateStore: Send {
-    /// The values of `keys`, in the same order.
-    fn multi_get(&self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>>;
-
-    /// Writes (`Some`) or deletes (`None`) each key, atomically as one batch.
-    fn multi_put(&mut self, entries: &[(&[u8], Option<&[u8]>)]);
-
-    /// Every entry whose key starts with `prefix`, in key order.
-    fn scan_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)>;
+/// The kinds of state, one column family each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// Aggregate state per (aggregator leaf, group key).
+    Aggregates,
+    /// COUNT DISTINCT value → count maps.
+    Distinct,
+    /// MIN/MAX ordered multisets.
+    Extremes,
+    /// Checkpoint records and other bookkeeping.
+    Meta,
 }
 
-/// The in-memory state store: an ordered map.
+impl Family {
+    pub const ALL: [Family; 4] = [
+        Family::Aggregates,
+        Family::Distinct,
+        Family::Extremes,
+        Family::Meta,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Aggregates => "aggregates",
+            Family::Distinct => "distinct",
+            Family::Extremes => "extremes",
+            Family::Meta => "meta",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("state store: {0}")]
+pub struct StateError(pub String);
+
+/// One put (`Some`) or delete (`None`) of a write batch.
+pub type Put<'a> = (Family, &'a [u8], Option<&'a [u8]>);
+
+/// Key-value pairs in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Keyed byte state with batch reads and writes.
+pub trait StateStore: Send + Sync {
+    /// The values of `keys` in `family`, in the same order.
+    fn multi_get(&self, family: Family, keys: &[&[u8]])
+        -> Result<Vec<Option<Vec<u8>>>, StateError>;
+
+    /// Applies every put and delete atomically.
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError>;
+
+    /// Every entry of `family` whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError>;
+
+    /// Makes every write so far durable.
+    fn sync(&self) -> Result<(), StateError>;
+}
+
+type FamilyKey = (Family, Vec<u8>);
+
+/// The in-memory state store: an ordered map per family.
 #[derive(Default)]
 pub struct MemStateStore {
-    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    entries: Mutex<BTreeMap<FamilyKey, Vec<u8>>>,
 }
 
 impl StateStore for MemStateStore {
-    fn multi_get(&self, keys: &[&[u8]]) -> Vec<Option<Vec<u8>>> {
-        keys.iter().map(|k| self.entries.get(*k).cloned()).collect()
+    fn multi_get(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let entries = self.entries.lock().expect("state lock");
+        Ok(keys
+            .iter()
+            .map(|k| entries.get(&(family, k.to_vec())).cloned())
+            .collect())
     }
 
-    fn multi_put(&mut self, entries: &[(&[u8], Option<&[u8]>)]) {
-        for (k, v) in entries {
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+        let mut entries = self.entries.lock().expect("state lock");
+        for (family, k, v) in batch {
             match v {
                 Some(v) => {
-                    self.entries.insert(k.to_vec(), v.to_vec());
+                    entries.insert((*family, k.to_vec()), v.to_vec());
                 }
                 None => {
-                    self.entries.remove(*k);
+                    entries.remove(&(*family, k.to_vec()));
                 }
             }
         }
+        Ok(())
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        self.entries
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
+    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+        let entries = self.entries.lock().expect("state lock");
+        Ok(entries
+            .range((family, prefix.to_vec())..)
+            .take_while(|((f, k), _)| *f == family && k.starts_with(prefix))
+            .map(|((_, k), v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn sync(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+}
+
+/// The node's RocksDB database, one column family per `Family`.
+pub struct RocksStore {
+    db: rocksdb::DB,
+}
+
+fn rocks_error(e: rocksdb::Error) -> StateError {
+    StateError(e.into_string())
+}
+
+impl RocksStore {
+    /// Opens (or creates) the database in `path`.
+    pub fn open(path: &Path) -> Result<RocksStore, StateError> {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let families = Family::ALL.iter().map(|f| {
+            let mut cf = rocksdb::Options::default();
+            cf.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            rocksdb::ColumnFamilyDescriptor::new(f.name(), cf)
+        });
+        let db = rocksdb::DB::open_cf_descriptors(&options, path, families).map_err(rocks_error)?;
+        Ok(RocksStore { db })
+    }
+
+    fn cf(&self, family: Family) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(family.name())
+            .expect("every family is created at open")
+    }
+
+    /// A consistent copy of the database in `dir` (hard links where possible).
+    pub fn checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(dir))
+            .map_err(rocks_error)
+    }
+}
+
+impl StateStore for RocksStore {
+    fn multi_get(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let cf = self.cf(family);
+        self.db
+            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
+            .into_iter()
+            .map(|r| r.map_err(rocks_error))
             .collect()
+    }
+
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+        let mut wb = rocksdb::WriteBatch::default();
+        for (family, k, v) in batch {
+            let cf = self.cf(*family);
+            match v {
+                Some(v) => wb.put_cf(cf, k, v),
+                None => wb.delete_cf(cf, k),
+            }
+        }
+        self.db.write(wb).map_err(rocks_error)
+    }
+
+    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(family), mode) {
+            let (k, v) = item.map_err(rocks_error)?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn sync(&self) -> Result<(), StateError> {
+        self.db.flush_wal(true).map_err(rocks_error)
     }
 }
 
@@ -56,17 +207,122 @@ mod tests {
 
     #[test]
     fn batches_put_get_delete_scan() {
-        let mut s = MemStateStore::default();
-        s.multi_put(&[
-            (b"a/1", Some(b"x")),
-            (b"a/2", Some(b"y")),
-            (b"b/1", Some(b"z")),
-        ]);
+        let s = MemStateStore::default();
+        s.write(&[
+            (Family::Aggregates, b"a/1", Some(b"x")),
+            (Family::Aggregates, b"a/2", Some(b"y")),
+            (Family::Distinct, b"a/3", Some(b"w")),
+            (Family::Aggregates, b"b/1", Some(b"z")),
+        ])
+        .unwrap();
         assert_eq!(
-            s.multi_get(&[b"a/2", b"c"]),
-            vec![Some(b"y".to_vec()), None]
+            s.multi_get(Family::Aggregates, &[b"a/2", b"c", b"a/3"])
+                .unwrap(),
+            vec![Some(b"y".to_vec()), None, None]
         );
-        s.multi_put(&[(b"a/1", None)]);
-        assert_eq!(s.scan_prefix(b"a/"), vec![(b"a/2".to_vec(), b"y".to_vec())]);
+        s.write(&[(Family::Aggregates, b"a/1", None)]).unwrap();
+        assert_eq!(
+            s.scan_prefix(Family::Aggregates, b"a/").unwrap(),
+            vec![(b"a/2".to_vec(), b"y".to_vec())]
+        );
+    }
+
+    /// A small deterministic generator.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn key(rng: &mut Rng) -> Vec<u8> {
+        // Few distinct keys with shared prefixes, so that overwrites, deletes of present
+        // keys and prefix scans all happen often.
+        let group = rng.below(4) as u8;
+        let n = rng.below(40) as u8;
+        vec![b'g', group, b'/', n]
+    }
+
+    /// RocksDB against the in-memory model: random batches of puts and deletes across
+    /// families, reads and prefix scans, and reboots (close, reopen from disk).
+    #[test]
+    fn rocks_matches_the_model_across_reboots() {
+        let dir = std::env::temp_dir().join(format!("eddy-rocks-model-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let model = MemStateStore::default();
+        let mut rocks = RocksStore::open(&dir).unwrap();
+        let mut rng = Rng(0x00C0_FFEE);
+        for step in 0..3_000 {
+            match rng.below(10) {
+                0..=4 => {
+                    let n = 1 + rng.below(8);
+                    let owned: Vec<(Family, Vec<u8>, Option<Vec<u8>>)> = (0..n)
+                        .map(|_| {
+                            let family = Family::ALL[rng.below(4) as usize];
+                            let k = key(&mut rng);
+                            let v = (rng.below(4) != 0).then(|| {
+                                (0..rng.below(20)).map(|_| rng.below(256) as u8).collect()
+                            });
+                            (family, k, v)
+                        })
+                        .collect();
+                    let batch: Vec<Put<'_>> = owned
+                        .iter()
+                        .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
+                        .collect();
+                    model.write(&batch).unwrap();
+                    rocks.write(&batch).unwrap();
+                }
+                5..=6 => {
+                    let family = Family::ALL[rng.below(4) as usize];
+                    let keys: Vec<Vec<u8>> = (0..1 + rng.below(6)).map(|_| key(&mut rng)).collect();
+                    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                    assert_eq!(
+                        rocks.multi_get(family, &refs).unwrap(),
+                        model.multi_get(family, &refs).unwrap(),
+                        "step {step}: multi_get"
+                    );
+                }
+                7..=8 => {
+                    let family = Family::ALL[rng.below(4) as usize];
+                    let prefix = key(&mut rng)[..2 + rng.below(2) as usize].to_vec();
+                    assert_eq!(
+                        rocks.scan_prefix(family, &prefix).unwrap(),
+                        model.scan_prefix(family, &prefix).unwrap(),
+                        "step {step}: scan {prefix:?}"
+                    );
+                }
+                _ => {
+                    // Reboot: everything in memory goes; the database is read back.
+                    rocks.sync().unwrap();
+                    drop(rocks);
+                    rocks = RocksStore::open(&dir).unwrap();
+                    for family in Family::ALL {
+                        assert_eq!(
+                            rocks.scan_prefix(family, b"").unwrap(),
+                            model.scan_prefix(family, b"").unwrap(),
+                            "step {step}: {family:?} after reopening"
+                        );
+                    }
+                }
+            }
+        }
+        let copy = dir.with_extension("checkpoint");
+        let _ = std::fs::remove_dir_all(&copy);
+        rocks.checkpoint(&copy).unwrap();
+        let reopened = RocksStore::open(&copy).unwrap();
+        for family in Family::ALL {
+            assert_eq!(
+                reopened.scan_prefix(family, b"").unwrap(),
+                model.scan_prefix(family, b"").unwrap()
+            );
+        }
+        drop((rocks, reopened));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&copy);
     }
 }
