@@ -274,16 +274,22 @@ pub async fn describe(
         .iter()
         .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
         .collect();
+    Ok((columns, parameter_types(&plan)?))
+}
+
+/// The types DataFusion inferred for `$1`, `$2`, … (`None` where it could not).
+pub(crate) fn parameter_types(
+    plan: &datafusion::logical_expr::LogicalPlan,
+) -> Result<Vec<Option<datafusion::arrow::datatypes::DataType>>> {
     let params = plan.get_parameter_types().map_err(datafusion_error)?;
     let n = params
         .keys()
         .filter_map(|k| k.trim_start_matches('$').parse::<usize>().ok())
         .max()
         .unwrap_or(0);
-    let types = (1..=n)
+    Ok((1..=n)
         .map(|i| params.get(&format!("${i}")).cloned().flatten())
-        .collect();
-    Ok((columns, types))
+        .collect())
 }
 
 /// The name PostgreSQL gives an unaliased result column: a function call is named after

@@ -38,7 +38,7 @@ use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
-use crate::query::{metric_columns, pg_column_name};
+use crate::query::{metric_columns, parameter_types, pg_column_name};
 
 /// Rows a subscription queues for a slow reader unless the session sets
 /// `subscription_rows_max`.
@@ -170,16 +170,7 @@ impl ContinuousQuery {
         Vec<Option<datafusion::arrow::datatypes::DataType>>,
     )> {
         let (_, plan) = Self::logical(catalog, sql).await?;
-        let params = plan.get_parameter_types().map_err(datafusion_error)?;
-        let n = params
-            .keys()
-            .filter_map(|k| k.trim_start_matches('$').parse::<usize>().ok())
-            .max()
-            .unwrap_or(0);
-        let types = (1..=n)
-            .map(|i| params.get(&format!("${i}")).cloned().flatten())
-            .collect();
-        Ok((result_columns(plan.schema()), types))
+        Ok((result_columns(plan.schema()), parameter_types(&plan)?))
     }
 
     /// Plans `sql` (a SELECT without `EMIT CHANGES`) against the catalog.
