@@ -11,9 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_postgres::SimpleQueryMessage;
-
-use common::temp_dir;
+use common::{connect_port, simple_rows, temp_dir};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
@@ -58,17 +56,6 @@ fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
     (Eddy(child), port)
 }
 
-async fn connect(port: u16) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=eddy dbname=eddy"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    client
-}
-
 fn ts_text(id: i64) -> String {
     let base = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
         .unwrap()
@@ -81,21 +68,6 @@ fn ts_text(id: i64) -> String {
 
 fn card_of(id: i64) -> String {
     format!("c{}", (id * 7919) % 13)
-}
-
-async fn rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Vec<Option<String>>> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +86,7 @@ async fn kill_9_loses_no_acknowledged_event() {
 
     for round in 0..6 {
         let (child, port) = spawn_eddy(&dir);
-        let admin = connect(port).await;
+        let admin = connect_port(port).await;
         if round == 0 {
             admin
                 .batch_execute(&format!(
@@ -133,7 +105,7 @@ async fn kill_9_loses_no_acknowledged_event() {
         // Writers insert until the process dies under them.
         let mut writers = Vec::new();
         for _ in 0..3 {
-            let client = connect(port).await;
+            let client = connect_port(port).await;
             let (sent, acked, next_id) = (sent.clone(), acked.clone(), next_id.clone());
             writers.push(tokio::spawn(async move {
                 let mut k = 0u64;
@@ -170,7 +142,7 @@ async fn kill_9_loses_no_acknowledged_event() {
     }
 
     let (child, port) = spawn_eddy(&dir);
-    let client = connect(port).await;
+    let client = connect_port(port).await;
     let sent = sent.lock().unwrap().clone();
     let acked = acked.lock().unwrap().clone();
     assert!(
@@ -179,7 +151,7 @@ async fn kill_9_loses_no_acknowledged_event() {
         acked.len()
     );
 
-    let ids: Vec<i64> = rows(&client, "SELECT id FROM pay")
+    let ids: Vec<i64> = simple_rows(&client, "SELECT id FROM pay")
         .await
         .into_iter()
         .map(|r| r[0].as_deref().unwrap().parse().unwrap())
@@ -209,7 +181,7 @@ async fn kill_9_loses_no_acknowledged_event() {
         *t = (*t).max(id * 10);
     }
     let mut got_all = HashMap::new();
-    for r in rows(&client, "SELECT card, n, total FROM card_all").await {
+    for r in simple_rows(&client, "SELECT card, n, total FROM card_all").await {
         let n: i64 = r[1].as_deref().unwrap().parse().unwrap();
         let total: i64 = r[2].as_deref().unwrap().parse().unwrap();
         got_all.insert(r[0].clone().unwrap(), (n, total));
@@ -227,7 +199,7 @@ async fn kill_9_loses_no_acknowledged_event() {
         }
     }
     let mut got_window = HashMap::new();
-    for r in rows(&client, "SELECT card, n, total FROM card_1m").await {
+    for r in simple_rows(&client, "SELECT card, n, total FROM card_1m").await {
         let n: i64 = r[1].as_deref().unwrap().parse().unwrap();
         let total: i64 = r[2].as_deref().unwrap().parse().unwrap();
         got_window.insert(r[0].clone().unwrap(), (n, total));
@@ -244,7 +216,7 @@ async fn kill_9_loses_no_acknowledged_event() {
         ))
         .await
         .unwrap();
-    let count = rows(&client, "SELECT count(*) FROM pay").await;
+    let count = simple_rows(&client, "SELECT count(*) FROM pay").await;
     assert_eq!(
         count[0][0].as_deref(),
         Some(applied.len().to_string().as_str())

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::{SinkExt, StreamExt};
 use tokio_postgres::{SimpleQueryMessage, SimpleQueryStream};
 
-use common::{conn_string, connect, start, temp_dir};
+use common::{conn_string, connect, simple_rows, start, temp_dir, text_row, TextRow};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 use eddy_server::serve::Server;
@@ -53,14 +53,6 @@ async fn insert(client: &tokio_postgres::Client, events: &[(i64, i64, &str, i64)
         .batch_execute(&format!("INSERT INTO pay VALUES {}", values.join(", ")))
         .await
         .unwrap();
-}
-
-type TextRow = Vec<Option<String>>;
-
-fn text_row(row: &tokio_postgres::SimpleQueryRow) -> TextRow {
-    (0..row.len())
-        .map(|i| row.get(i).map(str::to_string))
-        .collect()
 }
 
 fn row(cells: &[&str]) -> TextRow {
@@ -337,19 +329,6 @@ async fn psql_copy_prints_rows_as_they_happen_and_ctrl_c_ends_it() {
     child.wait().unwrap();
     await_subscriptions(&admin, 0).await;
     server.stop().await;
-}
-
-async fn simple_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<TextRow> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(text_row(r)),
-            _ => None,
-        })
-        .collect()
 }
 
 fn sqlstate(e: &tokio_postgres::Error) -> String {

@@ -57,9 +57,40 @@ pub fn conn_string(server: &Server) -> String {
 }
 
 pub async fn connect(server: &Server) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(&conn_string(server), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    connect_port(server.addr.port()).await
+}
+
+/// A client of the server listening on loopback `port`.
+pub async fn connect_port(port: u16) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=eddy dbname=eddy"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
     tokio::spawn(conn);
     client
+}
+
+/// A result row in text form (`None` for NULL).
+pub type TextRow = Vec<Option<String>>;
+
+pub fn text_row(row: &tokio_postgres::SimpleQueryRow) -> TextRow {
+    (0..row.len())
+        .map(|i| row.get(i).map(str::to_string))
+        .collect()
+}
+
+/// The rows of a simple query, in text form.
+pub async fn simple_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<TextRow> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(text_row(r)),
+            _ => None,
+        })
+        .collect()
 }
