@@ -15,11 +15,16 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
+use crate::durable::{task_meta_key, NodeStorage, TaskMeta};
+use crate::groups::CacheStats;
 use crate::log::LocalLog;
 use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
 use crate::watch::{WatchId, WatchTarget, Watcher};
 use eddy_planner::codec;
+use eddy_storage::{Family, ReservoirStats, StateStore};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Commands waiting per shard before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 1024;
@@ -47,7 +52,24 @@ pub struct TaskReport {
     pub stats: TaskStats,
     pub stored_events: usize,
     pub time: Option<i64>,
+    pub reservoir: ReservoirStats,
+    pub cache: CacheStats,
+    pub log_end: u64,
 }
+
+/// Checkpoint counters, for SHOW STORAGE and /metrics.
+#[derive(Debug, Default)]
+pub struct CheckpointStats {
+    pub count: AtomicU64,
+    /// The synchronous stage (shards paused: L1 flush, task records, RocksDB checkpoint).
+    pub last_sync_micros: AtomicU64,
+    pub last_total_micros: AtomicU64,
+    pub sync_micros_total: AtomicU64,
+    pub total_micros_total: AtomicU64,
+}
+
+/// What a shard reports once its tasks' checkpoint records are written.
+type CheckpointReply = Result<Vec<(TaskId, u64)>>;
 
 type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
 
@@ -57,7 +79,15 @@ enum Command {
         task: TaskId,
         rows: Vec<Row>,
         values: bool,
+        /// The task's log end after these rows (with a log).
+        log_end: Option<u64>,
         reply: oneshot::Sender<IngestReply>,
+    },
+    /// Flush and record every task, answer, then wait for `resume` (closed) before
+    /// taking more commands: the synchronous stage of a checkpoint.
+    Checkpoint {
+        reply: oneshot::Sender<CheckpointReply>,
+        resume: std::sync::mpsc::Receiver<()>,
     },
     MetricRows {
         task: TaskId,
@@ -67,7 +97,7 @@ enum Command {
     },
     StreamRows {
         stream: String,
-        reply: oneshot::Sender<Vec<Row>>,
+        reply: oneshot::Sender<Result<Vec<Row>>>,
     },
     Report(oneshot::Sender<Vec<TaskReport>>),
     Watch {
@@ -92,6 +122,10 @@ pub struct Engine {
     threads: Vec<JoinHandle<()>>,
     /// Where events are made durable before tasks apply them (`None`: in memory only).
     log: Option<Arc<LocalLog>>,
+    /// Where tasks keep events and state (`None`: in memory).
+    storage: Option<Arc<NodeStorage>>,
+    checkpointing: tokio::sync::Mutex<()>,
+    pub checkpoints: CheckpointStats,
 }
 
 /// Events replayed per engine call at start.
@@ -112,16 +146,21 @@ fn engine_gone() -> Error {
 impl Engine {
     /// Starts `shards` shard threads; with a log, every ingested event is appended to
     /// its tasks' logs (and durable) before a task applies it.
-    pub fn start(shards: usize, log: Option<Arc<LocalLog>>) -> Engine {
+    pub fn start(
+        shards: usize,
+        log: Option<Arc<LocalLog>>,
+        storage: Option<Arc<NodeStorage>>,
+    ) -> Engine {
         assert!(shards > 0);
         let mut queues = Vec::with_capacity(shards);
         let mut threads = Vec::with_capacity(shards);
         for index in 0..shards {
             let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
             queues.push(tx);
+            let shard = Shard::new(index, shards, storage.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("eddy-shard-{index}"))
-                .spawn(move || Shard::new(index, shards).run(rx))
+                .spawn(move || shard.run(rx))
                 .expect("spawn shard thread");
             threads.push(thread);
         }
@@ -129,7 +168,81 @@ impl Engine {
             queues,
             threads,
             log,
+            storage,
+            checkpointing: tokio::sync::Mutex::new(()),
+            checkpoints: CheckpointStats::default(),
         }
+    }
+
+    pub fn storage(&self) -> Option<&Arc<NodeStorage>> {
+        self.storage.as_ref()
+    }
+
+    /// Takes a checkpoint of every task: the shards flush their L1 caches and write each
+    /// task's record (log offset, window edges, reservoir mark) to the store, RocksDB
+    /// snapshots itself, and only then do the shards go on; the checkpoint is committed,
+    /// and the logs are truncated to what it covers. Returns (synchronous, total) time.
+    pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
+        let Some(storage) = &self.storage else {
+            return Err(Error::internal("this engine keeps no state on disk"));
+        };
+        let _one = self.checkpointing.lock().await;
+        let started = Instant::now();
+        let mut resumes = Vec::new();
+        let mut waits = Vec::new();
+        for shard in 0..self.shards() {
+            let (tx, rx) = oneshot::channel();
+            let (go, resume) = std::sync::mpsc::channel();
+            resumes.push(go);
+            self.send(shard, Command::Checkpoint { reply: tx, resume })
+                .await?;
+            waits.push(rx);
+        }
+        let mut ends = Vec::new();
+        let mut failure = None;
+        for rx in waits {
+            match rx.await.map_err(|_| engine_gone()).and_then(|r| r) {
+                Ok(list) => ends.extend(list),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        let snapshot = match failure {
+            None => {
+                let storage = storage.clone();
+                tokio::task::spawn_blocking(move || storage.snapshot())
+                    .await
+                    .map_err(|e| Error::internal(e.to_string()))
+                    .and_then(|r| r)
+            }
+            Some(e) => Err(e),
+        };
+        drop(resumes);
+        let sync = started.elapsed();
+        let n = snapshot?;
+        let committed = {
+            let storage = storage.clone();
+            tokio::task::spawn_blocking(move || storage.commit(n))
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?
+        };
+        committed?;
+        if let Some(log) = &self.log {
+            for (task, end) in &ends {
+                log.truncate(task, *end);
+            }
+        }
+        let total = started.elapsed();
+        let c = &self.checkpoints;
+        c.count.fetch_add(1, Ordering::Relaxed);
+        c.last_sync_micros
+            .store(sync.as_micros() as u64, Ordering::Relaxed);
+        c.last_total_micros
+            .store(total.as_micros() as u64, Ordering::Relaxed);
+        c.sync_micros_total
+            .fetch_add(sync.as_micros() as u64, Ordering::Relaxed);
+        c.total_micros_total
+            .fetch_add(total.as_micros() as u64, Ordering::Relaxed);
+        Ok((sync, total))
     }
 
     pub fn log(&self) -> Option<&Arc<LocalLog>> {
@@ -142,6 +255,12 @@ impl Engine {
         let Some(log) = &self.log else {
             return Ok(0);
         };
+        let ends: BTreeMap<TaskId, u64> = self
+            .report()
+            .await?
+            .into_iter()
+            .map(|r| (r.task, r.log_end))
+            .collect();
         let mut replayed = 0;
         for stream in catalog.streams.values() {
             for p in 0..stream.partitioner_count() {
@@ -151,11 +270,12 @@ impl Engine {
                         partitioner: p,
                         partition,
                     };
+                    let from = ends.get(&task).copied().unwrap_or(0);
                     let mut rows = Vec::new();
                     let mut bad = None;
                     log.replay(
                         &task,
-                        0,
+                        from,
                         &mut |offset, bytes| match codec::decode_row(&bytes) {
                             Some(row) => rows.push(row),
                             None => bad = bad.or(Some(offset)),
@@ -167,8 +287,10 @@ impl Engine {
                         )));
                     }
                     replayed += rows.len() as u64;
+                    let mut end = from;
                     for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
-                        self.ingest_task(task.clone(), chunk.to_vec(), false)
+                        end += chunk.len() as u64;
+                        self.ingest_task(task.clone(), chunk.to_vec(), false, Some(end))
                             .await?;
                     }
                 }
@@ -182,6 +304,7 @@ impl Engine {
         task: TaskId,
         rows: Vec<Row>,
         values: bool,
+        log_end: Option<u64>,
     ) -> Result<oneshot::Receiver<IngestReply>> {
         let (tx, rx) = oneshot::channel();
         let shard = shard_of(&task, self.shards());
@@ -191,6 +314,7 @@ impl Engine {
                 task,
                 rows,
                 values,
+                log_end,
                 reply: tx,
             },
         )
@@ -279,6 +403,7 @@ impl Engine {
                             task,
                             rows: task_rows,
                             values,
+                            log_end: None,
                             reply: tx,
                         },
                     ));
@@ -289,19 +414,22 @@ impl Engine {
                 log.append(
                     batches,
                     Box::new(move |result| {
-                        if result.is_ok() {
-                            for (shard, cmd) in commands {
+                        if let Ok(ends) = &result {
+                            for ((shard, mut cmd), end) in commands.into_iter().zip(ends) {
+                                if let Command::Ingest { log_end, .. } = &mut cmd {
+                                    *log_end = Some(*end);
+                                }
                                 let _ = queues[shard].blocking_send(cmd);
                             }
                         }
-                        let _ = durable.send(result);
+                        let _ = durable.send(result.map(|_| ()));
                     }),
                 );
                 appended.await.map_err(|_| engine_gone())??;
             }
             None => {
                 for (p, task, indexes, task_rows) in routed {
-                    let rx = self.ingest_task(task, task_rows, values).await?;
+                    let rx = self.ingest_task(task, task_rows, values, None).await?;
                     waits.push((p, indexes, rx));
                 }
             }
@@ -388,7 +516,7 @@ impl Engine {
         }
         let mut rows = Vec::new();
         for rx in waits {
-            rows.extend(rx.await.map_err(|_| engine_gone())?);
+            rows.extend(rx.await.map_err(|_| engine_gone())??);
         }
         Ok(rows)
     }
@@ -461,15 +589,94 @@ struct Shard {
     index: usize,
     shards: usize,
     tasks: BTreeMap<TaskId, Task>,
+    storage: Option<Arc<NodeStorage>>,
+    /// The first catalog installed restores tasks from the last checkpoint.
+    restored: bool,
 }
 
 impl Shard {
-    fn new(index: usize, shards: usize) -> Shard {
+    fn new(index: usize, shards: usize, storage: Option<Arc<NodeStorage>>) -> Shard {
         Shard {
             index,
             shards,
             tasks: BTreeMap::new(),
+            storage,
+            restored: false,
         }
+    }
+
+    /// Writes every task's checkpoint record to the store in one atomic batch.
+    fn checkpoint(&mut self) -> CheckpointReply {
+        let Some(storage) = &self.storage else {
+            return Ok(Vec::new());
+        };
+        let mut records = Vec::new();
+        let mut ends = Vec::new();
+        for (id, task) in &mut self.tasks {
+            let Some(cp) = task.checkpoint()? else {
+                continue;
+            };
+            let meta = TaskMeta {
+                stream_sql: task.stream().sql.clone(),
+                metric_sqls: task.metric_defs().iter().map(|m| m.sql.clone()).collect(),
+                checkpoint: cp,
+            };
+            records.push((task_meta_key(id), meta.encode()));
+            ends.push((id.clone(), task.log_end));
+        }
+        let batch: Vec<_> = records
+            .iter()
+            .map(|(k, v)| (Family::Meta, k.as_slice(), Some(v.as_slice())))
+            .collect();
+        storage
+            .store
+            .write(&batch)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        Ok(ends)
+    }
+
+    /// A task of a new stream, or — at start — the task as its last checkpoint left it.
+    fn open_task(&self, id: &TaskId, stream: &Arc<StreamDef>, p: usize) -> Result<Task> {
+        let Some(storage) = &self.storage else {
+            return Ok(Task::new(stream.clone(), p));
+        };
+        let task_storage = storage.task_storage(id);
+        let meta = if self.restored {
+            None
+        } else {
+            storage
+                .store
+                .multi_get(Family::Meta, &[&task_meta_key(id)])
+                .map_err(|e| Error::internal(e.to_string()))?
+                .pop()
+                .flatten()
+                .map(|bytes| {
+                    TaskMeta::decode(&bytes).ok_or_else(|| {
+                        Error::internal(format!("unreadable checkpoint record of task {id:?}"))
+                    })
+                })
+                .transpose()?
+        };
+        let Some(meta) = meta else {
+            return Task::open(stream.clone(), p, task_storage, None);
+        };
+        // The stream and metrics as they were at the checkpoint.
+        let mut then = Catalog::default();
+        for text in std::iter::once(&meta.stream_sql).chain(&meta.metric_sqls) {
+            let stmt = eddy_planner::sql::parse_statement(text)?;
+            then = eddy_planner::ddl::apply(&then, &stmt)?.0;
+        }
+        let Some(old) = then.stream(&stream.name).filter(|old| stream.same_as(old)) else {
+            // The stream was re-created since: its log starts over too.
+            return Task::open(stream.clone(), p, task_storage, None);
+        };
+        let metrics = then.metrics_of(&stream.name);
+        Task::open(
+            old.clone(),
+            p,
+            task_storage,
+            Some((&meta.checkpoint, &metrics)),
+        )
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
@@ -482,15 +689,27 @@ impl Shard {
                     task,
                     rows,
                     values,
+                    log_end,
                     reply,
                 } => {
                     let result = match self.tasks.get_mut(&task) {
-                        Some(t) => t.ingest(&rows, values),
+                        Some(t) => {
+                            let result = t.ingest(&rows, values);
+                            if let (Ok(_), Some(end)) = (&result, log_end) {
+                                t.log_end = end;
+                            }
+                            result
+                        }
                         None => Err(Error::internal(format!(
                             "task {task:?} is not on this shard"
                         ))),
                     };
                     let _ = reply.send(result);
+                }
+                Command::Checkpoint { reply, resume } => {
+                    let _ = reply.send(self.checkpoint());
+                    // Paused until RocksDB has its snapshot.
+                    let _ = resume.recv();
                 }
                 Command::MetricRows {
                     task,
@@ -500,18 +719,24 @@ impl Shard {
                 } => {
                     let rows = self
                         .tasks
-                        .get(&task)
+                        .get_mut(&task)
                         .map(|t| t.metric_rows(&metric, key.as_deref()))
                         .unwrap_or_default();
                     let _ = reply.send(rows);
                 }
                 Command::StreamRows { stream, reply } => {
-                    let rows = self
+                    let mut rows = Ok(Vec::new());
+                    for (_, t) in self
                         .tasks
-                        .iter()
+                        .iter_mut()
                         .filter(|(id, _)| id.stream == stream && id.partitioner == 0)
-                        .flat_map(|(_, t)| t.events())
-                        .collect();
+                    {
+                        match (t.events(), &mut rows) {
+                            (Ok(events), Ok(rows)) => rows.extend(events),
+                            (Err(e), _) => rows = Err(e),
+                            _ => {}
+                        }
+                    }
                     let _ = reply.send(rows);
                 }
                 Command::Watch {
@@ -545,6 +770,9 @@ impl Shard {
                             stats: t.stats,
                             stored_events: t.stored_events(),
                             time: t.time(),
+                            reservoir: t.reservoir_stats(),
+                            cache: t.cache_stats(),
+                            log_end: t.log_end,
                         })
                         .collect();
                     let _ = reply.send(report);
@@ -555,18 +783,30 @@ impl Shard {
 
     fn apply_catalog(&mut self, catalog: &Catalog) -> Result<()> {
         // Tasks of dropped (or re-created) streams go away with their state.
-        self.tasks.retain(|id, task| {
-            let keep = catalog
-                .stream(&id.stream)
-                .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || **s == **task.stream());
-            if !keep {
-                task.end_watches(&Error::new(
-                    eddy_planner::ErrorKind::UndefinedTable,
-                    format!("stream \"{}\" was dropped", id.stream),
-                ));
+        let gone: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(id, task)| {
+                !catalog
+                    .stream(&id.stream)
+                    .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || s.same_as(task.stream()))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            let mut task = self.tasks.remove(&id).expect("listed");
+            task.end_watches(&Error::new(
+                eddy_planner::ErrorKind::UndefinedTable,
+                format!("stream \"{}\" was dropped", id.stream),
+            ));
+            task.destroy()?;
+            if let Some(storage) = &self.storage {
+                storage
+                    .store
+                    .write(&[(Family::Meta, &task_meta_key(&id), None)])
+                    .map_err(|e| Error::internal(e.to_string()))?;
             }
-            keep
-        });
+        }
         for stream in catalog.streams.values() {
             let metrics = catalog.metrics_of(&stream.name);
             for p in 0..stream.partitioner_count() {
@@ -579,14 +819,17 @@ impl Shard {
                     if shard_of(&id, self.shards) != self.index {
                         continue;
                     }
-                    let task = self
-                        .tasks
-                        .entry(id)
-                        .or_insert_with(|| Task::new(stream.clone(), p));
+                    if !self.tasks.contains_key(&id) {
+                        let task = self.open_task(&id, stream, p)?;
+                        self.tasks.insert(id.clone(), task);
+                    }
+                    let task = self.tasks.get_mut(&id).expect("opened");
+                    task.set_stream(stream.clone());
                     task.set_metrics(&metrics)?;
                 }
             }
         }
+        self.restored = true;
         Ok(())
     }
 }

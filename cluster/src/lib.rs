@@ -3,14 +3,19 @@
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
 
+pub mod checkpoint;
+pub mod durable;
 pub mod engine;
+pub mod events;
+pub mod groups;
 pub mod key;
 pub mod log;
 pub mod route;
 pub mod task;
 pub mod watch;
 
+pub use durable::{NodeStorage, StorageConfig};
 pub use engine::{Engine, EventReply, TaskId, TaskReport};
 pub use log::{LocalLog, LogStats};
-pub use task::{Outcome, Row, Task};
+pub use task::{Outcome, Row, Task, TaskStorage};
 pub use watch::{Change, WatchId, WatchTarget, Watcher};

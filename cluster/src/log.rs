@@ -21,8 +21,9 @@ use eddy_storage::log::{TaskLog, SEGMENT_BYTES_MAX};
 
 use crate::engine::TaskId;
 
-/// What runs after an append is durable (or failed), on the writer thread.
-pub type AfterAppend = Box<dyn FnOnce(Result<()>) + Send>;
+/// What runs after an append is durable (or failed), on the writer thread. It gets each
+/// batch's task log end: the offset after the batch's last record.
+pub type AfterAppend = Box<dyn FnOnce(Result<Vec<u64>>) + Send>;
 
 enum Request {
     Append {
@@ -32,6 +33,10 @@ enum Request {
     DropStream {
         stream: String,
         reply: oneshot::Sender<Result<()>>,
+    },
+    Truncate {
+        task: TaskId,
+        before: u64,
     },
 }
 
@@ -66,7 +71,7 @@ fn storage_error(e: eddy_storage::LogError) -> Error {
 }
 
 /// A file-name-safe form of a stream name.
-fn dir_name(stream: &str) -> String {
+pub(crate) fn dir_name(stream: &str) -> String {
     let plain = !stream.is_empty()
         && stream
             .chars()
@@ -156,6 +161,17 @@ impl LocalLog {
         rx.await.map_err(|_| Self::closed())?
     }
 
+    /// Deletes a task's log segments that end before `before` (a committed checkpoint
+    /// covers them).
+    pub fn truncate(&self, task: &TaskId, before: u64) {
+        if let Some(r) = &self.requests {
+            let _ = r.send(Request::Truncate {
+                task: task.clone(),
+                before,
+            });
+        }
+    }
+
     /// Calls `f` with each record of a task's log from `offset` on. Call before the task
     /// takes appends (at start): a torn tail is cut here.
     pub fn replay(
@@ -220,7 +236,7 @@ impl Writer {
             for req in batch {
                 match req {
                     Request::Append { batches, after } => {
-                        let mut result = Ok(());
+                        let mut result = Ok(Vec::with_capacity(batches.len()));
                         self.stats.appends.fetch_add(1, Ordering::Relaxed);
                         for (task, records) in batches {
                             self.stats
@@ -230,12 +246,17 @@ impl Writer {
                                 records.iter().map(|r| r.len() as u64 + 8).sum(),
                                 Ordering::Relaxed,
                             );
-                            let appended = self
-                                .log(&task)
-                                .and_then(|l| l.append(&records).map_err(storage_error));
-                            if let Err(e) = appended {
-                                result = Err(e);
-                                break;
+                            let appended = self.log(&task).and_then(|l| {
+                                l.append(&records).map_err(storage_error)?;
+                                Ok(l.next_offset())
+                            });
+                            match (appended, &mut result) {
+                                (Ok(end), Ok(ends)) => ends.push(end),
+                                (Err(e), _) => {
+                                    result = Err(e);
+                                    break;
+                                }
+                                _ => {}
                             }
                             if !dirty.contains(&task) {
                                 dirty.push(task);
@@ -257,6 +278,12 @@ impl Writer {
                         };
                         let _ = reply.send(result);
                     }
+                    Request::Truncate { task, before } => {
+                        // A failure leaves the files; the next checkpoint tries again.
+                        if let Ok(log) = self.log(&task) {
+                            let _ = log.truncate_before(before);
+                        }
+                    }
                 }
             }
             let mut synced = Ok(());
@@ -275,7 +302,7 @@ impl Writer {
                 .commit_micros
                 .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             for (after, result) in waiting {
-                after(result.and(synced.clone()));
+                after(synced.clone().and(result));
             }
         }
     }

@@ -16,18 +16,22 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use hashbrown::HashMap;
-
-use eddy_planner::aggregate::{AggFunc, AggState};
+use eddy_planner::aggregate::AggFunc;
 use eddy_planner::catalog::{EventTimeUnit, MetricDef, StreamDef};
 use eddy_planner::dag::{AggKey, FilterKey, GroupKey, WindowKey};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types, Filter};
 use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
-use eddy_storage::{MemReservoir, Reservoir, Timed};
+use eddy_storage::{
+    DiskReservoir, IoThread, MemReservoir, Reservoir, ReservoirConfig, ReservoirError,
+    ReservoirStats, StateStore, Timed,
+};
 
-use crate::key::{pack, unpack, PackedKey};
+use crate::checkpoint::Checkpoint;
+use crate::events::EventCodec;
+use crate::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable};
+use crate::key::{pack, unpack};
 use crate::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// An event's column values in the stream's column order.
@@ -79,16 +83,10 @@ struct AggSlot {
     arg_type: Option<ColumnType>,
 }
 
-struct GroupState {
-    count: i64,
-    epoch: i64,
-    states: Vec<AggState>,
-}
-
 struct GroupExec {
     key: GroupKey,
     aggs: Vec<AggSlot>,
-    table: HashMap<PackedKey, GroupState>,
+    table: GroupTable,
     /// A metric on this group has watchers: record the keys each event changes.
     watched: bool,
     touched: Vec<Box<[u8]>>,
@@ -166,10 +164,62 @@ pub struct Task {
     watches: Vec<TaskWatch>,
     /// Changed rows collected during a batch, once per feed, shared by its watches.
     feeds: Vec<(Feed, Vec<Change>)>,
+    /// Installing a checkpoint's metrics: state is in the store, nothing to backfill.
+    restoring: bool,
+    /// The metrics the task runs, in creation order (recorded in checkpoints).
+    defs: Vec<Arc<MetricDef>>,
+    storage: Option<TaskStorage>,
+    /// A storage error stopped the task: every later call fails with it.
+    failed: Option<Error>,
+    /// The task's log offset after the last applied record (replay starts there).
+    pub log_end: u64,
     pub stats: TaskStats,
 }
 
+/// Where a task keeps its events and group state: the node's disk.
+#[derive(Clone)]
+pub struct TaskStorage {
+    /// The task's reservoir directory.
+    pub dir: std::path::PathBuf,
+    pub reservoir: ReservoirConfig,
+    pub io: IoThread,
+    pub store: Arc<dyn StateStore>,
+    pub cache: CacheConfig,
+    /// Prefix of the task's keys in the store.
+    pub prefix: Vec<u8>,
+}
+
+/// A stable 64-bit hash of text (FNV-1a), for store key prefixes.
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn window_hash(key: &WindowKey) -> u64 {
+    stable_hash(&format!("{key:?}"))
+}
+
+/// Where a GroupBy node's states live in the store: the task's prefix and a hash of the
+/// node's structural key.
+fn backing_of(storage: Option<&TaskStorage>, key: &GroupKey) -> Option<Backing> {
+    storage.map(|s| {
+        let mut prefix = s.prefix.clone();
+        prefix.extend_from_slice(&stable_hash(&format!("{key:?}")).to_be_bytes());
+        Backing {
+            store: s.store.clone(),
+            prefix,
+            config: s.cache,
+        }
+    })
+}
+
+fn storage_failure(e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("storage failure, the task stopped: {e}"))
+}
+
 impl Task {
+    /// A task kept in memory only.
     pub fn new(stream: Arc<StreamDef>, partitioner: usize) -> Task {
         Task {
             stream,
@@ -186,8 +236,210 @@ impl Task {
             key_buf: Vec::new(),
             watches: Vec::new(),
             feeds: Vec::new(),
+            restoring: false,
+            defs: Vec::new(),
+            storage: None,
+            failed: None,
+            log_end: 0,
             stats: TaskStats::default(),
         }
+    }
+
+    /// A task on disk. With a checkpoint (taken while the task ran `metrics_then`), the
+    /// task comes back exactly as it was then; the caller installs the current metrics
+    /// and replays the log from `log_end`.
+    pub fn open(
+        stream: Arc<StreamDef>,
+        partitioner: usize,
+        storage: TaskStorage,
+        checkpoint: Option<(&[u8], &[Arc<MetricDef>])>,
+    ) -> Result<Task> {
+        let mut task = Task::new(stream, partitioner);
+        task.storage = Some(storage.clone());
+        let mut mark = None;
+        if let Some((bytes, metrics_then)) = checkpoint {
+            let cp = Checkpoint::decode(bytes)
+                .ok_or_else(|| storage_failure("an unreadable task checkpoint"))?;
+            task.restoring = true;
+            let installed = task.set_metrics(metrics_then);
+            task.restoring = false;
+            installed?;
+            task.time = cp.time;
+            task.seq = cp.seq;
+            task.stats = cp.stats;
+            task.log_end = cp.log_end;
+            for w in &mut task.windows {
+                let key = window_hash(&w.key);
+                let Some(&(_, head, tail, epoch)) = cp.windows.iter().find(|c| c.0 == key) else {
+                    return Err(storage_failure(
+                        "the checkpoint's windows do not match its metrics",
+                    ));
+                };
+                (w.head, w.tail, w.epoch) = (head, tail, epoch);
+            }
+            for (ts, id) in cp.dedup {
+                task.dedup_ids.insert(id.clone());
+                task.dedup_order.push_back((ts, id));
+            }
+            mark = Some(cp.reservoir);
+        }
+        let reservoir = DiskReservoir::open(
+            &storage.dir,
+            storage.reservoir,
+            task.codec(),
+            Some(storage.io.clone()),
+            mark.as_deref(),
+        )
+        .map_err(storage_failure)?;
+        task.reservoir = Box::new(reservoir);
+        Ok(task)
+    }
+
+    /// How the task's events are written to and read from chunks, with its filters.
+    fn codec(&self) -> Arc<EventCodec> {
+        let filters = self
+            .windows
+            .iter()
+            .flat_map(|w| w.filters.iter())
+            .filter_map(|f| Some((f.predicate.clone()?, f.bit?)))
+            .collect();
+        Arc::new(EventCodec::new(self.stream.clone(), filters))
+    }
+
+    /// Stops the task if a storage error happened.
+    fn check_storage(&mut self) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let mut failure = None;
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    if let Some(e) = g.table.take_failure() {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            let e = storage_failure(e);
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: impl std::fmt::Display) -> Error {
+        let e = storage_failure(e);
+        self.failed = Some(e.clone());
+        e
+    }
+
+    /// The synchronous stage of a checkpoint: writes every dirty group state to the
+    /// store and returns the record that restores the rest of the task. `None` for a
+    /// task in memory.
+    pub fn checkpoint(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.storage.is_none() {
+            return Ok(None);
+        }
+        self.check_storage()?;
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    g.table.flush();
+                }
+            }
+        }
+        self.check_storage()?;
+        let reservoir = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
+        Ok(Some(
+            Checkpoint {
+                time: self.time,
+                seq: self.seq,
+                stats: self.stats,
+                log_end: self.log_end,
+                windows: self
+                    .windows
+                    .iter()
+                    .map(|w| (window_hash(&w.key), w.head, w.tail, w.epoch))
+                    .collect(),
+                dedup: self.dedup_order.iter().cloned().collect(),
+                reservoir,
+            }
+            .encode(),
+        ))
+    }
+
+    /// Deletes the task's group states and events from disk (its stream was dropped).
+    pub fn destroy(mut self) -> Result<()> {
+        self.failed = None;
+        for w in &mut self.windows {
+            for f in &mut w.filters {
+                for g in &mut f.groups {
+                    g.table.clear();
+                }
+            }
+        }
+        self.check_storage()?;
+        self.reservoir = Box::new(MemReservoir::default());
+        if let Some(s) = &self.storage {
+            match std::fs::remove_dir_all(&s.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(storage_failure(format!("{}: {e}", s.dir.display()))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a new definition of the task's stream that adds columns: stored events read
+    /// the new columns as NULL.
+    pub fn set_stream(&mut self, stream: Arc<StreamDef>) {
+        if Arc::ptr_eq(&stream, &self.stream) || *stream == *self.stream {
+            self.stream = stream;
+            return;
+        }
+        let n = stream.columns.len();
+        self.stream = stream;
+        // A stream subscription's rows would change shape under it.
+        let name = self.stream.name.clone();
+        self.watches.retain(|w| {
+            if w.target != WatchTarget::Stream {
+                return true;
+            }
+            w.watcher.end(Error::unsupported(format!(
+                "stream \"{name}\" gained a column; subscribe again to see it"
+            )));
+            false
+        });
+        self.rebind_watches();
+        let codec: Arc<dyn eddy_storage::ChunkCodec<Event>> = self.codec();
+        self.reservoir.refresh(Some(codec), &mut |e| {
+            if e.row.len() < n {
+                e.row = pad_row(&e.row, n);
+            }
+        });
+    }
+
+    /// The definitions of the metrics the task runs.
+    pub fn metric_defs(&self) -> &[Arc<MetricDef>] {
+        &self.defs
+    }
+
+    pub fn reservoir_stats(&self) -> ReservoirStats {
+        self.reservoir.stats()
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        let mut total = CacheStats::default();
+        for w in &self.windows {
+            for f in &w.filters {
+                for g in &f.groups {
+                    total += g.table.stats();
+                }
+            }
+        }
+        total
     }
 
     pub fn stream(&self) -> &Arc<StreamDef> {
@@ -235,6 +487,7 @@ impl Task {
             .flat_map(|m| (0..m.aggregates.len()).map(|i| AggKey::of(m, i)))
             .collect();
         // Drop what no metric uses any more, from the leaves up.
+        let filters_before = self.used_bits;
         for w in &mut self.windows {
             for f in &mut w.filters {
                 for g in &mut f.groups {
@@ -251,11 +504,15 @@ impl Task {
                         i += 1;
                         keep[i - 1]
                     });
-                    for state in g.table.values_mut() {
-                        let mut j = 0;
-                        state.states.retain(|_| {
-                            j += 1;
-                            keep[j - 1]
+                    if g.aggs.is_empty() {
+                        g.table.clear();
+                    } else {
+                        g.table.rewrite(&mut |state| {
+                            let mut j = 0;
+                            state.states.retain(|_| {
+                                j += 1;
+                                keep[j - 1]
+                            });
                         });
                     }
                 }
@@ -335,7 +592,7 @@ impl Task {
                     f.groups.push(GroupExec {
                         key: gk.clone(),
                         aggs: Vec::new(),
-                        table: HashMap::new(),
+                        table: GroupTable::new(backing_of(self.storage.as_ref(), &gk)),
                         watched: false,
                         touched: Vec::new(),
                     });
@@ -350,8 +607,9 @@ impl Task {
                     continue;
                 }
                 let arg_type = ak.arg.map(|c| self.stream.columns[c].ty);
-                for state in g.table.values_mut() {
-                    state.states.push(ak.func.new_state(arg_type));
+                if !self.restoring {
+                    g.table
+                        .rewrite(&mut |state| state.states.push(ak.func.new_state(arg_type)));
                 }
                 g.aggs.push(AggSlot {
                     func: ak.func,
@@ -364,17 +622,20 @@ impl Task {
         }
 
         // Backfill: filter bits first, then new groups whole, then new slots of old groups.
-        for &(wi, fi) in &new_filters {
-            self.evaluate_stored(wi, fi)?;
+        if self.used_bits != filters_before || !new_filters.is_empty() {
+            self.refresh_filters(&new_filters)?;
         }
-        for &(wi, fi, gi) in &new_groups {
-            self.backfill(wi, fi, gi, None);
-        }
-        for &(wi, fi, gi, ai) in &new_aggs {
-            if !new_groups.contains(&(wi, fi, gi)) {
-                self.backfill(wi, fi, gi, Some(ai));
+        if !self.restoring {
+            for &(wi, fi, gi) in &new_groups {
+                self.backfill(wi, fi, gi, None)?;
+            }
+            for &(wi, fi, gi, ai) in &new_aggs {
+                if !new_groups.contains(&(wi, fi, gi)) {
+                    self.backfill(wi, fi, gi, Some(ai))?;
+                }
             }
         }
+        self.defs = metrics.iter().map(|m| (*m).clone()).collect();
 
         self.metrics = metrics
             .iter()
@@ -469,13 +730,15 @@ impl Task {
         };
         if let (WatchTarget::Metric(_), Some(t)) = (&target, self.time) {
             let m = &self.metrics[slot];
-            let w = &self.windows[m.window];
-            let g = &w.filters[m.filter].groups[m.group];
+            let w = &mut self.windows[m.window];
+            let epoch = w.epoch;
+            let g = &mut w.filters[m.filter].groups[m.group];
             let snapshot: Vec<Change> = g
                 .table
-                .iter()
-                .filter(|(_, s)| s.epoch == w.epoch && s.count > 0)
-                .map(|(k, s)| change_row(g, m, k.as_bytes(), Some(s), t))
+                .entries()
+                .into_iter()
+                .filter(|(_, s)| s.epoch == epoch && s.count > 0)
+                .map(|(k, s)| change_row(g, m, &k, Some(&s), t))
                 .collect();
             if !snapshot.is_empty() && !watcher.deliver(&snapshot) {
                 return;
@@ -507,28 +770,32 @@ impl Task {
         self.watches.len()
     }
 
-    /// Computes a new filter's bit for every stored event, in Arrow batches.
-    fn evaluate_stored(&mut self, wi: usize, fi: usize) -> Result<()> {
-        let f = &self.windows[wi].filters[fi];
-        let (Some(predicate), Some(bit)) = (f.predicate.clone(), f.bit) else {
-            return Ok(());
-        };
-        let mut rows: Vec<Row> = Vec::with_capacity(self.reservoir.len());
-        self.reservoir
-            .for_range(i64::MIN, i64::MAX, &mut |e| rows.push(e.row.clone()));
-        let schema = stream_schema(&self.stream);
-        let types = stream_types(&self.stream);
-        let mut passes = Vec::with_capacity(rows.len());
-        for chunk in rows.chunks(BACKFILL_BATCH_ROWS) {
-            let batch = rows_to_batch(schema.clone(), &types, chunk)?;
-            passes.extend(predicate.evaluate(&batch)?);
+    /// Gives stored events the bits of new filters, and makes events read back from
+    /// disk get the current filters' bits.
+    fn refresh_filters(&mut self, new_filters: &[(usize, usize)]) -> Result<()> {
+        let fresh: Vec<(Filter, u32)> = new_filters
+            .iter()
+            .filter_map(|&(wi, fi)| {
+                let f = &self.windows[wi].filters[fi];
+                Some((f.predicate.clone()?, f.bit?))
+            })
+            .collect();
+        let clear: u64 = fresh.iter().fold(0, |m, (_, bit)| m | (1u64 << bit));
+        let mut masks = Vec::new();
+        if !fresh.is_empty() {
+            let mut rows: Vec<Row> = Vec::new();
+            self.reservoir
+                .refresh(None, &mut |e| rows.push(e.row.clone()));
+            let only_new = EventCodec::new(self.stream.clone(), fresh);
+            for chunk in rows.chunks(BACKFILL_BATCH_ROWS) {
+                masks.extend(only_new.masks(chunk).map_err(Error::internal)?);
+            }
         }
+        let codec: Arc<dyn eddy_storage::ChunkCodec<Event>> = self.codec();
         let mut i = 0;
-        self.reservoir.for_each_mut(&mut |e| {
-            if passes[i] {
-                e.mask |= 1u64 << bit;
-            } else {
-                e.mask &= !(1u64 << bit);
+        self.reservoir.refresh(Some(codec), &mut |e| {
+            if let Some(m) = masks.get(i) {
+                e.mask = (e.mask & !clear) | m;
             }
             i += 1;
         });
@@ -537,14 +804,14 @@ impl Task {
 
     /// Applies the window's current contents to a new group (`slot == None`) or to one
     /// new aggregate slot of an existing group.
-    fn backfill(&mut self, wi: usize, fi: usize, gi: usize, slot: Option<usize>) {
+    fn backfill(&mut self, wi: usize, fi: usize, gi: usize, slot: Option<usize>) -> Result<()> {
         let w = &mut self.windows[wi];
         let (head, tail, epoch) = (w.head, w.tail, w.epoch);
         let f = &mut w.filters[fi];
         let bit = f.bit;
         let g = &mut f.groups[gi];
         let key_buf = &mut self.key_buf;
-        self.reservoir.for_range(tail, head, &mut |e| {
+        let read = self.reservoir.for_range(tail, head, &mut |e| {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
                 return;
             }
@@ -552,21 +819,36 @@ impl Task {
             match slot {
                 None => enter_group(g, key_buf, e, epoch),
                 Some(s) => {
+                    let a = &g.aggs[s];
+                    let (func, arg) = (a.func, a.arg);
                     if let Some(state) = g.table.get_mut(key_buf.as_slice()) {
                         if state.epoch == epoch {
-                            let a = &g.aggs[s];
-                            let v = a.arg.map_or(&Value::Null, |c| &e.row[c]);
-                            state.states[s].insert(a.func, v, e.ts, e.seq);
+                            let v = arg.map_or(&Value::Null, |c| &e.row[c]);
+                            state.states[s].insert(func, v, e.ts, e.seq);
                         }
                     }
                 }
             }
         });
+        read.map_err(|e| self.fail(e))?;
+        self.check_storage()
     }
 
     /// Processes a batch of events in order. With `values`, returns after each event the
     /// values of every metric of the task for that event's group.
     pub fn ingest(&mut self, rows: &[Row], values: bool) -> Result<Vec<(Outcome, MetricValues)>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        // Rows logged before ALTER STREAM … ADD COLUMN are shorter.
+        let n = self.stream.columns.len();
+        let padded: Vec<Row>;
+        let rows = if rows.iter().any(|r| r.len() < n) {
+            padded = rows.iter().map(|r| pad_row(r, n)).collect();
+            &padded[..]
+        } else {
+            rows
+        };
         // Evaluate every predicate once over the whole batch, vectorised.
         let mut bits = vec![0u64; rows.len()];
         let predicates: Vec<(Filter, u32)> = self
@@ -595,7 +877,7 @@ impl Task {
             if !self.watches.is_empty() && matches!(outcome, Ok(Outcome::Accepted)) {
                 self.collect_changes(row);
             }
-            let vals = if values {
+            let vals = if values && outcome.is_ok() {
                 self.values_for(row)
             } else {
                 Vec::new()
@@ -609,6 +891,12 @@ impl Task {
             }
         }
         self.deliver_changes();
+        // Events no later one can precede move to disk in whole chunks.
+        if let Some(t) = self.time {
+            self.reservoir
+                .seal_through(t.saturating_sub(self.stream.lateness_us))
+                .map_err(|e| self.fail(e))?;
+        }
         Ok(out)
     }
 
@@ -651,15 +939,19 @@ impl Task {
                 }
                 Feed::Metric(slot) => {
                     let m = &self.metrics[slot];
-                    let w = &self.windows[m.window];
-                    let g = &w.filters[m.filter].groups[m.group];
-                    for key in &g.touched {
+                    let w = &mut self.windows[m.window];
+                    let epoch = w.epoch;
+                    let g = &mut w.filters[m.filter].groups[m.group];
+                    let touched = std::mem::take(&mut g.touched);
+                    for key in &touched {
                         let state = g
                             .table
-                            .get(&**key)
-                            .filter(|s| s.epoch == w.epoch && s.count > 0);
-                        out.push(change_row(g, m, key, state, t));
+                            .get(key)
+                            .filter(|s| s.epoch == epoch && s.count > 0)
+                            .cloned();
+                        out.push(change_row(g, m, key, state.as_ref(), t));
                     }
+                    g.touched = touched;
                 }
             }
         }
@@ -725,25 +1017,34 @@ impl Task {
         self.reservoir.insert(event.clone());
         let new_t = self.time.map_or(ts, |t| t.max(ts));
         self.time = Some(new_t);
+        let mut read = Ok(());
         for w in &mut self.windows {
             let old_head = w.head;
-            advance(w, new_t, self.reservoir.as_ref(), &mut self.key_buf);
+            read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf);
+            if read.is_err() {
+                break;
+            }
             // An out-of-order event behind the old head edge enters directly; one beyond
             // it entered with the range scan, or enters later (delayed windows).
             if ts <= old_head && ts > w.tail {
                 apply_event(w, &event, &mut self.key_buf, true);
             }
         }
+        read.map_err(|e| self.fail(e))?;
+        if self.storage.is_some() {
+            self.check_storage()?;
+        }
         self.since_sweep += 1;
         if self.since_sweep >= RETENTION_SWEEP_EVENTS {
             self.since_sweep = 0;
-            self.sweep(new_t);
+            self.sweep(new_t).map_err(|e| self.fail(e))?;
         }
         Ok(Outcome::Accepted)
     }
 
-    /// Drops events past retention (never inside a window) and old event ids.
-    fn sweep(&mut self, t: i64) {
+    /// Drops events past retention (never inside a window) and old event ids; moves
+    /// events no later event can precede to disk.
+    fn sweep(&mut self, t: i64) -> std::result::Result<(), ReservoirError> {
         // INFINITE windows never expire events, so they need nothing kept.
         let keep = self
             .windows
@@ -753,7 +1054,7 @@ impl Task {
                 self.stream.retention_us.max(self.stream.lateness_us),
                 i64::max,
             );
-        self.reservoir.expire_through(t.saturating_sub(keep));
+        self.reservoir.expire_through(t.saturating_sub(keep))?;
         let horizon = t
             .saturating_sub(self.stream.lateness_us)
             .saturating_sub(DEDUP_EXTRA_US);
@@ -764,35 +1065,40 @@ impl Task {
             let (_, id) = self.dedup_order.pop_front().expect("front exists");
             self.dedup_ids.remove(&id);
         }
+        Ok(())
     }
 
     /// The values of every metric of the task for the group of `row`, as they stand.
     pub fn values_for(&mut self, row: &[Value]) -> MetricValues {
         let mut out = Vec::with_capacity(self.metrics.len());
         for m in &self.metrics {
-            let w = &self.windows[m.window];
-            let g = &w.filters[m.filter].groups[m.group];
+            let w = &mut self.windows[m.window];
+            let epoch = w.epoch;
+            let g = &mut w.filters[m.filter].groups[m.group];
             fill_key(&mut self.key_buf, &g.key.columns, row);
             let state = g
                 .table
                 .get(self.key_buf.as_slice())
-                .filter(|s| s.epoch == w.epoch && s.count > 0);
-            out.push((m.name.clone(), metric_values(g, m, state)));
+                .filter(|s| s.epoch == epoch && s.count > 0);
+            let values = metric_values(&g.aggs, m, state);
+            out.push((m.name.clone(), values));
         }
         out
     }
 
     /// Every non-empty group of `metric`: group-by values, then aggregate values.
-    pub fn metric_rows(&self, metric: &str, key: Option<&[Value]>) -> Vec<Vec<Value>> {
+    pub fn metric_rows(&mut self, metric: &str, key: Option<&[Value]>) -> Vec<Vec<Value>> {
         let Some(m) = self.metrics.iter().find(|m| m.name == metric) else {
             return Vec::new();
         };
-        let w = &self.windows[m.window];
-        let g = &w.filters[m.filter].groups[m.group];
-        let live = |s: &&GroupState| s.epoch == w.epoch && s.count > 0;
+        let w = &mut self.windows[m.window];
+        let epoch = w.epoch;
+        let g = &mut w.filters[m.filter].groups[m.group];
+        let live = |s: &GroupState| s.epoch == epoch && s.count > 0;
+        let aggs = &g.aggs;
         let row = |k: &[u8], s: &GroupState| {
             let mut r = unpack(k);
-            r.extend(metric_values(g, m, Some(s)));
+            r.extend(metric_values(aggs, m, Some(s)));
             r
         };
         match key {
@@ -802,27 +1108,36 @@ impl Task {
                 pack(&mut packed, &positions, k);
                 g.table
                     .get(packed.as_slice())
-                    .filter(live)
+                    .filter(|s| live(s))
                     .map(|s| row(&packed, s))
                     .into_iter()
                     .collect()
             }
             None => g
                 .table
+                .entries()
                 .iter()
                 .filter(|(_, s)| live(s))
-                .map(|(k, s)| row(k.as_bytes(), s))
+                .map(|(k, s)| row(k, s))
                 .collect(),
         }
     }
 
     /// The stored events, oldest first.
-    pub fn events(&self) -> Vec<Row> {
+    pub fn events(&mut self) -> Result<Vec<Row>> {
         let mut out = Vec::with_capacity(self.reservoir.len());
         self.reservoir
-            .for_range(i64::MIN, i64::MAX, &mut |e| out.push(e.row.clone()));
-        out
+            .for_range(i64::MIN, i64::MAX, &mut |e| out.push(e.row.clone()))
+            .map_err(|e| self.fail(e))?;
+        Ok(out)
     }
+}
+
+/// A row with NULLs for the columns it lacks.
+fn pad_row(row: &[Value], n: usize) -> Row {
+    let mut r = row.to_vec();
+    r.resize(n, Value::Null);
+    r.into()
 }
 
 /// A metric's row for one group as a change: group-by values, aggregates, `changed_at`.
@@ -834,7 +1149,7 @@ fn change_row(
     t: i64,
 ) -> Change {
     let mut row = unpack(key);
-    row.extend(metric_values(g, m, state));
+    row.extend(metric_values(&g.aggs, m, state));
     row.push(Value::Timestamp(t));
     Change {
         key: key.into(),
@@ -842,12 +1157,12 @@ fn change_row(
     }
 }
 
-fn metric_values(g: &GroupExec, m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
+fn metric_values(aggs: &[AggSlot], m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
     m.aggs
         .iter()
         .map(|&a| match state {
-            Some(s) => s.states[a].result(g.aggs[a].func),
-            None => match g.aggs[a].func {
+            Some(s) => s.states[a].result(aggs[a].func),
+            None => match aggs[a].func {
                 AggFunc::CountStar | AggFunc::Count | AggFunc::CountDistinct => Value::Int(0),
                 _ => Value::Null,
             },
@@ -861,7 +1176,12 @@ fn fill_key(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
 
 /// Moves a window's edges to stream time `t`: events past the tail leave, then events
 /// that reached the head enter, both in event-time order.
-fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf: &mut Vec<u8>) {
+fn advance(
+    w: &mut WindowExec,
+    t: i64,
+    reservoir: &mut dyn Reservoir<Event>,
+    key_buf: &mut Vec<u8>,
+) -> std::result::Result<(), ReservoirError> {
     let spec = w.key.spec;
     let new_head = spec.head_bound(t);
     let new_tail = spec.tail_bound(t).unwrap_or(i64::MIN);
@@ -874,11 +1194,11 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
                 let old = w.epoch;
                 for f in &mut w.filters {
                     for g in f.groups.iter_mut().filter(|g| g.watched) {
+                        let live = g.table.entries();
                         g.touched.extend(
-                            g.table
-                                .iter()
+                            live.into_iter()
                                 .filter(|(_, s)| s.epoch == old && s.count > 0)
-                                .map(|(k, _)| Box::<[u8]>::from(k.as_bytes())),
+                                .map(|(k, _)| k.into_boxed_slice()),
                         );
                     }
                 }
@@ -887,7 +1207,7 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
         }
         WindowSpec::Sliding { .. } if new_tail > old_tail => {
             let upto = new_tail.min(old_head);
-            reservoir.for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false));
+            reservoir.for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false))?;
         }
         _ => {}
     }
@@ -895,9 +1215,10 @@ fn advance(w: &mut WindowExec, t: i64, reservoir: &dyn Reservoir<Event>, key_buf
     if new_head > old_head {
         reservoir.for_range(old_head.max(w.tail), new_head, &mut |e| {
             apply_event(w, e, key_buf, true)
-        });
+        })?;
         w.head = new_head;
     }
+    Ok(())
 }
 
 /// Applies (`enter`) or removes one event to every group under the window.
@@ -922,17 +1243,11 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
     if g.watched {
         g.touched.push(key.into());
     }
-    let state = match g.table.get_mut(key) {
-        Some(s) => s,
-        None => g
-            .table
-            .entry(PackedKey::new(key))
-            .or_insert_with(|| GroupState {
-                count: 0,
-                epoch,
-                states: Vec::new(),
-            }),
-    };
+    let state = g.table.entry(key, || GroupState {
+        count: 0,
+        epoch,
+        states: Vec::new(),
+    });
     if state.epoch != epoch || state.states.len() != g.aggs.len() {
         // A tumbling window moved on (or the group is new): start empty.
         state.count = 0;
@@ -955,11 +1270,11 @@ fn leave_group(g: &mut GroupExec, key: &[u8], e: &Event) {
         g.touched.push(key.into());
     }
     let Some(state) = g.table.get_mut(key) else {
-        panic!("an event left a group it never entered");
+        g.table.fail("an event left a group it never entered");
+        return;
     };
     state.count -= 1;
-    assert!(state.count >= 0);
-    if state.count == 0 {
+    if state.count <= 0 {
         g.table.remove(key);
         return;
     }

@@ -36,13 +36,16 @@ use std::sync::Arc;
 
 use std::sync::Mutex;
 
+use eddy_cluster::groups::CacheConfig;
 use eddy_cluster::task::{Outcome, Row, Task};
 use eddy_cluster::watch::{Change, WatchTarget, Watcher};
+use eddy_cluster::{NodeStorage, StorageConfig, TaskId};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
 use eddy_planner::types::Value;
 use eddy_planner::window::WindowSpec;
+use eddy_storage::ReservoirConfig;
 
 const MS: i64 = 1_000;
 const SEC: i64 = 1_000_000;
@@ -1157,6 +1160,27 @@ struct Harness {
     catalog: Catalog,
     task: Task,
     metrics: Vec<MSpec>,
+    /// On disk: the node storage and its directory; the task is rebooted now and then.
+    disk: Option<(NodeStorage, std::path::PathBuf)>,
+    reboots: usize,
+    /// Chunk reads, store reads, L2 hits and store writes of tasks rebooted away.
+    disk_work: [u64; 4],
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some((_, dir)) = self.disk.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn task_id() -> TaskId {
+    TaskId {
+        stream: "s".into(),
+        partitioner: 0,
+        partition: 0,
+    }
 }
 
 impl Harness {
@@ -1185,7 +1209,77 @@ impl Harness {
             catalog,
             task,
             metrics,
+            disk: None,
+            reboots: 0,
+            disk_work: [0; 4],
         }
+    }
+
+    /// The same harness on the disk-backed default, with chunks of a few dozen events,
+    /// a chunk cache of a few chunks and group caches of a few entries, so that sealing,
+    /// chunk reads, evictions, write-through and store reads all happen all the time.
+    fn on_disk(seed: u64, start: i64, metrics: Vec<MSpec>) -> Harness {
+        let mut h = Harness::new(seed, start, metrics);
+        let dir = std::env::temp_dir().join(format!("eddy-oracle-{}-{seed:x}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let node = NodeStorage::open(
+            &dir,
+            StorageConfig {
+                reservoir: ReservoirConfig {
+                    chunk_bytes_max: 4096,
+                    segment_bytes_max: 64 << 10,
+                    cache_bytes_max: 16 << 10,
+                },
+                cache: CacheConfig {
+                    l1_entries: 4,
+                    l2_entries: 8,
+                },
+            },
+        )
+        .expect("node storage");
+        let stream = h.catalog.stream("s").expect("stream s").clone();
+        let mut task =
+            Task::open(stream, 0, node.task_storage(&task_id()), None).expect("task on disk");
+        task.set_metrics(&h.catalog.metrics_of("s"))
+            .expect("set_metrics");
+        h.task = task;
+        h.disk = Some((node, dir));
+        h
+    }
+
+    /// Checkpoints the task, drops it, and opens it again from the checkpoint.
+    fn reboot(&mut self) {
+        let Some((node, _)) = &self.disk else { return };
+        let seed = self.seed;
+        let cp = self
+            .task
+            .checkpoint()
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: checkpoint: {e:?}"))
+            .expect("a task on disk");
+        let metrics = self.catalog.metrics_of("s");
+        let stream = self.catalog.stream("s").expect("stream s").clone();
+        let (r, c) = (self.task.reservoir_stats(), self.task.cache_stats());
+        for (sum, n) in self.disk_work.iter_mut().zip([
+            r.cache_hits + r.cache_misses,
+            c.misses,
+            c.l2_hits,
+            c.writes,
+        ]) {
+            *sum += n;
+        }
+        let placeholder = Task::new(stream.clone(), 0);
+        drop(std::mem::replace(&mut self.task, placeholder));
+        let mut task = Task::open(
+            stream,
+            0,
+            node.task_storage(&task_id()),
+            Some((&cp, &metrics)),
+        )
+        .unwrap_or_else(|e| panic!("seed {seed:#x}: reopen: {e:?}"));
+        task.set_metrics(&metrics)
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: set_metrics after reopen: {e:?}"));
+        self.task = task;
+        self.reboots += 1;
     }
 
     /// The arrival number of one of the last `within` accepted events.
@@ -1403,6 +1497,9 @@ impl Harness {
             let with_values = !self.rng.chance(0.1);
             self.batch(size, with_values);
             left -= size;
+            if self.disk.is_some() && self.rng.chance(0.02) {
+                self.reboot();
+            }
         }
     }
 
@@ -1426,7 +1523,7 @@ impl Harness {
     }
 
     /// Every metric's non-empty groups (`metric_rows`) against the model.
-    fn check_groups(&self, when: &str) {
+    fn check_groups(&mut self, when: &str) {
         for m in &self.metrics {
             let mut expected: HashMap<Vec<Value>, Vec<Exp>> = HashMap::new();
             for &code in self.model.by_group[m.grp.idx()].keys() {
@@ -1585,7 +1682,39 @@ fn oracle_matches_engine() {
 }
 
 #[test]
+fn oracle_matches_engine_on_disk() {
+    for (i, seed) in seeds().into_iter().take(2).enumerate() {
+        let mut h = Harness::on_disk(seed ^ 0xD15C, start_time(seed, i), main_metrics());
+        for _ in 0..3 {
+            h.run(5_000);
+            h.reboot();
+            let when = format!("after event #{} and a reboot", h.sent);
+            h.check_groups(&when);
+        }
+        h.finish();
+        let chunks = h.task.reservoir_stats().chunks;
+        assert!(h.reboots > 3, "seed {seed:#x}: {} reboots", h.reboots);
+        assert!(chunks > 0, "seed {seed:#x}: nothing sealed");
+        let [chunk_reads, store_reads, l2_hits, store_writes] = h.disk_work;
+        assert!(
+            chunk_reads > 0 && store_reads > 0 && l2_hits > 0 && store_writes > 0,
+            "seed {seed:#x}: chunk reads {chunk_reads}, store reads {store_reads}, \
+             L2 hits {l2_hits}, store writes {store_writes}"
+        );
+    }
+}
+
+#[test]
 fn metrics_added_and_dropped_midway() {
+    added_and_dropped(false);
+}
+
+#[test]
+fn metrics_added_and_dropped_midway_on_disk() {
+    added_and_dropped(true);
+}
+
+fn added_and_dropped(disk: bool) {
     for (i, seed) in seeds().into_iter().take(2).enumerate() {
         let initial = vec![
             metric(
@@ -1610,7 +1739,11 @@ fn metrics_added_and_dropped_midway() {
                 &["COUNT(*)", "SUM(amount)", "MIN(tag)"],
             ),
         ];
-        let mut h = Harness::new(seed ^ 0x00AD_D000, start_time(seed, i), initial);
+        let mut h = if disk {
+            Harness::on_disk(seed ^ 0x00AD_D000, start_time(seed, i), initial)
+        } else {
+            Harness::new(seed ^ 0x00AD_D000, start_time(seed, i), initial)
+        };
         h.run(7_000);
         h.create(vec![
             // The group of a_slide, with new aggregates and one it already has.

@@ -47,6 +47,26 @@ impl StreamDef {
         self.columns.iter().position(|c| c.name == name)
     }
 
+    /// Whether `self` is `old` with columns added at the end (`ALTER STREAM … ADD
+    /// COLUMN`): the same stream, whose tasks and stored events carry over.
+    pub fn extends(&self, old: &StreamDef) -> bool {
+        self.columns.len() > old.columns.len()
+            && self.columns[..old.columns.len()] == old.columns[..]
+            && self.name == old.name
+            && self.event_time == old.event_time
+            && self.event_time_unit == old.event_time_unit
+            && self.event_id == old.event_id
+            && self.partitioners == old.partitioners
+            && self.partitions == old.partitions
+            && self.lateness_us == old.lateness_us
+            && self.retention_us == old.retention_us
+    }
+
+    /// The same stream as `old`, maybe with columns added.
+    pub fn same_as(&self, old: &StreamDef) -> bool {
+        self == old || self.extends(old)
+    }
+
     /// The number of partitioner task sets: a stream without partitioners has one task.
     pub fn partitioner_count(&self) -> usize {
         self.partitioners.len().max(1)

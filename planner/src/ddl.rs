@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use crate::bind::{bind_create_metric, bind_create_stream, undefined_stream};
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, ColumnDef, StreamDef};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sql::Statement;
+use crate::types::ColumnType;
 
 /// What a DDL statement did: its command tag and an optional notice for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +151,79 @@ pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome
             next.order.retain(|n| n != name);
             DdlOutcome::changed("DROP METRIC")
         }
+        Statement::AlterStreamAddColumn { stream, column, ty } => {
+            let old = catalog
+                .stream(stream)
+                .ok_or_else(|| undefined_stream(stream))?;
+            next.streams
+                .insert(stream.clone(), Arc::new(add_column(old, column, ty)?));
+            DdlOutcome::changed("ALTER STREAM")
+        }
         _ => return Err(Error::internal("not a DDL statement")),
     };
     Ok((next, outcome))
+}
+
+/// The stream with one more (nullable) column at the end. Its statement is rewritten
+/// with the column in the column list, so the catalog file creates it as it is now.
+fn add_column(old: &StreamDef, column: &str, ty: &str) -> Result<StreamDef> {
+    if old.column_index(column).is_some() {
+        return Err(Error::new(
+            ErrorKind::DuplicateObject,
+            format!(
+                "column \"{column}\" of stream \"{}\" already exists",
+                old.name
+            ),
+        ));
+    }
+    let upper = ty.to_ascii_uppercase();
+    if upper.contains("NOT NULL") || upper.contains("DEFAULT") {
+        return Err(
+            Error::unsupported("an added column cannot be NOT NULL or have a DEFAULT")
+                .with_hint("Events stored before the change read the new column as NULL."),
+        );
+    }
+    let parsed = ColumnType::parse(ty).ok_or_else(|| {
+        Error::unsupported(format!("type {ty} is not supported"))
+            .with_hint("Use BOOLEAN, INTEGER, BIGINT, REAL, DOUBLE PRECISION, TEXT or TIMESTAMP.")
+    })?;
+    // The column list is the first parenthesis of CREATE STREAM.
+    let open = old
+        .sql
+        .find('(')
+        .ok_or_else(|| Error::internal("a stream statement without columns"))?;
+    let mut depth = 0;
+    let mut quote: Option<char> = None;
+    let mut close = None;
+    for (i, c) in old.sql.char_indices().skip_while(|(i, _)| *i < open) {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(') => depth += 1,
+            (None, ')') => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let close = close.ok_or_else(|| Error::internal("a stream statement without columns"))?;
+    let quoted = format!("\"{}\"", column.replace('"', "\"\""));
+    let mut next = old.clone();
+    next.sql = format!(
+        "{}, {quoted} {} {}",
+        &old.sql[..close],
+        parsed.sql_name(),
+        &old.sql[close..]
+    );
+    next.columns.push(ColumnDef {
+        name: column.to_string(),
+        ty: parsed,
+        not_null: false,
+    });
+    Ok(next)
 }

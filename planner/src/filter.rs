@@ -284,3 +284,43 @@ pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
         .map(|c| ResultType::Column(c.ty))
         .collect()
 }
+
+/// The values of an Arrow column as `Value`s (the inverse of `rows_to_batch` for the
+/// column types events use; Int32 and Float32 may come back from wider arrays).
+pub fn column_values(array: &ArrayRef) -> Result<Vec<Value>> {
+    use datafusion::arrow::array::{
+        Float32Array, Float64Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+    };
+    fn get<T: 'static>(array: &ArrayRef) -> Result<&T> {
+        array
+            .as_any()
+            .downcast_ref::<T>()
+            .ok_or_else(|| Error::internal(format!("unexpected array {}", array.data_type())))
+    }
+    let n = array.len();
+    let mut out = Vec::with_capacity(n);
+    macro_rules! fill {
+        ($ty:ty, $wrap:expr) => {{
+            let a = get::<$ty>(array)?;
+            for i in 0..n {
+                out.push(if a.is_null(i) {
+                    Value::Null
+                } else {
+                    $wrap(a.value(i))
+                });
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::Null => out.resize(n, Value::Null),
+        DataType::Boolean => fill!(BooleanArray, Value::Bool),
+        DataType::Int32 => fill!(Int32Array, |v: i32| Value::Int(v as i64)),
+        DataType::Int64 => fill!(Int64Array, Value::Int),
+        DataType::Float32 => fill!(Float32Array, |v: f32| Value::Float(v as f64)),
+        DataType::Float64 => fill!(Float64Array, Value::Float),
+        DataType::Utf8 => fill!(StringArray, |v: &str| Value::Text(Arc::from(v))),
+        DataType::Timestamp(_, _) => fill!(TimestampMicrosecondArray, Value::Timestamp),
+        other => return Err(Error::internal(format!("unexpected column type {other}"))),
+    }
+    Ok(out)
+}

@@ -31,6 +31,13 @@ pub enum Statement {
         name: String,
         if_exists: bool,
     },
+    /// `ALTER STREAM name ADD [COLUMN] column type`.
+    AlterStreamAddColumn {
+        stream: String,
+        column: String,
+        /// The type as written.
+        ty: String,
+    },
     ShowStreams,
     ShowMetrics,
     Describe(String),
@@ -199,8 +206,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["DESCRIBE", ..] | ["DESC", ..] => Ok(Statement::Describe(single_name(&tokens, 1)?)),
         ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
         ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
-        ["ALTER", "STREAM", ..] => Err(Error::unsupported("ALTER STREAM is not supported yet")
-            .with_hint("Drop and re-create the stream to change its columns.")),
+        ["ALTER", "STREAM", ..] => parse_alter_stream(&tokens),
         ["BEGIN", ..] | ["START", "TRANSACTION", ..] => Ok(Statement::Begin),
         ["COMMIT", ..] | ["END", ..] => Ok(Statement::Commit),
         ["ROLLBACK", ..] | ["ABORT", ..] => Ok(Statement::Rollback),
@@ -831,6 +837,45 @@ fn parse_drop(tokens: &[Token]) -> Result<Statement> {
 }
 
 /// The object name at significant-token position `at` (e.g. `DESCRIBE name`).
+/// `ALTER STREAM name ADD [COLUMN] column type`: the only change a stream takes.
+fn parse_alter_stream(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    let unsupported = || {
+        Error::unsupported("ALTER STREAM only adds columns")
+            .with_hint("Write ALTER STREAM name ADD COLUMN column type.")
+    };
+    let (Some(Token::Word(stream)), Some(Token::Word(add))) = (words.get(2), words.get(3)) else {
+        return Err(Error::syntax("syntax error in ALTER STREAM"));
+    };
+    if !add.value.eq_ignore_ascii_case("ADD") {
+        return Err(unsupported());
+    }
+    let mut at = 4;
+    if matches!(words.get(at), Some(Token::Word(w)) if w.value.eq_ignore_ascii_case("COLUMN")) {
+        at += 1;
+    }
+    let Some(Token::Word(column)) = words.get(at) else {
+        return Err(Error::syntax(
+            "syntax error in ALTER STREAM: expected a column name",
+        ));
+    };
+    let ty = words[at + 1..]
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if ty.is_empty() {
+        return Err(Error::syntax(
+            "syntax error in ALTER STREAM: expected a column type",
+        ));
+    }
+    Ok(Statement::AlterStreamAddColumn {
+        stream: word_name(stream),
+        column: word_name(column),
+        ty,
+    })
+}
+
 fn single_name(tokens: &[Token], at: usize) -> Result<String> {
     let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
     match words.get(at) {

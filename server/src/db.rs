@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use pgwire::api::Type;
 
-use eddy_cluster::{Engine, LocalLog, Outcome, Row, Task};
+use eddy_cluster::{Engine, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -103,10 +103,16 @@ pub struct Db {
 
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
-    pub async fn open(data_dir: &Path, shards: usize) -> anyhow::Result<Arc<Db>> {
+    pub async fn open(
+        data_dir: &Path,
+        shards: usize,
+        checkpoint_interval: std::time::Duration,
+    ) -> anyhow::Result<Arc<Db>> {
         std::fs::create_dir_all(data_dir)?;
         let log = Arc::new(LocalLog::open(&data_dir.join(LOG_DIR))?);
-        let engine = Arc::new(Engine::start(shards, Some(log)));
+        let storage = NodeStorage::open(data_dir, StorageConfig::from_env())
+            .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
+        let engine = Arc::new(Engine::start(shards, Some(log), Some(Arc::new(storage))));
         let mut catalog = Catalog::default();
         let path = data_dir.join(CATALOG_FILE);
         if path.exists() {
@@ -134,14 +140,35 @@ impl Db {
         if replayed > 0 {
             eprintln!("eddy: replayed {replayed} logged events");
         }
-        Ok(Arc::new(Db {
+        // What was recovered becomes the new base: the replayed log can go.
+        engine
+            .checkpoint()
+            .await
+            .map_err(|e| anyhow::anyhow!("checkpointing after recovery: {e}"))?;
+        let db = Arc::new(Db {
             catalog: RwLock::new(catalog),
             query_ctx: std::sync::Mutex::new(None),
             engine,
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
-        }))
+        });
+        let weak = Arc::downgrade(&db);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(checkpoint_interval).await;
+                let Some(db) = weak.upgrade() else { break };
+                if let Err(e) = db.engine.checkpoint().await {
+                    eprintln!("eddy: checkpoint failed: {e}");
+                }
+            }
+        });
+        Ok(db)
+    }
+
+    /// Takes a checkpoint now (clean shutdown, tests).
+    pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
+        self.engine.checkpoint().await
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -212,7 +239,8 @@ impl Db {
             Statement::CreateStream { .. }
             | Statement::CreateMetric(_)
             | Statement::DropStream { .. }
-            | Statement::DropMetric { .. } => self.ddl(&stmt).await,
+            | Statement::DropMetric { .. }
+            | Statement::AlterStreamAddColumn { .. } => self.ddl(&stmt).await,
             Statement::ShowStreams => self.show_streams().await,
             Statement::ShowMetrics => Ok(self.show_metrics()),
             Statement::Describe(name) => self.describe(&name),
@@ -297,7 +325,7 @@ impl Db {
             return Ok(());
         };
         for (name, stream) in &current.streams {
-            let kept = next.stream(name).is_some_and(|s| **s == **stream);
+            let kept = next.stream(name).is_some_and(|s| s.same_as(stream));
             if !kept {
                 log.drop_stream(name).await?;
             }
@@ -337,6 +365,8 @@ impl Db {
                 return Err(e);
             }
             *self.catalog.write().expect("catalog lock") = next;
+            // Recovery restarts from a checkpoint that already has the new metrics.
+            self.engine.checkpoint().await?;
         }
         Ok(Executed {
             output: Output::Command { tag, rows: None },
@@ -483,6 +513,14 @@ impl Db {
             Column::new("duplicates", Type::INT8),
             Column::new("stored_events", Type::INT8),
             Column::new("log_bytes", Type::INT8),
+            Column::new("reservoir_bytes", Type::INT8),
+            Column::new("chunks", Type::INT8),
+            Column::new("compression_ratio", Type::FLOAT8),
+            Column::new("chunk_cache_hits", Type::INT8),
+            Column::new("chunk_cache_misses", Type::INT8),
+            Column::new("l1_hits", Type::INT8),
+            Column::new("l2_hits", Type::INT8),
+            Column::new("state_reads", Type::INT8),
         ];
         let rows = catalog
             .streams
@@ -498,6 +536,11 @@ impl Db {
                     stored += r.stored_events as u64;
                 }
                 let log_bytes = self.engine.log().map_or(0, |l| l.disk_bytes(&s.name));
+                let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> i64 {
+                    tasks.iter().map(|r| f(r)).sum::<u64>() as i64
+                };
+                let disk = sum(&|r| r.reservoir.disk_bytes);
+                let raw = sum(&|r| r.reservoir.raw_bytes);
                 vec![
                     Cell::Text(s.name.clone()),
                     Cell::I32(tasks.len() as i32),
@@ -506,6 +549,18 @@ impl Db {
                     Cell::I64(dups as i64),
                     Cell::I64(stored as i64),
                     Cell::I64(log_bytes as i64),
+                    Cell::I64(disk),
+                    Cell::I64(sum(&|r| r.reservoir.chunks)),
+                    if disk > 0 {
+                        Cell::F64(raw as f64 / disk as f64)
+                    } else {
+                        Cell::Null
+                    },
+                    Cell::I64(sum(&|r| r.reservoir.cache_hits)),
+                    Cell::I64(sum(&|r| r.reservoir.cache_misses)),
+                    Cell::I64(sum(&|r| r.cache.l1_hits)),
+                    Cell::I64(sum(&|r| r.cache.l2_hits)),
+                    Cell::I64(sum(&|r| r.cache.misses)),
                 ]
             })
             .collect();
@@ -621,6 +676,106 @@ impl Db {
                 )],
             );
         }
+        let all = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
+            vec![(String::new(), report.iter().map(f).sum::<u64>() as f64)]
+        };
+        family(
+            "eddy_reservoir_disk_bytes",
+            "gauge",
+            "Bytes of sealed event chunks on disk, per stream (all partitioners).",
+            catalog
+                .streams
+                .keys()
+                .map(|name| {
+                    let v: u64 = report
+                        .iter()
+                        .filter(|r| &r.task.stream == name)
+                        .map(|r| r.reservoir.disk_bytes)
+                        .sum();
+                    (format!("{{stream=\"{}\"}}", label(name)), v as f64)
+                })
+                .collect(),
+        );
+        family(
+            "eddy_reservoir_raw_bytes",
+            "gauge",
+            "Uncompressed Arrow bytes of the sealed chunks (compression ratio = raw / disk).",
+            all(&|r| r.reservoir.raw_bytes),
+        );
+        family(
+            "eddy_reservoir_chunks",
+            "gauge",
+            "Sealed event chunks.",
+            all(&|r| r.reservoir.chunks),
+        );
+        family(
+            "eddy_chunk_cache_hits_total",
+            "counter",
+            "Chunk reads answered by the chunk cache (including chunks read ahead).",
+            all(&|r| r.reservoir.cache_hits),
+        );
+        family(
+            "eddy_chunk_cache_misses_total",
+            "counter",
+            "Chunk reads that waited for the disk.",
+            all(&|r| r.reservoir.cache_misses),
+        );
+        family(
+            "eddy_chunks_prefetched_total",
+            "counter",
+            "Chunks read ahead by the IO thread.",
+            all(&|r| r.reservoir.prefetched),
+        );
+        family(
+            "eddy_state_l1_hits_total",
+            "counter",
+            "Group state lookups answered by the write-back cache (L1).",
+            all(&|r| r.cache.l1_hits),
+        );
+        family(
+            "eddy_state_l2_hits_total",
+            "counter",
+            "Group state lookups answered by the write-through cache (L2).",
+            all(&|r| r.cache.l2_hits),
+        );
+        family(
+            "eddy_state_misses_total",
+            "counter",
+            "Group state lookups that read RocksDB.",
+            all(&|r| r.cache.misses),
+        );
+        family(
+            "eddy_state_writes_total",
+            "counter",
+            "Group states written to RocksDB (evictions and checkpoint flushes).",
+            all(&|r| r.cache.writes),
+        );
+        let c = &self.engine.checkpoints;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        family(
+            "eddy_checkpoints_total",
+            "counter",
+            "Checkpoints committed.",
+            vec![(String::new(), load(&c.count) as f64)],
+        );
+        family(
+            "eddy_checkpoint_sync_seconds",
+            "gauge",
+            "Synchronous stage of the last checkpoint (shards paused).",
+            vec![(String::new(), load(&c.last_sync_micros) as f64 / 1e6)],
+        );
+        family(
+            "eddy_checkpoint_seconds",
+            "gauge",
+            "Whole duration of the last checkpoint.",
+            vec![(String::new(), load(&c.last_total_micros) as f64 / 1e6)],
+        );
+        family(
+            "eddy_checkpoint_sync_seconds_total",
+            "counter",
+            "Synchronous stages of all checkpoints.",
+            vec![(String::new(), load(&c.sync_micros_total) as f64 / 1e6)],
+        );
         let subs = self.subscriptions.list();
         family(
             "eddy_subscriptions",

@@ -34,6 +34,9 @@ enum Command {
         /// Shard threads (default: the number of cores).
         #[arg(long, env = "EDDY_SHARDS")]
         shards: Option<usize>,
+        /// Seconds between checkpoints (state flushed, log truncated).
+        #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
+        checkpoint_interval: f64,
     },
 }
 
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
             http_addr,
             data_dir,
             shards,
+            checkpoint_interval,
         } => {
             let shards = shards
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -58,6 +62,9 @@ fn main() -> anyhow::Result<()> {
                 http_addr: Some(http_addr),
                 data_dir,
                 shards,
+                checkpoint_interval: std::time::Duration::from_secs_f64(
+                    checkpoint_interval.max(0.01),
+                ),
             }))
         }
     }

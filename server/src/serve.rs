@@ -18,6 +18,8 @@ pub struct Config {
     pub http_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub shards: usize,
+    /// Time between periodic checkpoints.
+    pub checkpoint_interval: std::time::Duration,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -31,7 +33,7 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: &Config) -> anyhow::Result<Server> {
-        let db = Db::open(&config.data_dir, config.shards).await?;
+        let db = Db::open(&config.data_dir, config.shards, config.checkpoint_interval).await?;
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
         let http = match config.http_addr {
@@ -82,6 +84,9 @@ impl Server {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+        if let Err(e) = self.db.checkpoint().await {
+            eprintln!("eddy: the checkpoint at shutdown failed: {e}");
+        }
     }
 }
 

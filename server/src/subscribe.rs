@@ -635,18 +635,22 @@ pub async fn open(
         rows_sent: AtomicU64::new(0),
         rows_coalesced: AtomicU64::new(0),
     });
-    registry
-        .open
-        .lock()
-        .expect("registry lock")
-        .insert(id, sub.clone());
     let handle = SubscriptionHandle {
         sub: sub.clone(),
         registry: registry.clone(),
         engine: engine.clone(),
     };
     engine
-        .watch(&stream, partitioner, target, id, sub as Arc<dyn Watcher>)
+        .watch(
+            &stream,
+            partitioner,
+            target,
+            id,
+            sub.clone() as Arc<dyn Watcher>,
+        )
         .await?;
+    // Listed once attached: a client seeing it in SHOW SUBSCRIPTIONS knows it sees
+    // every later change.
+    registry.open.lock().expect("registry lock").insert(id, sub);
     Ok(handle)
 }

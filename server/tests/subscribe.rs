@@ -170,6 +170,21 @@ async fn tokio_postgres_streams_rows_on_both_protocols() {
             .unwrap(),
     );
 
+    // The extended protocol returns before the server runs Execute: wait until the
+    // subscription is attached (SHOW SUBSCRIPTIONS lists it from then on).
+    let deadline = std::time::Instant::now() + WAIT;
+    while !simple_rows(&admin, "SHOW SUBSCRIPTIONS")
+        .await
+        .iter()
+        .any(|r| r.iter().flatten().any(|c| c.contains("amount > 100")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream subscription never attached"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
     // At T = 70 s, a's event at 0 s and b's at 10 s leave the 1-minute window; the new
     // event enters a: both groups change, b to its empty-set values.
     insert(&admin, &[(3, 70, "a", 1)]).await;

@@ -5,10 +5,13 @@
 //! disk-backed implementations can replace the in-memory ones without touching the
 //! planner or the executor.
 
+pub mod chunk;
+pub mod disk;
 pub mod log;
 pub mod reservoir;
 pub mod state;
 
+pub use disk::{DiskReservoir, IoThread, ReservoirConfig};
 pub use log::{LogError, TaskLog};
-pub use reservoir::{MemReservoir, Reservoir, Timed};
+pub use reservoir::{ChunkCodec, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed};
 pub use state::{Family, MemStateStore, RocksStore, StateError, StateStore};

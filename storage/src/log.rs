@@ -278,6 +278,21 @@ impl TaskLog {
         Ok(())
     }
 
+    /// Deletes the segments whose records all come before `offset` (a checkpoint
+    /// covers them); the active segment stays. Returns how many were deleted.
+    pub fn truncate_before(&mut self, offset: u64) -> Result<usize, LogError> {
+        let mut removed = 0;
+        while self.segments.len() > 1 && self.segments[1].base <= offset {
+            let s = self.segments.remove(0);
+            fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+            removed += 1;
+        }
+        if removed > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
     /// Deletes the log's files.
     pub fn destroy(self) -> Result<(), LogError> {
         let dir = self.dir.clone();

@@ -6,6 +6,7 @@
 //! what the head and tail edges of every window need.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// An event with its position in the reservoir's order.
 pub trait Timed {
@@ -13,25 +14,87 @@ pub trait Timed {
     fn key(&self) -> (i64, u64);
 }
 
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReservoirError(pub String);
+
+/// Counters of a reservoir, for SHOW STORAGE and /metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReservoirStats {
+    /// Events held (sealed chunks count whole until retention drops the chunk).
+    pub events: u64,
+    pub chunks: u64,
+    pub segments: u64,
+    /// Bytes of segment files.
+    pub disk_bytes: u64,
+    /// Uncompressed Arrow bytes of the sealed chunks.
+    pub raw_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Chunks read ahead by the IO thread.
+    pub prefetched: u64,
+    pub cache_bytes: u64,
+}
+
+/// How a disk-backed reservoir turns events into Arrow batches and back.
+pub trait ChunkCodec<E>: Send + Sync {
+    /// The id of the schema `encode` writes.
+    fn schema_id(&self) -> u32;
+    /// Events (in key order) as one batch.
+    fn encode(&self, events: &[&E]) -> Result<arrow_array::RecordBatch, String>;
+    /// The events of a batch written by `encode` under this or an older schema.
+    fn decode(&self, batch: &arrow_array::RecordBatch) -> Result<Vec<E>, String>;
+    /// Approximate bytes an event takes in memory (to size chunks and the cache).
+    fn size_of(&self, event: &E) -> usize;
+}
+
 /// Time-ordered storage of a task's events.
 pub trait Reservoir<E: Timed>: Send {
-    /// Adds an event; its key must be larger than every key expired so far.
+    /// Adds an event; its key must be larger than every key sealed or expired so far.
     fn insert(&mut self, event: E);
 
     /// Calls `f` for each event with `after < ts <= upto`, in key order.
-    fn for_range(&self, after: i64, upto: i64, f: &mut dyn FnMut(&E));
+    fn for_range(
+        &mut self,
+        after: i64,
+        upto: i64,
+        f: &mut dyn FnMut(&E),
+    ) -> Result<(), ReservoirError>;
 
-    /// Calls `f` for every stored event, in key order, allowing it to update the event's
-    /// derived tags (never its key).
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut E));
+    /// Re-derives events' derived tags (never their keys): `f` runs on every event held
+    /// decoded in memory, and events read back from disk are decoded with `codec` from
+    /// now on.
+    fn refresh(&mut self, codec: Option<Arc<dyn ChunkCodec<E>>>, f: &mut dyn FnMut(&mut E));
 
-    /// Drops every event with `ts <= upto`; returns how many were dropped.
-    fn expire_through(&mut self, upto: i64) -> usize;
+    /// Promises that no event with `ts <= upto` will be inserted any more, so those
+    /// events may move to disk.
+    fn seal_through(&mut self, _upto: i64) -> Result<(), ReservoirError> {
+        Ok(())
+    }
 
+    /// Drops every event with `ts <= upto` from reads; storage is freed in whole chunks.
+    fn expire_through(&mut self, upto: i64) -> Result<(), ReservoirError>;
+
+    /// Events held.
     fn len(&self) -> usize;
 
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    fn stats(&self) -> ReservoirStats {
+        ReservoirStats {
+            events: self.len() as u64,
+            ..ReservoirStats::default()
+        }
+    }
+
+    /// Makes everything sealed durable and returns what reopening needs to come back to
+    /// exactly this content (see `DiskReservoir::open`).
+    fn checkpoint(&mut self) -> Result<Vec<u8>, ReservoirError> {
+        Err(ReservoirError(
+            "this reservoir is kept in memory only".into(),
+        ))
     }
 }
 
@@ -50,6 +113,36 @@ impl<E> Default for MemReservoir<E> {
 }
 
 impl<E: Timed> MemReservoir<E> {
+    /// Calls `f` for each event with `after < ts <= upto`, in key order.
+    pub fn scan(&self, after: i64, upto: i64, f: &mut dyn FnMut(&E)) {
+        if upto <= after {
+            return;
+        }
+        let start = self.first_after(after);
+        for e in self.events.range(start..) {
+            if e.key().0 > upto {
+                break;
+            }
+            f(e);
+        }
+    }
+
+    /// Removes and returns the events with `ts <= upto`.
+    pub fn drain_through(&mut self, upto: i64) -> std::collections::vec_deque::Drain<'_, E> {
+        let n = self.first_after(upto);
+        self.events.drain(..n)
+    }
+
+    /// The events in key order.
+    pub fn iter(&self) -> impl Iterator<Item = &E> {
+        self.events.iter()
+    }
+
+    /// Removes and returns the first `n` events.
+    pub fn pop_front(&mut self, n: usize) -> Vec<E> {
+        self.events.drain(..n.min(self.events.len())).collect()
+    }
+
     /// Index of the first event with `ts > bound`. Window edges sit near the ends of the
     /// deque (the head near the newest events, the tail near the oldest), so the search
     /// gallops in from both ends before falling back to a full binary search.
@@ -105,29 +198,25 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
         }
     }
 
-    fn for_range(&self, after: i64, upto: i64, f: &mut dyn FnMut(&E)) {
-        if upto <= after {
-            return;
-        }
-        let start = self.first_after(after);
-        for e in self.events.range(start..) {
-            if e.key().0 > upto {
-                break;
-            }
-            f(e);
-        }
+    fn for_range(
+        &mut self,
+        after: i64,
+        upto: i64,
+        f: &mut dyn FnMut(&E),
+    ) -> Result<(), ReservoirError> {
+        self.scan(after, upto, f);
+        Ok(())
     }
 
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(&mut E)) {
+    fn refresh(&mut self, _codec: Option<Arc<dyn ChunkCodec<E>>>, f: &mut dyn FnMut(&mut E)) {
         for e in self.events.iter_mut() {
             f(e);
         }
     }
 
-    fn expire_through(&mut self, upto: i64) -> usize {
-        let n = self.first_after(upto);
-        self.events.drain(..n);
-        n
+    fn expire_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
+        self.drain_through(upto);
+        Ok(())
     }
 
     fn len(&self) -> usize {
@@ -150,7 +239,7 @@ mod tests {
 
     fn collect(r: &MemReservoir<Ev>, after: i64, upto: i64) -> Vec<(i64, u64)> {
         let mut out = Vec::new();
-        r.for_range(after, upto, &mut |e| out.push(e.key()));
+        r.scan(after, upto, &mut |e| out.push(e.key()));
         out
     }
 
@@ -166,7 +255,7 @@ mod tests {
         );
         assert_eq!(collect(&r, 10, 20), vec![(15, 2), (20, 1), (20, 3)]);
         assert_eq!(collect(&r, 20, 10), vec![]);
-        assert_eq!(r.expire_through(10), 2);
+        assert_eq!(r.drain_through(10).count(), 2);
         assert_eq!(r.len(), 3);
     }
 
@@ -192,7 +281,7 @@ mod tests {
             }
             if next() % 100 == 0 {
                 horizon = seq as i64 - 200;
-                r.expire_through(horizon);
+                r.expire_through(horizon).unwrap();
                 model.retain(|e| e.0 > horizon);
             }
             let a = (next() % 6000) as i64 - 500;

@@ -158,7 +158,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let engine = Engine::start(a.shards, None);
+    let engine = Engine::start(a.shards, None, None);
     runtime.block_on(engine.apply_catalog(c.clone()))?;
     let mut gen = Events::new(a.cards);
     let mut latencies = Vec::new();

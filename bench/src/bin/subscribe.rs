@@ -295,6 +295,7 @@ async fn main() -> Result<()> {
         http_addr: None,
         data_dir: dir.clone(),
         shards: a.shards,
+        checkpoint_interval: std::time::Duration::from_secs(10),
     })
     .await?;
     let lat = latency(&server, &a).await?;

@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
 use eddy_server::serve::{Config, Server};
 
@@ -21,6 +23,7 @@ pub async fn start(dir: &Path) -> Server {
         http_addr: Some("127.0.0.1:0".parse().unwrap()),
         data_dir: dir.to_path_buf(),
         shards: 2,
+        checkpoint_interval: std::time::Duration::from_millis(300),
     })
     .await
     .unwrap()
@@ -93,4 +96,66 @@ pub async fn simple_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Text
             _ => None,
         })
         .collect()
+}
+
+/// A child process killed when dropped, so a failing test leaves no server behind.
+pub struct Eddy(pub Child);
+
+#[allow(dead_code)]
+impl Eddy {
+    /// Stops the server with SIGTERM (a clean shutdown) and waits for it.
+    pub fn terminate(mut self) {
+        let pid = self.0.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+        assert!(
+            self.0.wait().unwrap().success(),
+            "eddy exited with an error"
+        );
+    }
+}
+
+impl Drop for Eddy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `eddy serve` on a free port; returns the process and its port.
+#[allow(dead_code)]
+pub fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--data-dir",
+        ])
+        .arg(dir)
+        // Tiny chunks and caches and frequent checkpoints: chunks are sealed, states are
+        // evicted and written through, and checkpoints are taken all the time.
+        .env("EDDY_CHUNK_BYTES_MAX", "2048")
+        .env("EDDY_CHUNK_CACHE_BYTES", "8192")
+        .env("EDDY_SEGMENT_BYTES_MAX", "16384")
+        .env("EDDY_L1_ENTRIES", "2")
+        .env("EDDY_L2_ENTRIES", "4")
+        .env("EDDY_CHECKPOINT_INTERVAL", "0.2")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("eddy starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("eddy printed where it listens")
+            .unwrap();
+        if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Eddy(child), port)
 }
