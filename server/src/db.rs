@@ -541,6 +541,7 @@ impl Db {
                 };
                 let disk = sum(&|r| r.reservoir.disk_bytes);
                 let raw = sum(&|r| r.reservoir.raw_bytes);
+                let chunk = sum(&|r| r.reservoir.chunk_bytes);
                 vec![
                     Cell::Text(s.name.clone()),
                     Cell::I32(tasks.len() as i32),
@@ -551,8 +552,8 @@ impl Db {
                     Cell::I64(log_bytes as i64),
                     Cell::I64(disk),
                     Cell::I64(sum(&|r| r.reservoir.chunks)),
-                    if disk > 0 {
-                        Cell::F64(raw as f64 / disk as f64)
+                    if chunk > 0 {
+                        Cell::F64(raw as f64 / chunk as f64)
                     } else {
                         Cell::Null
                     },
@@ -699,8 +700,14 @@ impl Db {
         family(
             "eddy_reservoir_raw_bytes",
             "gauge",
-            "Uncompressed Arrow bytes of the sealed chunks (compression ratio = raw / disk).",
+            "Uncompressed Arrow bytes of the sealed chunks.",
             all(&|r| r.reservoir.raw_bytes),
+        );
+        family(
+            "eddy_reservoir_chunk_bytes",
+            "gauge",
+            "Bytes of the live sealed chunks in their files (compression ratio = raw / chunk).",
+            all(&|r| r.reservoir.chunk_bytes),
         );
         family(
             "eddy_reservoir_chunks",

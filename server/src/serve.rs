@@ -133,6 +133,9 @@ fn peer_of(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
 /// Runs until a signal, then stops cleanly.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(&config).await?;
+    // Handlers first: a supervisor may signal as soon as it reads where we listen.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let interrupt = tokio::signal::ctrl_c();
     if let Some(http) = server.http_addr {
         eprintln!("eddy: metrics on http://{http}/metrics");
     }
@@ -143,9 +146,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.shards,
         if config.shards == 1 { "" } else { "s" }
     );
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt => {}
         _ = term.recv() => {}
     }
     eprintln!("eddy: shutting down");

@@ -40,9 +40,9 @@ pub struct ReservoirConfig {
 impl Default for ReservoirConfig {
     fn default() -> Self {
         ReservoirConfig {
-            chunk_bytes_max: 4 << 20,
+            chunk_bytes_max: 512 << 10,
             segment_bytes_max: 64 << 20,
-            cache_bytes_max: 32 << 20,
+            cache_bytes_max: 2 << 20,
         }
     }
 }
@@ -162,6 +162,8 @@ pub struct DiskReservoir<E> {
     floor: i64,
     sealed_events: u64,
     raw_bytes: u64,
+    /// Bytes of the live chunks (headers and payloads) in their segment files.
+    chunk_bytes: u64,
     cache: HashMap<u64, Cached<E>>,
     cache_bytes: usize,
     tick: u64,
@@ -261,6 +263,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
             floor: i64::MIN,
             sealed_events: 0,
             raw_bytes: 0,
+            chunk_bytes: 0,
             cache: HashMap::new(),
             cache_bytes: 0,
             tick: 0,
@@ -344,6 +347,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
                 }
                 r.sealed_events += header.rows as u64;
                 r.raw_bytes += header.raw_bytes;
+                r.chunk_bytes += HEADER_BYTES as u64 + header.payload_len as u64;
                 r.chunks.push_back(ChunkRef {
                     number,
                     segment: id,
@@ -514,6 +518,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
         self.next_chunk += 1;
         self.sealed_events += header.rows as u64;
         self.raw_bytes += header.raw_bytes;
+        self.chunk_bytes += bytes.len() as u64;
         let size = events.iter().map(|e| self.codec.size_of(e)).sum();
         self.chunks.push_back(chunk);
         // Short windows read the newest chunk soon: keep it decoded.
@@ -598,6 +603,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             let c = self.chunks.pop_front().expect("front");
             self.sealed_events -= c.header.rows as u64;
             self.raw_bytes -= c.header.raw_bytes;
+            self.chunk_bytes -= HEADER_BYTES as u64 + c.header.payload_len as u64;
             if let Some(cached) = self.cache.remove(&c.number) {
                 self.cache_bytes -= cached.bytes;
             }
@@ -633,6 +639,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             segments: self.segments.len() as u64,
             disk_bytes: self.segments.iter().map(|s| s.bytes).sum(),
             raw_bytes: self.raw_bytes,
+            chunk_bytes: self.chunk_bytes,
             cache_hits: self.hits,
             cache_misses: self.misses,
             prefetched: self.prefetched,

@@ -29,6 +29,8 @@ pub struct ReservoirStats {
     pub disk_bytes: u64,
     /// Uncompressed Arrow bytes of the sealed chunks.
     pub raw_bytes: u64,
+    /// Bytes the sealed chunks take in their files (compression ratio = raw / chunk).
+    pub chunk_bytes: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     /// Chunks read ahead by the IO thread.
