@@ -581,20 +581,27 @@ impl Db {
         };
         let catalog = self.catalog();
         let report = self.engine.report().await?;
-        let per_stream = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
+        // Per stream, summed over its tasks (`every_partitioner`) or over the first
+        // partitioner's tasks only, which see each event once.
+        let by_stream = |every_partitioner: bool,
+                         f: &dyn Fn(&eddy_cluster::TaskReport) -> u64|
+         -> Vec<(String, f64)> {
             catalog
                 .streams
                 .keys()
                 .map(|name| {
                     let v: u64 = report
                         .iter()
-                        .filter(|r| &r.task.stream == name && r.task.partitioner == 0)
+                        .filter(|r| {
+                            &r.task.stream == name && (every_partitioner || r.task.partitioner == 0)
+                        })
                         .map(f)
                         .sum();
                     (format!("{{stream=\"{}\"}}", label(name)), v as f64)
                 })
                 .collect()
         };
+        let per_stream = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| by_stream(false, f);
         family(
             "eddy_events_total",
             "counter",
@@ -684,18 +691,7 @@ impl Db {
             "eddy_reservoir_disk_bytes",
             "gauge",
             "Bytes of sealed event chunks on disk, per stream (all partitioners).",
-            catalog
-                .streams
-                .keys()
-                .map(|name| {
-                    let v: u64 = report
-                        .iter()
-                        .filter(|r| &r.task.stream == name)
-                        .map(|r| r.reservoir.disk_bytes)
-                        .sum();
-                    (format!("{{stream=\"{}\"}}", label(name)), v as f64)
-                })
-                .collect(),
+            by_stream(true, &|r| r.reservoir.disk_bytes),
         );
         family(
             "eddy_reservoir_raw_bytes",

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use eddy_bench::XorShift;
 use eddy_cluster::{Engine, Row, Task};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
@@ -50,7 +51,7 @@ fn args() -> Result<Args> {
 
 /// A deterministic event generator: 10 000 events per second of event time.
 struct Events {
-    state: u64,
+    rng: XorShift,
     next_id: i64,
     cards: Vec<Value>,
 }
@@ -58,7 +59,7 @@ struct Events {
 impl Events {
     fn new(cards: u64) -> Events {
         Events {
-            state: 0x9e37_79b9_7f4a_7c15,
+            rng: XorShift(0x9e37_79b9_7f4a_7c15),
             next_id: 0,
             cards: (0..cards)
                 .map(|c| Value::Text(format!("card-{c}").into()))
@@ -67,10 +68,7 @@ impl Events {
     }
 
     fn next_u64(&mut self) -> u64 {
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        self.state
+        self.rng.next_u64()
     }
 
     fn next(&mut self) -> Row {

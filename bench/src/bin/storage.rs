@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use eddy_bench::XorShift;
 use eddy_cluster::checkpoint::Checkpoint;
 use eddy_cluster::events::EventCodec;
 use eddy_cluster::groups::CacheConfig;
@@ -75,7 +76,7 @@ fn args() -> Result<Args> {
 
 /// Deterministic payments: `events` spread evenly over `days` of event time.
 struct Events {
-    state: u64,
+    rng: XorShift,
     next_id: i64,
     step_us: i64,
     cards: Vec<Value>,
@@ -85,7 +86,7 @@ struct Events {
 impl Events {
     fn new(cards: u64, events: u64, days: i64, round_robin: bool) -> Events {
         Events {
-            state: 0x2545_f491_4f6c_dd1d,
+            rng: XorShift(0x2545_f491_4f6c_dd1d),
             next_id: 0,
             step_us: (days * DAY_US / events.max(1) as i64).max(1),
             cards: (0..cards)
@@ -96,10 +97,7 @@ impl Events {
     }
 
     fn rand(&mut self) -> u64 {
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        self.state
+        self.rng.next_u64()
     }
 
     fn next(&mut self) -> Row {
