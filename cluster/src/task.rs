@@ -890,6 +890,9 @@ impl Task {
                 }
             }
         }
+        // A store error in this batch fails the statement and stops the task before any
+        // change reaches a subscriber (checked once per batch, not per event).
+        self.check_storage()?;
         self.deliver_changes();
         // Events no later one can precede move to disk in whole chunks.
         if let Some(t) = self.time {
@@ -1031,9 +1034,6 @@ impl Task {
             }
         }
         read.map_err(|e| self.fail(e))?;
-        if self.storage.is_some() {
-            self.check_storage()?;
-        }
         self.since_sweep += 1;
         if self.since_sweep >= RETENTION_SWEEP_EVENTS {
             self.since_sweep = 0;
