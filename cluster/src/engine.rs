@@ -17,6 +17,7 @@ use eddy_planner::{Error, Result};
 
 use crate::durable::{task_meta_key, NodeStorage, TaskMeta};
 use crate::groups::CacheStats;
+use crate::kafka::Kafka;
 use crate::log::LocalLog;
 use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
@@ -71,9 +72,9 @@ pub struct CheckpointStats {
 /// What a shard reports once its tasks' checkpoint records are written.
 type CheckpointReply = Result<Vec<(TaskId, u64)>>;
 
-type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
+pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
 
-enum Command {
+pub(crate) enum Command {
     Catalog(Arc<Catalog>, oneshot::Sender<Result<()>>),
     Ingest {
         task: TaskId,
@@ -111,17 +112,57 @@ enum Command {
     Unwatch(WatchId),
 }
 
+/// Events routed to the tasks of every partitioner: (partitioner, task, the events'
+/// indexes in `rows`, the events), partitioner by partitioner.
+pub(crate) type Routed = Vec<(usize, TaskId, Vec<usize>, Vec<Row>)>;
+
+pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
+    let mut routed = Vec::new();
+    for p in 0..stream.partitioner_count() {
+        let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
+        for (i, row) in rows.iter().enumerate() {
+            let partition = match stream.partitioners.get(p) {
+                Some(col) => partition_for(&row[*col], stream.partitions),
+                None => 0,
+            };
+            let entry = per_task.entry(partition).or_default();
+            entry.0.push(i);
+            entry.1.push(row.clone());
+        }
+        for (partition, (indexes, task_rows)) in per_task {
+            let task = TaskId {
+                stream: stream.name.clone(),
+                partitioner: p,
+                partition,
+            };
+            routed.push((p, task, indexes, task_rows));
+        }
+    }
+    routed
+}
+
 /// The shard owning a task: stable across restarts and nodes.
 pub fn shard_of(task: &TaskId, shards: usize) -> usize {
     let key = format!("{}/{}/{}", task.stream, task.partitioner, task.partition);
     (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % shards
 }
 
+/// Where events are made durable before tasks apply them.
+#[derive(Clone, Debug)]
+pub enum Log {
+    /// None: tasks apply events at once, in memory only.
+    Memory,
+    /// The embedded log: fsynced, then handed to the tasks by the log thread.
+    Local(Arc<LocalLog>),
+    /// Kafka: published, then consumed by the node's task consumer, which answers
+    /// through the node's reply topic.
+    Kafka(Arc<Kafka>),
+}
+
 pub struct Engine {
     queues: Vec<mpsc::Sender<Command>>,
     threads: Vec<JoinHandle<()>>,
-    /// Where events are made durable before tasks apply them (`None`: in memory only).
-    log: Option<Arc<LocalLog>>,
+    log: Log,
     /// Where tasks keep events and state (`None`: in memory).
     storage: Option<Arc<NodeStorage>>,
     checkpointing: tokio::sync::Mutex<()>,
@@ -148,7 +189,7 @@ impl Engine {
     /// its tasks' logs (and durable) before a task applies it.
     pub fn start(
         shards: usize,
-        log: Option<Arc<LocalLog>>,
+        log: Log,
         storage: Option<Arc<NodeStorage>>,
     ) -> Engine {
         assert!(shards > 0);
@@ -226,7 +267,7 @@ impl Engine {
                 .map_err(|e| Error::internal(e.to_string()))?
         };
         committed?;
-        if let Some(log) = &self.log {
+        if let Log::Local(log) = &self.log {
             for (task, end) in &ends {
                 log.truncate(task, *end);
             }
@@ -245,15 +286,89 @@ impl Engine {
         Ok((sync, total))
     }
 
+    /// The embedded log, if events go there.
     pub fn log(&self) -> Option<&Arc<LocalLog>> {
-        self.log.as_ref()
+        match &self.log {
+            Log::Local(log) => Some(log),
+            _ => None,
+        }
+    }
+
+    /// Kafka, if events go there.
+    pub fn kafka(&self) -> Option<&Arc<Kafka>> {
+        match &self.log {
+            Log::Kafka(kafka) => Some(kafka),
+            _ => None,
+        }
+    }
+
+    /// Kafka mode's recovery: every task resumes consuming at its checkpointed offset;
+    /// returns once each has applied what its partition held when this began.
+    async fn catch_up(&self, kafka: &Arc<Kafka>, catalog: &Catalog) -> Result<u64> {
+        let ends: BTreeMap<TaskId, u64> = self
+            .report()
+            .await?
+            .into_iter()
+            .map(|r| (r.task, r.log_end))
+            .collect();
+        kafka.install(&Catalog::default(), catalog).await?;
+        let mut targets = Vec::new();
+        for stream in catalog.streams.values() {
+            for p in 0..stream.partitioner_count() {
+                let topic = kafka.config().topic_of(stream, p);
+                for partition in 0..stream.tasks_per_partitioner() {
+                    let task = TaskId {
+                        stream: stream.name.clone(),
+                        partitioner: p,
+                        partition,
+                    };
+                    let from = ends.get(&task).copied().unwrap_or(0);
+                    let high = kafka.high_watermark(&topic, partition as i32)?;
+                    targets.push((task, topic.clone(), from, high.max(0) as u64));
+                }
+            }
+        }
+        kafka.resume_at(
+            targets
+                .iter()
+                .map(|(t, topic, from, _)| (topic.clone(), t.partition as i32, *from as i64)),
+        );
+        kafka.start_tasks(self.queues.clone(), tokio::runtime::Handle::current())?;
+        let started = Instant::now();
+        loop {
+            let applied: BTreeMap<TaskId, u64> = self
+                .report()
+                .await?
+                .into_iter()
+                .map(|r| (r.task, r.log_end))
+                .collect();
+            let behind = targets
+                .iter()
+                .filter(|(t, _, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
+                .count();
+            if behind == 0 {
+                break;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(300) {
+                return Err(Error::internal(format!(
+                    "kafka: {behind} tasks did not catch up with their partitions within 300 s"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(targets
+            .iter()
+            .map(|(_, _, from, high)| high.saturating_sub(*from))
+            .sum())
     }
 
     /// Re-applies every task's logged events (at start, after the catalog is installed).
     /// Returns how many events were replayed.
     pub async fn recover(&self, catalog: &Catalog) -> Result<u64> {
-        let Some(log) = &self.log else {
-            return Ok(0);
+        let log = match &self.log {
+            Log::Memory => return Ok(0),
+            Log::Kafka(kafka) => return self.catch_up(kafka, catalog).await,
+            Log::Local(log) => log,
         };
         let ends: BTreeMap<TaskId, u64> = self
             .report()
@@ -357,32 +472,30 @@ impl Engine {
         values: bool,
     ) -> Result<Vec<EventReply>> {
         let mut replies = vec![EventReply::default(); rows.len()];
-        let mut routed = Vec::new();
-        for p in 0..stream.partitioner_count() {
-            let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
-            for (i, row) in rows.iter().enumerate() {
-                let partition = match stream.partitioners.get(p) {
-                    Some(col) => partition_for(&row[*col], stream.partitions),
-                    None => 0,
-                };
-                let entry = per_task.entry(partition).or_default();
-                entry.0.push(i);
-                entry.1.push(row.clone());
-            }
-            for (partition, (indexes, task_rows)) in per_task {
-                let task = TaskId {
-                    stream: stream.name.clone(),
-                    partitioner: p,
-                    partition,
-                };
-                routed.push((p, task, indexes, task_rows));
-            }
-        }
+        let routed = route(stream, &rows);
         let mut waits = Vec::new();
+        let mut answers = Vec::new();
         match &self.log {
+            Log::Kafka(kafka) => {
+                let mut events = Vec::with_capacity(rows.len() * stream.partitioner_count());
+                let mut slots = Vec::with_capacity(events.capacity());
+                for (p, task, indexes, task_rows) in routed {
+                    for (i, row) in indexes.into_iter().zip(task_rows) {
+                        events.push((task.clone(), row));
+                        slots.push((p, i));
+                    }
+                }
+                let replies = kafka.publish(stream, events, values).await?;
+                answers.extend(
+                    slots
+                        .into_iter()
+                        .zip(replies)
+                        .map(|((p, i), (outcome, vals))| (p, i, outcome, vals)),
+                );
+            }
             // Durable first: the log thread hands the events to the tasks after the fsync,
             // in log order, so a task applies exactly its log's sequence.
-            Some(log) => {
+            Log::Local(log) => {
                 let mut batches = Vec::with_capacity(routed.len());
                 let mut commands = Vec::with_capacity(routed.len());
                 for (p, task, indexes, task_rows) in routed {
@@ -427,7 +540,7 @@ impl Engine {
                 );
                 appended.await.map_err(|_| engine_gone())??;
             }
-            None => {
+            Log::Memory => {
                 for (p, task, indexes, task_rows) in routed {
                     let rx = self.ingest_task(task, task_rows, values, None).await?;
                     waits.push((p, indexes, rx));
@@ -440,9 +553,12 @@ impl Engine {
         for (p, indexes, rx) in waits {
             let results = rx.await.map_err(|_| engine_gone())??;
             for (i, (outcome, vals)) in indexes.into_iter().zip(results) {
-                replies[i].outcomes.push(outcome);
-                per_partitioner[p].push((i, vals));
+                answers.push((p, i, outcome, vals));
             }
+        }
+        for (p, i, outcome, vals) in answers {
+            replies[i].outcomes.push(outcome);
+            per_partitioner[p].push((i, vals));
         }
         for list in per_partitioner {
             for (i, vals) in list {
@@ -577,6 +693,9 @@ impl Engine {
 
     /// Stops the shard threads after they finish the commands already queued.
     pub fn shutdown(self) {
+        if let Log::Kafka(kafka) = &self.log {
+            kafka.shutdown();
+        }
         drop(self.queues);
         for t in self.threads {
             let _ = t.join();

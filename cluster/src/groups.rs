@@ -35,35 +35,96 @@ pub struct GroupState {
     pub states: Vec<AggState>,
 }
 
+/// An aggregator leaf's state stored apart from its group's entry: (family, slot).
+type AuxSlot = (Family, u16);
+
+/// Marks, in a group's Aggregates entry, a slot whose state is in an auxiliary family
+/// (state tags are small, so neither mark is a valid state).
+const MARK_DISTINCT: u8 = 0xA1;
+const MARK_EXTREMES: u8 = 0xA2;
+
+/// The auxiliary family of a state that grows with its distinct values: COUNT DISTINCT
+/// maps and MIN/MAX multisets get an entry of their own per (group key, slot), so they
+/// are read and written apart from the group's small scalar states.
+fn aux_family(state: &AggState) -> Option<Family> {
+    match state {
+        AggState::Distinct(_) => Some(Family::Distinct),
+        AggState::Extreme(_) => Some(Family::Extremes),
+        _ => None,
+    }
+}
+
+fn aux_slots(state: &GroupState) -> Vec<AuxSlot> {
+    state
+        .states
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((aux_family(s)?, i as u16)))
+        .collect()
+}
+
 impl GroupState {
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// The group's Aggregates value: count, epoch and every inline slot's state, with
+    /// auxiliary slots as marks. Returns the auxiliary slots' (slot, family, value).
+    fn encode(&self, out: &mut Vec<u8>) -> Vec<(AuxSlot, Vec<u8>)> {
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&(self.states.len() as u32).to_le_bytes());
+        let mut aux = Vec::new();
         let mut buf = Vec::new();
-        for s in &self.states {
+        for (i, s) in self.states.iter().enumerate() {
             buf.clear();
-            s.encode(&mut buf);
+            match aux_family(s) {
+                Some(family) => {
+                    buf.push(match family {
+                        Family::Distinct => MARK_DISTINCT,
+                        _ => MARK_EXTREMES,
+                    });
+                    let mut value = Vec::with_capacity(64);
+                    s.encode(&mut value);
+                    aux.push(((family, i as u16), value));
+                }
+                None => s.encode(&mut buf),
+            }
             out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
             out.extend_from_slice(&buf);
         }
+        aux
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<GroupState> {
+    /// A group's Aggregates value, with a placeholder in each auxiliary slot; returns
+    /// those slots too, for the caller to fill from their families.
+    fn decode(bytes: &[u8]) -> Option<(GroupState, Vec<AuxSlot>)> {
         let mut r = Reader(bytes);
         let count = r.i64()?;
         let epoch = r.i64()?;
         let n = r.u32()? as usize;
         let mut states = Vec::with_capacity(n.min(64));
-        for _ in 0..n {
+        let mut aux = Vec::new();
+        for i in 0..n {
             let len = r.u32()? as usize;
-            states.push(AggState::decode(r.take(len)?)?);
+            let bytes = r.take(len)?;
+            let family = match bytes {
+                [MARK_DISTINCT] => Some(Family::Distinct),
+                [MARK_EXTREMES] => Some(Family::Extremes),
+                _ => None,
+            };
+            match family {
+                Some(family) => {
+                    aux.push((family, i as u16));
+                    states.push(AggState::Count(0));
+                }
+                None => states.push(AggState::decode(bytes)?),
+            }
         }
-        r.is_empty().then_some(GroupState {
-            count,
-            epoch,
-            states,
-        })
+        r.is_empty().then_some((
+            GroupState {
+                count,
+                epoch,
+                states,
+            },
+            aux,
+        ))
     }
 }
 
@@ -107,7 +168,8 @@ impl std::ops::AddAssign for CacheStats {
     }
 }
 
-/// Where a table's entries live in the store: `prefix ‖ packed group key`.
+/// Where a table's entries live in the store: `prefix ‖ packed group key` in Aggregates,
+/// and `prefix ‖ packed group key ‖ slot` (u16, big-endian) in the auxiliary families.
 #[derive(Clone)]
 pub struct Backing {
     pub store: Arc<dyn StateStore>,
@@ -115,17 +177,61 @@ pub struct Backing {
     pub config: CacheConfig,
 }
 
+type Pending = Vec<(Family, Vec<u8>, Option<Vec<u8>>)>;
+
+impl Backing {
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len() + 2);
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn aux_key(&self, key: &[u8], slot: u16) -> Vec<u8> {
+        let mut k = self.key(key);
+        k.extend_from_slice(&slot.to_be_bytes());
+        k
+    }
+
+    /// Queues the puts that make the store hold `state` for `key` (its absence for
+    /// `None`), given the auxiliary slots the store holds now; returns the new ones.
+    fn queue(
+        &self,
+        pending: &mut Pending,
+        key: &[u8],
+        state: Option<&GroupState>,
+        stored: &[AuxSlot],
+    ) -> Vec<AuxSlot> {
+        let mut aux = Vec::new();
+        let value = state.map(|s| {
+            let mut v = Vec::with_capacity(64);
+            for ((family, slot), value) in s.encode(&mut v) {
+                pending.push((family, self.aux_key(key, slot), Some(value)));
+                aux.push((family, slot));
+            }
+            v
+        });
+        for &(family, slot) in stored.iter().filter(|a| !aux.contains(a)) {
+            pending.push((family, self.aux_key(key, slot), None));
+        }
+        pending.push((Family::Aggregates, self.key(key), value));
+        aux
+    }
+}
+
 /// An L1 entry: a state, or a known absence (`None`); dirty ones differ from the store.
+/// `stored` lists the auxiliary entries the store holds for the key.
 struct Slot {
     state: Option<GroupState>,
     dirty: bool,
+    stored: Vec<AuxSlot>,
 }
 
 pub struct GroupTable {
     l1: HashMap<PackedKey, Slot>,
     l2: HashMap<PackedKey, GroupState>,
     backing: Option<Backing>,
-    pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    pending: Pending,
     failure: Option<String>,
     stats: CacheStats,
 }
@@ -162,13 +268,6 @@ impl GroupTable {
         }
     }
 
-    fn store_key(prefix: &[u8], key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(prefix.len() + key.len());
-        k.extend_from_slice(prefix);
-        k.extend_from_slice(key);
-        k
-    }
-
     /// Writes the write-through batch.
     fn write_pending(&mut self) {
         let Some(b) = &self.backing else { return };
@@ -178,7 +277,7 @@ impl GroupTable {
         let batch: Vec<_> = self
             .pending
             .iter()
-            .map(|(k, v)| (Family::Aggregates, k.as_slice(), v.as_deref()))
+            .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
             .collect();
         let result = b.store.write(&batch);
         self.stats.writes += self.pending.len() as u64;
@@ -188,18 +287,21 @@ impl GroupTable {
         }
     }
 
-    fn queue_write(&mut self, key: &[u8], state: Option<&GroupState>) {
-        let Some(b) = &self.backing else { return };
-        let k = Self::store_key(&b.prefix, key);
-        let v = state.map(|s| {
-            let mut v = Vec::with_capacity(64);
-            s.encode(&mut v);
-            v
-        });
-        self.pending.push((k, v));
+    /// Queues the write of `key`'s state; returns the auxiliary slots stored after it.
+    fn queue_write(
+        &mut self,
+        key: &[u8],
+        state: Option<&GroupState>,
+        stored: &[AuxSlot],
+    ) -> Vec<AuxSlot> {
+        let Some(b) = &self.backing else {
+            return Vec::new();
+        };
+        let aux = b.queue(&mut self.pending, key, state, stored);
         if self.pending.len() >= PENDING_MAX {
             self.write_pending();
         }
+        aux
     }
 
     /// Keeps L1 (and L2) within their sizes, evicting a sixteenth of a layer at a time.
@@ -215,21 +317,12 @@ impl GroupTable {
                     return true;
                 }
                 evict -= 1;
-                moved.push((
-                    k.clone(),
-                    std::mem::replace(
-                        slot,
-                        Slot {
-                            state: None,
-                            dirty: false,
-                        },
-                    ),
-                ));
+                moved.push((k.clone(), std::mem::replace(slot, Slot::absent())));
                 false
             });
             for (k, slot) in moved {
                 if slot.dirty {
-                    self.queue_write(k.as_bytes(), slot.state.as_ref());
+                    self.queue_write(k.as_bytes(), slot.state.as_ref(), &slot.stored);
                 }
                 if let (Some(state), true) = (slot.state, config.l2_entries > 0) {
                     self.l2.insert(k, state);
@@ -248,9 +341,63 @@ impl GroupTable {
         }
     }
 
+    /// Reads `key`'s state from the store: its Aggregates entry, then its auxiliary ones.
+    fn read(&mut self, key: &[u8]) -> Option<GroupState> {
+        let b = self.backing.clone()?;
+        self.write_pending();
+        let k = b.key(key);
+        let bytes = match b.store.multi_get(Family::Aggregates, &[&k]) {
+            Ok(mut v) => v.pop().flatten()?,
+            Err(e) => {
+                self.fail(e);
+                return None;
+            }
+        };
+        let Some((mut state, aux)) = GroupState::decode(&bytes) else {
+            self.fail(format!(
+                "the state store holds an unreadable group state under key {k:02x?}"
+            ));
+            return None;
+        };
+        for family in [Family::Distinct, Family::Extremes] {
+            let slots: Vec<u16> = aux
+                .iter()
+                .filter(|a| a.0 == family)
+                .map(|a| a.1)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let keys: Vec<Vec<u8>> = slots.iter().map(|&s| b.aux_key(key, s)).collect();
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let values = match b.store.multi_get(family, &refs) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fail(e);
+                    return None;
+                }
+            };
+            for (slot, value) in slots.into_iter().zip(values) {
+                match value.as_deref().and_then(AggState::decode) {
+                    Some(s) => state.states[slot as usize] = s,
+                    None => {
+                        self.fail(format!(
+                            "the state store's {} family lacks a readable state for slot {slot} of key {k:02x?}",
+                            family.name()
+                        ));
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(state)
+    }
+
     /// Brings `key` into L1 if it exists anywhere (or records that it does not).
     fn load(&mut self, key: &[u8]) {
-        let Some(b) = &self.backing else { return };
+        if self.backing.is_none() {
+            return;
+        }
         if self.l1.contains_key(key) {
             self.stats.l1_hits += 1;
             return;
@@ -262,35 +409,17 @@ impl GroupTable {
             }
             None => {
                 self.stats.misses += 1;
-                let k = Self::store_key(&b.prefix, key);
-                let store = b.store.clone();
-                self.write_pending();
-                match store.multi_get(Family::Aggregates, &[&k]) {
-                    Ok(mut v) => match v.pop().flatten() {
-                        Some(bytes) => match GroupState::decode(&bytes) {
-                            Some(s) => Some(s),
-                            None => {
-                                self.fail(format!(
-                                    "the state store holds an unreadable group state under key {k:02x?}"
-                                ));
-                                None
-                            }
-                        },
-                        None => None,
-                    },
-                    Err(e) => {
-                        self.fail(e);
-                        None
-                    }
-                }
+                self.read(key)
             }
         };
         self.make_room();
+        let stored = state.as_ref().map(aux_slots).unwrap_or_default();
         self.l1.insert(
             PackedKey::new(key),
             Slot {
                 state,
                 dirty: false,
+                stored,
             },
         );
     }
@@ -311,10 +440,10 @@ impl GroupTable {
     /// The state of `key`, created with `make` if absent.
     pub fn entry(&mut self, key: &[u8], make: impl FnOnce() -> GroupState) -> &mut GroupState {
         self.load(key);
-        let slot = self.l1.entry(PackedKey::new(key)).or_insert_with(|| Slot {
-            state: None,
-            dirty: false,
-        });
+        let slot = self
+            .l1
+            .entry(PackedKey::new(key))
+            .or_insert_with(Slot::absent);
         slot.dirty = true;
         slot.state.get_or_insert_with(make)
     }
@@ -324,14 +453,11 @@ impl GroupTable {
             self.l1.remove(key);
             return;
         }
-        self.l2.remove(key);
-        self.l1.insert(
-            PackedKey::new(key),
-            Slot {
-                state: None,
-                dirty: true,
-            },
-        );
+        self.load(key);
+        if let Some(slot) = self.l1.get_mut(key) {
+            slot.state = None;
+            slot.dirty = true;
+        }
     }
 
     /// Every group with a state, in no particular order.
@@ -344,15 +470,8 @@ impl GroupTable {
                 .collect();
         };
         self.write_pending();
-        let stored = match b.store.scan_prefix(Family::Aggregates, &b.prefix) {
-            Ok(entries) => entries,
-            Err(e) => {
-                self.fail(e);
-                Vec::new()
-            }
-        };
-        let mut all: HashMap<Vec<u8>, GroupState> = HashMap::with_capacity(stored.len());
-        for (k, v) in stored {
+        let mut all: HashMap<Vec<u8>, (GroupState, Vec<AuxSlot>)> = HashMap::new();
+        for (k, v) in self.scan(&b, Family::Aggregates) {
             match GroupState::decode(&v) {
                 Some(s) => {
                     all.insert(k[b.prefix.len()..].to_vec(), s);
@@ -360,6 +479,34 @@ impl GroupTable {
                 None => self.fail("the state store holds an unreadable group state"),
             }
         }
+        for family in [Family::Distinct, Family::Extremes] {
+            for (k, v) in self.scan(&b, family) {
+                let Some(split) = k.len().checked_sub(2).filter(|&n| n >= b.prefix.len()) else {
+                    self.fail(format!("a malformed key in the {} family", family.name()));
+                    continue;
+                };
+                let slot = u16::from_be_bytes([k[split], k[split + 1]]);
+                let filled = all
+                    .get_mut(&k[b.prefix.len()..split])
+                    .and_then(|(state, aux)| {
+                        let at = aux.iter().position(|&a| a == (family, slot))?;
+                        aux.swap_remove(at);
+                        state.states[slot as usize] = AggState::decode(&v)?;
+                        Some(())
+                    });
+                if filled.is_none() {
+                    self.fail(format!(
+                        "the {} family holds a state that matches no group",
+                        family.name()
+                    ));
+                }
+            }
+        }
+        if all.values().any(|(_, aux)| !aux.is_empty()) {
+            self.fail("the state store lacks an auxiliary state of a group");
+        }
+        let mut all: HashMap<Vec<u8>, GroupState> =
+            all.into_iter().map(|(k, (s, _))| (k, s)).collect();
         for (k, slot) in &self.l1 {
             match &slot.state {
                 Some(s) => {
@@ -371,6 +518,13 @@ impl GroupTable {
             }
         }
         all.into_iter().collect()
+    }
+
+    fn scan(&mut self, b: &Backing, family: Family) -> Vec<(Vec<u8>, Vec<u8>)> {
+        b.store.scan_prefix(family, &b.prefix).unwrap_or_else(|e| {
+            self.fail(e);
+            Vec::new()
+        })
     }
 
     /// Applies `f` to every state (a layout change after DDL), in memory and in the store.
@@ -387,8 +541,9 @@ impl GroupTable {
         self.l1.clear();
         self.l2.clear();
         for (k, mut s) in entries {
+            let stored = aux_slots(&s);
             f(&mut s);
-            self.queue_write(&k, Some(&s));
+            self.queue_write(&k, Some(&s), &stored);
         }
         self.write_pending();
     }
@@ -397,8 +552,8 @@ impl GroupTable {
     pub fn clear(&mut self) {
         if self.backing.is_some() {
             self.flush();
-            for (k, _) in self.entries() {
-                self.queue_write(&k, None);
+            for (k, s) in self.entries() {
+                self.queue_write(&k, None, &aux_slots(&s));
             }
             self.write_pending();
         }
@@ -409,22 +564,198 @@ impl GroupTable {
     /// Writes every dirty L1 entry to the store (the synchronous stage of a checkpoint);
     /// returns how many were written.
     pub fn flush(&mut self) -> usize {
-        let Some(prefix) = self.backing.as_ref().map(|b| b.prefix.clone()) else {
-            return 0;
-        };
+        let Some(b) = &self.backing else { return 0 };
         let mut written = 0;
         for (k, slot) in self.l1.iter_mut().filter(|(_, s)| s.dirty) {
             slot.dirty = false;
-            let v = slot.state.as_ref().map(|s| {
-                let mut v = Vec::with_capacity(64);
-                s.encode(&mut v);
-                v
-            });
-            self.pending
-                .push((Self::store_key(&prefix, k.as_bytes()), v));
+            slot.stored = b.queue(
+                &mut self.pending,
+                k.as_bytes(),
+                slot.state.as_ref(),
+                &slot.stored,
+            );
             written += 1;
         }
         self.write_pending();
         written
+    }
+}
+
+impl Slot {
+    fn absent() -> Slot {
+        Slot {
+            state: None,
+            dirty: false,
+            stored: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap as StdMap};
+
+    use eddy_planner::aggregate::OrdValue;
+    use eddy_planner::types::Value;
+    use eddy_storage::state::Put;
+    use eddy_storage::MemStateStore;
+
+    use super::*;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn table(store: &Arc<MemStateStore>) -> GroupTable {
+        GroupTable::new(Some(Backing {
+            store: store.clone(),
+            prefix: b"task/node".to_vec(),
+            config: CacheConfig {
+                l1_entries: 4,
+                l2_entries: 8,
+            },
+        }))
+    }
+
+    fn fresh() -> GroupState {
+        GroupState {
+            count: 0,
+            epoch: 0,
+            states: vec![
+                AggState::Count(0),
+                AggState::Distinct(Default::default()),
+                AggState::Extreme(BTreeMap::new()),
+            ],
+        }
+    }
+
+    /// One event's effect on a group: every slot kind changes, so both auxiliary
+    /// families are written, and later slots move when the layout changes.
+    fn apply(s: &mut GroupState, v: i64) {
+        s.count += 1;
+        for state in &mut s.states {
+            match state {
+                AggState::Count(n) => *n += v,
+                AggState::Distinct(m) => *m.entry(Value::Int(v % 7)).or_insert(0) += 1,
+                AggState::Extreme(m) => *m.entry(OrdValue(Value::Int(v))).or_insert(0) += 1,
+                _ => {}
+            }
+        }
+    }
+
+    fn sorted(mut v: Vec<(Vec<u8>, GroupState)>) -> Vec<(Vec<u8>, GroupState)> {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Rows of `family` in the store under the table's prefix.
+    fn stored(store: &MemStateStore, family: Family) -> usize {
+        store.scan_prefix(family, b"task/node").unwrap().len()
+    }
+
+    /// Random updates, removals, reads, layout rewrites and reboots (flush, drop the
+    /// table, reopen it on the same store) against a map; after every flush the store
+    /// holds exactly one auxiliary entry per live auxiliary slot, none left behind.
+    #[test]
+    fn table_matches_the_model_across_evictions_rewrites_and_reboots() {
+        let store = Arc::new(MemStateStore::default());
+        let mut t = table(&store);
+        let mut model: StdMap<Vec<u8>, GroupState> = StdMap::new();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut layout_changes = 0;
+        for step in 0..20_000 {
+            let key = format!("card{}", rng.below(40)).into_bytes();
+            match rng.below(100) {
+                0..=59 => {
+                    let v = rng.below(1000) as i64;
+                    let template = model.values().next().cloned();
+                    let make = || {
+                        let mut s = template.clone().unwrap_or_else(fresh);
+                        s.count = 0;
+                        for st in &mut s.states {
+                            *st = match st {
+                                AggState::Count(_) => AggState::Count(0),
+                                AggState::Distinct(_) => AggState::Distinct(Default::default()),
+                                _ => AggState::Extreme(BTreeMap::new()),
+                            };
+                        }
+                        s
+                    };
+                    let m = model.entry(key.clone()).or_insert_with(make);
+                    apply(m, v);
+                    apply(t.entry(&key, make), v);
+                }
+                60..=74 => {
+                    model.remove(&key);
+                    t.remove(&key);
+                }
+                75..=94 => assert_eq!(t.get(&key), model.get(&key), "step {step}"),
+                95..=96 => {
+                    // A metric dropped or added: the layout of every state changes.
+                    layout_changes += 1;
+                    let mut change = |s: &mut GroupState| {
+                        if s.states.len() > 1 {
+                            s.states.remove(0);
+                        } else {
+                            s.states.push(AggState::Distinct(Default::default()));
+                            s.states.push(AggState::Count(0));
+                        }
+                    };
+                    model.values_mut().for_each(&mut change);
+                    t.rewrite(&mut change);
+                }
+                97 => {
+                    let want = sorted(model.clone().into_iter().collect());
+                    assert_eq!(sorted(t.entries()), want, "step {step}");
+                }
+                _ => {
+                    t.flush();
+                    let aux = |f| {
+                        model
+                            .values()
+                            .flat_map(|s| &s.states)
+                            .filter(|s| aux_family(s) == Some(f))
+                            .count()
+                    };
+                    assert_eq!(stored(&store, Family::Aggregates), model.len());
+                    assert_eq!(stored(&store, Family::Distinct), aux(Family::Distinct));
+                    assert_eq!(stored(&store, Family::Extremes), aux(Family::Extremes));
+                    t = table(&store);
+                }
+            }
+            assert_eq!(t.take_failure(), None, "step {step}");
+        }
+        assert!(layout_changes > 100);
+        let stats = t.stats();
+        assert!(stats.l2_hits > 0 && stats.misses > 0 && stats.writes > 0);
+        t.clear();
+        for f in [Family::Aggregates, Family::Distinct, Family::Extremes] {
+            assert_eq!(stored(&store, f), 0, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_auxiliary_state_stops_the_table() {
+        let store = Arc::new(MemStateStore::default());
+        let mut t = table(&store);
+        apply(t.entry(b"k", fresh), 5);
+        t.flush();
+        let gone = store.scan_prefix(Family::Distinct, b"task/node").unwrap();
+        let deletes: Vec<Put<'_>> = gone
+            .iter()
+            .map(|(k, _)| (Family::Distinct, k.as_slice(), None))
+            .collect();
+        store.write(&deletes).unwrap();
+        let mut t = table(&store);
+        assert_eq!(t.get(b"k"), None);
+        let failure = t.take_failure().expect("a failure");
+        assert!(failure.contains("distinct family"), "{failure}");
     }
 }

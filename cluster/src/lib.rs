@@ -8,6 +8,7 @@ pub mod durable;
 pub mod engine;
 pub mod events;
 pub mod groups;
+pub mod kafka;
 pub mod key;
 pub mod log;
 pub mod route;
@@ -15,7 +16,8 @@ pub mod task;
 pub mod watch;
 
 pub use durable::{NodeStorage, StorageConfig};
-pub use engine::{Engine, EventReply, TaskId, TaskReport};
+pub use engine::{Engine, EventReply, Log, TaskId, TaskReport};
+pub use kafka::{Kafka, KafkaConfig};
 pub use log::{LocalLog, LogStats};
 pub use task::{Outcome, Row, Task, TaskStorage};
 pub use watch::{Change, WatchId, WatchTarget, Watcher};

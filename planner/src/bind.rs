@@ -13,7 +13,9 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use crate::aggregate::{AggFunc, ResultType};
-use crate::catalog::{AggDef, Catalog, ColumnDef, EventTimeUnit, MetricDef, StreamDef};
+use crate::catalog::{
+    AggDef, Catalog, ColumnDef, EventTimeUnit, MetricDef, Source, SourceFormat, StreamDef,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter::Filter;
 use crate::sql::{normalize_ident, object_name, MetricAst};
@@ -66,6 +68,8 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
     let mut partitions = 1u32;
     let mut lateness_us = 0;
     let mut retention_us = RETENTION_DEFAULT_US;
+    let mut kafka_topic = None;
+    let mut format = None;
     let column_of = |text: &str, option: &str| -> Result<usize> {
         let wanted = text.trim().to_lowercase();
         columns
@@ -114,12 +118,31 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
                     .filter(|d| *d > 0)
                     .ok_or_else(|| invalid_option("retention", &text, "a duration such as '30 days'"))?
             }
+            "kafka_topic" => {
+                let valid = !text.is_empty()
+                    && text.len() <= 249
+                    && text
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+                if !valid {
+                    return Err(invalid_option(
+                        "kafka_topic",
+                        &text,
+                        "a Kafka topic name: letters, digits, '.', '_' and '-'",
+                    ));
+                }
+                kafka_topic = Some(text)
+            }
+            "format" => match text.to_lowercase().as_str() {
+                "json" => format = Some(SourceFormat::Json),
+                _ => return Err(invalid_option("format", &text, "'json'")),
+            },
             other => {
                 return Err(Error::new(
                     ErrorKind::InvalidParameter,
                     format!("unrecognized stream option \"{other}\""),
                 )
-                .with_hint("Valid options: event_time, event_id, partition_by, partitions, lateness, retention."))
+                .with_hint("Valid options: event_time, event_id, partition_by, partitions, lateness, retention, kafka_topic, format."))
             }
         }
     }
@@ -154,7 +177,22 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         )
         .with_hint("Add partition_by = 'column' to spread the stream over several tasks."));
     }
+    let source = match (kafka_topic, format) {
+        (Some(topic), format) => Some(Source {
+            topic,
+            format: format.unwrap_or(SourceFormat::Json),
+        }),
+        (None, Some(_)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidParameter,
+                "the format option describes an external topic",
+            )
+            .with_hint("Add kafka_topic = 'name', or remove format."))
+        }
+        (None, None) => None,
+    };
     Ok(StreamDef {
+        source,
         name,
         columns,
         event_time,
@@ -788,6 +826,45 @@ fn parse_float(text: &str, col: &ColumnDef) -> Result<Value> {
     } else {
         v
     }))
+}
+
+/// A stream row from an external JSON record: an object whose keys name columns (others
+/// are ignored; a missing key is NULL). Numbers, booleans and strings convert as a
+/// PostgreSQL client would expect; a TIMESTAMP is text or milliseconds since the epoch.
+/// The row is checked as an INSERT's would be (NOT NULL, event time).
+pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
+    let bad = |msg: String| Error::new(ErrorKind::InvalidText, msg);
+    let json: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let serde_json::Value::Object(object) = json else {
+        return Err(bad("a record must be a JSON object".into()));
+    };
+    let mut row = Vec::with_capacity(stream.columns.len());
+    for col in &stream.columns {
+        let value = match object.get(&col.name) {
+            None | Some(serde_json::Value::Null) => Value::Null,
+            Some(serde_json::Value::String(s)) => value_from_text(s, col)?,
+            Some(serde_json::Value::Number(n)) => match col.ty {
+                ColumnType::Timestamp => n
+                    .as_i64()
+                    .and_then(|ms| ms.checked_mul(1000))
+                    .map(Value::Timestamp)
+                    .ok_or_else(|| bad(format!("column \"{}\": {n} is not a time in milliseconds", col.name)))?,
+                _ => value_from_text(&n.to_string(), col)?,
+            },
+            Some(serde_json::Value::Bool(b)) => value_from_text(&b.to_string(), col)?,
+            Some(other) => {
+                return Err(bad(format!(
+                    "column \"{}\" of type {} cannot take {other}",
+                    col.name,
+                    col.ty.sql_name()
+                )))
+            }
+        };
+        row.push(value);
+    }
+    check_not_null(stream, &row)?;
+    Ok(row)
 }
 
 /// Converts text (a quoted literal, a COPY field, a text parameter) into the column's type.

@@ -38,8 +38,23 @@ pub struct StreamDef {
     pub partitions: u32,
     pub lateness_us: i64,
     pub retention_us: i64,
+    /// An external Kafka topic the stream ingests (cluster mode).
+    pub source: Option<Source>,
     /// The statement that created the stream, replayed when the catalog is loaded.
     pub sql: String,
+}
+
+/// An external topic whose records become a stream's events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub topic: String,
+    pub format: SourceFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceFormat {
+    /// One JSON object per record, keys naming columns.
+    Json,
 }
 
 impl StreamDef {
@@ -60,6 +75,7 @@ impl StreamDef {
             && self.partitions == old.partitions
             && self.lateness_us == old.lateness_us
             && self.retention_us == old.retention_us
+            && self.source == old.source
     }
 
     /// The same stream as `old`, maybe with columns added.

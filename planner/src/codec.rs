@@ -125,12 +125,18 @@ pub fn encode_row(row: &[Value], out: &mut Vec<u8>) {
 /// Reads a row back; `None` if the bytes are not exactly one row.
 pub fn decode_row(bytes: &[u8]) -> Option<Arc<[Value]>> {
     let mut r = Reader(bytes);
+    let row = read_row(&mut r)?;
+    r.is_empty().then(|| Arc::from(row))
+}
+
+/// Reads one row from the front of `r`.
+pub fn read_row(r: &mut Reader<'_>) -> Option<Vec<Value>> {
     let n = u16::from_le_bytes(r.arr()?) as usize;
     let mut row = Vec::with_capacity(n);
     for _ in 0..n {
-        row.push(decode_value(&mut r)?);
+        row.push(decode_value(r)?);
     }
-    r.is_empty().then(|| Arc::from(row))
+    Some(row)
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 
 use pgwire::api::Type;
 
-use eddy_cluster::{Engine, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task};
+use eddy_cluster::{
+    Engine, Kafka, KafkaConfig, LocalLog, Log, NodeStorage, Outcome, Row, StorageConfig, Task,
+};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -103,30 +105,62 @@ pub struct Db {
 
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
+    /// With `kafka`, Kafka is the log and the catalog topic the catalog's source.
     pub async fn open(
         data_dir: &Path,
         shards: usize,
         checkpoint_interval: std::time::Duration,
+        kafka: Option<KafkaConfig>,
     ) -> anyhow::Result<Arc<Db>> {
         std::fs::create_dir_all(data_dir)?;
-        let log = Arc::new(LocalLog::open(&data_dir.join(LOG_DIR))?);
+        check_log_kind(data_dir, kafka.is_some())?;
         let storage = NodeStorage::open(data_dir, StorageConfig::from_env())
             .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
-        let engine = Arc::new(Engine::start(shards, Some(log), Some(Arc::new(storage))));
-        let mut catalog = Catalog::default();
         let path = data_dir.join(CATALOG_FILE);
-        if path.exists() {
-            let text = std::fs::read_to_string(&path)?;
-            for stmt in text
+        let mut statements: Vec<String> = if path.exists() {
+            std::fs::read_to_string(&path)?
                 .split(CATALOG_SEPARATOR)
                 .filter(|s| !s.trim().is_empty())
-            {
-                let parsed = sql::parse_statement(stmt)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?;
-                catalog = ddl::apply(&catalog, &parsed)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?
-                    .0;
+                .map(str::to_string)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut publish = false;
+        let log = match kafka {
+            None => Log::Local(Arc::new(LocalLog::open(&data_dir.join(LOG_DIR))?)),
+            Some(config) => {
+                let kafka = Kafka::connect(config)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("connecting to Kafka: {e}"))?;
+                let published = kafka
+                    .read_catalog()
+                    .map_err(|e| anyhow::anyhow!("reading the catalog topic: {e}"))?;
+                // The catalog topic is the truth; a node that has one nobody published
+                // (its first start in cluster mode) publishes it.
+                if published.is_empty() {
+                    publish = !statements.is_empty();
+                } else {
+                    statements = published;
+                }
+                Log::Kafka(kafka)
             }
+        };
+        let engine = Arc::new(Engine::start(shards, log, Some(Arc::new(storage))));
+        let mut catalog = Catalog::default();
+        for stmt in &statements {
+            let parsed = sql::parse_statement(stmt)
+                .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?;
+            catalog = ddl::apply(&catalog, &parsed)
+                .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?
+                .0;
+        }
+        persist(data_dir, &catalog)?;
+        if let (Some(kafka), true) = (engine.kafka(), publish) {
+            kafka
+                .publish_catalog(&Catalog::default(), &catalog)
+                .await
+                .map_err(|e| anyhow::anyhow!("publishing the catalog: {e}"))?;
         }
         let catalog = Arc::new(catalog);
         engine
@@ -194,30 +228,6 @@ impl Db {
         Ok(ctx)
     }
 
-    /// Writes the catalog file atomically: temp file, fsync, rename.
-    fn persist(&self, catalog: &Catalog) -> Result<()> {
-        let text: String = catalog
-            .statements()
-            .iter()
-            .map(|s| format!("{s}{CATALOG_SEPARATOR}"))
-            .collect();
-        let path = self.data_dir.join(CATALOG_FILE);
-        let tmp = self.data_dir.join(format!("{CATALOG_FILE}.tmp"));
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&self.data_dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!("could not write {}: {e}", path.display()),
-            )
-        })
-    }
 
     /// Starts a continuous query (`sql` without `EMIT CHANGES`). DDL waits meanwhile,
     /// so the target cannot vanish between planning and attaching.
@@ -321,6 +331,10 @@ impl Db {
     /// Deletes the logs of streams that `next` drops or re-creates, so that a later
     /// stream of the same name starts empty.
     async fn drop_logs(&self, current: &Catalog, next: &Catalog) -> Result<()> {
+        if let Some(kafka) = self.engine.kafka() {
+            kafka.install(current, next).await?;
+            return kafka.publish_catalog(current, next).await;
+        }
         let Some(log) = self.engine.log() else {
             return Ok(());
         };
@@ -349,13 +363,24 @@ impl Db {
                 changed,
             },
         ) = ddl::apply(&current, stmt)?;
+        let external = next.streams.values().find(|s| s.source.is_some());
+        if let (Some(s), None) = (external, self.engine.kafka()) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "stream \"{}\" reads a Kafka topic, but this node has no Kafka",
+                    s.name
+                ),
+            )
+            .with_hint("Start eddy with --kafka host:port (cluster mode), or drop kafka_topic."));
+        }
         if changed {
             let next = Arc::new(next);
             // The shards first, then the file: if either fails, the shards go back to the
             // current catalog, so a failed statement leaves nothing behind.
             let applied = match self.engine.apply_catalog(next.clone()).await {
                 Ok(()) => match self.drop_logs(&current, &next).await {
-                    Ok(()) => self.persist(&next),
+                    Ok(()) => persist(&self.data_dir, &next),
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
@@ -779,6 +804,28 @@ impl Db {
             "Synchronous stages of all checkpoints.",
             vec![(String::new(), load(&c.sync_micros_total) as f64 / 1e6)],
         );
+        if let Some(kafka) = self.engine.kafka() {
+            let k = &kafka.stats;
+            for (name, help, counter) in [
+                ("eddy_kafka_published_total", "Event records Kafka acknowledged.", &k.published),
+                ("eddy_kafka_consumed_total", "Event records handed to tasks.", &k.consumed),
+                ("eddy_kafka_skipped_total", "Redelivered records below a task's position, skipped.", &k.skipped),
+                ("eddy_kafka_replies_sent_total", "Reply records sent by tasks.", &k.replies_sent),
+                ("eddy_kafka_replies_received_total", "Reply records received by this node.", &k.replies_received),
+            ] {
+                family(name, "counter", help, vec![(String::new(), load(counter) as f64)]);
+            }
+            family(
+                "eddy_dead_letters_total",
+                "counter",
+                "External records sent to a dead-letter topic.",
+                kafka
+                    .dead_letters()
+                    .into_iter()
+                    .map(|(stream, n)| (format!("{{stream=\"{}\"}}", label(&stream)), n as f64))
+                    .collect(),
+            );
+        }
         let subs = self.subscriptions.list();
         family(
             "eddy_subscriptions",
@@ -966,6 +1013,59 @@ impl Db {
 }
 
 /// A Prometheus label value: backslash, quote and newline escaped.
+/// Writes the catalog file atomically: temp file, fsync, rename.
+fn persist(data_dir: &Path, catalog: &Catalog) -> Result<()> {
+    let text: String = catalog
+        .statements()
+        .iter()
+        .map(|s| format!("{s}{CATALOG_SEPARATOR}"))
+        .collect();
+    let path = data_dir.join(CATALOG_FILE);
+    let tmp = data_dir.join(format!("{CATALOG_FILE}.tmp"));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()
+    };
+    write().map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("could not write {}: {e}", path.display()),
+        )
+    })
+}
+
+/// A data directory belongs to one kind of log for life: its checkpoints hold offsets
+/// of that log. Records the kind on first use and refuses the other one.
+fn check_log_kind(data_dir: &Path, kafka: bool) -> anyhow::Result<()> {
+    let path = data_dir.join("log.kind");
+    let kind = if kafka { "kafka" } else { "local" };
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found.trim() == kind => Ok(()),
+        Ok(found) => anyhow::bail!(
+            "{} holds a node whose log is {} (see {}); start it {} --kafka, or use another --data-dir",
+            data_dir.display(),
+            found.trim(),
+            path.display(),
+            if kafka { "without" } else { "with" }
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A directory from before log kinds were recorded has a local log.
+            let old = data_dir.join(LOG_DIR).exists();
+            let kind = if old { "local" } else { kind };
+            std::fs::write(&path, format!("{kind}\n"))?;
+            if old && kafka {
+                return check_log_kind(data_dir, kafka);
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use eddy_cluster::KafkaConfig;
 use eddy_server::serve::{run, Config};
 
 #[derive(Parser)]
@@ -37,6 +38,19 @@ enum Command {
         /// Seconds between checkpoints (state flushed, log truncated).
         #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
         checkpoint_interval: f64,
+        /// Kafka bootstrap servers: Kafka becomes the log (cluster mode).
+        #[arg(long, env = "EDDY_KAFKA")]
+        kafka: Option<String>,
+        /// This node's id in the cluster (default: generated once, kept in the data
+        /// directory).
+        #[arg(long, env = "EDDY_NODE_ID")]
+        node_id: Option<String>,
+        /// The cluster's name: the prefix of its Kafka topics and its consumer group.
+        #[arg(long, env = "EDDY_CLUSTER", default_value = "eddy")]
+        cluster: String,
+        /// Replication factor of the topics Eddy creates.
+        #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
+        kafka_replication: i32,
     },
 }
 
@@ -49,7 +63,23 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             shards,
             checkpoint_interval,
+            kafka,
+            node_id,
+            cluster,
+            kafka_replication,
         } => {
+            let kafka = match kafka {
+                Some(brokers) => Some(KafkaConfig {
+                    brokers,
+                    node: match node_id {
+                        Some(id) => id,
+                        None => node_id_of(&data_dir)?,
+                    },
+                    cluster,
+                    replication: kafka_replication,
+                }),
+                None => None,
+            };
             let shards = shards
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
                 .max(1);
@@ -65,7 +95,23 @@ fn main() -> anyhow::Result<()> {
                 checkpoint_interval: std::time::Duration::from_secs_f64(
                     checkpoint_interval.max(0.01),
                 ),
+                kafka,
             }))
         }
     }
+}
+
+/// The node id kept in the data directory, made on first use.
+fn node_id_of(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = data_dir.join("node.id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_string());
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64;
+    let id = format!("node-{:012x}", (nanos ^ ((std::process::id() as u64) << 40)) & 0xffff_ffff_ffff);
+    std::fs::write(&path, format!("{id}\n"))?;
+    Ok(id)
 }

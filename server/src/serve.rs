@@ -20,6 +20,8 @@ pub struct Config {
     pub shards: usize,
     /// Time between periodic checkpoints.
     pub checkpoint_interval: std::time::Duration,
+    /// Kafka as the log (cluster mode); `None`: the embedded local log.
+    pub kafka: Option<eddy_cluster::KafkaConfig>,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -33,7 +35,13 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: &Config) -> anyhow::Result<Server> {
-        let db = Db::open(&config.data_dir, config.shards, config.checkpoint_interval).await?;
+        let db = Db::open(
+            &config.data_dir,
+            config.shards,
+            config.checkpoint_interval,
+            config.kafka.clone(),
+        )
+        .await?;
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
         let http = match config.http_addr {

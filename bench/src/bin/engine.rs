@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use eddy_bench::XorShift;
-use eddy_cluster::{Engine, Row, Task};
+use eddy_cluster::{Engine, Log, Row, Task};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
@@ -156,7 +156,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let engine = Engine::start(a.shards, None, None);
+    let engine = Engine::start(a.shards, Log::Memory, None);
     runtime.block_on(engine.apply_catalog(c.clone()))?;
     let mut gen = Events::new(a.cards);
     let mut latencies = Vec::new();

@@ -24,6 +24,7 @@ pub async fn start(dir: &Path) -> Server {
         data_dir: dir.to_path_buf(),
         shards: 2,
         checkpoint_interval: std::time::Duration::from_millis(300),
+        kafka: None,
     })
     .await
     .unwrap()
@@ -125,16 +126,21 @@ impl Drop for Eddy {
 /// Starts `eddy serve` on a free port; returns the process and its port.
 #[allow(dead_code)]
 pub fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args([
-            "serve",
-            "--pg-addr",
-            "127.0.0.1:0",
-            "--shards",
-            "2",
-            "--data-dir",
-        ])
+    spawn_eddy_with(dir, &[])
+}
+
+/// `spawn_eddy` with more arguments (`--kafka …`).
+#[allow(dead_code)]
+pub fn spawn_eddy_with(dir: &std::path::Path, args: &[&str]) -> (Eddy, u16) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
+    command
+        .args(["serve", "--pg-addr", "127.0.0.1:0", "--shards", "2", "--data-dir"])
         .arg(dir)
+        .args(args);
+    if !args.contains(&"--http-addr") {
+        command.args(["--http-addr", "127.0.0.1:0"]);
+    }
+    let mut child = command
         // Tiny chunks and caches and frequent checkpoints: chunks are sealed, states are
         // evicted and written through, and checkpoints are taken all the time.
         .env("EDDY_CHUNK_BYTES_MAX", "2048")
@@ -158,4 +164,13 @@ pub fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
     };
     std::thread::spawn(move || for _ in lines {});
     (Eddy(child), port)
+}
+
+/// The bootstrap address of the Kafka broker `make test` starts (`.ci/kafka start`).
+#[allow(dead_code)]
+pub fn kafka_addr() -> String {
+    std::env::var("EDDY_TEST_KAFKA").expect(
+        "EDDY_TEST_KAFKA is not set: start a broker with `.ci/kafka start DIR` and set it \
+         to the address printed (make test does both)",
+    )
 }

@@ -1,0 +1,1233 @@
+//! Kafka as the node's log (cluster mode, `eddy serve --kafka`): seed 002 §3.1–3.3.
+//!
+//! Topics (all created by Eddy, all named after the cluster, `eddy` by default, so
+//! several clusters can share brokers):
+//! - `<cluster>.<stream>.<partitioner>`: one per partitioner of a stream (`all` for a stream
+//!   without one), `partitions` partitions; a task is one (topic, partition). Records
+//!   are keyed by the partitioner value's text, so a plain Kafka producer keyed the same
+//!   way lands on the same task.
+//! - `<cluster>-replies.<node>`: the node's reply topic. An event record names it in a header
+//!   with its (request, slot); the task that applies the event answers there, and the
+//!   node gathers the answers of every partitioner into one reply per statement.
+//! - `<cluster>-catalog`: compacted; one record per object (`stream/<name>`, `metric/<name>`)
+//!   holding its creating statement, a tombstone once dropped.
+//! - `<cluster>.<stream>.dead-letters`: external records that could not be ingested.
+//!
+//! Consumer groups: `<cluster>` for the tasks, `<cluster>-source.<stream>` for each
+//! external topic.
+//!
+//! Invariants:
+//! - a statement is acknowledged only once Kafka acknowledged every record (acks=all,
+//!   idempotent producer) and every task answered for its events;
+//! - a task applies its partition's records in offset order, each at most once: the
+//!   consumer dispatches a partition from `positions` (the next offset to apply), which
+//!   starts at the task's checkpointed log end and only moves forward;
+//! - every client's settings come from `KafkaConfig`, the one place they are made.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{mpsc, oneshot};
+
+use eddy_planner::bind::row_from_json;
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::codec::{self, Reader};
+use eddy_planner::types::Value;
+use eddy_planner::{Error, Result};
+
+use crate::engine::{route, shard_of, Command, TaskId};
+use crate::log::dir_name;
+use crate::task::{MetricValues, Outcome, Row, Task};
+
+const REPLY_HEADER: &str = "eddy-reply";
+const SLOT_HEADER: &str = "eddy-slot";
+/// How long a statement waits for its tasks' answers.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Records dispatched to tasks per consumer round.
+const POLL_BATCH_MAX: usize = 4096;
+
+fn kafka_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("kafka: {what}: {e}"))
+}
+
+/// How the node reaches Kafka.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// The cluster: the prefix of its topics and its task consumer group.
+    pub cluster: String,
+    /// This node's id: its reply topic and its static group membership.
+    pub node: String,
+    /// Replication factor of the topics Eddy creates.
+    pub replication: i32,
+}
+
+impl KafkaConfig {
+    fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("client.id", format!("eddy-{}", self.node))
+            .set("broker.address.family", "v4")
+            .set("allow.auto.create.topics", "false");
+        c
+    }
+
+    /// Cluster and node names become topic names: letters, digits, `_` and `-`.
+    fn check(&self) -> Result<()> {
+        for (what, name) in [("cluster", &self.cluster), ("node id", &self.node)] {
+            let ok = !name.is_empty()
+                && name.len() <= 100
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !ok {
+                return Err(Error::new(
+                    eddy_planner::ErrorKind::InvalidParameter,
+                    format!("invalid {what} \"{name}\": use letters, digits, '_' and '-'"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Event and reply producers: every record acknowledged by all in-sync replicas,
+    /// no duplicates on retry, batches sent within a millisecond.
+    fn producer(&self) -> ClientConfig {
+        let mut c = self.client();
+        c.set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "1")
+            .set("message.timeout.ms", "30000");
+        c
+    }
+
+    /// Consumers: offsets are Eddy's (in checkpoints), never committed automatically.
+    fn consumer(&self, group: &str) -> ClientConfig {
+        let mut c = self.client();
+        c.set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "5")
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "1000");
+        c
+    }
+
+    /// The task consumer: static membership, so a restarted node takes its tasks back
+    /// at once instead of waiting for the session of its previous life to time out.
+    fn task_consumer(&self) -> ClientConfig {
+        let mut c = self.consumer(&self.cluster);
+        c.set("group.instance.id", &self.node);
+        c
+    }
+}
+
+impl KafkaConfig {
+    /// The topic of a stream's partitioner.
+    pub fn topic_of(&self, stream: &StreamDef, partitioner: usize) -> String {
+        let by = match stream.partitioners.get(partitioner) {
+            Some(&col) => dir_name(&stream.columns[col].name),
+            None => "all".to_string(),
+        };
+        format!("{}.{}.{by}", self.cluster, dir_name(&stream.name))
+    }
+
+    /// The dead-letter topic of a stream's external records.
+    pub fn dead_letter_topic(&self, stream: &str) -> String {
+        format!("{}.{}.dead-letters", self.cluster, dir_name(stream))
+    }
+
+    pub fn catalog_topic(&self) -> String {
+        format!("{}-catalog", self.cluster)
+    }
+}
+
+/// Counters for SHOW STORAGE and /metrics.
+#[derive(Debug, Default)]
+pub struct KafkaStats {
+    pub published: AtomicU64,
+    pub consumed: AtomicU64,
+    pub replies_sent: AtomicU64,
+    pub replies_received: AtomicU64,
+    /// Records below a task's position, skipped (redelivered after a rebalance).
+    pub skipped: AtomicU64,
+    pub dead_letters: AtomicU64,
+}
+
+/// One task answer: an event's outcome and, if asked, its metric values.
+pub type Answer = (Outcome, MetricValues);
+
+/// A statement waiting for its answers, one per (event, partitioner) slot.
+struct Gather {
+    answers: Vec<Option<Answer>>,
+    missing: usize,
+    done: Option<oneshot::Sender<Result<Vec<Answer>>>>,
+}
+
+/// Where to answer an event: the reply topic, the statement and the slot in it.
+struct ReplyTo {
+    topic: String,
+    request: u64,
+    slot: u32,
+    values: bool,
+}
+
+type Positions = Arc<Mutex<HashMap<(String, i32), i64>>>;
+type Routes = Arc<RwLock<HashMap<String, (String, usize)>>>;
+
+pub struct Kafka {
+    config: KafkaConfig,
+    producer: FutureProducer,
+    admin: AdminClient<DefaultClientContext>,
+    reply_topic: String,
+    next_request: AtomicU64,
+    pending: Arc<Mutex<HashMap<u64, Gather>>>,
+    /// Topic → (stream, partitioner) of the current catalog.
+    routes: Routes,
+    positions: Positions,
+    /// Set when the topic list changed: the consumer subscribes again.
+    resubscribe: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Consumers of external topics, by stream.
+    sources: Mutex<HashMap<String, SourceRun>>,
+    /// External records sent to a dead-letter topic, by stream.
+    dead_letters: Mutex<BTreeMap<String, u64>>,
+    pub stats: Arc<KafkaStats>,
+}
+
+/// A running consumer of a stream's external topic.
+struct SourceRun {
+    stream: Arc<StreamDef>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("brokers", &self.config.brokers)
+            .field("node", &self.config.node)
+            .finish()
+    }
+}
+
+impl Kafka {
+    /// Connects, creates the catalog and reply topics, and starts the reply consumer.
+    pub async fn connect(config: KafkaConfig) -> Result<Arc<Kafka>> {
+        config.check()?;
+        let producer: FutureProducer = config
+            .producer()
+            .create()
+            .map_err(|e| kafka_error("creating the producer", e))?;
+        let admin: AdminClient<DefaultClientContext> = config
+            .client()
+            .create()
+            .map_err(|e| kafka_error("creating the admin client", e))?;
+        let kafka = Kafka {
+            reply_topic: format!("{}-replies.{}", config.cluster, config.node),
+            config,
+            producer,
+            admin,
+            next_request: AtomicU64::new(1),
+            pending: Arc::default(),
+            routes: Arc::default(),
+            positions: Arc::default(),
+            resubscribe: Arc::new(AtomicBool::new(true)),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Mutex::new(Vec::new()),
+            sources: Mutex::default(),
+            dead_letters: Mutex::default(),
+            stats: Arc::default(),
+        };
+        kafka
+            .create_topics(&[(kafka.config.catalog_topic(), 1, true)])
+            .await?;
+        kafka
+            .create_topics(&[(kafka.reply_topic.clone(), 1, false)])
+            .await?;
+        let kafka = Arc::new(kafka);
+        kafka.start_replies()?;
+        Ok(kafka)
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// Creates topics (name, partitions, compacted) that do not exist yet; a topic that
+    /// is still being deleted (a stream dropped and created again) is retried.
+    async fn create_topics(&self, topics: &[(String, u32, bool)]) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let mut todo: Vec<&(String, u32, bool)> = topics.iter().collect();
+        while !todo.is_empty() {
+            let new: Vec<NewTopic<'_>> = todo
+                .iter()
+                .map(|(name, partitions, compacted)| {
+                    let t = NewTopic::new(
+                        name,
+                        *partitions as i32,
+                        TopicReplication::Fixed(self.config.replication),
+                    );
+                    if *compacted {
+                        t.set("cleanup.policy", "compact")
+                    } else {
+                        t
+                    }
+                })
+                .collect();
+            let results = self
+                .admin
+                .create_topics(&new, &opts)
+                .await
+                .map_err(|e| kafka_error("creating topics", e))?;
+            let mut again = Vec::new();
+            for (result, topic) in results.into_iter().zip(&todo) {
+                match result {
+                    Ok(_) => {}
+                    Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                        if !self.partitions_match(&topic.0, topic.1)? {
+                            again.push(*topic);
+                        }
+                    }
+                    Err((name, code)) => {
+                        return Err(kafka_error(&format!("creating topic {name}"), code))
+                    }
+                }
+            }
+            if !again.is_empty() && Instant::now() > deadline {
+                return Err(kafka_error(
+                    "creating topics",
+                    format!("{} still exists with another partition count", again[0].0),
+                ));
+            }
+            if !again.is_empty() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            todo = again;
+        }
+        Ok(())
+    }
+
+    /// Whether an existing topic has `partitions` partitions.
+    fn partitions_match(&self, topic: &str, partitions: u32) -> Result<bool> {
+        let meta = self
+            .admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(|e| kafka_error("reading topic metadata", e))?;
+        Ok(meta
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.partitions().len() == partitions as usize))
+    }
+
+    async fn delete_topics(&self, topics: &[String]) -> Result<()> {
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin
+            .delete_topics(&names, &opts)
+            .await
+            .map_err(|e| kafka_error("deleting topics", e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+                Err((name, code)) => {
+                    return Err(kafka_error(&format!("deleting topic {name}"), code))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings topics, routes and positions in line with a new catalog: topics of new
+    /// streams are created, those of dropped (or re-created) streams deleted.
+    pub async fn install(self: &Arc<Self>, current: &Catalog, next: &Catalog) -> Result<()> {
+        let kept = |name: &str, s: &StreamDef| {
+            current
+                .stream(name)
+                .is_some_and(|old| s.same_as(old) || old.same_as(s))
+        };
+        let mut gone = Vec::new();
+        for (name, old) in &current.streams {
+            if !next.stream(name).is_some_and(|s| kept(name, s)) {
+                gone.extend((0..old.partitioner_count()).map(|p| self.config.topic_of(old, p)));
+            }
+        }
+        self.delete_topics(&gone).await?;
+        {
+            let mut positions = self.positions.lock().expect("positions lock");
+            positions.retain(|(topic, _), _| !gone.contains(topic));
+        }
+        let mut wanted = Vec::new();
+        for s in next.streams.values() {
+            for p in 0..s.partitioner_count() {
+                wanted.push((self.config.topic_of(s, p), s.tasks_per_partitioner(), false));
+            }
+        }
+        self.create_topics(&wanted).await?;
+        let routes: HashMap<String, (String, usize)> = next
+            .streams
+            .values()
+            .flat_map(|s| (0..s.partitioner_count()).map(|p| (self.config.topic_of(s, p), (s.name.clone(), p))))
+            .collect();
+        *self.routes.write().expect("routes lock") = routes;
+        self.resubscribe.store(true, Ordering::Release);
+        self.install_sources(next).await
+    }
+
+    /// Runs one consumer per stream with an external topic; creates the topic (with the
+    /// stream's task count as partitions) and its dead-letter topic if missing.
+    async fn install_sources(self: &Arc<Self>, next: &Catalog) -> Result<()> {
+        let stale: Vec<SourceRun> = {
+            let mut sources = self.sources.lock().expect("sources lock");
+            let names: Vec<String> = sources
+                .iter()
+                .filter(|(name, run)| next.stream(name) != Some(&run.stream))
+                .map(|(name, _)| name.clone())
+                .collect();
+            names.iter().filter_map(|n| sources.remove(n)).collect()
+        };
+        for run in stale {
+            run.stop.store(true, Ordering::Release);
+            let _ = tokio::task::spawn_blocking(move || run.thread.join()).await;
+        }
+        for stream in next.streams.values() {
+            let Some(source) = &stream.source else { continue };
+            if self
+                .sources
+                .lock()
+                .expect("sources lock")
+                .contains_key(&stream.name)
+            {
+                continue;
+            }
+            for (topic, partitions) in [
+                (source.topic.clone(), stream.tasks_per_partitioner()),
+                (self.config.dead_letter_topic(&stream.name), 1),
+            ] {
+                if !self.topic_exists(&topic)? {
+                    self.create_topic_if_missing(&topic, partitions).await?;
+                }
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            let me = self.clone();
+            let def = stream.clone();
+            let flag = stop.clone();
+            let runtime = tokio::runtime::Handle::current();
+            let thread = std::thread::Builder::new()
+                .name("eddy-kafka-source".into())
+                .spawn(move || me.run_source(def, flag, runtime))
+                .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
+            self.sources.lock().expect("sources lock").insert(
+                stream.name.clone(),
+                SourceRun {
+                    stream: stream.clone(),
+                    stop,
+                    thread,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates a topic another client may create first: any partition count will do.
+    async fn create_topic_if_missing(&self, topic: &str, partitions: u32) -> Result<()> {
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let new = NewTopic::new(
+            topic,
+            partitions as i32,
+            TopicReplication::Fixed(self.config.replication),
+        );
+        let results = self
+            .admin
+            .create_topics([&new], &opts)
+            .await
+            .map_err(|e| kafka_error("creating topics", e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(kafka_error(&format!("creating topic {name}"), code))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn topic_exists(&self, topic: &str) -> Result<bool> {
+        let meta = self
+            .admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(|e| kafka_error("reading topic metadata", e))?;
+        Ok(meta
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
+    }
+
+    /// Consumes a stream's external topic: each JSON record becomes an event published
+    /// to the stream's task topics; a record that does not fit goes to the dead-letter
+    /// topic with its error. Offsets are committed once Kafka has the events, so a
+    /// crash redelivers (at least once); `event_id` makes the effect exactly once.
+    fn run_source(
+        self: Arc<Self>,
+        stream: Arc<StreamDef>,
+        stop: Arc<AtomicBool>,
+        runtime: tokio::runtime::Handle,
+    ) {
+        let Some(source) = stream.source.clone() else { return };
+        let group = format!("{}-source.{}", self.config.cluster, dir_name(&stream.name));
+        let consumer: BaseConsumer = match self.config.consumer(&group).create() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("eddy: kafka: the consumer of {}: {e}", source.topic);
+                return;
+            }
+        };
+        if let Err(e) = consumer.subscribe(&[&source.topic]) {
+            eprintln!("eddy: kafka: subscribing to {}: {e}", source.topic);
+            return;
+        }
+        let stopped = || stop.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire);
+        let mut batch = Vec::new();
+        while !stopped() {
+            let mut wait = Duration::from_millis(50);
+            while batch.len() < POLL_BATCH_MAX {
+                match consumer.poll(wait) {
+                    Some(Ok(m)) => batch.push(m.detach()),
+                    Some(Err(e)) => {
+                        eprintln!("eddy: kafka: consuming {}: {e}", source.topic);
+                        break;
+                    }
+                    None => break,
+                }
+                wait = Duration::ZERO;
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
+            for m in &batch {
+                let payload = m.payload().unwrap_or_default();
+                let row = row_from_json(&stream, payload).and_then(|r| {
+                    Task::event_time(&stream, &r)?;
+                    Ok(r)
+                });
+                match row {
+                    Ok(r) => rows.push(Row::from(r)),
+                    Err(e) => {
+                        let origin = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
+                        let sent = runtime.block_on(self.dead_letter(
+                            &stream.name,
+                            payload,
+                            &e.to_string(),
+                            &origin,
+                        ));
+                        if let Err(e) = sent {
+                            eprintln!("eddy: kafka: {e}");
+                        }
+                    }
+                }
+            }
+            let events: Vec<(TaskId, Row)> = route(&stream, &rows)
+                .into_iter()
+                .flat_map(|(_, task, _, rows)| rows.into_iter().map(move |r| (task.clone(), r)))
+                .collect();
+            while let Err(e) = runtime.block_on(self.send_events(&stream, &events, None)) {
+                eprintln!("eddy: kafka: ingesting {}: {e}; retrying", source.topic);
+                if stopped() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
+            for m in batch.drain(..) {
+                ends.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+            }
+            let mut tpl = TopicPartitionList::new();
+            for ((topic, partition), end) in ends {
+                let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(end));
+            }
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                eprintln!("eddy: kafka: committing {}: {e}", source.topic);
+            }
+        }
+    }
+
+    /// External records sent to dead-letter topics, by stream.
+    pub fn dead_letters(&self) -> BTreeMap<String, u64> {
+        self.dead_letters.lock().expect("dead letters lock").clone()
+    }
+
+    /// Publishes the objects that differ between two catalogs to the catalog topic.
+    pub async fn publish_catalog(&self, current: &Catalog, next: &Catalog) -> Result<()> {
+        let mut records: Vec<(String, Option<String>)> = Vec::new();
+        for (name, s) in &next.streams {
+            if current.stream(name).map(|o| &o.sql) != Some(&s.sql) {
+                records.push((format!("stream/{name}"), Some(s.sql.clone())));
+            }
+        }
+        for (name, m) in &next.metrics {
+            if current.metric(name).map(|o| &o.sql) != Some(&m.sql) {
+                records.push((format!("metric/{name}"), Some(m.sql.clone())));
+            }
+        }
+        for name in current.streams.keys().filter(|n| next.stream(n).is_none()) {
+            records.push((format!("stream/{name}"), None));
+        }
+        for name in current.metrics.keys().filter(|n| next.metric(n).is_none()) {
+            records.push((format!("metric/{name}"), None));
+        }
+        let catalog = self.config.catalog_topic();
+        let mut deliveries = Vec::new();
+        for (key, sql) in &records {
+            let mut record = FutureRecord::to(&catalog).key(key.as_str());
+            if let Some(sql) = sql {
+                record = record.payload(sql.as_str());
+            }
+            let delivery = self
+                .producer
+                .send_result(record)
+                .map_err(|(e, _)| kafka_error("publishing the catalog", e))?;
+            deliveries.push(delivery);
+        }
+        for d in deliveries {
+            d.await
+                .map_err(|_| kafka_error("publishing the catalog", "the producer went away"))?
+                .map_err(|(e, _)| kafka_error("publishing the catalog", e))?;
+        }
+        Ok(())
+    }
+
+    /// The catalog as the catalog topic holds it: the creating statements of live
+    /// objects, streams first, each kind in the order it was last written.
+    pub fn read_catalog(&self) -> Result<Vec<String>> {
+        let consumer: BaseConsumer = self
+            .config
+            .consumer(&format!("eddy-catalog-reader.{}", self.config.node))
+            .create()
+            .map_err(|e| kafka_error("creating the catalog reader", e))?;
+        let catalog = self.config.catalog_topic();
+        let (low, high) = consumer
+            .fetch_watermarks(&catalog, 0, Duration::from_secs(10))
+            .map_err(|e| kafka_error("reading the catalog topic", e))?;
+        let mut latest: HashMap<String, (i64, Option<String>)> = HashMap::new();
+        if high > low {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&catalog, 0, Offset::Beginning)
+                .map_err(|e| kafka_error("reading the catalog topic", e))?;
+            consumer
+                .assign(&tpl)
+                .map_err(|e| kafka_error("reading the catalog topic", e))?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut next = low;
+            while next < high {
+                if Instant::now() > deadline {
+                    return Err(kafka_error("reading the catalog topic", "timed out"));
+                }
+                let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let m = m.map_err(|e| kafka_error("reading the catalog topic", e))?;
+                next = m.offset() + 1;
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                let sql = m.payload().map(|p| String::from_utf8_lossy(p).into_owned());
+                latest.insert(key, (m.offset(), sql));
+            }
+        }
+        let mut live: Vec<(bool, i64, String)> = latest
+            .into_iter()
+            .filter_map(|(key, (offset, sql))| Some((!key.starts_with("stream/"), offset, sql?)))
+            .collect();
+        live.sort();
+        Ok(live.into_iter().map(|(_, _, sql)| sql).collect())
+    }
+
+    /// Publishes events to their tasks' topics and waits for every task's answer.
+    /// `events` are (task, event) in slot order.
+    pub async fn publish(
+        &self,
+        stream: &StreamDef,
+        events: Vec<(TaskId, Row)>,
+        values: bool,
+    ) -> Result<Vec<Answer>> {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (done, answered) = oneshot::channel();
+        self.pending.lock().expect("pending lock").insert(
+            request,
+            Gather {
+                answers: vec![None; events.len()],
+                missing: events.len(),
+                done: Some(done),
+            },
+        );
+        let result = self
+            .send_events(stream, &events, Some((request, values)))
+            .await;
+        if let Err(e) = result {
+            self.pending.lock().expect("pending lock").remove(&request);
+            return Err(e);
+        }
+        match tokio::time::timeout(REPLY_TIMEOUT, answered).await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(_)) => Err(Error::internal("kafka: the reply consumer stopped")),
+            Err(_) => {
+                self.pending.lock().expect("pending lock").remove(&request);
+                Err(Error::internal(format!(
+                    "kafka: no answer from the tasks within {} s; the events are durable in Kafka and will be applied",
+                    REPLY_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Sends events to their tasks' topics, keyed by the partitioner value, and waits
+    /// until Kafka acknowledged them all. With `answer` = (request, values), each
+    /// record asks its task to answer slot i of the request on the reply topic.
+    async fn send_events(
+        &self,
+        stream: &StreamDef,
+        events: &[(TaskId, Row)],
+        answer: Option<(u64, bool)>,
+    ) -> Result<()> {
+        let topics: Vec<String> = (0..stream.partitioner_count())
+            .map(|p| self.config.topic_of(stream, p))
+            .collect();
+        let mut deliveries = Vec::with_capacity(events.len());
+        for (slot, (task, row)) in events.iter().enumerate() {
+            let mut payload = Vec::with_capacity(64);
+            codec::encode_row(row, &mut payload);
+            let key = match stream.partitioners.get(task.partitioner) {
+                Some(&col) => row[col].to_text().unwrap_or_default(),
+                None => String::new(),
+            };
+            let mut record = FutureRecord::to(&topics[task.partitioner])
+                .partition(task.partition as i32)
+                .key(key.as_bytes())
+                .payload(&payload);
+            if let Some((request, values)) = answer {
+                let mut tag = Vec::with_capacity(13);
+                tag.extend_from_slice(&request.to_le_bytes());
+                tag.extend_from_slice(&(slot as u32).to_le_bytes());
+                tag.push(values as u8);
+                let headers = OwnedHeaders::new_with_capacity(2)
+                    .insert(Header {
+                        key: REPLY_HEADER,
+                        value: Some(self.reply_topic.as_bytes()),
+                    })
+                    .insert(Header {
+                        key: SLOT_HEADER,
+                        value: Some(&tag),
+                    });
+                record = record.headers(headers);
+            }
+            deliveries.push(self.send(record)?);
+        }
+        for d in deliveries {
+            d.await
+                .map_err(|_| kafka_error("publishing events", "the producer went away"))?
+                .map_err(|(e, _)| kafka_error("publishing events", e))?;
+        }
+        self.stats
+            .published
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues a record, waiting while the producer's queue is full.
+    fn send(
+        &self,
+        mut record: FutureRecord<'_, [u8], Vec<u8>>,
+    ) -> Result<rdkafka::producer::DeliveryFuture> {
+        loop {
+            match self.producer.send_result(record) {
+                Ok(d) => return Ok(d),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => return Err(kafka_error("publishing events", e)),
+            }
+        }
+    }
+
+    /// Publishes an external record that did not fit the stream, with its error and
+    /// where it came from (`topic/partition@offset`).
+    async fn dead_letter(
+        &self,
+        stream: &str,
+        payload: &[u8],
+        error: &str,
+        origin: &str,
+    ) -> Result<()> {
+        let topic = self.config.dead_letter_topic(stream);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "eddy-error",
+                value: Some(error.as_bytes()),
+            })
+            .insert(Header {
+                key: "eddy-origin",
+                value: Some(origin.as_bytes()),
+            });
+        let record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&topic).payload(payload).headers(headers);
+        self.producer
+            .send_result(record)
+            .map_err(|(e, _)| kafka_error("publishing a dead letter", e))?
+            .await
+            .map_err(|_| kafka_error("publishing a dead letter", "the producer went away"))?
+            .map_err(|(e, _)| kafka_error("publishing a dead letter", e))?;
+        self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
+        *self
+            .dead_letters
+            .lock()
+            .expect("dead letters lock")
+            .entry(stream.to_string())
+            .or_default() += 1;
+        Ok(())
+    }
+
+    /// Starts the thread that reads the reply topic from its current end.
+    fn start_replies(self: &Arc<Self>) -> Result<()> {
+        let consumer: BaseConsumer = self
+            .config
+            .consumer(&format!("eddy-replies.{}", self.config.node))
+            .create()
+            .map_err(|e| kafka_error("creating the reply consumer", e))?;
+        let (_, high) = consumer
+            .fetch_watermarks(&self.reply_topic, 0, Duration::from_secs(10))
+            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.reply_topic, 0, Offset::Offset(high))
+            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        consumer
+            .assign(&tpl)
+            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        let pending = self.pending.clone();
+        let stop = self.stop.clone();
+        let stats = self.stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("eddy-kafka-replies".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                        continue;
+                    };
+                    stats.replies_received.fetch_add(1, Ordering::Relaxed);
+                    deliver_reply(&pending, m.key(), m.payload());
+                }
+            })
+            .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
+        self.threads.lock().expect("threads lock").push(thread);
+        Ok(())
+    }
+
+    /// Sets where each task resumes: its checkpointed log end.
+    pub fn resume_at(&self, ends: impl IntoIterator<Item = (String, i32, i64)>) {
+        let mut positions = self.positions.lock().expect("positions lock");
+        for (topic, partition, end) in ends {
+            let p = positions.entry((topic, partition)).or_insert(end);
+            *p = (*p).max(end);
+        }
+    }
+
+    /// The next offset to apply of each task partition.
+    pub fn positions(&self) -> HashMap<(String, i32), i64> {
+        self.positions.lock().expect("positions lock").clone()
+    }
+
+    /// The end of a topic partition (the offset its next record will get).
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Result<i64> {
+        let (_, high) = self
+            .admin
+            .inner()
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .map_err(|e| kafka_error("reading offsets", e))?;
+        Ok(high)
+    }
+
+    /// Starts the task consumer: it joins the group, and dispatches each assigned
+    /// partition's records to its task's shard from the task's position on.
+    pub(crate) fn start_tasks(
+        self: &Arc<Self>,
+        queues: Vec<mpsc::Sender<Command>>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<()> {
+        let context = TaskContext {
+            positions: self.positions.clone(),
+        };
+        let consumer: BaseConsumer<TaskContext> = self
+            .config
+            .task_consumer()
+            .create_with_context(context)
+            .map_err(|e| kafka_error("creating the task consumer", e))?;
+        let me = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("eddy-kafka-tasks".into())
+            .spawn(move || me.run_tasks(consumer, queues, runtime))
+            .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
+        self.threads.lock().expect("threads lock").push(thread);
+        Ok(())
+    }
+
+    fn run_tasks(
+        self: Arc<Self>,
+        consumer: BaseConsumer<TaskContext>,
+        queues: Vec<mpsc::Sender<Command>>,
+        runtime: tokio::runtime::Handle,
+    ) {
+        let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
+        while !self.stop.load(Ordering::Acquire) {
+            if self.resubscribe.swap(false, Ordering::AcqRel) {
+                let topics: Vec<String> = self
+                    .routes
+                    .read()
+                    .expect("routes lock")
+                    .keys()
+                    .cloned()
+                    .collect();
+                let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                let result = if names.is_empty() {
+                    consumer.unsubscribe();
+                    Ok(())
+                } else {
+                    consumer.subscribe(&names)
+                };
+                if let Err(e) = result {
+                    eprintln!("eddy: kafka: subscribing: {e}");
+                }
+            }
+            let mut wait = Duration::from_millis(20);
+            while batch.len() < POLL_BATCH_MAX {
+                match consumer.poll(wait) {
+                    Some(Ok(m)) => batch.push(m.detach()),
+                    Some(Err(e)) => {
+                        eprintln!("eddy: kafka: consuming: {e}");
+                        break;
+                    }
+                    None => break,
+                }
+                wait = Duration::ZERO;
+            }
+            if !batch.is_empty() {
+                self.dispatch(std::mem::take(&mut batch), &queues, &runtime);
+            }
+        }
+    }
+
+    /// Hands polled records to their tasks, a batch per partition in offset order, and
+    /// answers the events that ask for it once their task applied them.
+    fn dispatch(
+        &self,
+        records: Vec<rdkafka::message::OwnedMessage>,
+        queues: &[mpsc::Sender<Command>],
+        runtime: &tokio::runtime::Handle,
+    ) {
+        let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
+            BTreeMap::new();
+        for m in records {
+            by_partition
+                .entry((m.topic().to_string(), m.partition()))
+                .or_default()
+                .push(m);
+        }
+        let routes = self.routes.read().expect("routes lock").clone();
+        for ((topic, partition), msgs) in by_partition {
+            let Some((stream, partitioner)) = routes.get(&topic) else {
+                continue;
+            };
+            let task = TaskId {
+                stream: stream.clone(),
+                partitioner: *partitioner,
+                partition: partition as u32,
+            };
+            let mut rows = Vec::with_capacity(msgs.len());
+            let mut asks = Vec::new();
+            let end = {
+                let mut positions = self.positions.lock().expect("positions lock");
+                let next = positions.entry((topic.clone(), partition)).or_insert(0);
+                for m in &msgs {
+                    if m.offset() < *next {
+                        self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    *next = m.offset() + 1;
+                    let Some(row) = m.payload().and_then(codec::decode_row) else {
+                        eprintln!("eddy: kafka: an unreadable event at {topic}/{partition}@{}", m.offset());
+                        continue;
+                    };
+                    if let Some(reply) = reply_to(m) {
+                        asks.push((rows.len(), reply));
+                    }
+                    rows.push(row);
+                }
+                *next
+            };
+            if rows.is_empty() {
+                continue;
+            }
+            self.stats
+                .consumed
+                .fetch_add(rows.len() as u64, Ordering::Relaxed);
+            let values = asks.iter().any(|(_, r)| r.values);
+            let (tx, rx) = oneshot::channel();
+            let shard = shard_of(&task, queues.len());
+            let cmd = Command::Ingest {
+                task,
+                rows,
+                values,
+                log_end: Some(end as u64),
+                reply: tx,
+            };
+            if queues[shard].blocking_send(cmd).is_err() {
+                return;
+            }
+            if !asks.is_empty() {
+                let producer = self.producer.clone();
+                let stats = self.stats.clone();
+                runtime.spawn(async move {
+                    let result = rx
+                        .await
+                        .unwrap_or_else(|_| Err(Error::internal("the engine is shutting down")));
+                    send_replies(&producer, &stats, asks, result).await;
+                });
+            }
+        }
+    }
+
+    /// Stops the consumer threads.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        let sources = std::mem::take(&mut *self.sources.lock().expect("sources lock"));
+        threads.extend(sources.into_values().map(|run| run.thread));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
+    let headers = m.headers()?;
+    let mut topic = None;
+    let mut tag = None;
+    for h in headers.iter() {
+        match h.key {
+            REPLY_HEADER => topic = h.value,
+            SLOT_HEADER => tag = h.value,
+            _ => {}
+        }
+    }
+    let mut r = Reader(tag?);
+    Some(ReplyTo {
+        topic: String::from_utf8(topic?.to_vec()).ok()?,
+        request: r.u64()?,
+        slot: r.u32()?,
+        values: r.u8()? != 0,
+    })
+}
+
+/// Answers each statement of a task batch with one record on its node's reply topic:
+/// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
+async fn send_replies(
+    producer: &FutureProducer,
+    stats: &KafkaStats,
+    asks: Vec<(usize, ReplyTo)>,
+    result: Result<Vec<Answer>>,
+) {
+    let mut by_request: BTreeMap<(String, u64), Vec<(u32, bool, usize)>> = BTreeMap::new();
+    for (i, r) in asks {
+        by_request
+            .entry((r.topic, r.request))
+            .or_default()
+            .push((r.slot, r.values, i));
+    }
+    let mut deliveries = Vec::new();
+    for ((topic, request), slots) in by_request {
+        let mut out = Vec::with_capacity(16 + slots.len() * 16);
+        match &result {
+            Ok(answers) => {
+                out.push(0);
+                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+                for (slot, values, i) in slots {
+                    let (outcome, metrics) = &answers[i];
+                    out.extend_from_slice(&slot.to_le_bytes());
+                    out.push(match outcome {
+                        Outcome::Accepted => 0,
+                        Outcome::Late => 1,
+                        Outcome::Duplicate => 2,
+                    });
+                    let metrics: &[(String, Vec<Value>)] = if values { metrics } else { &[] };
+                    out.extend_from_slice(&(metrics.len() as u32).to_le_bytes());
+                    for (name, vals) in metrics {
+                        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                        out.extend_from_slice(name.as_bytes());
+                        codec::encode_row(vals, &mut out);
+                    }
+                }
+            }
+            Err(e) => {
+                out.push(1);
+                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+                for (slot, _, _) in &slots {
+                    out.extend_from_slice(&slot.to_le_bytes());
+                }
+                out.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+        let key = request.to_le_bytes();
+        let record = FutureRecord::to(&topic).key(&key[..]).payload(&out);
+        match producer.send_result(record) {
+            Ok(d) => deliveries.push(d),
+            Err((e, _)) => eprintln!("eddy: kafka: replying: {e}"),
+        }
+        stats.replies_sent.fetch_add(1, Ordering::Relaxed);
+    }
+    for d in deliveries {
+        if let Ok(Err((e, _))) = d.await {
+            eprintln!("eddy: kafka: replying: {e}");
+        }
+    }
+}
+
+/// Fills a waiting statement's slots from one reply record.
+fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, value: Option<&[u8]>) {
+    let (Some(key), Some(value)) = (key, value) else {
+        return;
+    };
+    let Some(request) = key.try_into().ok().map(u64::from_le_bytes) else {
+        return;
+    };
+    let mut pending = pending.lock().expect("pending lock");
+    let Some(gather) = pending.get_mut(&request) else {
+        return; // a statement of an earlier life of the node, or one that timed out
+    };
+    let mut r = Reader(value);
+    let parsed = (|| -> Option<std::result::Result<Vec<(u32, Answer)>, String>> {
+        let failed = r.u8()? == 1;
+        let n = r.u32()? as usize;
+        if failed {
+            for _ in 0..n {
+                r.u32()?;
+            }
+            return Some(Err(String::from_utf8_lossy(r.0).into_owned()));
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let slot = r.u32()?;
+            let outcome = match r.u8()? {
+                0 => Outcome::Accepted,
+                1 => Outcome::Late,
+                _ => Outcome::Duplicate,
+            };
+            let m = r.u32()? as usize;
+            let mut metrics = Vec::with_capacity(m);
+            for _ in 0..m {
+                let len = r.u32()? as usize;
+                let name = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+                let vals = codec::read_row(&mut r)?;
+                metrics.push((name, vals));
+            }
+            out.push((slot, (outcome, metrics)));
+        }
+        Some(Ok(out))
+    })();
+    let answers = match parsed {
+        Some(Ok(a)) => a,
+        Some(Err(message)) => {
+            if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+                let _ = done.send(Err(Error::internal(message)));
+            }
+            return;
+        }
+        None => {
+            if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+                let _ = done.send(Err(Error::internal("kafka: an unreadable reply")));
+            }
+            return;
+        }
+    };
+    for (slot, answer) in answers {
+        if let Some(s) = gather.answers.get_mut(slot as usize) {
+            if s.is_none() {
+                gather.missing -= 1;
+            }
+            *s = Some(answer);
+        }
+    }
+    if gather.missing == 0 {
+        if let Some(mut g) = pending.remove(&request) {
+            let answers = g.answers.into_iter().map(|a| a.expect("answered")).collect();
+            if let Some(done) = g.done.take() {
+                let _ = done.send(Ok(answers));
+            }
+        }
+    }
+}
+
+/// The task consumer's context: an assigned partition starts at its task's position
+/// (its checkpointed log end, or what this process already applied), else at the
+/// beginning of the topic.
+struct TaskContext {
+    positions: Positions,
+}
+
+impl ClientContext for TaskContext {}
+
+impl ConsumerContext for TaskContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let positions = self.positions.lock().expect("positions lock").clone();
+                let wanted: Vec<(String, i32, Offset)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| {
+                        let key = (e.topic().to_string(), e.partition());
+                        let offset = positions
+                            .get(&key)
+                            .map_or(Offset::Beginning, |&o| Offset::Offset(o));
+                        (key.0, key.1, offset)
+                    })
+                    .collect();
+                for (topic, partition, offset) in wanted {
+                    let _ = tpl.set_partition_offset(&topic, partition, offset);
+                }
+                if let Err(e) = consumer.assign(tpl) {
+                    eprintln!("eddy: kafka: assigning partitions: {e}");
+                }
+            }
+            _ => {
+                let _ = consumer.unassign();
+            }
+        }
+    }
+
+}

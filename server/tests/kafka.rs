@@ -1,0 +1,372 @@
+//! Cluster mode on the real Kafka broker of `make test` (`EDDY_TEST_KAFKA`): a real
+//! `eddy serve --kafka` process, driven over the PostgreSQL protocol, and checked from
+//! the Kafka side with a plain Kafka client. Each test names its own cluster, so the
+//! tests share the broker without seeing each other's topics.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+use common::{connect_port, kafka_addr, simple_rows, spawn_eddy_with, temp_dir};
+use eddy_cluster::route::partition_for;
+use eddy_planner::types::Value;
+
+fn cluster(name: &str) -> String {
+    format!("{name}{}", std::process::id())
+}
+
+fn ts(i: i64) -> String {
+    format!("2026-01-01 00:{:02}:{:02}", i / 60 % 60, i % 60)
+}
+
+/// Every record of a topic, as (partition, key, payload, headers).
+fn read_topic(topic: &str) -> Vec<(i32, String, Vec<u8>, HashMap<String, String>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_addr())
+        .set("group.id", format!("test-reader-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let meta = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions = meta.topics()[0].partitions().len() as i32;
+    assert!(partitions > 0, "topic {topic} does not exist");
+    let mut tpl = TopicPartitionList::new();
+    let mut left = 0;
+    for p in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .unwrap();
+        left += high - low;
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while left > 0 && Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m.unwrap();
+            let headers = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| {
+                            let v = String::from_utf8_lossy(h.value.unwrap_or_default());
+                            (h.key.to_string(), v.into_owned())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push((
+                m.partition(),
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                m.payload().unwrap_or_default().to_vec(),
+                headers,
+            ));
+            left -= 1;
+        }
+    }
+    out
+}
+
+/// Polls `sql` until its rows equal `want` (the node applies Kafka records on its own
+/// schedule); fails after 60 s with the last rows seen.
+async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &[Vec<Option<String>>]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = simple_rows(client, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: got {got:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn row(cells: &[&str]) -> Vec<Option<String>> {
+    cells.iter().map(|c| Some(c.to_string())).collect()
+}
+
+/// INSERT … RETURNING goes out to one topic per partitioner, keyed like Kafka's default
+/// partitioner, and the answers of both partitioners' tasks come back as one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_returning_gathers_every_partitioner_through_kafka() {
+    let dir = temp_dir("kafka-returning");
+    let cluster = cluster("ret");
+    let kafka = kafka_addr();
+    let (eddy, port) = spawn_eddy_with(&dir, &["--kafka", &kafka, "--cluster", &cluster]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             merchant TEXT NOT NULL, amount BIGINT) WITH (event_time = 'ts', \
+             partition_by = 'card, merchant', partitions = 3); \
+             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n, SUM(amount) AS total \
+             FROM pay WINDOW INFINITE GROUP BY card; \
+             CREATE METRIC by_merchant AS SELECT merchant, COUNT(*) AS n \
+             FROM pay WINDOW INFINITE GROUP BY merchant;",
+        )
+        .await
+        .unwrap();
+    let mut by_card: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut by_merchant: HashMap<String, i64> = HashMap::new();
+    for i in 0..60i64 {
+        let (card, merchant, amount) = (format!("c{}", i % 7), format!("m{}", i % 4), i * 3);
+        let got = simple_rows(
+            &client,
+            &format!(
+                "INSERT INTO pay VALUES ({i}, '{}', '{card}', '{merchant}', {amount}) \
+                 RETURNING id, by_card.n, by_card.total, by_merchant.n",
+                ts(i)
+            ),
+        )
+        .await;
+        let c = by_card.entry(card.clone()).or_default();
+        c.0 += 1;
+        c.1 += amount;
+        let m = by_merchant.entry(merchant.clone()).or_default();
+        *m += 1;
+        let want = row(&[&i.to_string(), &c.0.to_string(), &c.1.to_string(), &m.to_string()]);
+        assert_eq!(got, vec![want], "event {i}");
+    }
+    // A multi-row statement: one answer per event, in VALUES order.
+    let got = simple_rows(
+        &client,
+        "INSERT INTO pay VALUES (100, '2026-01-01 01:00:00', 'c0', 'm0', 1), \
+         (101, '2026-01-01 01:00:01', 'c0', 'm1', 1) RETURNING id, by_card.n",
+    )
+    .await;
+    let n0 = by_card["c0"].0;
+    assert_eq!(
+        got,
+        vec![
+            row(&["100", &(n0 + 1).to_string()]),
+            row(&["101", &(n0 + 2).to_string()])
+        ]
+    );
+    // Bad input fails the statement and leaves the connection usable.
+    let err = client
+        .simple_query("INSERT INTO pay VALUES (102, NULL, 'c1', 'm1', 1)")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "23502", "{err}");
+    let err = client
+        .simple_query("CREATE STREAM bad (ts TIMESTAMP) WITH (event_time = 'ts', format = 'avro')")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22023", "{err}");
+    eventually(&client, "SELECT count(*) FROM pay", &[row(&["62"])]).await;
+
+    // The Kafka side: every event once in each partitioner's topic, on the partition
+    // Kafka's default partitioner picks for its key.
+    for (topic, col) in [(format!("{cluster}.pay.card"), 2), (format!("{cluster}.pay.merchant"), 3)] {
+        let records = read_topic(&topic);
+        assert_eq!(records.len(), 62, "{topic}");
+        for (partition, key, payload, headers) in records {
+            let event = eddy_planner::codec::decode_row(&payload).expect("an event");
+            assert_eq!(event[col].to_text().unwrap(), key);
+            assert_eq!(
+                partition as u32,
+                partition_for(&Value::Text(key.as_str().into()), 3)
+            );
+            assert_eq!(headers["eddy-reply"], format!("{cluster}-replies.{}", node_id(&dir)));
+        }
+    }
+    drop(eddy);
+}
+
+fn node_id(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("node.id"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A node started later, on an empty data directory, learns the catalog from the
+/// compacted catalog topic and rebuilds the metrics from the stream topics; a DROP is
+/// a tombstone there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_node_learns_catalog_and_state_from_kafka() {
+    let cluster = cluster("later");
+    let kafka = kafka_addr();
+    let first = temp_dir("kafka-later-a");
+    let (eddy, port) = spawn_eddy_with(&first, &["--kafka", &kafka, "--cluster", &cluster]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 2); \
+             CREATE METRIC total AS SELECT card, SUM(amount) AS s FROM pay WINDOW INFINITE GROUP BY card; \
+             CREATE METRIC gone AS SELECT card, COUNT(*) AS n FROM pay WINDOW INFINITE GROUP BY card; \
+             ALTER STREAM pay ADD COLUMN note TEXT;",
+        )
+        .await
+        .unwrap();
+    let values: Vec<String> = (0..100)
+        .map(|i| format!("('{}', 'c{}', {i}, NULL)", ts(i), i % 3))
+        .collect();
+    client
+        .batch_execute(&format!("INSERT INTO pay VALUES {}", values.join(", ")))
+        .await
+        .unwrap();
+    client.batch_execute("DROP METRIC gone").await.unwrap();
+    let want = simple_rows(&client, "SELECT card, s FROM total ORDER BY card").await;
+    assert_eq!(want.len(), 3);
+    eddy.terminate();
+
+    let second = temp_dir("kafka-later-b");
+    let (eddy, port) = spawn_eddy_with(&second, &["--kafka", &kafka, "--cluster", &cluster]);
+    let client = connect_port(port).await;
+    let metrics: Vec<String> = simple_rows(&client, "SHOW METRICS")
+        .await
+        .into_iter()
+        .map(|r| r[0].clone().unwrap())
+        .collect();
+    assert_eq!(metrics, vec!["total".to_string()]);
+    let columns = simple_rows(&client, "DESCRIBE pay").await;
+    assert_eq!(columns.len(), 4, "the added column came with the catalog: {columns:?}");
+    eventually(&client, "SELECT card, s FROM total ORDER BY card", &want).await;
+    drop(eddy);
+}
+
+/// An external topic of JSON records: good records become events, bad ones go to the
+/// dead-letter topic with their error, and nothing blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
+    let dir = temp_dir("kafka-json");
+    let cluster = cluster("json");
+    let kafka = kafka_addr();
+    let source = format!("{cluster}-payments-in");
+    let http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (eddy, port) = spawn_eddy_with(
+        &dir,
+        &["--kafka", &kafka, "--cluster", &cluster, "--http-addr", &http],
+    );
+    let client = connect_port(port).await;
+    client
+        .batch_execute(&format!(
+            "CREATE STREAM ext (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             amount DOUBLE PRECISION) WITH (event_time = 'ts', event_id = 'id', \
+             partition_by = 'card', partitions = 2, lateness = '1 hour', \
+             kafka_topic = '{source}', format = 'json'); \
+             CREATE METRIC per_card AS SELECT card, COUNT(*) AS n, SUM(amount) AS s \
+             FROM ext WINDOW INFINITE GROUP BY card;"
+        ))
+        .await
+        .unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .create()
+        .unwrap();
+    let mut records: Vec<String> = Vec::new();
+    for i in 0..40 {
+        // Times as text and as epoch milliseconds; numbers as numbers and as text.
+        let ts = if i % 2 == 0 {
+            format!("\"{}\"", ts(i))
+        } else {
+            (1_767_225_600_000i64 + i * 1000).to_string()
+        };
+        let amount = if i % 3 == 0 { format!("\"{i}.5\"") } else { format!("{i}.5") };
+        records.push(format!(
+            r#"{{"id": {i}, "ts": {ts}, "card": "c{}", "amount": {amount}, "extra": true}}"#,
+            i % 2
+        ));
+    }
+    let bad = [
+        "not json at all",
+        r#"[1, 2, 3]"#,
+        r#"{"id": 900, "ts": "2026-01-01 00:00:00", "amount": 1}"#,
+        r#"{"id": 901, "ts": "2026-01-01 00:00:00", "card": "c0", "amount": "lots"}"#,
+        r#"{"id": 902, "ts": "yesterday", "card": "c0", "amount": 1}"#,
+    ];
+    records.insert(5, bad[0].to_string());
+    records.insert(12, bad[1].to_string());
+    records.insert(20, bad[2].to_string());
+    records.insert(30, bad[3].to_string());
+    records.push(bad[4].to_string());
+    // A duplicate of an event already sent is applied once (event_id).
+    records.push(records[0].clone());
+    for r in &records {
+        producer
+            .send(
+                FutureRecord::<(), _>::to(&source).payload(r.as_str()),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let mut want = Vec::new();
+    for card in 0..2 {
+        let ids = (0..40).filter(|i| i % 2 == card);
+        let n = ids.clone().count();
+        let s: f64 = ids.map(|i| i as f64 + 0.5).sum();
+        want.push(row(&[&format!("c{card}"), &n.to_string(), &s.to_string()]));
+    }
+    eventually(&client, "SELECT card, n, s FROM per_card ORDER BY card", &want).await;
+
+    // The external topic has two partitions, so dead letters come in any order.
+    let dead = read_topic(&format!("{cluster}.ext.dead-letters"));
+    let mut payloads: Vec<String> = dead
+        .iter()
+        .map(|d| String::from_utf8_lossy(&d.2).into_owned())
+        .collect();
+    payloads.sort();
+    let mut want_dead: Vec<String> = bad.iter().map(|b| b.to_string()).collect();
+    want_dead.sort();
+    assert_eq!(payloads, want_dead);
+    for (_, _, payload, headers) in &dead {
+        assert!(headers["eddy-origin"].starts_with(&source), "{headers:?}");
+        let error = &headers["eddy-error"];
+        if String::from_utf8_lossy(payload).contains("900") {
+            assert!(error.contains("not-null"), "{error}");
+        }
+        assert!(!error.is_empty());
+    }
+    let metrics = reqwest_metrics(&http).await;
+    assert!(
+        metrics.contains("eddy_dead_letters_total{stream=\"ext\"} 5"),
+        "{metrics}"
+    );
+    drop(eddy);
+}
+
+/// `GET /metrics` over a plain TCP connection.
+async fn reqwest_metrics(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: eddy\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// A stream with an external topic needs cluster mode: the embedded node refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_topic_needs_kafka() {
+    let dir = temp_dir("kafka-none");
+    let (eddy, port) = spawn_eddy_with(&dir, &[]);
+    let client = connect_port(port).await;
+    let err = client
+        .simple_query(
+            "CREATE STREAM ext (ts TIMESTAMP NOT NULL) WITH (event_time = 'ts', kafka_topic = 'x')",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "0A000", "{err}");
+    assert_eq!(simple_rows(&client, "SELECT 1").await, vec![row(&["1"])]);
+    drop(eddy);
+}
