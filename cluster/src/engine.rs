@@ -187,11 +187,7 @@ fn engine_gone() -> Error {
 impl Engine {
     /// Starts `shards` shard threads; with a log, every ingested event is appended to
     /// its tasks' logs (and durable) before a task applies it.
-    pub fn start(
-        shards: usize,
-        log: Log,
-        storage: Option<Arc<NodeStorage>>,
-    ) -> Engine {
+    pub fn start(shards: usize, log: Log, storage: Option<Arc<NodeStorage>>) -> Engine {
         assert!(shards > 0);
         let mut queues = Vec::with_capacity(shards);
         let mut threads = Vec::with_capacity(shards);

@@ -360,11 +360,7 @@ impl GroupTable {
             return None;
         };
         for family in [Family::Distinct, Family::Extremes] {
-            let slots: Vec<u16> = aux
-                .iter()
-                .filter(|a| a.0 == family)
-                .map(|a| a.1)
-                .collect();
+            let slots: Vec<u16> = aux.iter().filter(|a| a.0 == family).map(|a| a.1).collect();
             if slots.is_empty() {
                 continue;
             }

@@ -53,6 +53,25 @@ use crate::task::{MetricValues, Outcome, Row, Task};
 
 const REPLY_HEADER: &str = "eddy-reply";
 const SLOT_HEADER: &str = "eddy-slot";
+
+/// The headers that ask an event's task to answer on `reply_topic`, as slot `slot` of
+/// request `request` (the reply record's key is the request id, little-endian), with the
+/// event's metric values if `values`. Any Kafka client may send them (seed 002 §3.1).
+pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -> OwnedHeaders {
+    let mut tag = Vec::with_capacity(13);
+    tag.extend_from_slice(&request.to_le_bytes());
+    tag.extend_from_slice(&slot.to_le_bytes());
+    tag.push(values as u8);
+    OwnedHeaders::new_with_capacity(2)
+        .insert(Header {
+            key: REPLY_HEADER,
+            value: Some(reply_topic.as_bytes()),
+        })
+        .insert(Header {
+            key: SLOT_HEADER,
+            value: Some(&tag),
+        })
+}
 /// How long a statement waits for its tasks' answers.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Records dispatched to tasks per consumer round.
@@ -388,7 +407,10 @@ impl Kafka {
         let routes: HashMap<String, (String, usize)> = next
             .streams
             .values()
-            .flat_map(|s| (0..s.partitioner_count()).map(|p| (self.config.topic_of(s, p), (s.name.clone(), p))))
+            .flat_map(|s| {
+                (0..s.partitioner_count())
+                    .map(|p| (self.config.topic_of(s, p), (s.name.clone(), p)))
+            })
             .collect();
         *self.routes.write().expect("routes lock") = routes;
         self.resubscribe.store(true, Ordering::Release);
@@ -412,7 +434,9 @@ impl Kafka {
             let _ = tokio::task::spawn_blocking(move || run.thread.join()).await;
         }
         for stream in next.streams.values() {
-            let Some(source) = &stream.source else { continue };
+            let Some(source) = &stream.source else {
+                continue;
+            };
             if self
                 .sources
                 .lock()
@@ -496,7 +520,9 @@ impl Kafka {
         stop: Arc<AtomicBool>,
         runtime: tokio::runtime::Handle,
     ) {
-        let Some(source) = stream.source.clone() else { return };
+        let Some(source) = stream.source.clone() else {
+            return;
+        };
         let group = format!("{}-source.{}", self.config.cluster, dir_name(&stream.name));
         let consumer: BaseConsumer = match self.config.consumer(&group).create() {
             Ok(c) => c,
@@ -727,20 +753,12 @@ impl Kafka {
                 .key(key.as_bytes())
                 .payload(&payload);
             if let Some((request, values)) = answer {
-                let mut tag = Vec::with_capacity(13);
-                tag.extend_from_slice(&request.to_le_bytes());
-                tag.extend_from_slice(&(slot as u32).to_le_bytes());
-                tag.push(values as u8);
-                let headers = OwnedHeaders::new_with_capacity(2)
-                    .insert(Header {
-                        key: REPLY_HEADER,
-                        value: Some(self.reply_topic.as_bytes()),
-                    })
-                    .insert(Header {
-                        key: SLOT_HEADER,
-                        value: Some(&tag),
-                    });
-                record = record.headers(headers);
+                record = record.headers(reply_headers(
+                    &self.reply_topic,
+                    request,
+                    slot as u32,
+                    values,
+                ));
             }
             deliveries.push(self.send(record)?);
         }
@@ -975,7 +993,10 @@ impl Kafka {
                     }
                     *next = m.offset() + 1;
                     let Some(row) = m.payload().and_then(codec::decode_row) else {
-                        eprintln!("eddy: kafka: an unreadable event at {topic}/{partition}@{}", m.offset());
+                        eprintln!(
+                            "eddy: kafka: an unreadable event at {topic}/{partition}@{}",
+                            m.offset()
+                        );
                         continue;
                     };
                     if let Some(reply) = reply_to(m) {
@@ -1057,7 +1078,9 @@ async fn send_replies(
     asks: Vec<(usize, ReplyTo)>,
     result: Result<Vec<Answer>>,
 ) {
-    let mut by_request: BTreeMap<(String, u64), Vec<(u32, bool, usize)>> = BTreeMap::new();
+    // (reply topic, request) → (slot, values wanted, the event's index in the batch)
+    type Slots = Vec<(u32, bool, usize)>;
+    let mut by_request: BTreeMap<(String, u64), Slots> = BTreeMap::new();
     for (i, r) in asks {
         by_request
             .entry((r.topic, r.request))
@@ -1179,7 +1202,11 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
     }
     if gather.missing == 0 {
         if let Some(mut g) = pending.remove(&request) {
-            let answers = g.answers.into_iter().map(|a| a.expect("answered")).collect();
+            let answers = g
+                .answers
+                .into_iter()
+                .map(|a| a.expect("answered"))
+                .collect();
             if let Some(done) = g.done.take() {
                 let _ = done.send(Ok(answers));
             }
@@ -1229,5 +1256,4 @@ impl ConsumerContext for TaskContext {
             }
         }
     }
-
 }

@@ -849,7 +849,12 @@ pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
                     .as_i64()
                     .and_then(|ms| ms.checked_mul(1000))
                     .map(Value::Timestamp)
-                    .ok_or_else(|| bad(format!("column \"{}\": {n} is not a time in milliseconds", col.name)))?,
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "column \"{}\": {n} is not a time in milliseconds",
+                            col.name
+                        ))
+                    })?,
                 _ => value_from_text(&n.to_string(), col)?,
             },
             Some(serde_json::Value::Bool(b)) => value_from_text(&b.to_string(), col)?,

@@ -228,7 +228,6 @@ impl Db {
         Ok(ctx)
     }
 
-
     /// Starts a continuous query (`sql` without `EMIT CHANGES`). DDL waits meanwhile,
     /// so the target cannot vanish between planning and attaching.
     pub async fn subscribe(&self, sql: &str, opening: Opening) -> Result<SubscriptionHandle> {
@@ -807,13 +806,38 @@ impl Db {
         if let Some(kafka) = self.engine.kafka() {
             let k = &kafka.stats;
             for (name, help, counter) in [
-                ("eddy_kafka_published_total", "Event records Kafka acknowledged.", &k.published),
-                ("eddy_kafka_consumed_total", "Event records handed to tasks.", &k.consumed),
-                ("eddy_kafka_skipped_total", "Redelivered records below a task's position, skipped.", &k.skipped),
-                ("eddy_kafka_replies_sent_total", "Reply records sent by tasks.", &k.replies_sent),
-                ("eddy_kafka_replies_received_total", "Reply records received by this node.", &k.replies_received),
+                (
+                    "eddy_kafka_published_total",
+                    "Event records Kafka acknowledged.",
+                    &k.published,
+                ),
+                (
+                    "eddy_kafka_consumed_total",
+                    "Event records handed to tasks.",
+                    &k.consumed,
+                ),
+                (
+                    "eddy_kafka_skipped_total",
+                    "Redelivered records below a task's position, skipped.",
+                    &k.skipped,
+                ),
+                (
+                    "eddy_kafka_replies_sent_total",
+                    "Reply records sent by tasks.",
+                    &k.replies_sent,
+                ),
+                (
+                    "eddy_kafka_replies_received_total",
+                    "Reply records received by this node.",
+                    &k.replies_received,
+                ),
             ] {
-                family(name, "counter", help, vec![(String::new(), load(counter) as f64)]);
+                family(
+                    name,
+                    "counter",
+                    help,
+                    vec![(String::new(), load(counter) as f64)],
+                );
             }
             family(
                 "eddy_dead_letters_total",

@@ -111,7 +111,10 @@ fn node_id_of(data_dir: &std::path::Path) -> anyhow::Result<String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos() as u64;
-    let id = format!("node-{:012x}", (nanos ^ ((std::process::id() as u64) << 40)) & 0xffff_ffff_ffff);
+    let id = format!(
+        "node-{:012x}",
+        (nanos ^ ((std::process::id() as u64) << 40)) & 0xffff_ffff_ffff
+    );
     std::fs::write(&path, format!("{id}\n"))?;
     Ok(id)
 }

@@ -26,8 +26,11 @@ fn ts(i: i64) -> String {
     format!("2026-01-01 00:{:02}:{:02}", i / 60 % 60, i % 60)
 }
 
-/// Every record of a topic, as (partition, key, payload, headers).
-fn read_topic(topic: &str) -> Vec<(i32, String, Vec<u8>, HashMap<String, String>)> {
+/// A record read back: (partition, key, payload, headers).
+type Record = (i32, String, Vec<u8>, HashMap<String, String>);
+
+/// Every record of a topic.
+fn read_topic(topic: &str) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka_addr())
         .set("group.id", format!("test-reader-{}", std::process::id()))
@@ -87,7 +90,10 @@ async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &[Vec<Opti
         if got == want {
             return;
         }
-        assert!(Instant::now() < deadline, "{sql}: got {got:?}, want {want:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{sql}: got {got:?}, want {want:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -135,7 +141,12 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
         c.1 += amount;
         let m = by_merchant.entry(merchant.clone()).or_default();
         *m += 1;
-        let want = row(&[&i.to_string(), &c.0.to_string(), &c.1.to_string(), &m.to_string()]);
+        let want = row(&[
+            &i.to_string(),
+            &c.0.to_string(),
+            &c.1.to_string(),
+            &m.to_string(),
+        ]);
         assert_eq!(got, vec![want], "event {i}");
     }
     // A multi-row statement: one answer per event, in VALUES order.
@@ -168,7 +179,10 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
 
     // The Kafka side: every event once in each partitioner's topic, on the partition
     // Kafka's default partitioner picks for its key.
-    for (topic, col) in [(format!("{cluster}.pay.card"), 2), (format!("{cluster}.pay.merchant"), 3)] {
+    for (topic, col) in [
+        (format!("{cluster}.pay.card"), 2),
+        (format!("{cluster}.pay.merchant"), 3),
+    ] {
         let records = read_topic(&topic);
         assert_eq!(records.len(), 62, "{topic}");
         for (partition, key, payload, headers) in records {
@@ -178,7 +192,10 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
                 partition as u32,
                 partition_for(&Value::Text(key.as_str().into()), 3)
             );
-            assert_eq!(headers["eddy-reply"], format!("{cluster}-replies.{}", node_id(&dir)));
+            assert_eq!(
+                headers["eddy-reply"],
+                format!("{cluster}-replies.{}", node_id(&dir))
+            );
         }
     }
     drop(eddy);
@@ -233,7 +250,11 @@ async fn a_later_node_learns_catalog_and_state_from_kafka() {
         .collect();
     assert_eq!(metrics, vec!["total".to_string()]);
     let columns = simple_rows(&client, "DESCRIBE pay").await;
-    assert_eq!(columns.len(), 4, "the added column came with the catalog: {columns:?}");
+    assert_eq!(
+        columns.len(),
+        4,
+        "the added column came with the catalog: {columns:?}"
+    );
     eventually(&client, "SELECT card, s FROM total ORDER BY card", &want).await;
     drop(eddy);
 }
@@ -252,7 +273,14 @@ async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
     };
     let (eddy, port) = spawn_eddy_with(
         &dir,
-        &["--kafka", &kafka, "--cluster", &cluster, "--http-addr", &http],
+        &[
+            "--kafka",
+            &kafka,
+            "--cluster",
+            &cluster,
+            "--http-addr",
+            &http,
+        ],
     );
     let client = connect_port(port).await;
     client
@@ -278,7 +306,11 @@ async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
         } else {
             (1_767_225_600_000i64 + i * 1000).to_string()
         };
-        let amount = if i % 3 == 0 { format!("\"{i}.5\"") } else { format!("{i}.5") };
+        let amount = if i % 3 == 0 {
+            format!("\"{i}.5\"")
+        } else {
+            format!("{i}.5")
+        };
         records.push(format!(
             r#"{{"id": {i}, "ts": {ts}, "card": "c{}", "amount": {amount}, "extra": true}}"#,
             i % 2
@@ -314,7 +346,12 @@ async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
         let s: f64 = ids.map(|i| i as f64 + 0.5).sum();
         want.push(row(&[&format!("c{card}"), &n.to_string(), &s.to_string()]));
     }
-    eventually(&client, "SELECT card, n, s FROM per_card ORDER BY card", &want).await;
+    eventually(
+        &client,
+        "SELECT card, n, s FROM per_card ORDER BY card",
+        &want,
+    )
+    .await;
 
     // The external topic has two partitions, so dead letters come in any order.
     let dead = read_topic(&format!("{cluster}.ext.dead-letters"));

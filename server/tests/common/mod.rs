@@ -134,7 +134,14 @@ pub fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
 pub fn spawn_eddy_with(dir: &std::path::Path, args: &[&str]) -> (Eddy, u16) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
     command
-        .args(["serve", "--pg-addr", "127.0.0.1:0", "--shards", "2", "--data-dir"])
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--shards",
+            "2",
+            "--data-dir",
+        ])
         .arg(dir)
         .args(args);
     if !args.contains(&"--http-addr") {

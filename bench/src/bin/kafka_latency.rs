@@ -1,0 +1,242 @@
+//! End-to-end latency through Kafka, measured as Railgun measures it (seed 002 §5): an
+//! injector publishes events at a fixed rate to a stream's task topic, each asking for
+//! an answer on the injector's reply topic; Eddy (`eddy serve --kafka`) applies the
+//! event, computes COUNT/SUM/AVG per card over a 5-minute sliding window and answers;
+//! the injector consumes the answer. Latency runs from the moment the event was due to
+//! be sent (not when it was sent), so a stalled pipeline cannot hide its queueing delay
+//! (coordinated omission); histograms are HdrHistogram.
+//!
+//! Usage (a broker and an `eddy serve --kafka` running; `bench/kafka-latency.sh` starts
+//! both):
+//!   cargo run --release -p eddy-bench --bin kafka_latency -- \
+//!     --kafka 127.0.0.1:9092 --pg 127.0.0.1:5433 --rates 5000,20000,50000 --seconds 20
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use eddy_bench::XorShift;
+use eddy_cluster::kafka::reply_headers;
+use eddy_cluster::route::partition_for;
+use eddy_planner::codec::encode_row;
+use eddy_planner::types::Value;
+
+const CARDS: u64 = 10_000;
+const PARTITIONS: u32 = 2;
+
+struct Args {
+    kafka: String,
+    pg: String,
+    cluster: String,
+    rates: Vec<u64>,
+    seconds: u64,
+    warmup_seconds: u64,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        kafka: "127.0.0.1:9092".into(),
+        pg: "127.0.0.1:5433".into(),
+        cluster: "eddy".into(),
+        rates: vec![5_000, 20_000, 50_000],
+        seconds: 20,
+        warmup_seconds: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--kafka" => a.kafka = value()?,
+            "--pg" => a.pg = value()?,
+            "--cluster" => a.cluster = value()?,
+            "--rates" => {
+                a.rates = value()?
+                    .split(',')
+                    .map(|r| r.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--seconds" => a.seconds = value()?.parse()?,
+            "--warmup" => a.warmup_seconds = value()?.parse()?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let a = args()?;
+    let (pg, conn) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user=eddy dbname=eddy",
+            a.pg.split(':').next().unwrap_or("127.0.0.1"),
+            a.pg.rsplit(':').next().unwrap_or("5433")
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .context("connecting to eddy")?;
+    tokio::spawn(conn);
+    println!("rate_per_s,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors");
+    for (run, &rate) in a.rates.iter().enumerate() {
+        let stream = format!("lat{}_{run}", std::process::id());
+        pg.batch_execute(&format!(
+            "CREATE STREAM {stream} (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', \
+             partitions = {PARTITIONS}, lateness = '1 second', retention = '10 minutes'); \
+             CREATE METRIC {stream}_m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s, AVG(amount) AS a \
+             FROM {stream} WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;"
+        ))
+        .await
+        .context("creating the stream")?;
+        let topic = format!("{}.{stream}.card", a.cluster);
+        let line = measure(&a, &topic, rate).await?;
+        println!("{line}");
+        pg.batch_execute(&format!("DROP STREAM {stream} CASCADE"))
+            .await?;
+    }
+    Ok(())
+}
+
+/// One run at `rate` events/s; returns its CSV line.
+async fn measure(a: &Args, topic: &str, rate: u64) -> anyhow::Result<String> {
+    let reply_topic = format!("latency-replies-{}-{rate}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &a.kafka)
+        .create()?;
+    admin
+        .create_topics(
+            [&NewTopic::new(&reply_topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await?;
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &a.kafka)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .create()?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &a.kafka)
+        .set("group.id", &reply_topic)
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&reply_topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+
+    let total = rate * a.seconds;
+    let warmup = rate * a.warmup_seconds;
+    let start = Instant::now() + Duration::from_millis(200);
+    let due = move |seq: u64| start + Duration::from_nanos(seq * 1_000_000_000 / rate);
+    let histogram = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1,
+        600_000_000,
+        3,
+    )?));
+    let answered = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (histogram, answered, errors, done) = (
+            histogram.clone(),
+            answered.clone(),
+            errors.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let now = Instant::now();
+                let Some(seq) = m
+                    .key()
+                    .and_then(|k| k.try_into().ok())
+                    .map(u64::from_le_bytes)
+                else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if m.payload().and_then(|p| p.first()) != Some(&0) {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                if seq >= warmup {
+                    let micros = now.saturating_duration_since(due(seq)).as_micros() as u64;
+                    let _ = histogram.lock().unwrap().record(micros.max(1));
+                }
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d ^ rate);
+    let mut payload = Vec::with_capacity(64);
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_micros() as i64;
+    for seq in 0..total {
+        let at = due(seq);
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+        let card = format!("c{}", rng.next_u64() % CARDS);
+        let amount = (rng.next_u64() % 100_000) as f64 / 100.0;
+        let ts = epoch + (at - start).as_micros() as i64;
+        payload.clear();
+        encode_row(
+            &[
+                Value::Int(seq as i64),
+                Value::Timestamp(ts),
+                Value::Text(card.as_str().into()),
+                Value::Float(amount),
+            ],
+            &mut payload,
+        );
+        let partition = partition_for(&Value::Text(card.as_str().into()), PARTITIONS) as i32;
+        let mut record = BaseRecord::to(topic)
+            .partition(partition)
+            .key(card.as_bytes())
+            .payload(&payload)
+            .headers(reply_headers(&reply_topic, seq, 0, true));
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(Ordering::Relaxed) < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done.store(true, Ordering::Release);
+    let _ = reader.join();
+    let h = histogram.lock().unwrap();
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(format!(
+        "{rate},{total},{},{:.2},{:.2},{:.2},{:.2},{}",
+        answered.load(Ordering::Relaxed),
+        ms(0.5),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1000.0,
+        errors.load(Ordering::Relaxed)
+    ))
+}
