@@ -687,6 +687,17 @@ impl Engine {
         }
     }
 
+    /// Quiets the node's background work at shutdown, after the last checkpoint: Kafka's
+    /// consumers stop and RocksDB finishes its flushes and compactions.
+    pub fn close(&self) {
+        if let Log::Kafka(kafka) = &self.log {
+            kafka.shutdown();
+        }
+        if let Some(storage) = &self.storage {
+            storage.store.close();
+        }
+    }
+
     /// Stops the shard threads after they finish the commands already queued.
     pub fn shutdown(self) {
         if let Log::Kafka(kafka) = &self.log {

@@ -24,7 +24,7 @@
 //!   starts at the task's checkpointed log end and only moves forward;
 //! - every client's settings come from `KafkaConfig`, the one place they are made.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -36,7 +36,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
@@ -137,6 +137,7 @@ impl KafkaConfig {
     fn consumer(&self, group: &str) -> ClientConfig {
         let mut c = self.client();
         c.set("group.id", group)
+            .set("topic.metadata.refresh.interval.ms", "5000")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -220,6 +221,10 @@ pub struct Kafka {
     positions: Positions,
     /// Set when the topic list changed: the consumer subscribes again.
     resubscribe: Arc<AtomicBool>,
+    /// The partitions the task consumer holds now.
+    assigned: Arc<Mutex<HashSet<(String, i32)>>>,
+    /// Whether the task consumer runs (it starts after recovery).
+    consuming: AtomicBool,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Consumers of external topics, by stream.
@@ -267,6 +272,8 @@ impl Kafka {
             routes: Arc::default(),
             positions: Arc::default(),
             resubscribe: Arc::new(AtomicBool::new(true)),
+            assigned: Arc::default(),
+            consuming: AtomicBool::new(false),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
             sources: Mutex::default(),
@@ -343,6 +350,65 @@ impl Kafka {
         Ok(())
     }
 
+    /// Waits until the producer's metadata shows each topic with its partitions: a topic
+    /// just created (or deleted and created again, as when a stream is re-created) may
+    /// otherwise look unknown to it, and the first INSERT would fail.
+    async fn await_metadata(&self, topics: &[(String, u32, bool)]) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (topic, partitions, _) in topics {
+            loop {
+                let meta = self
+                    .producer
+                    .client()
+                    .fetch_metadata(Some(topic), Duration::from_secs(5))
+                    .map_err(|e| kafka_error("reading topic metadata", e))?;
+                let ready = meta.topics().iter().any(|t| {
+                    t.name() == topic
+                        && t.error().is_none()
+                        && t.partitions().len() == *partitions as usize
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.error().is_none() && p.leader() >= 0)
+                });
+                if ready {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(kafka_error(
+                        "creating topics",
+                        format!("{topic} did not become available within 30 s"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (at most a minute) until the task consumer holds every partition of
+    /// `topics`, so the first INSERT after a CREATE does not wait for the rebalance.
+    async fn await_assignment(&self, topics: &[(String, u32, bool)]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let missing = {
+                let assigned = self.assigned.lock().expect("assigned lock");
+                topics
+                    .iter()
+                    .flat_map(|(t, n, _)| (0..*n as i32).map(move |p| (t.clone(), p)))
+                    .filter(|tp| !assigned.contains(tp))
+                    .count()
+            };
+            if missing == 0 {
+                return;
+            }
+            if Instant::now() > deadline {
+                eprintln!("eddy: kafka: {missing} task partitions are still unassigned after 60 s");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Whether an existing topic has `partitions` partitions.
     fn partitions_match(&self, topic: &str, partitions: u32) -> Result<bool> {
         let meta = self
@@ -392,18 +458,6 @@ impl Kafka {
                 gone.extend((0..old.partitioner_count()).map(|p| self.config.topic_of(old, p)));
             }
         }
-        self.delete_topics(&gone).await?;
-        {
-            let mut positions = self.positions.lock().expect("positions lock");
-            positions.retain(|(topic, _), _| !gone.contains(topic));
-        }
-        let mut wanted = Vec::new();
-        for s in next.streams.values() {
-            for p in 0..s.partitioner_count() {
-                wanted.push((self.config.topic_of(s, p), s.tasks_per_partitioner(), false));
-            }
-        }
-        self.create_topics(&wanted).await?;
         let routes: HashMap<String, (String, usize)> = next
             .streams
             .values()
@@ -412,8 +466,26 @@ impl Kafka {
                     .map(|p| (self.config.topic_of(s, p), (s.name.clone(), p)))
             })
             .collect();
-        *self.routes.write().expect("routes lock") = routes;
+        {
+            // Under the positions lock, as in `dispatch`: once this block ends, no record
+            // of a dropped topic moves a position of a topic created again later.
+            let mut positions = self.positions.lock().expect("positions lock");
+            *self.routes.write().expect("routes lock") = routes;
+            positions.retain(|(topic, _), _| !gone.contains(topic));
+        }
+        self.delete_topics(&gone).await?;
+        let mut wanted = Vec::new();
+        for s in next.streams.values() {
+            for p in 0..s.partitioner_count() {
+                wanted.push((self.config.topic_of(s, p), s.tasks_per_partitioner(), false));
+            }
+        }
+        self.create_topics(&wanted).await?;
+        self.await_metadata(&wanted).await?;
         self.resubscribe.store(true, Ordering::Release);
+        if self.consuming.load(Ordering::Acquire) {
+            self.await_assignment(&wanted).await;
+        }
         self.install_sources(next).await
     }
 
@@ -895,7 +967,9 @@ impl Kafka {
     ) -> Result<()> {
         let context = TaskContext {
             positions: self.positions.clone(),
+            assigned: self.assigned.clone(),
         };
+        self.consuming.store(true, Ordering::Release);
         let consumer: BaseConsumer<TaskContext> = self
             .config
             .task_consumer()
@@ -927,6 +1001,11 @@ impl Kafka {
                     .cloned()
                     .collect();
                 let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                // Fresh metadata first: a topic created (again) a moment ago must not look
+                // unknown to the group's assignment.
+                for topic in &names {
+                    let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(5));
+                }
                 let result = if names.is_empty() {
                     consumer.unsubscribe();
                     Ok(())
@@ -941,6 +1020,10 @@ impl Kafka {
             while batch.len() < POLL_BATCH_MAX {
                 match consumer.poll(wait) {
                     Some(Ok(m)) => batch.push(m.detach()),
+                    // A dropped stream's topic, until the next subscription drops it.
+                    Some(Err(KafkaError::MessageConsumption(
+                        RDKafkaErrorCode::UnknownTopicOrPartition,
+                    ))) => break,
                     Some(Err(e)) => {
                         eprintln!("eddy: kafka: consuming: {e}");
                         break;
@@ -971,20 +1054,25 @@ impl Kafka {
                 .or_default()
                 .push(m);
         }
-        let routes = self.routes.read().expect("routes lock").clone();
         for ((topic, partition), msgs) in by_partition {
-            let Some((stream, partitioner)) = routes.get(&topic) else {
-                continue;
-            };
-            let task = TaskId {
-                stream: stream.clone(),
-                partitioner: *partitioner,
-                partition: partition as u32,
-            };
             let mut rows = Vec::with_capacity(msgs.len());
             let mut asks = Vec::new();
-            let end = {
+            let (task, end) = {
                 let mut positions = self.positions.lock().expect("positions lock");
+                let route = self
+                    .routes
+                    .read()
+                    .expect("routes lock")
+                    .get(&topic)
+                    .cloned();
+                let Some((stream, partitioner)) = route else {
+                    continue;
+                };
+                let task = TaskId {
+                    stream,
+                    partitioner,
+                    partition: partition as u32,
+                };
                 let next = positions.entry((topic.clone(), partition)).or_insert(0);
                 for m in &msgs {
                     if m.offset() < *next {
@@ -1004,7 +1092,7 @@ impl Kafka {
                     }
                     rows.push(row);
                 }
-                *next
+                (task, *next)
             };
             if rows.is_empty() {
                 continue;
@@ -1219,6 +1307,7 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
 /// beginning of the topic.
 struct TaskContext {
     positions: Positions,
+    assigned: Arc<Mutex<HashSet<(String, i32)>>>,
 }
 
 impl ClientContext for TaskContext {}
@@ -1247,11 +1336,19 @@ impl ConsumerContext for TaskContext {
                 for (topic, partition, offset) in wanted {
                     let _ = tpl.set_partition_offset(&topic, partition, offset);
                 }
-                if let Err(e) = consumer.assign(tpl) {
-                    eprintln!("eddy: kafka: assigning partitions: {e}");
+                match consumer.assign(tpl) {
+                    Ok(()) => {
+                        *self.assigned.lock().expect("assigned lock") = tpl
+                            .elements()
+                            .iter()
+                            .map(|e| (e.topic().to_string(), e.partition()))
+                            .collect();
+                    }
+                    Err(e) => eprintln!("eddy: kafka: assigning partitions: {e}"),
                 }
             }
             _ => {
+                self.assigned.lock().expect("assigned lock").clear();
                 let _ = consumer.unassign();
             }
         }

@@ -95,6 +95,8 @@ impl Server {
         if let Err(e) = self.db.checkpoint().await {
             eprintln!("eddy: the checkpoint at shutdown failed: {e}");
         }
+        let engine = self.db.engine().clone();
+        let _ = tokio::task::spawn_blocking(move || engine.close()).await;
     }
 }
 
@@ -159,6 +161,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     eprintln!("eddy: shutting down");
-    server.stop().await;
+    // A stop that hangs (a broker gone away) must not keep the process alive forever.
+    if tokio::time::timeout(std::time::Duration::from_secs(60), server.stop())
+        .await
+        .is_err()
+    {
+        anyhow::bail!("the shutdown did not finish within 60 s");
+    }
     Ok(())
 }

@@ -149,6 +149,12 @@ impl RocksStore {
             .expect("every family is created at open")
     }
 
+    /// Stops RocksDB's flushes and compactions and waits for them: the last call at
+    /// shutdown, so no background job outlives the process's static destructors.
+    pub fn close(&self) {
+        self.db.cancel_all_background_work(true);
+    }
+
     /// A consistent copy of the database in `dir` (hard links where possible).
     pub fn checkpoint(&self, dir: &Path) -> Result<(), StateError> {
         rocksdb::checkpoint::Checkpoint::new(&self.db)

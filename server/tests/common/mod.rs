@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 use eddy_server::serve::{Config, Server};
 
@@ -100,7 +101,7 @@ pub async fn simple_rows(client: &tokio_postgres::Client, sql: &str) -> Vec<Text
 }
 
 /// A child process killed when dropped, so a failing test leaves no server behind.
-pub struct Eddy(pub Child);
+pub struct Eddy(pub Child, Arc<Mutex<Vec<String>>>);
 
 #[allow(dead_code)]
 impl Eddy {
@@ -109,9 +110,12 @@ impl Eddy {
         let pid = self.0.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
+        let status = self.0.wait().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(
-            self.0.wait().unwrap().success(),
-            "eddy exited with an error"
+            status.success(),
+            "eddy exited with {status}:\n{}",
+            self.1.lock().unwrap().join("\n")
         );
     }
 }
@@ -160,17 +164,24 @@ pub fn spawn_eddy_with(dir: &std::path::Path, args: &[&str]) -> (Eddy, u16) {
         .spawn()
         .expect("eddy starts");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
     let port = loop {
-        let line = lines
-            .next()
-            .expect("eddy printed where it listens")
-            .unwrap();
+        let Some(Ok(line)) = lines.next() else {
+            panic!("eddy exited before it listened:\n{}", said.join("\n"));
+        };
+        said.push(line.clone());
         if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
             break rest.split_whitespace().next().unwrap().parse().unwrap();
         }
     };
-    std::thread::spawn(move || for _ in lines {});
-    (Eddy(child), port)
+    let said = Arc::new(Mutex::new(said));
+    let keep = said.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push(line);
+        }
+    });
+    (Eddy(child, said), port)
 }
 
 /// The bootstrap address of the Kafka broker `make test` starts (`.ci/kafka start`).
