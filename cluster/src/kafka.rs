@@ -727,9 +727,7 @@ impl Kafka {
             .create()
             .map_err(|e| kafka_error("creating the catalog reader", e))?;
         let catalog = self.config.catalog_topic();
-        let (low, high) = consumer
-            .fetch_watermarks(&catalog, 0, Duration::from_secs(10))
-            .map_err(|e| kafka_error("reading the catalog topic", e))?;
+        let (low, high) = watermarks(consumer.client(), &catalog, 0)?;
         let mut latest: HashMap<String, (i64, Option<String>)> = HashMap::new();
         if high > low {
             let mut tpl = TopicPartitionList::new();
@@ -906,9 +904,7 @@ impl Kafka {
             .consumer(&format!("eddy-replies.{}", self.config.node))
             .create()
             .map_err(|e| kafka_error("creating the reply consumer", e))?;
-        let (_, high) = consumer
-            .fetch_watermarks(&self.reply_topic, 0, Duration::from_secs(10))
-            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        let (_, high) = watermarks(consumer.client(), &self.reply_topic, 0)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.reply_topic, 0, Offset::Offset(high))
             .map_err(|e| kafka_error("reading the reply topic", e))?;
@@ -950,12 +946,7 @@ impl Kafka {
 
     /// The end of a topic partition (the offset its next record will get).
     pub fn high_watermark(&self, topic: &str, partition: i32) -> Result<i64> {
-        let (_, high) = self
-            .admin
-            .inner()
-            .fetch_watermarks(topic, partition, Duration::from_secs(10))
-            .map_err(|e| kafka_error("reading offsets", e))?;
-        Ok(high)
+        Ok(watermarks(self.admin.inner(), topic, partition)?.1)
     }
 
     /// Starts the task consumer: it joins the group, and dispatches each assigned
@@ -1134,6 +1125,25 @@ impl Kafka {
         threads.extend(sources.into_values().map(|run| run.thread));
         for t in threads {
             let _ = t.join();
+        }
+    }
+}
+
+/// A partition's (low, high) offsets. A topic created a moment ago may be unknown to a
+/// client for a while: that is retried for 30 s.
+fn watermarks<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.fetch_watermarks(topic, partition, Duration::from_secs(10)) {
+            Ok(w) => return Ok(w),
+            Err(e) if Instant::now() > deadline => {
+                return Err(kafka_error(&format!("reading the offsets of {topic}"), e))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
