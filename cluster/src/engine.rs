@@ -141,6 +141,22 @@ pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
     routed
 }
 
+/// Every task of a catalog, with its stream.
+fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)> {
+    catalog.streams.values().flat_map(|stream| {
+        (0..stream.partitioner_count()).flat_map(move |partitioner| {
+            (0..stream.tasks_per_partitioner()).map(move |partition| {
+                let task = TaskId {
+                    stream: stream.name.clone(),
+                    partitioner,
+                    partition,
+                };
+                (stream, task)
+            })
+        })
+    })
+}
+
 /// The shard owning a task: stable across restarts and nodes.
 pub fn shard_of(task: &TaskId, shards: usize) -> usize {
     let key = format!("{}/{}/{}", task.stream, task.partitioner, task.partition);
@@ -309,20 +325,11 @@ impl Engine {
             .collect();
         kafka.install(&Catalog::default(), catalog).await?;
         let mut targets = Vec::new();
-        for stream in catalog.streams.values() {
-            for p in 0..stream.partitioner_count() {
-                let topic = kafka.config().topic_of(stream, p);
-                for partition in 0..stream.tasks_per_partitioner() {
-                    let task = TaskId {
-                        stream: stream.name.clone(),
-                        partitioner: p,
-                        partition,
-                    };
-                    let from = ends.get(&task).copied().unwrap_or(0);
-                    let high = kafka.high_watermark(&topic, partition as i32)?;
-                    targets.push((task, topic.clone(), from, high.max(0) as u64));
-                }
-            }
+        for (stream, task) in tasks_of(catalog) {
+            let topic = kafka.config().topic_of(stream, task.partitioner);
+            let from = ends.get(&task).copied().unwrap_or(0);
+            let high = kafka.high_watermark(&topic, task.partition as i32)?;
+            targets.push((task, topic, from, high.max(0) as u64));
         }
         kafka.resume_at(
             targets
@@ -373,38 +380,29 @@ impl Engine {
             .map(|r| (r.task, r.log_end))
             .collect();
         let mut replayed = 0;
-        for stream in catalog.streams.values() {
-            for p in 0..stream.partitioner_count() {
-                for partition in 0..stream.tasks_per_partitioner() {
-                    let task = TaskId {
-                        stream: stream.name.clone(),
-                        partitioner: p,
-                        partition,
-                    };
-                    let from = ends.get(&task).copied().unwrap_or(0);
-                    let mut rows = Vec::new();
-                    let mut bad = None;
-                    log.replay(
-                        &task,
-                        from,
-                        &mut |offset, bytes| match codec::decode_row(&bytes) {
-                            Some(row) => rows.push(row),
-                            None => bad = bad.or(Some(offset)),
-                        },
-                    )?;
-                    if let Some(offset) = bad {
-                        return Err(Error::internal(format!(
-                            "the log of task {task:?} holds an unreadable event at offset {offset}"
-                        )));
-                    }
-                    replayed += rows.len() as u64;
-                    let mut end = from;
-                    for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
-                        end += chunk.len() as u64;
-                        self.ingest_task(task.clone(), chunk.to_vec(), false, Some(end))
-                            .await?;
-                    }
-                }
+        for (_, task) in tasks_of(catalog) {
+            let from = ends.get(&task).copied().unwrap_or(0);
+            let mut rows = Vec::new();
+            let mut bad = None;
+            log.replay(
+                &task,
+                from,
+                &mut |offset, bytes| match codec::decode_row(&bytes) {
+                    Some(row) => rows.push(row),
+                    None => bad = bad.or(Some(offset)),
+                },
+            )?;
+            if let Some(offset) = bad {
+                return Err(Error::internal(format!(
+                    "the log of task {task:?} holds an unreadable event at offset {offset}"
+                )));
+            }
+            replayed += rows.len() as u64;
+            let mut end = from;
+            for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
+                end += chunk.len() as u64;
+                self.ingest_task(task.clone(), chunk.to_vec(), false, Some(end))
+                    .await?;
             }
         }
         Ok(replayed)
@@ -933,27 +931,17 @@ impl Shard {
                     .map_err(|e| Error::internal(e.to_string()))?;
             }
         }
-        for stream in catalog.streams.values() {
-            let metrics = catalog.metrics_of(&stream.name);
-            for p in 0..stream.partitioner_count() {
-                for partition in 0..stream.tasks_per_partitioner() {
-                    let id = TaskId {
-                        stream: stream.name.clone(),
-                        partitioner: p,
-                        partition,
-                    };
-                    if shard_of(&id, self.shards) != self.index {
-                        continue;
-                    }
-                    if !self.tasks.contains_key(&id) {
-                        let task = self.open_task(&id, stream, p)?;
-                        self.tasks.insert(id.clone(), task);
-                    }
-                    let task = self.tasks.get_mut(&id).expect("opened");
-                    task.set_stream(stream.clone());
-                    task.set_metrics(&metrics)?;
-                }
+        for (stream, id) in tasks_of(catalog) {
+            if shard_of(&id, self.shards) != self.index {
+                continue;
             }
+            if !self.tasks.contains_key(&id) {
+                let task = self.open_task(&id, stream, id.partitioner)?;
+                self.tasks.insert(id.clone(), task);
+            }
+            let task = self.tasks.get_mut(&id).expect("opened");
+            task.set_stream(stream.clone());
+            task.set_metrics(&catalog.metrics_of(&stream.name))?;
         }
         self.restored = true;
         Ok(())

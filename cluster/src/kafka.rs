@@ -433,15 +433,11 @@ impl Kafka {
             .delete_topics(&names, &opts)
             .await
             .map_err(|e| kafka_error("deleting topics", e))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
-                Err((name, code)) => {
-                    return Err(kafka_error(&format!("deleting topic {name}"), code))
-                }
-            }
-        }
-        Ok(())
+        admin_results(
+            results,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            "deleting topic",
+        )
     }
 
     /// Brings topics, routes and positions in line with a new catalog: topics of new
@@ -559,15 +555,11 @@ impl Kafka {
             .create_topics([&new], &opts)
             .await
             .map_err(|e| kafka_error("creating topics", e))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code)) => {
-                    return Err(kafka_error(&format!("creating topic {name}"), code))
-                }
-            }
-        }
-        Ok(())
+        admin_results(
+            results,
+            RDKafkaErrorCode::TopicAlreadyExists,
+            "creating topic",
+        )
     }
 
     fn topic_exists(&self, topic: &str) -> Result<bool> {
@@ -1127,6 +1119,23 @@ impl Kafka {
             let _ = t.join();
         }
     }
+}
+
+/// Checks the per-topic results of an admin call; `fine` (the topic already being as
+/// wanted) counts as success.
+fn admin_results(
+    results: Vec<rdkafka::admin::TopicResult>,
+    fine: RDKafkaErrorCode,
+    what: &str,
+) -> Result<()> {
+    for r in results {
+        match r {
+            Ok(_) => {}
+            Err((_, code)) if code == fine => {}
+            Err((name, code)) => return Err(kafka_error(&format!("{what} {name}"), code)),
+        }
+    }
+    Ok(())
 }
 
 /// A partition's (low, high) offsets. A topic created a moment ago may be unknown to a
