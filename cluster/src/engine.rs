@@ -314,15 +314,20 @@ impl Engine {
         }
     }
 
-    /// Kafka mode's recovery: every task resumes consuming at its checkpointed offset;
-    /// returns once each has applied what its partition held when this began.
-    async fn catch_up(&self, kafka: &Arc<Kafka>, catalog: &Catalog) -> Result<u64> {
-        let ends: BTreeMap<TaskId, u64> = self
+    /// Each task's log end: the offset after the last record it applied.
+    async fn log_ends(&self) -> Result<BTreeMap<TaskId, u64>> {
+        Ok(self
             .report()
             .await?
             .into_iter()
             .map(|r| (r.task, r.log_end))
-            .collect();
+            .collect())
+    }
+
+    /// Kafka mode's recovery: every task resumes consuming at its checkpointed offset;
+    /// returns once each has applied what its partition held when this began.
+    async fn catch_up(&self, kafka: &Arc<Kafka>, catalog: &Catalog) -> Result<u64> {
+        let ends = self.log_ends().await?;
         kafka.install(&Catalog::default(), catalog).await?;
         let mut targets = Vec::new();
         for (stream, task) in tasks_of(catalog) {
@@ -339,12 +344,7 @@ impl Engine {
         kafka.start_tasks(self.queues.clone(), tokio::runtime::Handle::current())?;
         let started = Instant::now();
         loop {
-            let applied: BTreeMap<TaskId, u64> = self
-                .report()
-                .await?
-                .into_iter()
-                .map(|r| (r.task, r.log_end))
-                .collect();
+            let applied = self.log_ends().await?;
             let behind = targets
                 .iter()
                 .filter(|(t, _, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
@@ -373,12 +373,7 @@ impl Engine {
             Log::Kafka(kafka) => return self.catch_up(kafka, catalog).await,
             Log::Local(log) => log,
         };
-        let ends: BTreeMap<TaskId, u64> = self
-            .report()
-            .await?
-            .into_iter()
-            .map(|r| (r.task, r.log_end))
-            .collect();
+        let ends = self.log_ends().await?;
         let mut replayed = 0;
         for (_, task) in tasks_of(catalog) {
             let from = ends.get(&task).copied().unwrap_or(0);

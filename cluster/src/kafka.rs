@@ -411,6 +411,11 @@ impl Kafka {
 
     /// Whether an existing topic has `partitions` partitions.
     fn partitions_match(&self, topic: &str, partitions: u32) -> Result<bool> {
+        Ok(self.partition_count(topic)? == Some(partitions as usize))
+    }
+
+    /// A topic's partitions, `None` if the broker does not know it.
+    fn partition_count(&self, topic: &str) -> Result<Option<usize>> {
         let meta = self
             .admin
             .inner()
@@ -419,7 +424,8 @@ impl Kafka {
         Ok(meta
             .topics()
             .iter()
-            .any(|t| t.name() == topic && t.partitions().len() == partitions as usize))
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions().len()))
     }
 
     async fn delete_topics(&self, topics: &[String]) -> Result<()> {
@@ -517,7 +523,7 @@ impl Kafka {
                 (source.topic.clone(), stream.tasks_per_partitioner()),
                 (self.config.dead_letter_topic(&stream.name), 1),
             ] {
-                if !self.topic_exists(&topic)? {
+                if self.partition_count(&topic)?.is_none() {
                     self.create_topic_if_missing(&topic, partitions).await?;
                 }
             }
@@ -560,18 +566,6 @@ impl Kafka {
             RDKafkaErrorCode::TopicAlreadyExists,
             "creating topic",
         )
-    }
-
-    fn topic_exists(&self, topic: &str) -> Result<bool> {
-        let meta = self
-            .admin
-            .inner()
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .map_err(|e| kafka_error("reading topic metadata", e))?;
-        Ok(meta
-            .topics()
-            .iter()
-            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
     }
 
     /// Consumes a stream's external topic: each JSON record becomes an event published
