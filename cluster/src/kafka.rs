@@ -141,17 +141,19 @@ impl KafkaConfig {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "5")
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "1000");
+            .set("fetch.wait.max.ms", "5");
         c
     }
 
-    /// The task consumer: static membership, so a restarted node takes its tasks back
-    /// at once instead of waiting for the session of its previous life to time out.
-    fn task_consumer(&self) -> ClientConfig {
-        let mut c = self.consumer(&self.cluster);
-        c.set("group.instance.id", &self.node);
+    /// Consumers that subscribe in a group (tasks, external topics). Static members: a
+    /// restarted node takes its partitions back at once instead of waiting for the
+    /// session of its previous life to time out, so the session can be long enough to
+    /// ride out a broker busy creating or deleting a thousand partitions.
+    fn member(&self, group: &str) -> ClientConfig {
+        let mut c = self.consumer(group);
+        c.set("group.instance.id", &self.node)
+            .set("session.timeout.ms", "30000")
+            .set("heartbeat.interval.ms", "3000");
         c
     }
 }
@@ -186,6 +188,8 @@ pub struct KafkaStats {
     /// Records below a task's position, skipped (redelivered after a rebalance).
     pub skipped: AtomicU64,
     pub dead_letters: AtomicU64,
+    /// Assignments the task consumer received: one per rebalance of the group.
+    pub assignments: AtomicU64,
 }
 
 /// One task answer: an event's outcome and, if asked, its metric values.
@@ -207,6 +211,14 @@ struct ReplyTo {
 }
 
 type Positions = Arc<Mutex<HashMap<(String, i32), i64>>>;
+
+/// A stream's topic for one partitioner: each partition is a task.
+struct TaskTopic {
+    name: String,
+    stream: String,
+    partitioner: usize,
+    partitions: u32,
+}
 type Routes = Arc<RwLock<HashMap<String, (String, usize)>>>;
 
 pub struct Kafka {
@@ -385,24 +397,25 @@ impl Kafka {
         Ok(())
     }
 
-    /// Waits (at most a minute) until the task consumer holds every partition of
-    /// `topics`, so the first INSERT after a CREATE does not wait for the rebalance.
-    async fn await_assignment(&self, topics: &[(String, u32, bool)]) {
+    /// Waits (at most a minute) until the task consumer holds exactly the partitions of
+    /// `topics`: the first INSERT after a CREATE does not wait for the rebalance, and a
+    /// dropped stream's topics are released before they are deleted.
+    async fn await_assignment(&self, topics: &[TaskTopic]) {
+        let wanted: HashSet<(String, i32)> = topics
+            .iter()
+            .flat_map(|t| (0..t.partitions as i32).map(move |p| (t.name.clone(), p)))
+            .collect();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let missing = {
-                let assigned = self.assigned.lock().expect("assigned lock");
-                topics
-                    .iter()
-                    .flat_map(|(t, n, _)| (0..*n as i32).map(move |p| (t.clone(), p)))
-                    .filter(|tp| !assigned.contains(tp))
-                    .count()
-            };
-            if missing == 0 {
+            if *self.assigned.lock().expect("assigned lock") == wanted {
                 return;
             }
             if Instant::now() > deadline {
-                eprintln!("eddy: kafka: {missing} task partitions are still unassigned after 60 s");
+                eprintln!(
+                    "eddy: kafka: the task consumer's assignment did not follow the catalog \
+                     within 60 s ({} partitions wanted)",
+                    wanted.len()
+                );
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -443,7 +456,22 @@ impl Kafka {
             results,
             RDKafkaErrorCode::UnknownTopicOrPartition,
             "deleting topic",
-        )
+        )?;
+        // Gone from the metadata before this returns: a stream created again under the
+        // same name must get a new, empty topic, never the old one's records.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for topic in topics {
+            while self.partition_count(topic)?.is_some() {
+                if Instant::now() > deadline {
+                    return Err(kafka_error(
+                        "deleting topics",
+                        format!("{topic} is still there after 30 s"),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
     }
 
     /// Brings topics, routes and positions in line with a new catalog: topics of new
@@ -454,41 +482,72 @@ impl Kafka {
                 .stream(name)
                 .is_some_and(|old| s.same_as(old) || old.same_as(s))
         };
-        let mut gone = Vec::new();
-        for (name, old) in &current.streams {
-            if !next.stream(name).is_some_and(|s| kept(name, s)) {
-                gone.extend((0..old.partitioner_count()).map(|p| self.config.topic_of(old, p)));
-            }
-        }
-        let routes: HashMap<String, (String, usize)> = next
+        let (staying, leaving): (Vec<&StreamDef>, Vec<&StreamDef>) = current
             .streams
             .values()
-            .flat_map(|s| {
-                (0..s.partitioner_count())
-                    .map(|p| (self.config.topic_of(s, p), (s.name.clone(), p)))
-            })
+            .map(|s| &**s)
+            .partition(|old| next.stream(&old.name).is_some_and(|s| kept(&old.name, s)));
+        // A topic deleted while the consumer holds it leaves librdkafka with partitions it
+        // can neither fetch nor release cleanly: stop consuming first, then delete.
+        if !leaving.is_empty() {
+            self.follow(&self.task_topics(staying)).await;
+            let gone: Vec<String> = self
+                .task_topics(leaving)
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            self.delete_topics(&gone).await?;
+        }
+        let wanted = self.task_topics(next.streams.values().map(|s| &**s).collect());
+        let specs: Vec<(String, u32, bool)> = wanted
+            .iter()
+            .map(|t| (t.name.clone(), t.partitions, false))
             .collect();
-        {
+        self.create_topics(&specs).await?;
+        self.await_metadata(&specs).await?;
+        self.follow(&wanted).await;
+        self.install_sources(next).await
+    }
+
+    /// The task topics of some streams.
+    fn task_topics(&self, streams: Vec<&StreamDef>) -> Vec<TaskTopic> {
+        streams
+            .into_iter()
+            .flat_map(|s| {
+                (0..s.partitioner_count()).map(move |p| TaskTopic {
+                    name: self.config.topic_of(s, p),
+                    stream: s.name.clone(),
+                    partitioner: p,
+                    partitions: s.tasks_per_partitioner(),
+                })
+            })
+            .collect()
+    }
+
+    /// Points the task consumer at exactly `topics` (subscribing again only when the set
+    /// changed) and, once it runs, waits until it holds exactly their partitions.
+    async fn follow(&self, topics: &[TaskTopic]) {
+        let routes: HashMap<String, (String, usize)> = topics
+            .iter()
+            .map(|t| (t.name.clone(), (t.stream.clone(), t.partitioner)))
+            .collect();
+        let changed = {
             // Under the positions lock, as in `dispatch`: once this block ends, no record
             // of a dropped topic moves a position of a topic created again later.
             let mut positions = self.positions.lock().expect("positions lock");
-            *self.routes.write().expect("routes lock") = routes;
-            positions.retain(|(topic, _), _| !gone.contains(topic));
+            let mut current = self.routes.write().expect("routes lock");
+            let changed =
+                current.len() != routes.len() || routes.keys().any(|t| !current.contains_key(t));
+            positions.retain(|(topic, _), _| routes.contains_key(topic));
+            *current = routes;
+            changed
+        };
+        if changed {
+            self.resubscribe.store(true, Ordering::Release);
         }
-        self.delete_topics(&gone).await?;
-        let mut wanted = Vec::new();
-        for s in next.streams.values() {
-            for p in 0..s.partitioner_count() {
-                wanted.push((self.config.topic_of(s, p), s.tasks_per_partitioner(), false));
-            }
-        }
-        self.create_topics(&wanted).await?;
-        self.await_metadata(&wanted).await?;
-        self.resubscribe.store(true, Ordering::Release);
         if self.consuming.load(Ordering::Acquire) {
-            self.await_assignment(&wanted).await;
+            self.await_assignment(topics).await;
         }
-        self.install_sources(next).await
     }
 
     /// Runs one consumer per stream with an external topic; creates the topic (with the
@@ -582,7 +641,7 @@ impl Kafka {
             return;
         };
         let group = format!("{}-source.{}", self.config.cluster, dir_name(&stream.name));
-        let consumer: BaseConsumer = match self.config.consumer(&group).create() {
+        let consumer: BaseConsumer = match self.config.member(&group).create() {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("eddy: kafka: the consumer of {}: {e}", source.topic);
@@ -945,11 +1004,12 @@ impl Kafka {
         let context = TaskContext {
             positions: self.positions.clone(),
             assigned: self.assigned.clone(),
+            stats: self.stats.clone(),
         };
         self.consuming.store(true, Ordering::Release);
         let consumer: BaseConsumer<TaskContext> = self
             .config
-            .task_consumer()
+            .member(&self.config.cluster)
             .create_with_context(context)
             .map_err(|e| kafka_error("creating the task consumer", e))?;
         let me = self.clone();
@@ -1109,8 +1169,18 @@ impl Kafka {
         let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
         let sources = std::mem::take(&mut *self.sources.lock().expect("sources lock"));
         threads.extend(sources.into_values().map(|run| run.thread));
+        // librdkafka can wait forever to destroy a consumer (a partition reference it
+        // never releases); the node's state is checkpointed by now, so it does not wait.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for t in threads {
-            let _ = t.join();
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                eprintln!("eddy: kafka: a consumer did not close within 20 s; not waiting");
+            }
         }
     }
 }
@@ -1321,6 +1391,7 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
 struct TaskContext {
     positions: Positions,
     assigned: Arc<Mutex<HashSet<(String, i32)>>>,
+    stats: Arc<KafkaStats>,
 }
 
 impl ClientContext for TaskContext {}
@@ -1340,15 +1411,17 @@ impl ConsumerContext for TaskContext {
                     .iter()
                     .map(|e| {
                         let key = (e.topic().to_string(), e.partition());
-                        let offset = positions
-                            .get(&key)
-                            .map_or(Offset::Beginning, |&o| Offset::Offset(o));
+                        // Offset 0 rather than `Beginning`, which costs one ListOffsets
+                        // round trip per partition (seconds for a thousand of them); where
+                        // retention removed it, `auto.offset.reset` moves to the start.
+                        let offset = Offset::Offset(positions.get(&key).copied().unwrap_or(0));
                         (key.0, key.1, offset)
                     })
                     .collect();
                 for (topic, partition, offset) in wanted {
                     let _ = tpl.set_partition_offset(&topic, partition, offset);
                 }
+                self.stats.assignments.fetch_add(1, Ordering::Relaxed);
                 match consumer.assign(tpl) {
                     Ok(()) => {
                         *self.assigned.lock().expect("assigned lock") = tpl

@@ -831,6 +831,11 @@ impl Db {
                     "Reply records received by this node.",
                     &k.replies_received,
                 ),
+                (
+                    "eddy_kafka_assignments_total",
+                    "Partition assignments the task consumer received (group rebalances).",
+                    &k.assignments,
+                ),
             ] {
                 family(
                     name,

@@ -379,6 +379,88 @@ async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
     drop(eddy);
 }
 
+/// The value of an unlabelled counter in a `/metrics` body.
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}"))
+}
+
+/// DDL moves the task consumer's assignment only when the set of topics changes: a
+/// metric does not rebalance the group, and a dropped stream's topics are released
+/// before they are deleted, so the stream created again under the same name (with a
+/// thousand partitions) starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ddl_rebalances_only_when_topics_change() {
+    let dir = temp_dir("kafka-ddl");
+    let cluster = cluster("ddl");
+    let kafka = kafka_addr();
+    let http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (eddy, port) = spawn_eddy_with(
+        &dir,
+        &[
+            "--kafka",
+            &kafka,
+            "--cluster",
+            &cluster,
+            "--http-addr",
+            &http,
+        ],
+    );
+    let client = connect_port(port).await;
+    for round in 1..=2 {
+        client
+            .batch_execute(
+                "CREATE STREAM wide (ts TIMESTAMP NOT NULL, k TEXT NOT NULL) \
+                 WITH (event_time = 'ts', partition_by = 'k', partitions = 1024)",
+            )
+            .await
+            .unwrap();
+        let before = counter(
+            &reqwest_metrics(&http).await,
+            "eddy_kafka_assignments_total",
+        );
+        client
+            .batch_execute(
+                "CREATE METRIC wide_n AS SELECT k, COUNT(*) AS n FROM wide WINDOW INFINITE GROUP BY k; \
+                 CREATE METRIC wide_all AS SELECT k, COUNT(DISTINCT ts) AS n FROM wide WINDOW INFINITE GROUP BY k; \
+                 DROP METRIC wide_all;",
+            )
+            .await
+            .unwrap();
+        let after = counter(
+            &reqwest_metrics(&http).await,
+            "eddy_kafka_assignments_total",
+        );
+        assert_eq!(
+            before, after,
+            "round {round}: a metric rebalanced the group"
+        );
+        // Round 1 answers at once instead of behind a rebalance; round 2 gets a new,
+        // empty topic, not the dropped one's records.
+        let got = simple_rows(
+            &client,
+            "INSERT INTO wide VALUES ('2026-01-01 10:00:00', 'a'), ('2026-01-01 10:00:00', 'b'), \
+             ('2026-01-01 10:00:00', 'a') RETURNING k, wide_n.n",
+        )
+        .await;
+        assert_eq!(
+            got,
+            vec![row(&["a", "1"]), row(&["b", "1"]), row(&["a", "2"])],
+            "round {round}"
+        );
+        client
+            .batch_execute("DROP STREAM wide CASCADE")
+            .await
+            .unwrap();
+    }
+    drop(eddy);
+}
+
 /// `GET /metrics` over a plain TCP connection.
 async fn reqwest_metrics(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

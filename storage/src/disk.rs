@@ -175,6 +175,9 @@ pub struct DiskReservoir<E> {
     dead: Vec<PathBuf>,
     /// Segments dead before the last checkpoint: safe to delete at the next one.
     dead_at_checkpoint: Vec<PathBuf>,
+    /// Whether files changed since the last checkpoint synced them: an idle task's
+    /// checkpoint costs no fsync.
+    unsynced: bool,
     hits: u64,
     misses: u64,
     prefetched: u64,
@@ -273,6 +276,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
             loaded_rx,
             dead: Vec::new(),
             dead_at_checkpoint: Vec::new(),
+            unsynced: true,
             hits: 0,
             misses: 0,
             prefetched: 0,
@@ -479,6 +483,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(());
         };
+        self.unsynced = true;
         let refs: Vec<&E> = events.iter().collect();
         let batch = self.codec.encode(&refs).map_err(err)?;
         let (header, bytes) =
@@ -648,13 +653,17 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
     }
 
     fn checkpoint(&mut self) -> Result<Vec<u8>, ReservoirError> {
-        if let Some(w) = &self.writer {
-            w.sync_data().map_err(|e| io_err(&self.dir, e))?;
+        if self.unsynced {
+            if let Some(w) = &self.writer {
+                w.sync_data().map_err(|e| io_err(&self.dir, e))?;
+            }
+            crate::log::sync_dir(&self.dir).map_err(|e| err(e.to_string()))?;
+            self.unsynced = false;
         }
-        crate::log::sync_dir(&self.dir).map_err(|e| err(e.to_string()))?;
         // The previous checkpoint is committed: what it no longer needed can go.
         for path in std::mem::take(&mut self.dead_at_checkpoint) {
             fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+            self.unsynced = true;
         }
         self.dead_at_checkpoint = std::mem::take(&mut self.dead);
         let open: Vec<&E> = self.open.iter().collect();
