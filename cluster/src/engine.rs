@@ -232,9 +232,10 @@ impl Engine {
     }
 
     /// Takes a checkpoint of every task: the shards flush their L1 caches and write each
-    /// task's record (log offset, window edges, reservoir mark) to the store, RocksDB
-    /// snapshots itself, and only then do the shards go on; the checkpoint is committed,
-    /// and the logs are truncated to what it covers. Returns (synchronous, total) time.
+    /// task's record (log offset, window edges, reservoir mark) to the store; the store is
+    /// held and the shards go on while RocksDB snapshots itself; the checkpoint is
+    /// committed, and the logs are truncated to what it covers. Returns (synchronous,
+    /// total) time.
     pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
         let Some(storage) = &self.storage else {
             return Err(Error::internal("this engine keeps no state on disk"));
@@ -259,18 +260,28 @@ impl Engine {
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
-        let snapshot = match failure {
-            None => {
-                let storage = storage.clone();
-                tokio::task::spawn_blocking(move || storage.snapshot())
-                    .await
-                    .map_err(|e| Error::internal(e.to_string()))
-                    .and_then(|r| r)
-            }
-            Some(e) => Err(e),
-        };
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        // The shards go on while RocksDB copies itself: their writes wait in the held
+        // store's overlay, so the copy has exactly the state the task records describe.
+        storage.store.hold();
         drop(resumes);
         let sync = started.elapsed();
+        let snapshot = {
+            let storage = storage.clone();
+            tokio::task::spawn_blocking(move || {
+                let snapshot = storage.snapshot();
+                let released = storage
+                    .store
+                    .release()
+                    .map_err(|e| Error::internal(e.to_string()));
+                snapshot.and_then(|n| released.map(|()| n))
+            })
+            .await
+            .map_err(|e| Error::internal(e.to_string()))
+            .and_then(|r| r)
+        };
         let n = snapshot?;
         let committed = {
             let storage = storage.clone();

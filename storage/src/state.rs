@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 /// The kinds of state, one column family each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -119,9 +119,18 @@ impl StateStore for MemStateStore {
 }
 
 /// The node's RocksDB database, one column family per `Family`.
+///
+/// While a checkpoint copies the database, the store is *held*: writes land in an
+/// in-memory overlay that reads consult first, so the shards go on working and the copy
+/// still holds exactly the state of the moment they paused. `release` applies the
+/// overlay in one atomic batch.
 pub struct RocksStore {
     db: rocksdb::DB,
+    held: RwLock<Option<Mutex<Overlay>>>,
 }
+
+/// Writes made while the store is held: a value, or `None` for a delete.
+type Overlay = BTreeMap<FamilyKey, Option<Vec<u8>>>;
 
 fn rocks_error(e: rocksdb::Error) -> StateError {
     StateError(e.into_string())
@@ -140,7 +149,10 @@ impl RocksStore {
             rocksdb::ColumnFamilyDescriptor::new(f.name(), cf)
         });
         let db = rocksdb::DB::open_cf_descriptors(&options, path, families).map_err(rocks_error)?;
-        Ok(RocksStore { db })
+        Ok(RocksStore {
+            db,
+            held: RwLock::new(None),
+        })
     }
 
     fn cf(&self, family: Family) -> &rocksdb::ColumnFamily {
@@ -161,23 +173,28 @@ impl RocksStore {
             .and_then(|c| c.create_checkpoint(dir))
             .map_err(rocks_error)
     }
-}
 
-impl StateStore for RocksStore {
-    fn multi_get(
-        &self,
-        family: Family,
-        keys: &[&[u8]],
-    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
-        let cf = self.cf(family);
-        self.db
-            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
-            .into_iter()
-            .map(|r| r.map_err(rocks_error))
-            .collect()
+    /// From now on, writes go to the overlay and leave the database as it is.
+    pub fn hold(&self) {
+        *self.held.write().expect("hold lock") = Some(Mutex::default());
     }
 
-    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+    /// Applies the overlay to the database in one atomic batch, and writes go to the
+    /// database again.
+    pub fn release(&self) -> Result<(), StateError> {
+        let mut held = self.held.write().expect("hold lock");
+        let Some(overlay) = held.take() else {
+            return Ok(());
+        };
+        let overlay = overlay.into_inner().expect("overlay lock");
+        let batch: Vec<Put<'_>> = overlay
+            .iter()
+            .map(|((f, k), v)| (*f, k.as_slice(), v.as_deref()))
+            .collect();
+        self.write_db(&batch)
+    }
+
+    fn write_db(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
         let mut wb = rocksdb::WriteBatch::default();
         for (family, k, v) in batch {
             let cf = self.cf(*family);
@@ -189,17 +206,86 @@ impl StateStore for RocksStore {
         self.db.write(wb).map_err(rocks_error)
     }
 
+    fn multi_get_db(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let cf = self.cf(family);
+        self.db
+            .multi_get_cf(keys.iter().map(|k| (cf, *k)))
+            .into_iter()
+            .map(|r| r.map_err(rocks_error))
+            .collect()
+    }
+}
+
+impl StateStore for RocksStore {
+    fn multi_get(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let held = self.held.read().expect("hold lock");
+        let Some(overlay) = held.as_ref() else {
+            return self.multi_get_db(family, keys);
+        };
+        let overlay = overlay.lock().expect("overlay lock");
+        let mut out: Vec<Option<Option<Vec<u8>>>> = keys
+            .iter()
+            .map(|k| overlay.get(&(family, k.to_vec())).cloned())
+            .collect();
+        let misses: Vec<&[u8]> = keys
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        let mut found = self.multi_get_db(family, &misses)?.into_iter();
+        for o in &mut out {
+            if o.is_none() {
+                *o = Some(found.next().flatten());
+            }
+        }
+        Ok(out.into_iter().map(Option::flatten).collect())
+    }
+
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+        let held = self.held.read().expect("hold lock");
+        let Some(overlay) = held.as_ref() else {
+            return self.write_db(batch);
+        };
+        let mut overlay = overlay.lock().expect("overlay lock");
+        for (family, k, v) in batch {
+            overlay.insert((*family, k.to_vec()), v.map(<[u8]>::to_vec));
+        }
+        Ok(())
+    }
+
     fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+        let held = self.held.read().expect("hold lock");
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
-        let mut out = Vec::new();
+        let mut out = BTreeMap::new();
         for item in self.db.iterator_cf(self.cf(family), mode) {
             let (k, v) = item.map_err(rocks_error)?;
             if !k.starts_with(prefix) {
                 break;
             }
-            out.push((k.to_vec(), v.to_vec()));
+            out.insert(k.to_vec(), v.to_vec());
         }
-        Ok(out)
+        if let Some(overlay) = held.as_ref() {
+            let overlay = overlay.lock().expect("overlay lock");
+            let written = overlay
+                .range((family, prefix.to_vec())..)
+                .take_while(|((f, k), _)| *f == family && k.starts_with(prefix));
+            for ((_, k), v) in written {
+                match v {
+                    Some(v) => out.insert(k.clone(), v.clone()),
+                    None => out.remove(k),
+                };
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     fn sync(&self) -> Result<(), StateError> {
@@ -254,7 +340,9 @@ mod tests {
     }
 
     /// RocksDB against the in-memory model: random batches of puts and deletes across
-    /// families, reads and prefix scans, and reboots (close, reopen from disk).
+    /// families, reads and prefix scans, reboots (close, reopen from disk), and holds: a
+    /// checkpoint taken while held has the state of the moment the hold began, and
+    /// reads and writes during the hold behave as without it.
     #[test]
     fn rocks_matches_the_model_across_reboots() {
         let dir = std::env::temp_dir().join(format!("eddy-rocks-model-{}", std::process::id()));
@@ -262,8 +350,38 @@ mod tests {
         let model = MemStateStore::default();
         let mut rocks = RocksStore::open(&dir).unwrap();
         let mut rng = Rng(0x00C0_FFEE);
-        for step in 0..3_000 {
-            match rng.below(10) {
+        let everything = |s: &dyn StateStore| -> Vec<Entries> {
+            Family::ALL
+                .iter()
+                .map(|f| s.scan_prefix(*f, b"").unwrap())
+                .collect()
+        };
+        let copy = dir.with_extension("checkpoint");
+        // The model's contents when the current hold began.
+        let mut held: Option<Vec<Entries>> = None;
+        let mut holds = 0;
+        for step in 0..4_000 {
+            match rng.below(12) {
+                10 if held.is_none() => {
+                    rocks.hold();
+                    held = Some(everything(&model));
+                }
+                10 | 11 => {
+                    let Some(at_hold) = held.take() else {
+                        continue;
+                    };
+                    let _ = std::fs::remove_dir_all(&copy);
+                    rocks.checkpoint(&copy).unwrap();
+                    rocks.release().unwrap();
+                    let snapshot = RocksStore::open(&copy).unwrap();
+                    assert_eq!(everything(&snapshot), at_hold, "step {step}: the held copy");
+                    assert_eq!(
+                        everything(&rocks),
+                        everything(&model),
+                        "step {step}: released"
+                    );
+                    holds += 1;
+                }
                 0..=4 => {
                     let n = 1 + rng.below(8);
                     let owned: Vec<(Family, Vec<u8>, Option<Vec<u8>>)> = (0..n)
@@ -303,7 +421,10 @@ mod tests {
                     );
                 }
                 _ => {
-                    // Reboot: everything in memory goes; the database is read back.
+                    // Reboot: everything in memory goes; the database is read back. (A
+                    // node releases its store before it stops.)
+                    rocks.release().unwrap();
+                    held = None;
                     rocks.sync().unwrap();
                     drop(rocks);
                     rocks = RocksStore::open(&dir).unwrap();
@@ -317,7 +438,8 @@ mod tests {
                 }
             }
         }
-        let copy = dir.with_extension("checkpoint");
+        assert!(holds > 50, "only {holds} holds");
+        rocks.release().unwrap();
         let _ = std::fs::remove_dir_all(&copy);
         rocks.checkpoint(&copy).unwrap();
         let reopened = RocksStore::open(&copy).unwrap();
