@@ -22,6 +22,27 @@ fn cluster(name: &str) -> String {
     format!("{name}{}", std::process::id())
 }
 
+/// `eddy serve --kafka` in `cluster`, with its PostgreSQL port and its HTTP address.
+fn spawn_kafka_eddy(dir: &std::path::Path, cluster: &str) -> (common::Eddy, u16, String) {
+    let http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let kafka = kafka_addr();
+    let (eddy, port) = spawn_eddy_with(
+        dir,
+        &[
+            "--kafka",
+            &kafka,
+            "--cluster",
+            cluster,
+            "--http-addr",
+            &http,
+        ],
+    );
+    (eddy, port, http)
+}
+
 fn ts(i: i64) -> String {
     format!("2026-01-01 00:{:02}:{:02}", i / 60 % 60, i % 60)
 }
@@ -267,21 +288,7 @@ async fn json_topic_is_ingested_and_bad_records_are_dead_lettered() {
     let cluster = cluster("json");
     let kafka = kafka_addr();
     let source = format!("{cluster}-payments-in");
-    let http = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let (eddy, port) = spawn_eddy_with(
-        &dir,
-        &[
-            "--kafka",
-            &kafka,
-            "--cluster",
-            &cluster,
-            "--http-addr",
-            &http,
-        ],
-    );
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
     let client = connect_port(port).await;
     client
         .batch_execute(&format!(
@@ -395,22 +402,7 @@ fn counter(metrics: &str, name: &str) -> u64 {
 async fn ddl_rebalances_only_when_topics_change() {
     let dir = temp_dir("kafka-ddl");
     let cluster = cluster("ddl");
-    let kafka = kafka_addr();
-    let http = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let (eddy, port) = spawn_eddy_with(
-        &dir,
-        &[
-            "--kafka",
-            &kafka,
-            "--cluster",
-            &cluster,
-            "--http-addr",
-            &http,
-        ],
-    );
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
     let client = connect_port(port).await;
     for round in 1..=2 {
         client
