@@ -366,33 +366,29 @@ impl Kafka {
     /// just created (or deleted and created again, as when a stream is re-created) may
     /// otherwise look unknown to it, and the first INSERT would fail.
     async fn await_metadata(&self, topics: &[(String, u32, bool)]) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
         for (topic, partitions, _) in topics {
-            loop {
+            let ready = || -> Result<bool> {
                 let meta = self
                     .producer
                     .client()
                     .fetch_metadata(Some(topic), Duration::from_secs(5))
                     .map_err(|e| kafka_error("reading topic metadata", e))?;
-                let ready = meta.topics().iter().any(|t| {
+                Ok(meta.topics().iter().any(|t| {
                     t.name() == topic
                         && t.error().is_none()
                         && t.partitions().len() == *partitions as usize
                         && t.partitions()
                             .iter()
                             .all(|p| p.error().is_none() && p.leader() >= 0)
-                });
-                if ready {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(kafka_error(
-                        "creating topics",
-                        format!("{topic} did not become available within 30 s"),
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+                }))
+            };
+            wait_until(30, ready, || {
+                kafka_error(
+                    "creating topics",
+                    format!("{topic} did not become available"),
+                )
+            })
+            .await?;
         }
         Ok(())
     }
@@ -405,20 +401,16 @@ impl Kafka {
             .iter()
             .flat_map(|t| (0..t.partitions as i32).map(move |p| (t.name.clone(), p)))
             .collect();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if *self.assigned.lock().expect("assigned lock") == wanted {
-                return;
-            }
-            if Instant::now() > deadline {
-                eprintln!(
-                    "eddy: kafka: the task consumer's assignment did not follow the catalog \
-                     within 60 s ({} partitions wanted)",
-                    wanted.len()
-                );
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let holds = || Ok(*self.assigned.lock().expect("assigned lock") == wanted);
+        let late = || {
+            Error::internal(format!(
+                "kafka: the task consumer's assignment did not follow the catalog \
+                 ({} partitions wanted)",
+                wanted.len()
+            ))
+        };
+        if let Err(e) = wait_until(60, holds, late).await {
+            eprintln!("eddy: {e}");
         }
     }
 
@@ -459,17 +451,12 @@ impl Kafka {
         )?;
         // Gone from the metadata before this returns: a stream created again under the
         // same name must get a new, empty topic, never the old one's records.
-        let deadline = Instant::now() + Duration::from_secs(30);
         for topic in topics {
-            while self.partition_count(topic)?.is_some() {
-                if Instant::now() > deadline {
-                    return Err(kafka_error(
-                        "deleting topics",
-                        format!("{topic} is still there after 30 s"),
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let gone = || Ok(self.partition_count(topic)?.is_none());
+            wait_until(30, gone, || {
+                kafka_error("deleting topics", format!("{topic} is still there"))
+            })
+            .await?;
         }
         Ok(())
     }
@@ -1183,6 +1170,25 @@ impl Kafka {
             }
         }
     }
+}
+
+/// Checks `done` every 20 ms until it holds; after `secs` seconds, the error `late` makes
+/// (with the wait appended).
+async fn wait_until(
+    secs: u64,
+    mut done: impl FnMut() -> Result<bool>,
+    late: impl FnOnce() -> Error,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done()? {
+        if Instant::now() > deadline {
+            let mut e = late();
+            e.message.push_str(&format!(" after {secs} s"));
+            return Err(e);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// Checks the per-topic results of an admin call; `fine` (the topic already being as
