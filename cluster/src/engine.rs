@@ -181,7 +181,10 @@ pub struct Engine {
     log: Log,
     /// Where tasks keep events and state (`None`: in memory).
     storage: Option<Arc<NodeStorage>>,
+    /// Held while a checkpoint runs.
     checkpointing: tokio::sync::Mutex<()>,
+    /// Set by the last checkpoint (at shutdown): no other runs after it.
+    closed: std::sync::atomic::AtomicBool,
     pub checkpoints: CheckpointStats,
 }
 
@@ -223,6 +226,7 @@ impl Engine {
             log,
             storage,
             checkpointing: tokio::sync::Mutex::new(()),
+            closed: Default::default(),
             checkpoints: CheckpointStats::default(),
         }
     }
@@ -235,12 +239,33 @@ impl Engine {
     /// task's record (log offset, window edges, reservoir mark) to the store; the store is
     /// held and the shards go on while RocksDB snapshots itself; the checkpoint is
     /// committed, and the logs are truncated to what it covers. Returns (synchronous,
-    /// total) time.
+    /// total) time. Fails once the node has taken its last checkpoint.
     pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
+        let _one = self.checkpointing.lock().await;
+        if self.is_closing() {
+            return Err(Error::internal("the node took its last checkpoint"));
+        }
+        self.checkpoint_now().await
+    }
+
+    /// Takes the node's last checkpoint (clean shutdown): no checkpoint runs after it,
+    /// so nothing touches the state directory once it returns.
+    pub async fn last_checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
+        let _one = self.checkpointing.lock().await;
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Err(Error::internal("the node took its last checkpoint"));
+        }
+        self.checkpoint_now().await
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn checkpoint_now(&self) -> Result<(std::time::Duration, std::time::Duration)> {
         let Some(storage) = &self.storage else {
             return Err(Error::internal("this engine keeps no state on disk"));
         };
-        let _one = self.checkpointing.lock().await;
         let started = Instant::now();
         let mut resumes = Vec::new();
         let mut waits = Vec::new();

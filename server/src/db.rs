@@ -192,8 +192,10 @@ impl Db {
             loop {
                 tokio::time::sleep(checkpoint_interval).await;
                 let Some(db) = weak.upgrade() else { break };
-                if let Err(e) = db.engine.checkpoint().await {
-                    eprintln!("eddy: checkpoint failed: {e}");
+                match db.engine.checkpoint().await {
+                    Ok(_) => {}
+                    Err(_) if db.engine.is_closing() => break,
+                    Err(e) => eprintln!("eddy: checkpoint failed: {e}"),
                 }
             }
         });
@@ -211,6 +213,12 @@ impl Db {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// The engine, with everything else of the database (its query context's tables
+    /// hold the engine too) dropped.
+    pub fn into_engine(self) -> Arc<Engine> {
+        self.engine
     }
 
     /// A DataFusion context with every stream and metric of the current catalog as a

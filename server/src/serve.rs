@@ -56,6 +56,8 @@ impl Server {
         let accept_db = db.clone();
         let metrics_db = db.clone();
         let task = tokio::spawn(async move {
+            // Every connection's task, so that stopping ends them all.
+            let mut open = tokio::task::JoinSet::new();
             loop {
                 tokio::select! {
                     _ = stopped.changed() => break,
@@ -65,19 +67,21 @@ impl Server {
                             None => std::future::pending().await,
                         }
                     } => {
-                        tokio::spawn(answer_http(socket, metrics_db.clone()));
+                        open.spawn(answer_http(socket, metrics_db.clone()));
                     }
                     accepted = listener.accept() => {
                         let Ok((socket, _)) = accepted else { continue };
                         let _ = socket.set_nodelay(true);
                         let handlers =
                             Handlers::new(accept_db.clone(), manager.clone(), peer_of(&socket));
-                        tokio::spawn(async move {
+                        open.spawn(async move {
                             let _ = pgwire::tokio::process_socket(socket, None, handlers).await;
                         });
                     }
+                    Some(_) = open.join_next(), if !open.is_empty() => {}
                 }
             }
+            open.shutdown().await;
         });
         Ok(Server {
             addr,
@@ -88,15 +92,44 @@ impl Server {
         })
     }
 
-    /// Stops accepting connections.
+    /// Stops the node: closes the listeners and every open connection, takes the last
+    /// checkpoint, stops the shards and closes the state store. When it returns, nothing
+    /// of this server touches its data directory any more.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
-        if let Err(e) = self.db.checkpoint().await {
+        if let Err(e) = self.db.engine().last_checkpoint().await {
             eprintln!("eddy: the checkpoint at shutdown failed: {e}");
         }
-        let engine = self.db.engine().clone();
-        let _ = tokio::task::spawn_blocking(move || engine.close()).await;
+        let engine = match sole(self.db).await {
+            Ok(db) => sole(db.into_engine()).await,
+            Err(db) => Err(db.engine().clone()),
+        };
+        let closed = tokio::task::spawn_blocking(move || match engine {
+            Ok(engine) => engine.shutdown(),
+            // Still shared (a stuck blocking call): quiet what can be quieted.
+            Err(engine) => {
+                eprintln!("eddy: the engine is still in use 10 s into the shutdown");
+                engine.close()
+            }
+        });
+        let _ = closed.await;
+    }
+}
+
+/// The value behind `arc` once every other holder let go of it (the tasks of closed
+/// connections end within moments), or `arc` back after 10 s.
+async fn sole<T>(mut arc: Arc<T>) -> Result<T, Arc<T>> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Arc::try_unwrap(arc) {
+            Ok(value) => return Ok(value),
+            Err(shared) if tokio::time::Instant::now() < deadline => {
+                arc = shared;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            Err(shared) => return Err(shared),
+        }
     }
 }
 

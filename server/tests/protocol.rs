@@ -159,8 +159,10 @@ async fn catalog_survives_restart() {
         )
         .await
         .unwrap();
-    drop(client);
+    // Stopping ends open connections too: nothing of the old node may still run when
+    // the new one opens the same directory.
     server.stop().await;
+    assert!(client.simple_query("SHOW METRICS").await.is_err());
     let server = start(&dir).await;
     let client = connect(&server).await;
     let rows = client.simple_query("SHOW METRICS").await.unwrap();
