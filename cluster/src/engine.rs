@@ -23,7 +23,7 @@ use crate::route::{murmur2, partition_for};
 use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
 use crate::watch::{WatchId, WatchTarget, Watcher};
 use eddy_planner::codec;
-use eddy_storage::{Family, ReservoirStats, StateStore};
+use eddy_storage::{Durable, Family, ReservoirStats, StateStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -70,7 +70,8 @@ pub struct CheckpointStats {
 }
 
 /// What a shard reports once its tasks' checkpoint records are written.
-type CheckpointReply = Result<Vec<(TaskId, u64)>>;
+/// Each task's log end at the checkpoint, and the fsyncs its reservoirs still owe.
+type CheckpointReply = Result<(Vec<(TaskId, u64)>, Vec<Durable>)>;
 
 pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
 
@@ -157,10 +158,12 @@ fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)
     })
 }
 
-/// The shard owning a task: stable across restarts and nodes.
+/// The shard owning a task: stable across restarts and nodes. A stream's partitions go
+/// round-robin from a shard picked by its name, so its tasks spread over every shard.
 pub fn shard_of(task: &TaskId, shards: usize) -> usize {
-    let key = format!("{}/{}/{}", task.stream, task.partitioner, task.partition);
-    (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize % shards
+    let key = format!("{}/{}", task.stream, task.partitioner);
+    let first = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize;
+    (first + task.partition as usize) % shards
 }
 
 /// Where events are made durable before tasks apply them.
@@ -267,36 +270,55 @@ impl Engine {
             return Err(Error::internal("this engine keeps no state on disk"));
         };
         let started = Instant::now();
-        let mut resumes = Vec::new();
-        let mut waits = Vec::new();
-        for shard in 0..self.shards() {
-            let (tx, rx) = oneshot::channel();
-            let (go, resume) = std::sync::mpsc::channel();
-            resumes.push(go);
-            self.send(shard, Command::Checkpoint { reply: tx, resume })
-                .await?;
-            waits.push(rx);
-        }
-        let mut ends = Vec::new();
-        let mut failure = None;
-        for rx in waits {
-            match rx.await.map_err(|_| engine_gone()).and_then(|r| r) {
-                Ok(list) => ends.extend(list),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        // The shards go on while RocksDB copies itself: their writes wait in the held
-        // store's overlay, so the copy has exactly the state the task records describe.
+        // From here the shards write to the held store's overlay: what they write up to
+        // their pause (the L1 flush, the task records) becomes the checkpoint's cut, and
+        // RocksDB takes it in after they resume.
         storage.store.hold();
+        let mut resumes = Vec::new();
+        let paused = async {
+            let mut waits = Vec::new();
+            for shard in 0..self.shards() {
+                let (tx, rx) = oneshot::channel();
+                let (go, resume) = std::sync::mpsc::channel();
+                resumes.push(go);
+                self.send(shard, Command::Checkpoint { reply: tx, resume })
+                    .await?;
+                waits.push(rx);
+            }
+            let (mut ends, mut owed) = (Vec::new(), Vec::new());
+            let mut failure = None;
+            for rx in waits {
+                match rx.await.map_err(|_| engine_gone()).and_then(|r| r) {
+                    Ok((e, o)) => {
+                        ends.extend(e);
+                        owed.extend(o);
+                    }
+                    Err(e) => failure = failure.or(Some(e)),
+                }
+            }
+            failure.map_or(Ok((ends, owed)), Err)
+        };
+        let (ends, owed) = match paused.await {
+            Ok(paused) => paused,
+            Err(e) => {
+                drop(resumes);
+                let _ = storage.store.release();
+                return Err(e);
+            }
+        };
+        // The shards go on while RocksDB copies itself: later writes wait in the overlay,
+        // so the copy has exactly the state the task records describe.
+        storage.store.freeze();
         drop(resumes);
         let sync = started.elapsed();
         let snapshot = {
             let storage = storage.clone();
             tokio::task::spawn_blocking(move || {
-                let snapshot = storage.snapshot();
+                let durable = owed
+                    .into_iter()
+                    .try_for_each(Durable::run)
+                    .map_err(|e| Error::internal(e.to_string()));
+                let snapshot = durable.and_then(|()| storage.snapshot());
                 let released = storage
                     .store
                     .release()
@@ -763,12 +785,13 @@ impl Shard {
     /// Writes every task's checkpoint record to the store in one atomic batch.
     fn checkpoint(&mut self) -> CheckpointReply {
         let Some(storage) = &self.storage else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         };
         let mut records = Vec::new();
         let mut ends = Vec::new();
+        let mut owed = Vec::new();
         for (id, task) in &mut self.tasks {
-            let Some(cp) = task.checkpoint()? else {
+            let Some((cp, durable)) = task.checkpoint()? else {
                 continue;
             };
             let meta = TaskMeta {
@@ -778,6 +801,7 @@ impl Shard {
             };
             records.push((task_meta_key(id), meta.encode()));
             ends.push((id.clone(), task.log_end));
+            owed.push(durable);
         }
         let batch: Vec<_> = records
             .iter()
@@ -787,7 +811,7 @@ impl Shard {
             .store
             .write(&batch)
             .map_err(|e| Error::internal(e.to_string()))?;
-        Ok(ends)
+        Ok((ends, owed))
     }
 
     /// A task of a new stream, or — at start — the task as its last checkpoint left it.
@@ -976,5 +1000,29 @@ impl Shard {
         }
         self.restored = true;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream's partitions spread evenly over the shards, whatever its name.
+    #[test]
+    fn a_streams_tasks_spread_over_every_shard() {
+        for (stream, partitions, shards) in [("a", 2, 2), ("lat_1", 2, 2), ("s", 5, 2), ("x", 7, 3)]
+        {
+            let mut per_shard = vec![0; shards];
+            for partition in 0..partitions {
+                let task = TaskId {
+                    stream: stream.into(),
+                    partitioner: 0,
+                    partition,
+                };
+                per_shard[shard_of(&task, shards)] += 1;
+            }
+            let (min, max) = (per_shard.iter().min(), per_shard.iter().max());
+            assert!(max.unwrap() - min.unwrap() <= 1, "{stream}: {per_shard:?}");
+        }
     }
 }

@@ -24,7 +24,7 @@ use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
 use eddy_storage::{
-    DiskReservoir, IoThread, MemReservoir, Reservoir, ReservoirConfig, ReservoirError,
+    DiskReservoir, Durable, IoThread, MemReservoir, Reservoir, ReservoirConfig, ReservoirError,
     ReservoirStats, StateStore, Timed,
 };
 
@@ -336,9 +336,9 @@ impl Task {
     }
 
     /// The synchronous stage of a checkpoint: writes every dirty group state to the
-    /// store and returns the record that restores the rest of the task. `None` for a
-    /// task in memory.
-    pub fn checkpoint(&mut self) -> Result<Option<Vec<u8>>> {
+    /// store and returns the record that restores the rest of the task, with the fsyncs
+    /// its reservoir still owes. `None` for a task in memory.
+    pub fn checkpoint(&mut self) -> Result<Option<(Vec<u8>, Durable)>> {
         if self.storage.is_none() {
             return Ok(None);
         }
@@ -351,23 +351,22 @@ impl Task {
             }
         }
         self.check_storage()?;
-        let reservoir = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
-        Ok(Some(
-            Checkpoint {
-                time: self.time,
-                seq: self.seq,
-                stats: self.stats,
-                log_end: self.log_end,
-                windows: self
-                    .windows
-                    .iter()
-                    .map(|w| (window_hash(&w.key), w.head, w.tail, w.epoch))
-                    .collect(),
-                dedup: self.dedup_order.iter().cloned().collect(),
-                reservoir,
-            }
-            .encode(),
-        ))
+        let (reservoir, durable) = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
+        let record = Checkpoint {
+            time: self.time,
+            seq: self.seq,
+            stats: self.stats,
+            log_end: self.log_end,
+            windows: self
+                .windows
+                .iter()
+                .map(|w| (window_hash(&w.key), w.head, w.tail, w.epoch))
+                .collect(),
+            dedup: self.dedup_order.iter().cloned().collect(),
+            reservoir,
+        }
+        .encode();
+        Ok(Some((record, durable)))
     }
 
     /// Deletes the task's group states and events from disk (its stream was dropped).

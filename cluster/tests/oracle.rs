@@ -1251,11 +1251,14 @@ impl Harness {
     fn reboot(&mut self) {
         let Some((node, _)) = &self.disk else { return };
         let seed = self.seed;
-        let cp = self
+        let (cp, durable) = self
             .task
             .checkpoint()
             .unwrap_or_else(|e| panic!("seed {seed:#x}: checkpoint: {e:?}"))
             .expect("a task on disk");
+        durable
+            .run()
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: fsync: {e:?}"));
         let metrics = self.catalog.metrics_of("s");
         let stream = self.catalog.stream("s").expect("stream s").clone();
         let (r, c) = (self.task.reservoir_stats(), self.task.cache_stats());

@@ -25,7 +25,7 @@ use std::sync::{mpsc, Arc};
 
 use crate::chunk::{decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES};
 use crate::reservoir::{
-    ChunkCodec, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed,
+    ChunkCodec, Durable, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -178,6 +178,8 @@ pub struct DiskReservoir<E> {
     /// Whether files changed since the last checkpoint synced them: an idle task's
     /// checkpoint costs no fsync.
     unsynced: bool,
+    /// Set when the fsyncs a checkpoint handed out failed: the next one syncs again.
+    sync_failed: Arc<std::sync::atomic::AtomicBool>,
     hits: u64,
     misses: u64,
     prefetched: u64,
@@ -277,6 +279,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
             dead: Vec::new(),
             dead_at_checkpoint: Vec::new(),
             unsynced: true,
+            sync_failed: Default::default(),
             hits: 0,
             misses: 0,
             prefetched: 0,
@@ -652,12 +655,21 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
         }
     }
 
-    fn checkpoint(&mut self) -> Result<Vec<u8>, ReservoirError> {
-        if self.unsynced {
-            if let Some(w) = &self.writer {
-                w.sync_data().map_err(|e| io_err(&self.dir, e))?;
-            }
-            crate::log::sync_dir(&self.dir).map_err(|e| err(e.to_string()))?;
+    fn checkpoint(&mut self) -> Result<(Vec<u8>, Durable), ReservoirError> {
+        let mut durable = Durable::default();
+        if self.unsynced
+            || self
+                .sync_failed
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            durable = Durable {
+                file: match &self.writer {
+                    Some(w) => Some(w.try_clone().map_err(|e| io_err(&self.dir, e))?),
+                    None => None,
+                },
+                dir: Some(self.dir.clone()),
+                failed: Some(self.sync_failed.clone()),
+            };
             self.unsynced = false;
         }
         // The previous checkpoint is committed: what it no longer needed can go.
@@ -675,14 +687,15 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
         };
         let (last_segment, last_segment_bytes) =
             self.segments.back().map_or((0, 0), |s| (s.id, s.bytes));
-        Ok(Mark {
+        let mark = Mark {
             next_chunk: self.next_chunk,
             last_segment,
             last_segment_bytes,
             floor: self.floor,
             open,
         }
-        .encode())
+        .encode();
+        Ok((mark, durable))
     }
 }
 
@@ -800,7 +813,8 @@ mod tests {
                     model.retain(|e| e.0 > floor);
                 }
                 5 => {
-                    let mark = r.checkpoint().unwrap();
+                    let (mark, durable) = r.checkpoint().unwrap();
+                    durable.run().unwrap();
                     checkpoint = Some((mark, model.clone(), t, seq));
                 }
                 6 => {
@@ -847,7 +861,8 @@ mod tests {
             r.insert(Ev(i as i64, i, 7));
         }
         r.seal_through(400).unwrap();
-        let mark = r.checkpoint().unwrap();
+        let (mark, durable) = r.checkpoint().unwrap();
+        durable.run().unwrap();
         // Bytes written after the checkpoint are cut when reopening.
         r.seal_through(500).unwrap();
         drop(r);

@@ -13,5 +13,7 @@ pub mod state;
 
 pub use disk::{DiskReservoir, IoThread, ReservoirConfig};
 pub use log::{LogError, TaskLog};
-pub use reservoir::{ChunkCodec, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed};
+pub use reservoir::{
+    ChunkCodec, Durable, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed,
+};
 pub use state::{Family, MemStateStore, RocksStore, StateError, StateStore};

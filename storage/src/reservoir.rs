@@ -91,12 +91,44 @@ pub trait Reservoir<E: Timed>: Send {
         }
     }
 
-    /// Makes everything sealed durable and returns what reopening needs to come back to
-    /// exactly this content (see `DiskReservoir::open`).
-    fn checkpoint(&mut self) -> Result<Vec<u8>, ReservoirError> {
+    /// Returns what reopening needs to come back to exactly this content (see
+    /// `DiskReservoir::open`): the mark, and the `Durable` step that makes everything
+    /// it names durable. The step runs off the event path; the checkpoint may commit
+    /// only after it succeeded.
+    fn checkpoint(&mut self) -> Result<(Vec<u8>, Durable), ReservoirError> {
         Err(ReservoirError(
             "this reservoir is kept in memory only".into(),
         ))
+    }
+}
+
+/// The fsyncs a reservoir checkpoint still owes: its segment file's data and its
+/// directory. If they fail, the reservoir syncs again at its next checkpoint.
+#[derive(Debug, Default)]
+pub struct Durable {
+    pub(crate) file: Option<std::fs::File>,
+    pub(crate) dir: Option<std::path::PathBuf>,
+    pub(crate) failed: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Durable {
+    pub fn run(self) -> Result<(), ReservoirError> {
+        let result = (|| -> std::io::Result<()> {
+            if let Some(f) = &self.file {
+                f.sync_data()?;
+            }
+            if let Some(dir) = &self.dir {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })();
+        result.map_err(|e| {
+            if let Some(failed) = &self.failed {
+                failed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            let at = self.dir.as_deref().unwrap_or(std::path::Path::new("?"));
+            ReservoirError(format!("{}: {e}", at.display()))
+        })
     }
 }
 

@@ -120,17 +120,43 @@ impl StateStore for MemStateStore {
 
 /// The node's RocksDB database, one column family per `Family`.
 ///
-/// While a checkpoint copies the database, the store is *held*: writes land in an
-/// in-memory overlay that reads consult first, so the shards go on working and the copy
-/// still holds exactly the state of the moment they paused. `release` applies the
-/// overlay in one atomic batch.
+/// A checkpoint must copy the state of the moment the shards paused, yet the shards
+/// should not wait for the copy. So the store can be *held*: writes then land in an
+/// in-memory overlay that reads consult first. `freeze` (while the shards are paused)
+/// makes what the overlay holds the *cut*: `checkpoint` writes the cut to the database
+/// before copying it, and later writes stay in the overlay until `release` applies them
+/// in one atomic batch.
 pub struct RocksStore {
     db: rocksdb::DB,
-    held: RwLock<Option<Mutex<Overlay>>>,
+    held: RwLock<Option<Held>>,
 }
 
 /// Writes made while the store is held: a value, or `None` for a delete.
 type Overlay = BTreeMap<FamilyKey, Option<Vec<u8>>>;
+
+#[derive(Default)]
+struct Held {
+    /// Writes that belong in the next checkpoint; read-only once frozen.
+    cut: Overlay,
+    /// Writes after the cut.
+    live: Mutex<Overlay>,
+}
+
+impl Held {
+    /// What the overlay says of a key: `None` if it does not know it.
+    fn get(&self, family: Family, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let k = (family, key.to_vec());
+        let live = self.live.lock().expect("overlay lock");
+        live.get(&k).or_else(|| self.cut.get(&k)).cloned()
+    }
+}
+
+fn batch_of(overlay: &Overlay) -> Vec<Put<'_>> {
+    overlay
+        .iter()
+        .map(|((f, k), v)| (*f, k.as_slice(), v.as_deref()))
+        .collect()
+}
 
 fn rocks_error(e: rocksdb::Error) -> StateError {
     StateError(e.into_string())
@@ -167,8 +193,13 @@ impl RocksStore {
         self.db.cancel_all_background_work(true);
     }
 
-    /// A consistent copy of the database in `dir` (hard links where possible).
+    /// A consistent copy of the database in `dir` (hard links where possible), with
+    /// the cut written to the database first when the store is held.
     pub fn checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+        let held = self.held.read().expect("hold lock");
+        if let Some(h) = held.as_ref().filter(|h| !h.cut.is_empty()) {
+            self.write_db(&batch_of(&h.cut))?;
+        }
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(dir))
             .map_err(rocks_error)
@@ -176,22 +207,28 @@ impl RocksStore {
 
     /// From now on, writes go to the overlay and leave the database as it is.
     pub fn hold(&self) {
-        *self.held.write().expect("hold lock") = Some(Mutex::default());
+        *self.held.write().expect("hold lock") = Some(Held::default());
+    }
+
+    /// Makes every write so far part of the next checkpoint (a no-op when not held).
+    pub fn freeze(&self) {
+        let mut held = self.held.write().expect("hold lock");
+        if let Some(h) = held.as_mut() {
+            let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
+            h.cut.extend(live);
+        }
     }
 
     /// Applies the overlay to the database in one atomic batch, and writes go to the
     /// database again.
     pub fn release(&self) -> Result<(), StateError> {
         let mut held = self.held.write().expect("hold lock");
-        let Some(overlay) = held.take() else {
+        let Some(mut h) = held.take() else {
             return Ok(());
         };
-        let overlay = overlay.into_inner().expect("overlay lock");
-        let batch: Vec<Put<'_>> = overlay
-            .iter()
-            .map(|((f, k), v)| (*f, k.as_slice(), v.as_deref()))
-            .collect();
-        self.write_db(&batch)
+        let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
+        h.cut.extend(live);
+        self.write_db(&batch_of(&h.cut))
     }
 
     fn write_db(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
@@ -227,14 +264,10 @@ impl StateStore for RocksStore {
         keys: &[&[u8]],
     ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let held = self.held.read().expect("hold lock");
-        let Some(overlay) = held.as_ref() else {
+        let Some(h) = held.as_ref() else {
             return self.multi_get_db(family, keys);
         };
-        let overlay = overlay.lock().expect("overlay lock");
-        let mut out: Vec<Option<Option<Vec<u8>>>> = keys
-            .iter()
-            .map(|k| overlay.get(&(family, k.to_vec())).cloned())
-            .collect();
+        let mut out: Vec<Option<Option<Vec<u8>>>> = keys.iter().map(|k| h.get(family, k)).collect();
         let misses: Vec<&[u8]> = keys
             .iter()
             .zip(&out)
@@ -252,12 +285,12 @@ impl StateStore for RocksStore {
 
     fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
-        let Some(overlay) = held.as_ref() else {
+        let Some(h) = held.as_ref() else {
             return self.write_db(batch);
         };
-        let mut overlay = overlay.lock().expect("overlay lock");
+        let mut live = h.live.lock().expect("overlay lock");
         for (family, k, v) in batch {
-            overlay.insert((*family, k.to_vec()), v.map(<[u8]>::to_vec));
+            live.insert((*family, k.to_vec()), v.map(<[u8]>::to_vec));
         }
         Ok(())
     }
@@ -273,16 +306,18 @@ impl StateStore for RocksStore {
             }
             out.insert(k.to_vec(), v.to_vec());
         }
-        if let Some(overlay) = held.as_ref() {
-            let overlay = overlay.lock().expect("overlay lock");
-            let written = overlay
-                .range((family, prefix.to_vec())..)
-                .take_while(|((f, k), _)| *f == family && k.starts_with(prefix));
-            for ((_, k), v) in written {
-                match v {
-                    Some(v) => out.insert(k.clone(), v.clone()),
-                    None => out.remove(k),
-                };
+        if let Some(h) = held.as_ref() {
+            let live = h.live.lock().expect("overlay lock");
+            for overlay in [&h.cut, &*live] {
+                let written = overlay
+                    .range((family, prefix.to_vec())..)
+                    .take_while(|((f, k), _)| *f == family && k.starts_with(prefix));
+                for ((_, k), v) in written {
+                    match v {
+                        Some(v) => out.insert(k.clone(), v.clone()),
+                        None => out.remove(k),
+                    };
+                }
             }
         }
         Ok(out.into_iter().collect())
@@ -341,8 +376,8 @@ mod tests {
 
     /// RocksDB against the in-memory model: random batches of puts and deletes across
     /// families, reads and prefix scans, reboots (close, reopen from disk), and holds: a
-    /// checkpoint taken while held has the state of the moment the hold began, and
-    /// reads and writes during the hold behave as without it.
+    /// checkpoint taken while held has the state of the last freeze (or of the moment
+    /// the hold began), and reads and writes during the hold behave as without it.
     #[test]
     fn rocks_matches_the_model_across_reboots() {
         let dir = std::env::temp_dir().join(format!("eddy-rocks-model-{}", std::process::id()));
@@ -357,11 +392,18 @@ mod tests {
                 .collect()
         };
         let copy = dir.with_extension("checkpoint");
-        // The model's contents when the current hold began.
+        // The model's contents at the current hold's cut.
         let mut held: Option<Vec<Entries>> = None;
-        let mut holds = 0;
-        for step in 0..4_000 {
-            match rng.below(12) {
+        let (mut holds, mut freezes) = (0, 0);
+        for step in 0..6_000 {
+            match rng.below(13) {
+                12 => {
+                    if held.is_some() {
+                        rocks.freeze();
+                        held = Some(everything(&model));
+                        freezes += 1;
+                    }
+                }
                 10 if held.is_none() => {
                     rocks.hold();
                     held = Some(everything(&model));
@@ -438,7 +480,10 @@ mod tests {
                 }
             }
         }
-        assert!(holds > 50, "only {holds} holds");
+        assert!(
+            holds > 50 && freezes > 50,
+            "only {holds} holds, {freezes} freezes"
+        );
         rocks.release().unwrap();
         let _ = std::fs::remove_dir_all(&copy);
         rocks.checkpoint(&copy).unwrap();

@@ -41,6 +41,8 @@ struct Args {
     rates: Vec<u64>,
     seconds: u64,
     warmup_seconds: u64,
+    /// Print p50 and max latency per 250 ms of send time to stderr.
+    timeline: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -51,6 +53,7 @@ fn args() -> anyhow::Result<Args> {
         rates: vec![5_000, 20_000, 50_000],
         seconds: 20,
         warmup_seconds: 3,
+        timeline: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +70,7 @@ fn args() -> anyhow::Result<Args> {
             }
             "--seconds" => a.seconds = value()?.parse()?,
             "--warmup" => a.warmup_seconds = value()?.parse()?,
+            "--timeline" => a.timeline = true,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -100,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("creating the stream")?;
         let topic = format!("{}.{stream}.card", a.cluster);
-        let line = measure(&a, &topic, rate).await?;
+        let line = measure(&a, &topic, run, rate).await?;
         println!("{line}");
         pg.batch_execute(&format!("DROP STREAM {stream} CASCADE"))
             .await?;
@@ -108,9 +112,9 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One run at `rate` events/s; returns its CSV line.
-async fn measure(a: &Args, topic: &str, rate: u64) -> anyhow::Result<String> {
-    let reply_topic = format!("latency-replies-{}-{rate}", std::process::id());
+/// Run number `run`, at `rate` events/s; returns its CSV line.
+async fn measure(a: &Args, topic: &str, run: usize, rate: u64) -> anyhow::Result<String> {
+    let reply_topic = format!("latency-replies-{}-{run}", std::process::id());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &a.kafka)
         .create()?;
@@ -145,10 +149,16 @@ async fn measure(a: &Args, topic: &str, rate: u64) -> anyhow::Result<String> {
         600_000_000,
         3,
     )?));
+    // Per 250 ms slice of due time: (answers, sum of latencies, max latency) in µs.
+    let slices = Arc::new(Mutex::new(vec![
+        (0u64, 0u64, 0u64);
+        (a.seconds * 4 + 1) as usize
+    ]));
     let answered = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let reader = {
+        let slices = slices.clone();
         let (histogram, answered, errors, done) = (
             histogram.clone(),
             answered.clone(),
@@ -175,6 +185,12 @@ async fn measure(a: &Args, topic: &str, rate: u64) -> anyhow::Result<String> {
                 if seq >= warmup {
                     let micros = now.saturating_duration_since(due(seq)).as_micros() as u64;
                     let _ = histogram.lock().unwrap().record(micros.max(1));
+                    let slice = (seq * 4 / rate) as usize;
+                    if let Some(s) = slices.lock().unwrap().get_mut(slice) {
+                        s.0 += 1;
+                        s.1 += micros;
+                        s.2 = s.2.max(micros);
+                    }
                 }
                 answered.fetch_add(1, Ordering::Relaxed);
             }
@@ -228,6 +244,18 @@ async fn measure(a: &Args, topic: &str, rate: u64) -> anyhow::Result<String> {
     }
     done.store(true, Ordering::Release);
     let _ = reader.join();
+    if a.timeline {
+        for (i, (n, sum, max)) in slices.lock().unwrap().iter().enumerate() {
+            if *n > 0 {
+                eprintln!(
+                    "t={:6.2}s mean={:7.2}ms max={:7.2}ms",
+                    i as f64 / 4.0,
+                    *sum as f64 / *n as f64 / 1000.0,
+                    *max as f64 / 1000.0
+                );
+            }
+        }
+    }
     let h = histogram.lock().unwrap();
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(format!(
