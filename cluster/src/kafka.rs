@@ -92,16 +92,32 @@ pub struct KafkaConfig {
     pub node: String,
     /// Replication factor of the topics Eddy creates.
     pub replication: i32,
+    /// librdkafka properties set on every client Eddy makes, after its own (TLS, SASL,
+    /// batching): `--kafka-property KEY=VALUE`.
+    pub properties: Vec<(String, String)>,
 }
 
 impl KafkaConfig {
-    fn client(&self) -> ClientConfig {
+    fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers)
             .set("client.id", format!("eddy-{}", self.node))
             .set("broker.address.family", "v4")
             .set("allow.auto.create.topics", "false");
         c
+    }
+
+    /// The user's properties, over Eddy's.
+    fn with_properties(&self, mut c: ClientConfig) -> ClientConfig {
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// The admin client.
+    fn client(&self) -> ClientConfig {
+        self.with_properties(self.base())
     }
 
     /// Cluster and node names become topic names: letters, digits, `_` and `-`.
@@ -125,24 +141,24 @@ impl KafkaConfig {
     /// Event and reply producers: every record acknowledged by all in-sync replicas,
     /// no duplicates on retry, batches sent within a millisecond.
     fn producer(&self) -> ClientConfig {
-        let mut c = self.client();
+        let mut c = self.base();
         c.set("acks", "all")
             .set("enable.idempotence", "true")
             .set("linger.ms", "1")
             .set("message.timeout.ms", "30000");
-        c
+        self.with_properties(c)
     }
 
     /// Consumers: offsets are Eddy's (in checkpoints), never committed automatically.
     fn consumer(&self, group: &str) -> ClientConfig {
-        let mut c = self.client();
+        let mut c = self.base();
         c.set("group.id", group)
             .set("topic.metadata.refresh.interval.ms", "5000")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "5");
-        c
+        self.with_properties(c)
     }
 
     /// Consumers that subscribe in a group (tasks, external topics). Static members: a
@@ -154,7 +170,7 @@ impl KafkaConfig {
         c.set("group.instance.id", &self.node)
             .set("session.timeout.ms", "30000")
             .set("heartbeat.interval.ms", "3000");
-        c
+        self.with_properties(c)
     }
 }
 

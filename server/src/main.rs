@@ -51,6 +51,16 @@ enum Command {
         /// Replication factor of the topics Eddy creates.
         #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
         kafka_replication: i32,
+        /// A librdkafka property for every Kafka client of the node, over Eddy's own
+        /// (repeatable; in the environment, comma-separated): TLS, SASL, batching.
+        #[arg(
+            long = "kafka-property",
+            value_name = "KEY=VALUE",
+            env = "EDDY_KAFKA_PROPERTIES",
+            value_delimiter = ',',
+            value_parser = key_value
+        )]
+        kafka_properties: Vec<(String, String)>,
     },
 }
 
@@ -67,6 +77,7 @@ fn main() -> anyhow::Result<()> {
             node_id,
             cluster,
             kafka_replication,
+            kafka_properties,
         } => {
             let kafka = match kafka {
                 Some(brokers) => Some(KafkaConfig {
@@ -77,6 +88,7 @@ fn main() -> anyhow::Result<()> {
                     },
                     cluster,
                     replication: kafka_replication,
+                    properties: kafka_properties,
                 }),
                 None => None,
             };
@@ -98,6 +110,13 @@ fn main() -> anyhow::Result<()> {
                 kafka,
             }))
         }
+    }
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("expected KEY=VALUE, got \"{s}\"")),
     }
 }
 

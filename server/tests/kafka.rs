@@ -481,3 +481,58 @@ async fn an_external_topic_needs_kafka() {
     assert_eq!(simple_rows(&client, "SELECT 1").await, vec![row(&["1"])]);
     drop(eddy);
 }
+
+/// `--kafka-property` reaches librdkafka: a property it does not know stops the node at
+/// start with its message, and valid ones (comma-separated) leave the node working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_properties_reach_the_clients() {
+    let dir = temp_dir("kafka-property");
+    let kafka = kafka_addr();
+    let cluster = cluster("prop");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(&*dir)
+        .args(["--kafka", &kafka, "--cluster", &cluster])
+        .args(["--kafka-property", "no.such.property=1"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains("No such configuration property") && said.contains("no.such.property"),
+        "{said}"
+    );
+    let (eddy, port) = spawn_eddy_with(
+        &dir,
+        &[
+            "--kafka",
+            &kafka,
+            "--cluster",
+            &cluster,
+            "--kafka-property",
+            "linger.ms=0,fetch.wait.max.ms=20",
+        ],
+    );
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM p (ts TIMESTAMP NOT NULL, k TEXT NOT NULL) WITH (event_time = 'ts'); \
+             CREATE METRIC pm AS SELECT k, COUNT(*) AS n FROM p WINDOW INFINITE GROUP BY k;",
+        )
+        .await
+        .unwrap();
+    let got = simple_rows(
+        &client,
+        "INSERT INTO p VALUES ('2026-01-01 00:00:00', 'a') RETURNING pm.n",
+    )
+    .await;
+    assert_eq!(got, vec![row(&["1"])]);
+    eddy.terminate();
+}
