@@ -158,6 +158,10 @@ pub struct DiskReservoir<E> {
     open: MemReservoir<E>,
     /// `size_of` summed over the open region.
     open_bytes: usize,
+    /// The open region's leading events at or below the last `seal_through` bound, already
+    /// measured: (count, bytes, bound). No event is inserted among them any more, so the
+    /// next call measures on from there.
+    sealable: (usize, usize, i64),
     /// Events with `ts <= floor` have expired.
     floor: i64,
     sealed_events: u64,
@@ -265,6 +269,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
             writer: None,
             open: MemReservoir::default(),
             open_bytes: 0,
+            sealable: (0, 0, i64::MIN),
             floor: i64::MIN,
             sealed_events: 0,
             raw_bytes: 0,
@@ -542,6 +547,9 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             .back()
             .is_none_or(|c| c.header.last < event.key()));
         self.open_bytes += self.codec.size_of(&event);
+        if event.key().0 <= self.sealable.2 {
+            self.sealable = (0, 0, i64::MIN);
+        }
         self.open.insert(event);
     }
 
@@ -578,14 +586,17 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
         self.generation += 1;
         self.cache.clear();
         self.cache_bytes = 0;
+        self.sealable = (0, 0, i64::MIN);
         self.open.refresh(None, f);
     }
 
     fn seal_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
+        if upto < self.sealable.2 {
+            self.sealable = (0, 0, i64::MIN);
+        }
         while self.open_bytes >= self.config.chunk_bytes_max {
-            let mut bytes = 0;
-            let mut n = 0;
-            for e in self.open.iter() {
+            let (mut n, mut bytes, _) = self.sealable;
+            for e in self.open.iter().skip(n) {
                 if e.key().0 > upto || bytes >= self.config.chunk_bytes_max {
                     break;
                 }
@@ -593,8 +604,10 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
                 n += 1;
             }
             if bytes < self.config.chunk_bytes_max {
+                self.sealable = (n, bytes, upto);
                 return Ok(());
             }
+            self.sealable = (0, 0, i64::MIN);
             let events = self.open.pop_front(n);
             self.open_bytes -= bytes;
             self.seal(events)?;
@@ -627,6 +640,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             self.dead.push(s.path);
         }
         let codec = &self.codec;
+        self.sealable = (0, 0, i64::MIN);
         let dropped: usize = self
             .open
             .drain_through(self.floor)

@@ -169,6 +169,12 @@ impl RocksStore {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        // Flushes and compactions yield the CPU to the shards: a checkpoint's memtable
+        // flush must not delay events.
+        let mut env = rocksdb::Env::new().map_err(rocks_error)?;
+        env.lower_thread_pool_cpu_priority();
+        env.lower_high_priority_thread_pool_cpu_priority();
+        options.set_env(&env);
         let families = Family::ALL.iter().map(|f| {
             let mut cf = rocksdb::Options::default();
             cf.set_compression_type(rocksdb::DBCompressionType::Lz4);
