@@ -238,31 +238,39 @@ impl Engine {
         self.storage.as_ref()
     }
 
-    /// Takes a checkpoint of every task: the shards flush their L1 caches and write each
-    /// task's record (log offset, window edges, reservoir mark) to the store; the store is
-    /// held and the shards go on while RocksDB snapshots itself; the checkpoint is
-    /// committed, and the logs are truncated to what it covers. Returns (synchronous,
-    /// total) time. Fails once the node has taken its last checkpoint.
+    /// Takes a checkpoint of every task. The store is held; the shards pause, flush their
+    /// L1 caches and write each task's record (log offset, window edges, reservoir mark)
+    /// into the held store; the store freezes that cut and the shards resume while RocksDB
+    /// takes the cut and snapshots itself; the checkpoint is committed, and the logs are
+    /// truncated to what it covers. Returns (synchronous, total) time. Fails once the
+    /// node has taken its last checkpoint.
     pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
-        let _one = self.checkpointing.lock().await;
-        if self.is_closing() {
-            return Err(Error::internal("the node took its last checkpoint"));
-        }
-        self.checkpoint_now().await
+        self.checkpoint_unless_closed(false).await
     }
 
     /// Takes the node's last checkpoint (clean shutdown): no checkpoint runs after it,
     /// so nothing touches the state directory once it returns.
     pub async fn last_checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
-        let _one = self.checkpointing.lock().await;
-        if self.closed.swap(true, Ordering::SeqCst) {
-            return Err(Error::internal("the node took its last checkpoint"));
-        }
-        self.checkpoint_now().await
+        self.checkpoint_unless_closed(true).await
     }
 
     pub fn is_closing(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn checkpoint_unless_closed(
+        &self,
+        last: bool,
+    ) -> Result<(std::time::Duration, std::time::Duration)> {
+        let _one = self.checkpointing.lock().await;
+        let closed = match last {
+            true => self.closed.swap(true, Ordering::SeqCst),
+            false => self.is_closing(),
+        };
+        if closed {
+            return Err(Error::internal("the node took its last checkpoint"));
+        }
+        self.checkpoint_now().await
     }
 
     async fn checkpoint_now(&self) -> Result<(std::time::Duration, std::time::Duration)> {

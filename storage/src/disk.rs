@@ -118,6 +118,9 @@ struct Mark {
 
 const MARK_VERSION: u8 = 1;
 
+/// `DiskReservoir::sealable` before anything was measured.
+const UNMEASURED: (usize, usize, i64) = (0, 0, i64::MIN);
+
 impl Mark {
     fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(33 + self.open.len());
@@ -269,7 +272,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
             writer: None,
             open: MemReservoir::default(),
             open_bytes: 0,
-            sealable: (0, 0, i64::MIN),
+            sealable: UNMEASURED,
             floor: i64::MIN,
             sealed_events: 0,
             raw_bytes: 0,
@@ -548,7 +551,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             .is_none_or(|c| c.header.last < event.key()));
         self.open_bytes += self.codec.size_of(&event);
         if event.key().0 <= self.sealable.2 {
-            self.sealable = (0, 0, i64::MIN);
+            self.sealable = UNMEASURED;
         }
         self.open.insert(event);
     }
@@ -586,13 +589,13 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
         self.generation += 1;
         self.cache.clear();
         self.cache_bytes = 0;
-        self.sealable = (0, 0, i64::MIN);
+        self.sealable = UNMEASURED;
         self.open.refresh(None, f);
     }
 
     fn seal_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
         if upto < self.sealable.2 {
-            self.sealable = (0, 0, i64::MIN);
+            self.sealable = UNMEASURED;
         }
         while self.open_bytes >= self.config.chunk_bytes_max {
             let (mut n, mut bytes, _) = self.sealable;
@@ -607,7 +610,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
                 self.sealable = (n, bytes, upto);
                 return Ok(());
             }
-            self.sealable = (0, 0, i64::MIN);
+            self.sealable = UNMEASURED;
             let events = self.open.pop_front(n);
             self.open_bytes -= bytes;
             self.seal(events)?;
@@ -640,7 +643,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             self.dead.push(s.path);
         }
         let codec = &self.codec;
-        self.sealable = (0, 0, i64::MIN);
+        self.sealable = UNMEASURED;
         let dropped: usize = self
             .open
             .drain_through(self.floor)

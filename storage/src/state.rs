@@ -140,6 +140,8 @@ struct Held {
     cut: Overlay,
     /// Writes after the cut.
     live: Mutex<Overlay>,
+    /// Whether `checkpoint` wrote the cut to the database already.
+    cut_written: std::sync::atomic::AtomicBool,
 }
 
 impl Held {
@@ -205,6 +207,8 @@ impl RocksStore {
         let held = self.held.read().expect("hold lock");
         if let Some(h) = held.as_ref().filter(|h| !h.cut.is_empty()) {
             self.write_db(&batch_of(&h.cut))?;
+            h.cut_written
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(dir))
@@ -222,6 +226,7 @@ impl RocksStore {
         if let Some(h) = held.as_mut() {
             let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
             h.cut.extend(live);
+            *h.cut_written.get_mut() = false;
         }
     }
 
@@ -233,6 +238,9 @@ impl RocksStore {
             return Ok(());
         };
         let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
+        if *h.cut_written.get_mut() {
+            return self.write_db(&batch_of(&live));
+        }
         h.cut.extend(live);
         self.write_db(&batch_of(&h.cut))
     }
@@ -420,6 +428,11 @@ mod tests {
                     };
                     let _ = std::fs::remove_dir_all(&copy);
                     rocks.checkpoint(&copy).unwrap();
+                    // The shards go on writing while the copy is made.
+                    let late = key(&mut rng);
+                    let put = [(Family::Aggregates, late.as_slice(), Some(&b"late"[..]))];
+                    model.write(&put).unwrap();
+                    rocks.write(&put).unwrap();
                     rocks.release().unwrap();
                     let snapshot = RocksStore::open(&copy).unwrap();
                     assert_eq!(everything(&snapshot), at_hold, "step {step}: the held copy");
