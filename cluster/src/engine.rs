@@ -319,32 +319,23 @@ impl Engine {
         storage.store.freeze();
         drop(resumes);
         let sync = started.elapsed();
-        let snapshot = {
-            let storage = storage.clone();
-            tokio::task::spawn_blocking(move || {
-                let durable = owed
-                    .into_iter()
-                    .try_for_each(Durable::run)
-                    .map_err(|e| Error::internal(e.to_string()));
-                let snapshot = durable.and_then(|()| storage.snapshot());
-                let released = storage
-                    .store
-                    .release()
-                    .map_err(|e| Error::internal(e.to_string()));
-                snapshot.and_then(|n| released.map(|()| n))
-            })
-            .await
-            .map_err(|e| Error::internal(e.to_string()))
-            .and_then(|r| r)
-        };
-        let n = snapshot?;
-        let committed = {
-            let storage = storage.clone();
-            tokio::task::spawn_blocking(move || storage.commit(n))
-                .await
-                .map_err(|e| Error::internal(e.to_string()))?
-        };
-        committed?;
+        // Off the async threads: the owed fsyncs, the snapshot, the release of the later
+        // writes, and the commit.
+        let storage = storage.clone();
+        tokio::task::spawn_blocking(move || {
+            let internal = |e: &dyn std::fmt::Display| Error::internal(e.to_string());
+            let durable = owed
+                .into_iter()
+                .try_for_each(Durable::run)
+                .map_err(|e| internal(&e));
+            let snapshot = durable.and_then(|()| storage.snapshot());
+            let released = storage.store.release().map_err(|e| internal(&e));
+            let n = snapshot?;
+            released?;
+            storage.commit(n)
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
         if let Log::Local(log) = &self.log {
             for (task, end) in &ends {
                 log.truncate(task, *end);

@@ -25,7 +25,7 @@ use std::sync::{mpsc, Arc};
 
 use crate::chunk::{decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES};
 use crate::reservoir::{
-    ChunkCodec, Durable, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed,
+    ChunkCodec, Durable, MemReservoir, Owed, Reservoir, ReservoirError, ReservoirStats, Timed,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -679,14 +679,14 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
                 .sync_failed
                 .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            durable = Durable {
+            durable = Durable(Some(Owed {
                 file: match &self.writer {
                     Some(w) => Some(w.try_clone().map_err(|e| io_err(&self.dir, e))?),
                     None => None,
                 },
-                dir: Some(self.dir.clone()),
-                failed: Some(self.sync_failed.clone()),
-            };
+                dir: self.dir.clone(),
+                failed: self.sync_failed.clone(),
+            }));
             self.unsynced = false;
         }
         // The previous checkpoint is committed: what it no longer needed can go.

@@ -102,33 +102,32 @@ pub trait Reservoir<E: Timed>: Send {
     }
 }
 
-/// The fsyncs a reservoir checkpoint still owes: its segment file's data and its
-/// directory. If they fail, the reservoir syncs again at its next checkpoint.
+/// The fsyncs a reservoir checkpoint still owes (none by default): its segment file's
+/// data and its directory. If they fail, the reservoir syncs again at its next checkpoint.
 #[derive(Debug, Default)]
-pub struct Durable {
-    pub(crate) file: Option<std::fs::File>,
-    pub(crate) dir: Option<std::path::PathBuf>,
-    pub(crate) failed: Option<Arc<std::sync::atomic::AtomicBool>>,
+pub struct Durable(pub(crate) Option<Owed>);
+
+#[derive(Debug)]
+pub(crate) struct Owed {
+    pub file: Option<std::fs::File>,
+    pub dir: std::path::PathBuf,
+    pub failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Durable {
     pub fn run(self) -> Result<(), ReservoirError> {
-        let result = (|| -> std::io::Result<()> {
-            if let Some(f) = &self.file {
-                f.sync_data()?;
-            }
-            if let Some(dir) = &self.dir {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        })();
-        result.map_err(|e| {
-            if let Some(failed) = &self.failed {
-                failed.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            let at = self.dir.as_deref().unwrap_or(std::path::Path::new("?"));
-            ReservoirError(format!("{}: {e}", at.display()))
-        })
+        let Some(o) = self.0 else { return Ok(()) };
+        let data = match &o.file {
+            Some(f) => f
+                .sync_data()
+                .map_err(|e| format!("{}: {e}", o.dir.display())),
+            None => Ok(()),
+        };
+        data.and_then(|()| crate::log::sync_dir(&o.dir).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                o.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                ReservoirError(e)
+            })
     }
 }
 
