@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::{IoThread, ReservoirConfig, RocksStore, StateStore};
+use eddy_storage::{Family, IoThread, ReservoirConfig, RocksStore, StateStore};
 
 use crate::engine::TaskId;
 use crate::groups::CacheConfig;
@@ -189,7 +189,7 @@ impl NodeStorage {
     }
 
     /// Takes a RocksDB checkpoint as number `current + 1` (not yet committed).
-    pub fn snapshot(&self) -> Result<u64> {
+    pub fn snapshot(&self, records: &[(Vec<u8>, Vec<u8>)]) -> Result<u64> {
         let n = self
             .current
             .lock()
@@ -199,8 +199,12 @@ impl NodeStorage {
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(io(&dir))?;
         }
+        let records: Vec<_> = records
+            .iter()
+            .map(|(k, v)| (Family::Meta, k.as_slice(), Some(v.as_slice())))
+            .collect();
         self.store
-            .checkpoint(&dir)
+            .checkpoint(&dir, &records)
             .map_err(|e| Error::internal(e.to_string()))?;
         Ok(n)
     }

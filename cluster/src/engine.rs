@@ -20,10 +20,10 @@ use crate::groups::CacheStats;
 use crate::kafka::Kafka;
 use crate::log::LocalLog;
 use crate::route::{murmur2, partition_for};
-use crate::task::{MetricValues, Outcome, Row, Task, TaskStats};
+use crate::task::{MetricValues, Outcome, PendingRecord, Row, Task, TaskStats};
 use crate::watch::{WatchId, WatchTarget, Watcher};
 use eddy_planner::codec;
-use eddy_storage::{Durable, Family, ReservoirStats, StateStore};
+use eddy_storage::{Family, ReservoirStats, StateStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -69,9 +69,29 @@ pub struct CheckpointStats {
     pub total_micros_total: AtomicU64,
 }
 
-/// What a shard reports once its tasks' checkpoint records are written.
-/// Each task's log end at the checkpoint, and the fsyncs its reservoirs still owe.
-type CheckpointReply = Result<(Vec<(TaskId, u64)>, Vec<Durable>)>;
+/// What a shard reports once its tasks' group states are flushed: each task's log end
+/// at the checkpoint, and its record, to finish off the event path.
+type CheckpointReply = Result<(Vec<(TaskId, u64)>, Vec<PendingMeta>)>;
+
+/// A task's checkpoint record under its key, before it is encoded.
+pub(crate) struct PendingMeta {
+    key: Vec<u8>,
+    stream_sql: String,
+    metric_sqls: Vec<String>,
+    record: PendingRecord,
+}
+
+impl PendingMeta {
+    /// The record's key and bytes, once its reservoir's fsyncs are done.
+    fn finish(self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let meta = TaskMeta {
+            stream_sql: self.stream_sql,
+            metric_sqls: self.metric_sqls,
+            checkpoint: self.record.finish()?,
+        };
+        Ok((self.key, meta.encode()))
+    }
+}
 
 pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
 
@@ -293,20 +313,20 @@ impl Engine {
                     .await?;
                 waits.push(rx);
             }
-            let (mut ends, mut owed) = (Vec::new(), Vec::new());
+            let (mut ends, mut records) = (Vec::new(), Vec::new());
             let mut failure = None;
             for rx in waits {
                 match rx.await.map_err(|_| engine_gone()).and_then(|r| r) {
-                    Ok((e, o)) => {
+                    Ok((e, r)) => {
                         ends.extend(e);
-                        owed.extend(o);
+                        records.extend(r);
                     }
                     Err(e) => failure = failure.or(Some(e)),
                 }
             }
-            failure.map_or(Ok((ends, owed)), Err)
+            failure.map_or(Ok((ends, records)), Err)
         };
-        let (ends, owed) = match paused.await {
+        let (ends, records) = match paused.await {
             Ok(paused) => paused,
             Err(e) => {
                 drop(resumes);
@@ -319,17 +339,19 @@ impl Engine {
         storage.store.freeze();
         drop(resumes);
         let sync = started.elapsed();
-        // Off the async threads: the owed fsyncs, the snapshot, the release of the later
-        // writes, and the commit.
+        // Off the async threads: the task records (with their reservoirs' fsyncs), the
+        // snapshot, the release of the later writes, and the commit.
         let storage = storage.clone();
         tokio::task::spawn_blocking(move || {
-            let internal = |e: &dyn std::fmt::Display| Error::internal(e.to_string());
-            let durable = owed
+            let records = records
                 .into_iter()
-                .try_for_each(Durable::run)
-                .map_err(|e| internal(&e));
-            let snapshot = durable.and_then(|()| storage.snapshot());
-            let released = storage.store.release().map_err(|e| internal(&e));
+                .map(PendingMeta::finish)
+                .collect::<Result<Vec<_>>>();
+            let snapshot = records.and_then(|r| storage.snapshot(&r));
+            let released = storage
+                .store
+                .release()
+                .map_err(|e| Error::internal(e.to_string()));
             let n = snapshot?;
             released?;
             storage.commit(n)
@@ -781,36 +803,26 @@ impl Shard {
         }
     }
 
-    /// Writes every task's checkpoint record to the store in one atomic batch.
+    /// Flushes every task's group states and takes its checkpoint record.
     fn checkpoint(&mut self) -> CheckpointReply {
-        let Some(storage) = &self.storage else {
-            return Ok((Vec::new(), Vec::new()));
-        };
         let mut records = Vec::new();
         let mut ends = Vec::new();
-        let mut owed = Vec::new();
+        if self.storage.is_none() {
+            return Ok((ends, records));
+        }
         for (id, task) in &mut self.tasks {
-            let Some((cp, durable)) = task.checkpoint()? else {
+            let Some(record) = task.checkpoint()? else {
                 continue;
             };
-            let meta = TaskMeta {
+            records.push(PendingMeta {
+                key: task_meta_key(id),
                 stream_sql: task.stream().sql.clone(),
                 metric_sqls: task.metric_defs().iter().map(|m| m.sql.clone()).collect(),
-                checkpoint: cp,
-            };
-            records.push((task_meta_key(id), meta.encode()));
+                record,
+            });
             ends.push((id.clone(), task.log_end));
-            owed.push(durable);
         }
-        let batch: Vec<_> = records
-            .iter()
-            .map(|(k, v)| (Family::Meta, k.as_slice(), Some(v.as_slice())))
-            .collect();
-        storage
-            .store
-            .write(&batch)
-            .map_err(|e| Error::internal(e.to_string()))?;
-        Ok((ends, owed))
+        Ok((ends, records))
     }
 
     /// A task of a new stream, or — at start — the task as its last checkpoint left it.

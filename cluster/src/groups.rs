@@ -19,7 +19,7 @@ use hashbrown::HashMap;
 
 use eddy_planner::aggregate::AggState;
 use eddy_planner::codec::Reader;
-use eddy_storage::{Family, StateStore};
+use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::key::PackedKey;
 
@@ -177,7 +177,7 @@ pub struct Backing {
     pub config: CacheConfig,
 }
 
-type Pending = Vec<(Family, Vec<u8>, Option<Vec<u8>>)>;
+type Pending = Vec<OwnedPut>;
 
 impl Backing {
     fn key(&self, key: &[u8]) -> Vec<u8> {
@@ -274,14 +274,8 @@ impl GroupTable {
         if self.pending.is_empty() {
             return;
         }
-        let batch: Vec<_> = self
-            .pending
-            .iter()
-            .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
-            .collect();
-        let result = b.store.write(&batch);
         self.stats.writes += self.pending.len() as u64;
-        self.pending.clear();
+        let result = b.store.write_owned(std::mem::take(&mut self.pending));
         if let Err(e) = result {
             self.fail(e);
         }

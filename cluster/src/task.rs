@@ -24,7 +24,7 @@ use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
 use eddy_storage::{
-    DiskReservoir, Durable, IoThread, MemReservoir, Reservoir, ReservoirConfig, ReservoirError,
+    DiskReservoir, IoThread, MemReservoir, PendingMark, Reservoir, ReservoirConfig, ReservoirError,
     ReservoirStats, StateStore, Timed,
 };
 
@@ -36,6 +36,25 @@ use crate::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// An event's column values in the stream's column order.
 pub type Row = Arc<[Value]>;
+
+/// A task's checkpoint record as the task was when it was taken, encoded off the event
+/// path once its reservoir's mark is finished.
+pub struct PendingRecord {
+    record: Checkpoint,
+    reservoir: PendingMark,
+}
+
+impl PendingRecord {
+    /// Runs the fsyncs the reservoir owes and encodes the record.
+    pub fn finish(self) -> Result<Vec<u8>> {
+        let mut record = self.record;
+        record.reservoir = self
+            .reservoir
+            .finish()
+            .map_err(|e| Error::internal(e.to_string()))?;
+        Ok(record.encode())
+    }
+}
 
 /// How long event ids are remembered beyond the lateness, in stream time.
 pub const DEDUP_EXTRA_US: i64 = 3_600_000_000;
@@ -336,9 +355,9 @@ impl Task {
     }
 
     /// The synchronous stage of a checkpoint: writes every dirty group state to the
-    /// store and returns the record that restores the rest of the task, with the fsyncs
-    /// its reservoir still owes. `None` for a task in memory.
-    pub fn checkpoint(&mut self) -> Result<Option<(Vec<u8>, Durable)>> {
+    /// store and returns the record that restores the rest of the task, to be finished
+    /// off the event path. `None` for a task in memory.
+    pub fn checkpoint(&mut self) -> Result<Option<PendingRecord>> {
         if self.storage.is_none() {
             return Ok(None);
         }
@@ -351,7 +370,7 @@ impl Task {
             }
         }
         self.check_storage()?;
-        let (reservoir, durable) = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
+        let reservoir = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
         let record = Checkpoint {
             time: self.time,
             seq: self.seq,
@@ -363,10 +382,9 @@ impl Task {
                 .map(|w| (window_hash(&w.key), w.head, w.tail, w.epoch))
                 .collect(),
             dedup: self.dedup_order.iter().cloned().collect(),
-            reservoir,
-        }
-        .encode();
-        Ok(Some((record, durable)))
+            reservoir: Vec::new(),
+        };
+        Ok(Some(PendingRecord { record, reservoir }))
     }
 
     /// Deletes the task's group states and events from disk (its stream was dropped).

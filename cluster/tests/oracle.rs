@@ -1251,14 +1251,13 @@ impl Harness {
     fn reboot(&mut self) {
         let Some((node, _)) = &self.disk else { return };
         let seed = self.seed;
-        let (cp, durable) = self
+        let cp = self
             .task
             .checkpoint()
             .unwrap_or_else(|e| panic!("seed {seed:#x}: checkpoint: {e:?}"))
-            .expect("a task on disk");
-        durable
-            .run()
-            .unwrap_or_else(|e| panic!("seed {seed:#x}: fsync: {e:?}"));
+            .expect("a task on disk")
+            .finish()
+            .unwrap_or_else(|e| panic!("seed {seed:#x}: finishing the checkpoint: {e:?}"));
         let metrics = self.catalog.metrics_of("s");
         let stream = self.catalog.stream("s").expect("stream s").clone();
         let (r, c) = (self.task.reservoir_stats(), self.task.cache_stats());

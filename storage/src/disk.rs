@@ -25,7 +25,8 @@ use std::sync::{mpsc, Arc};
 
 use crate::chunk::{decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES};
 use crate::reservoir::{
-    ChunkCodec, Durable, MemReservoir, Owed, Reservoir, ReservoirError, ReservoirStats, Timed,
+    ChunkCodec, Durable, MemReservoir, Owed, PendingMark, Reservoir, ReservoirError,
+    ReservoirStats, Timed,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -248,7 +249,7 @@ fn read_chunk<E>(
     Ok((Arc::new(events), bytes))
 }
 
-impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
+impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     /// Opens the reservoir in `dir`. Without a mark everything on disk is discarded (the
     /// log replays it); with the mark of a committed checkpoint the reservoir holds
     /// exactly what it held then.
@@ -543,7 +544,7 @@ impl<E: Timed + Send + Sync + 'static> DiskReservoir<E> {
     }
 }
 
-impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
+impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
     fn insert(&mut self, event: E) {
         debug_assert!(self
             .chunks
@@ -672,7 +673,7 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
         }
     }
 
-    fn checkpoint(&mut self) -> Result<(Vec<u8>, Durable), ReservoirError> {
+    fn checkpoint(&mut self) -> Result<PendingMark, ReservoirError> {
         let mut durable = Durable::default();
         if self.unsynced
             || self
@@ -695,13 +696,6 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             self.unsynced = true;
         }
         self.dead_at_checkpoint = std::mem::take(&mut self.dead);
-        let open: Vec<&E> = self.open.iter().collect();
-        let open = if open.is_empty() {
-            Vec::new()
-        } else {
-            let batch = self.codec.encode(&open).map_err(err)?;
-            encode_batch(&batch).map_err(err)?
-        };
         let (last_segment, last_segment_bytes) =
             self.segments.back().map_or((0, 0), |s| (s.id, s.bytes));
         let mark = Mark {
@@ -709,10 +703,20 @@ impl<E: Timed + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
             last_segment,
             last_segment_bytes,
             floor: self.floor,
-            open,
-        }
-        .encode();
-        Ok((mark, durable))
+            open: Vec::new(),
+        };
+        // The open events are shared, not copied; encoding them is the costly part.
+        let open: Vec<E> = self.open.iter().cloned().collect();
+        let codec = self.codec.clone();
+        Ok(PendingMark::new(durable, move || {
+            let open = if open.is_empty() {
+                Vec::new()
+            } else {
+                let open: Vec<&E> = open.iter().collect();
+                encode_batch(&codec.encode(&open).map_err(err)?).map_err(err)?
+            };
+            Ok(Mark { open, ..mark }.encode())
+        }))
     }
 }
 
@@ -810,6 +814,8 @@ mod tests {
         let mut r = open(&dir, &io, None);
         let mut model: Vec<Ev> = Vec::new();
         let mut checkpoint: Option<(Vec<u8>, Vec<Ev>, i64, u64)> = None;
+        // A checkpoint is finished a step after it was taken, after more inserts and seals.
+        let mut pending: Option<(PendingMark, Vec<Ev>, i64, u64)> = None;
         let (mut t, mut seq, mut floor) = (0i64, 0u64, i64::MIN);
         let lateness = 40;
         for step in 0..20_000u64 {
@@ -823,17 +829,16 @@ mod tests {
                 t = t.max(ts);
                 r.seal_through(t - lateness).unwrap();
             }
+            if let Some((p, m, ct, cs)) = pending.take() {
+                checkpoint = Some((p.finish().unwrap(), m, ct, cs));
+            }
             match next() % 500 {
                 0..=4 => {
                     floor = floor.max(t - 2000);
                     r.expire_through(floor).unwrap();
                     model.retain(|e| e.0 > floor);
                 }
-                5 => {
-                    let (mark, durable) = r.checkpoint().unwrap();
-                    durable.run().unwrap();
-                    checkpoint = Some((mark, model.clone(), t, seq));
-                }
+                5 => pending = Some((r.checkpoint().unwrap(), model.clone(), t, seq)),
                 6 => {
                     // Crash: back to the last checkpoint (or to nothing).
                     drop(r);
@@ -878,8 +883,7 @@ mod tests {
             r.insert(Ev(i as i64, i, 7));
         }
         r.seal_through(400).unwrap();
-        let (mark, durable) = r.checkpoint().unwrap();
-        durable.run().unwrap();
+        let mark = r.checkpoint().unwrap().finish().unwrap();
         // Bytes written after the checkpoint are cut when reopening.
         r.seal_through(500).unwrap();
         drop(r);

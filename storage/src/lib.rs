@@ -14,6 +14,6 @@ pub mod state;
 pub use disk::{DiskReservoir, IoThread, ReservoirConfig};
 pub use log::{LogError, TaskLog};
 pub use reservoir::{
-    ChunkCodec, Durable, MemReservoir, Reservoir, ReservoirError, ReservoirStats, Timed,
+    ChunkCodec, MemReservoir, PendingMark, Reservoir, ReservoirError, ReservoirStats, Timed,
 };
-pub use state::{Family, MemStateStore, RocksStore, StateError, StateStore};
+pub use state::{Family, MemStateStore, OwnedPut, RocksStore, StateError, StateStore};

@@ -91,21 +91,47 @@ pub trait Reservoir<E: Timed>: Send {
         }
     }
 
-    /// Returns what reopening needs to come back to exactly this content (see
-    /// `DiskReservoir::open`): the mark, and the `Durable` step that makes everything
-    /// it names durable. The step runs off the event path; the checkpoint may commit
-    /// only after it succeeded.
-    fn checkpoint(&mut self) -> Result<(Vec<u8>, Durable), ReservoirError> {
+    /// Takes what reopening needs to come back to exactly this content (see
+    /// `DiskReservoir::open`). Only the cheap part runs here, on the event path; the
+    /// returned `PendingMark` is finished off it, and the checkpoint may commit only
+    /// after that succeeded.
+    fn checkpoint(&mut self) -> Result<PendingMark, ReservoirError> {
         Err(ReservoirError(
             "this reservoir is kept in memory only".into(),
         ))
     }
 }
 
+/// A reservoir checkpoint between the moment it was taken and its mark: the fsyncs it
+/// owes, and the encoding of the events that were open (captured as they were, so the
+/// reservoir goes on meanwhile).
+pub struct PendingMark {
+    durable: Durable,
+    encode: Box<dyn FnOnce() -> Result<Vec<u8>, ReservoirError> + Send>,
+}
+
+impl PendingMark {
+    pub(crate) fn new(
+        durable: Durable,
+        encode: impl FnOnce() -> Result<Vec<u8>, ReservoirError> + Send + 'static,
+    ) -> PendingMark {
+        PendingMark {
+            durable,
+            encode: Box::new(encode),
+        }
+    }
+
+    /// Makes everything the mark names durable, then returns the mark.
+    pub fn finish(self) -> Result<Vec<u8>, ReservoirError> {
+        self.durable.run()?;
+        (self.encode)()
+    }
+}
+
 /// The fsyncs a reservoir checkpoint still owes (none by default): its segment file's
 /// data and its directory. If they fail, the reservoir syncs again at its next checkpoint.
 #[derive(Debug, Default)]
-pub struct Durable(pub(crate) Option<Owed>);
+pub(crate) struct Durable(pub(crate) Option<Owed>);
 
 #[derive(Debug)]
 pub(crate) struct Owed {
@@ -115,7 +141,7 @@ pub(crate) struct Owed {
 }
 
 impl Durable {
-    pub fn run(self) -> Result<(), ReservoirError> {
+    fn run(self) -> Result<(), ReservoirError> {
         let Some(o) = self.0 else { return Ok(()) };
         let data = match &o.file {
             Some(f) => f

@@ -49,6 +49,9 @@ pub struct StateError(pub String);
 /// One put (`Some`) or delete (`None`) of a write batch.
 pub type Put<'a> = (Family, &'a [u8], Option<&'a [u8]>);
 
+/// A put or delete that owns its bytes.
+pub type OwnedPut = (Family, Vec<u8>, Option<Vec<u8>>);
+
 /// Key-value pairs in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -60,6 +63,16 @@ pub trait StateStore: Send + Sync {
 
     /// Applies every put and delete atomically.
     fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError>;
+
+    /// `write`, taking the bytes: a store that keeps them (a held `RocksStore`) does not
+    /// copy them.
+    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
+        let batch: Vec<Put<'_>> = batch
+            .iter()
+            .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
+            .collect();
+        self.write(&batch)
+    }
 
     /// Every entry of `family` whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError>;
@@ -201,12 +214,17 @@ impl RocksStore {
         self.db.cancel_all_background_work(true);
     }
 
-    /// A consistent copy of the database in `dir` (hard links where possible), with
-    /// the cut written to the database first when the store is held.
-    pub fn checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+    /// A consistent copy of the database in `dir` (hard links where possible). The cut
+    /// (when the store is held), then `last`, are written to the database first, in one
+    /// atomic batch: `last` belongs to the cut but was made after it.
+    pub fn checkpoint(&self, dir: &Path, last: &[Put<'_>]) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
-        if let Some(h) = held.as_ref().filter(|h| !h.cut.is_empty()) {
-            self.write_db(&batch_of(&h.cut))?;
+        let mut batch = held.as_ref().map(|h| batch_of(&h.cut)).unwrap_or_default();
+        batch.extend_from_slice(last);
+        if !batch.is_empty() {
+            self.write_db(&batch)?;
+        }
+        if let Some(h) = held.as_ref() {
             h.cut_written
                 .store(true, std::sync::atomic::Ordering::SeqCst);
         }
@@ -306,6 +324,20 @@ impl StateStore for RocksStore {
         for (family, k, v) in batch {
             live.insert((*family, k.to_vec()), v.map(<[u8]>::to_vec));
         }
+        Ok(())
+    }
+
+    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
+        let held = self.held.read().expect("hold lock");
+        let Some(h) = held.as_ref() else {
+            let batch: Vec<Put<'_>> = batch
+                .iter()
+                .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
+                .collect();
+            return self.write_db(&batch);
+        };
+        let mut live = h.live.lock().expect("overlay lock");
+        live.extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
         Ok(())
     }
 
@@ -427,7 +459,16 @@ mod tests {
                         continue;
                     };
                     let _ = std::fs::remove_dir_all(&copy);
-                    rocks.checkpoint(&copy).unwrap();
+                    // A record of the cut, made after it (no random write touches it).
+                    let value = format!("record {step}").into_bytes();
+                    let record = [(Family::Meta, &b"record"[..], Some(value.as_slice()))];
+                    rocks.checkpoint(&copy, &record).unwrap();
+                    model.write(&record).unwrap();
+                    let mut at_hold = at_hold;
+                    let meta = Family::ALL.iter().position(|f| *f == Family::Meta).unwrap();
+                    at_hold[meta].retain(|(k, _)| k != b"record");
+                    at_hold[meta].push((b"record".to_vec(), value));
+                    at_hold[meta].sort();
                     // The shards go on writing while the copy is made.
                     let late = key(&mut rng);
                     let put = [(Family::Aggregates, late.as_slice(), Some(&b"late"[..]))];
@@ -460,7 +501,11 @@ mod tests {
                         .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
                         .collect();
                     model.write(&batch).unwrap();
-                    rocks.write(&batch).unwrap();
+                    if n.is_multiple_of(2) {
+                        rocks.write(&batch).unwrap();
+                    } else {
+                        rocks.write_owned(owned.clone()).unwrap();
+                    }
                 }
                 5..=6 => {
                     let family = Family::ALL[rng.below(4) as usize];
@@ -505,7 +550,7 @@ mod tests {
         );
         rocks.release().unwrap();
         let _ = std::fs::remove_dir_all(&copy);
-        rocks.checkpoint(&copy).unwrap();
+        rocks.checkpoint(&copy, &[]).unwrap();
         let reopened = RocksStore::open(&copy).unwrap();
         for family in Family::ALL {
             assert_eq!(

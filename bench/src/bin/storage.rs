@@ -255,8 +255,7 @@ fn reservoir(a: &Args) -> Result<serde_json::Value> {
     let node = storage(a)?;
     let (mut task, secs) = feed(a, &node, "7 days", false)?;
     let stats = task.reservoir_stats();
-    let (cp, durable) = task.checkpoint()?.expect("a task on disk");
-    durable.run()?;
+    let cp = task.checkpoint()?.expect("a task on disk").finish()?;
     let stream = task.stream().clone();
     let codec = Arc::new(EventCodec::new(stream, Vec::new()));
     drop(task);
