@@ -95,6 +95,21 @@ impl PendingMeta {
 
 pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
 
+/// What the shard does with an ingest's outcome, on its own thread: hand it to a waiting
+/// caller, or (Kafka tasks) answer on the reply topics right away. It must not block.
+pub(crate) type Reply = Box<dyn FnOnce(IngestReply) + Send>;
+
+/// A `Reply` that hands the outcome to whoever holds the receiver.
+pub(crate) fn reply_to_caller() -> (Reply, oneshot::Receiver<IngestReply>) {
+    let (tx, rx) = oneshot::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
 pub(crate) enum Command {
     Catalog(Arc<Catalog>, oneshot::Sender<Result<()>>),
     Ingest {
@@ -103,7 +118,7 @@ pub(crate) enum Command {
         values: bool,
         /// The task's log end after these rows (with a log).
         log_end: Option<u64>,
-        reply: oneshot::Sender<IngestReply>,
+        reply: Reply,
     },
     /// Flush and record every task, answer, then wait for `resume` (closed) before
     /// taking more commands: the synchronous stage of a checkpoint.
@@ -420,7 +435,7 @@ impl Engine {
                 .iter()
                 .map(|(t, topic, from, _)| (topic.clone(), t.partition as i32, *from as i64)),
         );
-        kafka.start_tasks(self.queues.clone(), tokio::runtime::Handle::current())?;
+        kafka.start_tasks(self.queues.clone())?;
         let started = Instant::now();
         loop {
             let applied = self.log_ends().await?;
@@ -489,7 +504,7 @@ impl Engine {
         values: bool,
         log_end: Option<u64>,
     ) -> Result<oneshot::Receiver<IngestReply>> {
-        let (tx, rx) = oneshot::channel();
+        let (reply, rx) = reply_to_caller();
         let shard = shard_of(&task, self.shards());
         self.send(
             shard,
@@ -498,7 +513,7 @@ impl Engine {
                 rows,
                 values,
                 log_end,
-                reply: tx,
+                reply,
             },
         )
         .await?;
@@ -576,7 +591,7 @@ impl Engine {
                         })
                         .collect();
                     batches.push((task.clone(), records));
-                    let (tx, rx) = oneshot::channel();
+                    let (reply, rx) = reply_to_caller();
                     let shard = shard_of(&task, self.shards());
                     commands.push((
                         shard,
@@ -585,7 +600,7 @@ impl Engine {
                             rows: task_rows,
                             values,
                             log_end: None,
-                            reply: tx,
+                            reply,
                         },
                     ));
                     waits.push((p, indexes, rx));
@@ -894,7 +909,7 @@ impl Shard {
                             "task {task:?} is not on this shard"
                         ))),
                     };
-                    let _ = reply.send(result);
+                    reply(result);
                 }
                 Command::Checkpoint { reply, resume } => {
                     let _ = reply.send(self.checkpoint());

@@ -36,7 +36,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
+};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
@@ -47,7 +50,7 @@ use eddy_planner::codec::{self, Reader};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::engine::{route, shard_of, Command, TaskId};
+use crate::engine::{route, shard_of, Command, Reply, TaskId};
 use crate::log::dir_name;
 use crate::task::{MetricValues, Outcome, Row, Task};
 
@@ -200,6 +203,8 @@ pub struct KafkaStats {
     pub published: AtomicU64,
     pub consumed: AtomicU64,
     pub replies_sent: AtomicU64,
+    /// Replies Kafka did not take (their askers time out).
+    pub replies_failed: AtomicU64,
     pub replies_received: AtomicU64,
     /// Records below a task's position, skipped (redelivered after a rebalance).
     pub skipped: AtomicU64,
@@ -237,9 +242,32 @@ struct TaskTopic {
 }
 type Routes = Arc<RwLock<HashMap<String, (String, usize)>>>;
 
+/// The reply producer's context: delivery reports arrive on its own polling thread, and
+/// only a failure does anything (it is logged and counted).
+struct ReplyContext {
+    stats: Arc<KafkaStats>,
+}
+
+impl ClientContext for ReplyContext {}
+
+impl ProducerContext for ReplyContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.stats.replies_failed.fetch_add(1, Ordering::Relaxed);
+            eprintln!("eddy: kafka: replying: {e}");
+        }
+    }
+}
+
+type Replier = ThreadedProducer<ReplyContext>;
+
 pub struct Kafka {
     config: KafkaConfig,
     producer: FutureProducer,
+    /// Tasks answer through it from their shard threads, without waiting for Kafka.
+    replier: Replier,
     admin: AdminClient<DefaultClientContext>,
     reply_topic: String,
     next_request: AtomicU64,
@@ -290,10 +318,18 @@ impl Kafka {
             .client()
             .create()
             .map_err(|e| kafka_error("creating the admin client", e))?;
+        let stats: Arc<KafkaStats> = Arc::default();
+        let replier: Replier = config
+            .producer()
+            .create_with_context(ReplyContext {
+                stats: stats.clone(),
+            })
+            .map_err(|e| kafka_error("creating the reply producer", e))?;
         let kafka = Kafka {
             reply_topic: format!("{}-replies.{}", config.cluster, config.node),
             config,
             producer,
+            replier,
             admin,
             next_request: AtomicU64::new(1),
             pending: Arc::default(),
@@ -306,7 +342,7 @@ impl Kafka {
             threads: Mutex::new(Vec::new()),
             sources: Mutex::default(),
             dead_letters: Mutex::default(),
-            stats: Arc::default(),
+            stats,
         };
         kafka
             .create_topics(&[(kafka.config.catalog_topic(), 1, true)])
@@ -999,11 +1035,7 @@ impl Kafka {
 
     /// Starts the task consumer: it joins the group, and dispatches each assigned
     /// partition's records to its task's shard from the task's position on.
-    pub(crate) fn start_tasks(
-        self: &Arc<Self>,
-        queues: Vec<mpsc::Sender<Command>>,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<()> {
+    pub(crate) fn start_tasks(self: &Arc<Self>, queues: Vec<mpsc::Sender<Command>>) -> Result<()> {
         let context = TaskContext {
             positions: self.positions.clone(),
             assigned: self.assigned.clone(),
@@ -1018,7 +1050,7 @@ impl Kafka {
         let me = self.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-kafka-tasks".into())
-            .spawn(move || me.run_tasks(consumer, queues, runtime))
+            .spawn(move || me.run_tasks(consumer, queues))
             .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
         self.threads.lock().expect("threads lock").push(thread);
         Ok(())
@@ -1028,7 +1060,6 @@ impl Kafka {
         self: Arc<Self>,
         consumer: BaseConsumer<TaskContext>,
         queues: Vec<mpsc::Sender<Command>>,
-        runtime: tokio::runtime::Handle,
     ) {
         let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
@@ -1073,7 +1104,7 @@ impl Kafka {
                 wait = Duration::ZERO;
             }
             if !batch.is_empty() {
-                self.dispatch(std::mem::take(&mut batch), &queues, &runtime);
+                self.dispatch(std::mem::take(&mut batch), &queues);
             }
         }
     }
@@ -1084,7 +1115,6 @@ impl Kafka {
         &self,
         records: Vec<rdkafka::message::OwnedMessage>,
         queues: &[mpsc::Sender<Command>],
-        runtime: &tokio::runtime::Handle,
     ) {
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
@@ -1141,27 +1171,22 @@ impl Kafka {
                 .consumed
                 .fetch_add(rows.len() as u64, Ordering::Relaxed);
             let values = asks.iter().any(|(_, r)| r.values);
-            let (tx, rx) = oneshot::channel();
+            let reply: Reply = if asks.is_empty() {
+                Box::new(|_| {})
+            } else {
+                let (replier, stats) = (self.replier.clone(), self.stats.clone());
+                Box::new(move |result| send_replies(&replier, &stats, asks, result))
+            };
             let shard = shard_of(&task, queues.len());
             let cmd = Command::Ingest {
                 task,
                 rows,
                 values,
                 log_end: Some(end as u64),
-                reply: tx,
+                reply,
             };
             if queues[shard].blocking_send(cmd).is_err() {
                 return;
-            }
-            if !asks.is_empty() {
-                let producer = self.producer.clone();
-                let stats = self.stats.clone();
-                runtime.spawn(async move {
-                    let result = rx
-                        .await
-                        .unwrap_or_else(|_| Err(Error::internal("the engine is shutting down")));
-                    send_replies(&producer, &stats, asks, result).await;
-                });
             }
         }
     }
@@ -1265,8 +1290,8 @@ fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
 
 /// Answers each statement of a task batch with one record on its node's reply topic:
 /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
-async fn send_replies(
-    producer: &FutureProducer,
+fn send_replies(
+    replier: &Replier,
     stats: &KafkaStats,
     asks: Vec<(usize, ReplyTo)>,
     result: Result<Vec<Answer>>,
@@ -1280,7 +1305,6 @@ async fn send_replies(
             .or_default()
             .push((r.slot, r.values, i));
     }
-    let mut deliveries = Vec::new();
     for ((topic, request), slots) in by_request {
         let mut out = Vec::with_capacity(16 + slots.len() * 16);
         match &result {
@@ -1314,16 +1338,15 @@ async fn send_replies(
             }
         }
         let key = request.to_le_bytes();
-        let record = FutureRecord::to(&topic).key(&key[..]).payload(&out);
-        match producer.send_result(record) {
-            Ok(d) => deliveries.push(d),
-            Err((e, _)) => eprintln!("eddy: kafka: replying: {e}"),
-        }
-        stats.replies_sent.fetch_add(1, Ordering::Relaxed);
-    }
-    for d in deliveries {
-        if let Ok(Err((e, _))) = d.await {
-            eprintln!("eddy: kafka: replying: {e}");
+        let record = BaseRecord::to(&topic).key(&key[..]).payload(&out);
+        match replier.send(record) {
+            Ok(()) => {
+                stats.replies_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                stats.replies_failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("eddy: kafka: replying: {e}");
+            }
         }
     }
 }

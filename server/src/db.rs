@@ -835,6 +835,11 @@ impl Db {
                     &k.replies_sent,
                 ),
                 (
+                    "eddy_kafka_replies_failed_total",
+                    "Reply records Kafka did not take (their askers time out).",
+                    &k.replies_failed,
+                ),
+                (
                     "eddy_kafka_replies_received_total",
                     "Reply records received by this node.",
                     &k.replies_received,
