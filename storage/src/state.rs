@@ -52,6 +52,14 @@ pub type Put<'a> = (Family, &'a [u8], Option<&'a [u8]>);
 /// A put or delete that owns its bytes.
 pub type OwnedPut = (Family, Vec<u8>, Option<Vec<u8>>);
 
+/// Borrows an owned batch as `Put`s.
+fn puts(batch: &[OwnedPut]) -> Vec<Put<'_>> {
+    batch
+        .iter()
+        .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
+        .collect()
+}
+
 /// Key-value pairs in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -67,11 +75,7 @@ pub trait StateStore: Send + Sync {
     /// `write`, taking the bytes: a store that keeps them (a held `RocksStore`) does not
     /// copy them.
     fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
-        let batch: Vec<Put<'_>> = batch
-            .iter()
-            .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
-            .collect();
-        self.write(&batch)
+        self.write(&puts(&batch))
     }
 
     /// Every entry of `family` whose key starts with `prefix`, in key order.
@@ -330,11 +334,7 @@ impl StateStore for RocksStore {
     fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
         let Some(h) = held.as_ref() else {
-            let batch: Vec<Put<'_>> = batch
-                .iter()
-                .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
-                .collect();
-            return self.write_db(&batch);
+            return self.write_db(&puts(&batch));
         };
         let mut live = h.live.lock().expect("overlay lock");
         live.extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
