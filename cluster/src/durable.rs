@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::{Family, IoThread, ReservoirConfig, RocksStore, StateStore};
+use eddy_storage::{Family, IoThread, ReservoirConfig, RocksStore};
 
 use crate::engine::TaskId;
 use crate::groups::CacheConfig;
@@ -142,12 +142,13 @@ impl NodeStorage {
         })
     }
 
-    pub fn task_storage(&self, task: &TaskId) -> TaskStorage {
+    /// The storage of `task`, whose state shard `shard` writes.
+    pub fn task_storage(&self, task: &TaskId, shard: usize) -> TaskStorage {
         TaskStorage {
             dir: self.reservoir_dir(task),
             reservoir: self.config.reservoir,
             io: self.io.clone(),
-            store: self.store.clone() as Arc<dyn StateStore>,
+            store: Arc::new(self.store.writer(shard)),
             cache: self.config.cache,
             prefix: task_prefix(task),
         }

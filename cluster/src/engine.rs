@@ -120,11 +120,10 @@ pub(crate) enum Command {
         log_end: Option<u64>,
         reply: Reply,
     },
-    /// Flush and record every task, answer, then wait for `resume` (closed) before
-    /// taking more commands: the synchronous stage of a checkpoint.
+    /// Flush and record every task, freeze the shard's cut of the held store, answer,
+    /// and go on: the shard's part of a checkpoint's synchronous stage.
     Checkpoint {
         reply: oneshot::Sender<CheckpointReply>,
-        resume: std::sync::mpsc::Receiver<()>,
     },
     MetricRows {
         task: TaskId,
@@ -273,12 +272,13 @@ impl Engine {
         self.storage.as_ref()
     }
 
-    /// Takes a checkpoint of every task. The store is held; the shards pause, flush their
-    /// L1 caches and write each task's record (log offset, window edges, reservoir mark)
-    /// into the held store; the store freezes that cut and the shards resume while RocksDB
-    /// takes the cut and snapshots itself; the checkpoint is committed, and the logs are
-    /// truncated to what it covers. Returns (synchronous, total) time. Fails once the
-    /// node has taken its last checkpoint.
+    /// Takes a checkpoint of every task. The store is held; each shard in turn pauses,
+    /// flushes its L1 caches into the held store, takes each task's record (log offset,
+    /// window edges, reservoir mark), freezes its cut and goes on, without waiting for the
+    /// other shards; then RocksDB takes the cuts and the records and snapshots itself; the
+    /// checkpoint is committed, and the logs are truncated to what it covers. Returns
+    /// (synchronous, total) time: the first until every shard has its cut. Fails once
+    /// the node has taken its last checkpoint.
     pub async fn checkpoint(&self) -> Result<(std::time::Duration, std::time::Duration)> {
         self.checkpoint_unless_closed(false).await
     }
@@ -313,19 +313,15 @@ impl Engine {
             return Err(Error::internal("this engine keeps no state on disk"));
         };
         let started = Instant::now();
-        // From here the shards write to the held store's overlay: what they write up to
-        // their pause (the L1 flush, the task records) becomes the checkpoint's cut, and
-        // RocksDB takes it in after they resume.
-        storage.store.hold();
-        let mut resumes = Vec::new();
+        // From here each shard writes to its part of the held store's overlay: what it
+        // writes up to its pause (the L1 flush) becomes its cut, and RocksDB takes the cuts
+        // in once every shard has one.
+        storage.store.hold(self.shards());
         let paused = async {
             let mut waits = Vec::new();
             for shard in 0..self.shards() {
                 let (tx, rx) = oneshot::channel();
-                let (go, resume) = std::sync::mpsc::channel();
-                resumes.push(go);
-                self.send(shard, Command::Checkpoint { reply: tx, resume })
-                    .await?;
+                self.send(shard, Command::Checkpoint { reply: tx }).await?;
                 waits.push(rx);
             }
             let (mut ends, mut records) = (Vec::new(), Vec::new());
@@ -344,15 +340,12 @@ impl Engine {
         let (ends, records) = match paused.await {
             Ok(paused) => paused,
             Err(e) => {
-                drop(resumes);
                 let _ = storage.store.release();
                 return Err(e);
             }
         };
         // The shards go on while RocksDB copies itself: later writes wait in the overlay,
         // so the copy has exactly the state the task records describe.
-        storage.store.freeze();
-        drop(resumes);
         let sync = started.elapsed();
         // Off the async threads: the task records (with their reservoirs' fsyncs), the
         // snapshot, the release of the later writes, and the commit.
@@ -818,13 +811,20 @@ impl Shard {
         }
     }
 
-    /// Flushes every task's group states and takes its checkpoint record.
+    /// Flushes every task's group states, takes its checkpoint record, and freezes the
+    /// shard's cut of the held store: its later writes are not in this checkpoint.
     fn checkpoint(&mut self) -> CheckpointReply {
+        let Some(storage) = self.storage.clone() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let taken = self.take_records();
+        storage.store.freeze(self.index);
+        taken
+    }
+
+    fn take_records(&mut self) -> CheckpointReply {
         let mut records = Vec::new();
         let mut ends = Vec::new();
-        if self.storage.is_none() {
-            return Ok((ends, records));
-        }
         for (id, task) in &mut self.tasks {
             let Some(record) = task.checkpoint()? else {
                 continue;
@@ -845,7 +845,7 @@ impl Shard {
         let Some(storage) = &self.storage else {
             return Ok(Task::new(stream.clone(), p));
         };
-        let task_storage = storage.task_storage(id);
+        let task_storage = storage.task_storage(id, self.index);
         let meta = if self.restored {
             None
         } else {
@@ -911,10 +911,8 @@ impl Shard {
                     };
                     reply(result);
                 }
-                Command::Checkpoint { reply, resume } => {
+                Command::Checkpoint { reply } => {
                     let _ = reply.send(self.checkpoint());
-                    // Paused until RocksDB has its snapshot.
-                    let _ = resume.recv();
                 }
                 Command::MetricRows {
                     task,
@@ -1008,6 +1006,7 @@ impl Shard {
             if let Some(storage) = &self.storage {
                 storage
                     .store
+                    .writer(self.index)
                     .write(&[(Family::Meta, &task_meta_key(&id), None)])
                     .map_err(|e| Error::internal(e.to_string()))?;
             }

@@ -1239,7 +1239,7 @@ impl Harness {
         .expect("node storage");
         let stream = h.catalog.stream("s").expect("stream s").clone();
         let mut task =
-            Task::open(stream, 0, node.task_storage(&task_id()), None).expect("task on disk");
+            Task::open(stream, 0, node.task_storage(&task_id(), 0), None).expect("task on disk");
         task.set_metrics(&h.catalog.metrics_of("s"))
             .expect("set_metrics");
         h.task = task;
@@ -1274,7 +1274,7 @@ impl Harness {
         let mut task = Task::open(
             stream,
             0,
-            node.task_storage(&task_id()),
+            node.task_storage(&task_id(), 0),
             Some((&cp, &metrics)),
         )
         .unwrap_or_else(|e| panic!("seed {seed:#x}: reopen: {e:?}"));

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// The kinds of state, one column family each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -137,12 +137,15 @@ impl StateStore for MemStateStore {
 
 /// The node's RocksDB database, one column family per `Family`.
 ///
-/// A checkpoint must copy the state of the moment the shards paused, yet the shards
-/// should not wait for the copy. So the store can be *held*: writes then land in an
-/// in-memory overlay that reads consult first. `freeze` (while the shards are paused)
-/// makes what the overlay holds the *cut*: `checkpoint` writes the cut to the database
-/// before copying it, and later writes stay in the overlay until `release` applies them
-/// in one atomic batch.
+/// A checkpoint must copy the state of the moment each shard paused, yet no shard should
+/// wait for the copy, nor for the other shards. So the store can be *held* for a number
+/// of writers (one per shard, each with its `StoreWriter`): writes then land in the
+/// writer's part of an in-memory overlay that reads consult first. `freeze(w)` (while
+/// writer `w` is paused) makes what its part holds its *cut*; `w` goes on at once.
+/// `checkpoint` writes every cut to the database before copying it, and later writes
+/// stay in the overlay until `release` applies them in one atomic batch.
+///
+/// A writer owns its keys: while the store is held, no two writers write the same key.
 pub struct RocksStore {
     db: rocksdb::DB,
     held: RwLock<Option<Held>>,
@@ -151,30 +154,63 @@ pub struct RocksStore {
 /// Writes made while the store is held: a value, or `None` for a delete.
 type Overlay = BTreeMap<FamilyKey, Option<Vec<u8>>>;
 
+/// One writer's writes while the store is held.
 #[derive(Default)]
-struct Held {
-    /// Writes that belong in the next checkpoint; read-only once frozen.
-    cut: Overlay,
+struct Part {
+    /// Writes up to the writer's last freeze: they belong in the next checkpoint.
+    cut: Arc<Overlay>,
     /// Writes after the cut.
-    live: Mutex<Overlay>,
-    /// Whether `checkpoint` wrote the cut to the database already.
-    cut_written: std::sync::atomic::AtomicBool,
+    live: Overlay,
 }
 
-impl Held {
-    /// What the overlay says of a key: `None` if it does not know it.
-    fn get(&self, family: Family, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        let k = (family, key.to_vec());
-        let live = self.live.lock().expect("overlay lock");
-        live.get(&k).or_else(|| self.cut.get(&k)).cloned()
+impl Part {
+    /// What this part says of a key: `None` if it does not know it.
+    fn get(&self, k: &FamilyKey) -> Option<Option<Vec<u8>>> {
+        self.live.get(k).or_else(|| self.cut.get(k)).cloned()
+    }
+
+    /// The writes of `family` under `prefix`, the cut's before the live ones.
+    fn scan<'a>(
+        &'a self,
+        family: Family,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> {
+        [&*self.cut, &self.live].into_iter().flat_map(move |overlay| {
+            overlay
+                .range((family, prefix.to_vec())..)
+                .take_while(move |((f, k), _)| *f == family && k.starts_with(prefix))
+                .map(|((_, k), v)| (k, v))
+        })
     }
 }
 
-fn batch_of(overlay: &Overlay) -> Vec<Put<'_>> {
+struct Held {
+    parts: Vec<Mutex<Part>>,
+}
+
+impl Held {
+    fn part(&self, writer: usize) -> std::sync::MutexGuard<'_, Part> {
+        self.parts
+            .get(writer)
+            .unwrap_or_else(|| panic!("writer {writer} of a store held for {}", self.parts.len()))
+            .lock()
+            .expect("overlay lock")
+    }
+
+    /// The other writers' parts, then `writer`'s.
+    fn parts_ending_with(&self, writer: usize) -> impl DoubleEndedIterator<Item = &Mutex<Part>> {
+        let own = &self.parts[writer];
+        self.parts
+            .iter()
+            .filter(move |p| !std::ptr::eq(*p, own))
+            .chain(std::iter::once(own))
+    }
+}
+
+fn batch_of(overlay: &Overlay) -> impl Iterator<Item = Put<'_>> {
     overlay
         .iter()
         .map(|((f, k), v)| (*f, k.as_slice(), v.as_deref()))
-        .collect()
 }
 
 fn rocks_error(e: rocksdb::Error) -> StateError {
@@ -206,6 +242,14 @@ impl RocksStore {
         })
     }
 
+    /// Writer `id`'s handle on the store (the store itself writes as writer 0).
+    pub fn writer(self: &Arc<Self>, id: usize) -> StoreWriter {
+        StoreWriter {
+            store: self.clone(),
+            id,
+        }
+    }
+
     fn cf(&self, family: Family) -> &rocksdb::ColumnFamily {
         self.db
             .cf_handle(family.name())
@@ -218,37 +262,52 @@ impl RocksStore {
         self.db.cancel_all_background_work(true);
     }
 
-    /// A consistent copy of the database in `dir` (hard links where possible). The cut
+    /// A consistent copy of the database in `dir` (hard links where possible). Every cut
     /// (when the store is held), then `last`, are written to the database first, in one
-    /// atomic batch: `last` belongs to the cut but was made after it.
+    /// atomic batch: `last` belongs to the cuts but was made after them.
     pub fn checkpoint(&self, dir: &Path, last: &[Put<'_>]) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
-        let mut batch = held.as_ref().map(|h| batch_of(&h.cut)).unwrap_or_default();
-        batch.extend_from_slice(last);
+        // The cuts are shared, not copied: their writers go on meanwhile.
+        let cuts: Vec<Arc<Overlay>> = held
+            .iter()
+            .flat_map(|h| &h.parts)
+            .map(|p| p.lock().expect("overlay lock").cut.clone())
+            .collect();
+        let batch: Vec<Put<'_>> = cuts
+            .iter()
+            .flat_map(|c| batch_of(c))
+            .chain(last.iter().copied())
+            .collect();
         if !batch.is_empty() {
             self.write_db(&batch)?;
         }
-        if let Some(h) = held.as_ref() {
-            h.cut_written
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+        // The database has the cuts now: reads find them there.
+        for (part, cut) in held.iter().flat_map(|h| &h.parts).zip(&cuts) {
+            let mut part = part.lock().expect("overlay lock");
+            if Arc::ptr_eq(&part.cut, cut) {
+                part.cut = Arc::default();
+            }
         }
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(dir))
             .map_err(rocks_error)
     }
 
-    /// From now on, writes go to the overlay and leave the database as it is.
-    pub fn hold(&self) {
-        *self.held.write().expect("hold lock") = Some(Held::default());
+    /// From now on, the writers `0..writers` write to the overlay and leave the database
+    /// as it is.
+    pub fn hold(&self, writers: usize) {
+        let parts = (0..writers.max(1)).map(|_| Mutex::default()).collect();
+        *self.held.write().expect("hold lock") = Some(Held { parts });
     }
 
-    /// Makes every write so far part of the next checkpoint (a no-op when not held).
-    pub fn freeze(&self) {
-        let mut held = self.held.write().expect("hold lock");
-        if let Some(h) = held.as_mut() {
-            let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
-            h.cut.extend(live);
-            *h.cut_written.get_mut() = false;
+    /// Makes every write of `writer` so far part of the next checkpoint (a no-op when
+    /// the store is not held). The other writers are not stopped.
+    pub fn freeze(&self, writer: usize) {
+        let held = self.held.read().expect("hold lock");
+        if let Some(h) = held.as_ref() {
+            let mut part = h.part(writer);
+            let live = std::mem::take(&mut part.live);
+            Arc::make_mut(&mut part.cut).extend(live);
         }
     }
 
@@ -256,15 +315,19 @@ impl RocksStore {
     /// database again.
     pub fn release(&self) -> Result<(), StateError> {
         let mut held = self.held.write().expect("hold lock");
-        let Some(mut h) = held.take() else {
+        let Some(h) = held.take() else {
             return Ok(());
         };
-        let live = std::mem::take(h.live.get_mut().expect("overlay lock"));
-        if *h.cut_written.get_mut() {
-            return self.write_db(&batch_of(&live));
-        }
-        h.cut.extend(live);
-        self.write_db(&batch_of(&h.cut))
+        let parts: Vec<Part> = h
+            .parts
+            .into_iter()
+            .map(|p| p.into_inner().expect("overlay lock"))
+            .collect();
+        let batch: Vec<Put<'_>> = parts
+            .iter()
+            .flat_map(|p| batch_of(&p.cut).chain(batch_of(&p.live)))
+            .collect();
+        self.write_db(&batch)
     }
 
     fn write_db(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
@@ -291,11 +354,10 @@ impl RocksStore {
             .map(|r| r.map_err(rocks_error))
             .collect()
     }
-}
 
-impl StateStore for RocksStore {
-    fn multi_get(
+    fn multi_get_as(
         &self,
+        writer: usize,
         family: Family,
         keys: &[&[u8]],
     ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
@@ -303,7 +365,16 @@ impl StateStore for RocksStore {
         let Some(h) = held.as_ref() else {
             return self.multi_get_db(family, keys);
         };
-        let mut out: Vec<Option<Option<Vec<u8>>>> = keys.iter().map(|k| h.get(family, k)).collect();
+        let mut out: Vec<Option<Option<Vec<u8>>>> = vec![None; keys.len()];
+        // The writer's own part first: it owns the keys it reads, as a rule.
+        for part in h.parts_ending_with(writer).rev() {
+            let part = part.lock().expect("overlay lock");
+            for (o, k) in out.iter_mut().zip(keys) {
+                if o.is_none() {
+                    *o = part.get(&(family, k.to_vec()));
+                }
+            }
+        }
         let misses: Vec<&[u8]> = keys
             .iter()
             .zip(&out)
@@ -319,29 +390,23 @@ impl StateStore for RocksStore {
         Ok(out.into_iter().map(Option::flatten).collect())
     }
 
-    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
-        let held = self.held.read().expect("hold lock");
-        let Some(h) = held.as_ref() else {
-            return self.write_db(batch);
-        };
-        let mut live = h.live.lock().expect("overlay lock");
-        for (family, k, v) in batch {
-            live.insert((*family, k.to_vec()), v.map(<[u8]>::to_vec));
-        }
-        Ok(())
-    }
-
-    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
+    fn write_as(&self, writer: usize, batch: Vec<OwnedPut>) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
         let Some(h) = held.as_ref() else {
             return self.write_db(&puts(&batch));
         };
-        let mut live = h.live.lock().expect("overlay lock");
-        live.extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
+        h.part(writer)
+            .live
+            .extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
         Ok(())
     }
 
-    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+    fn scan_prefix_as(
+        &self,
+        writer: usize,
+        family: Family,
+        prefix: &[u8],
+    ) -> Result<Entries, StateError> {
         let held = self.held.read().expect("hold lock");
         let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
         let mut out = BTreeMap::new();
@@ -352,25 +417,83 @@ impl StateStore for RocksStore {
             }
             out.insert(k.to_vec(), v.to_vec());
         }
-        if let Some(h) = held.as_ref() {
-            let live = h.live.lock().expect("overlay lock");
-            for overlay in [&h.cut, &*live] {
-                let written = overlay
-                    .range((family, prefix.to_vec())..)
-                    .take_while(|((f, k), _)| *f == family && k.starts_with(prefix));
-                for ((_, k), v) in written {
-                    match v {
-                        Some(v) => out.insert(k.clone(), v.clone()),
-                        None => out.remove(k),
-                    };
-                }
+        for part in held.iter().flat_map(|h| h.parts_ending_with(writer)) {
+            let part = part.lock().expect("overlay lock");
+            for (k, v) in part.scan(family, prefix) {
+                match v {
+                    Some(v) => out.insert(k.clone(), v.clone()),
+                    None => out.remove(k),
+                };
             }
         }
         Ok(out.into_iter().collect())
     }
+}
+
+fn owned(batch: &[Put<'_>]) -> Vec<OwnedPut> {
+    batch
+        .iter()
+        .map(|(f, k, v)| (*f, k.to_vec(), v.map(<[u8]>::to_vec)))
+        .collect()
+}
+
+/// Writes through the store as writer 0.
+impl StateStore for RocksStore {
+    fn multi_get(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        self.multi_get_as(0, family, keys)
+    }
+
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+        self.write_as(0, owned(batch))
+    }
+
+    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
+        self.write_as(0, batch)
+    }
+
+    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+        self.scan_prefix_as(0, family, prefix)
+    }
 
     fn sync(&self) -> Result<(), StateError> {
         self.db.flush_wal(true).map_err(rocks_error)
+    }
+}
+
+/// One writer's handle on a `RocksStore`: while the store is held, its writes go to its
+/// own part of the overlay, which `RocksStore::freeze` cuts without the other writers.
+pub struct StoreWriter {
+    store: Arc<RocksStore>,
+    id: usize,
+}
+
+impl StateStore for StoreWriter {
+    fn multi_get(
+        &self,
+        family: Family,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        self.store.multi_get_as(self.id, family, keys)
+    }
+
+    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
+        self.store.write_as(self.id, owned(batch))
+    }
+
+    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
+        self.store.write_as(self.id, batch)
+    }
+
+    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
+        self.store.scan_prefix_as(self.id, family, prefix)
+    }
+
+    fn sync(&self) -> Result<(), StateError> {
+        self.store.sync()
     }
 }
 
@@ -420,16 +543,39 @@ mod tests {
         vec![b'g', group, b'/', n]
     }
 
+    /// Writers of the held store in the model test; a key's group says whose it is.
+    const WRITERS: usize = 2;
+
+    fn writer_of(key: &[u8]) -> usize {
+        key[1] as usize % WRITERS
+    }
+
+    /// A key of writer `w`.
+    fn key_of(rng: &mut Rng, w: usize) -> Vec<u8> {
+        let mut k = key(rng);
+        k[1] = k[1] - (k[1] % WRITERS as u8) + w as u8;
+        k
+    }
+
+    /// Writer `w`'s part of a store's contents.
+    fn of_writer(everything: &[Entries], w: usize) -> Vec<Entries> {
+        everything
+            .iter()
+            .map(|e| e.iter().filter(|(k, _)| writer_of(k) == w).cloned().collect())
+            .collect()
+    }
+
     /// RocksDB against the in-memory model: random batches of puts and deletes across
-    /// families, reads and prefix scans, reboots (close, reopen from disk), and holds: a
-    /// checkpoint taken while held has the state of the last freeze (or of the moment
-    /// the hold began), and reads and writes during the hold behave as without it.
+    /// families by several writers, reads and prefix scans, reboots (close, reopen from
+    /// disk), and holds: a checkpoint taken while held has, of each writer's keys, the
+    /// state of that writer's last freeze (or of the moment the hold began), whatever
+    /// the other writers did since; reads and writes during the hold behave as without it.
     #[test]
     fn rocks_matches_the_model_across_reboots() {
         let dir = std::env::temp_dir().join(format!("eddy-rocks-model-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let model = MemStateStore::default();
-        let mut rocks = RocksStore::open(&dir).unwrap();
+        let mut rocks = Arc::new(RocksStore::open(&dir).unwrap());
         let mut rng = Rng(0x00C0_FFEE);
         let everything = |s: &dyn StateStore| -> Vec<Entries> {
             Family::ALL
@@ -438,58 +584,70 @@ mod tests {
                 .collect()
         };
         let copy = dir.with_extension("checkpoint");
-        // The model's contents at the current hold's cut.
-        let mut held: Option<Vec<Entries>> = None;
+        // Each writer's part of the model at its cut in the current hold.
+        let mut held: Option<Vec<Vec<Entries>>> = None;
         let (mut holds, mut freezes) = (0, 0);
-        for step in 0..6_000 {
+        for step in 0..8_000 {
             match rng.below(13) {
                 12 => {
-                    if held.is_some() {
-                        rocks.freeze();
-                        held = Some(everything(&model));
+                    if let Some(cuts) = held.as_mut() {
+                        let w = rng.below(WRITERS as u64) as usize;
+                        rocks.freeze(w);
+                        cuts[w] = of_writer(&everything(&model), w);
                         freezes += 1;
                     }
                 }
                 10 if held.is_none() => {
-                    rocks.hold();
-                    held = Some(everything(&model));
+                    rocks.hold(WRITERS);
+                    let now = everything(&model);
+                    held = Some((0..WRITERS).map(|w| of_writer(&now, w)).collect());
                 }
                 10 | 11 => {
-                    let Some(at_hold) = held.take() else {
+                    let Some(cuts) = held.take() else {
                         continue;
                     };
                     let _ = std::fs::remove_dir_all(&copy);
-                    // A record of the cut, made after it (no random write touches it).
+                    // A record of the cuts, made after them (no random write touches it).
                     let value = format!("record {step}").into_bytes();
                     let record = [(Family::Meta, &b"record"[..], Some(value.as_slice()))];
                     rocks.checkpoint(&copy, &record).unwrap();
                     model.write(&record).unwrap();
-                    let mut at_hold = at_hold;
+                    let mut expected: Vec<Entries> = (0..Family::ALL.len())
+                        .map(|f| cuts.iter().flat_map(|c| c[f].clone()).collect())
+                        .collect();
                     let meta = Family::ALL.iter().position(|f| *f == Family::Meta).unwrap();
-                    at_hold[meta].retain(|(k, _)| k != b"record");
-                    at_hold[meta].push((b"record".to_vec(), value));
-                    at_hold[meta].sort();
+                    expected[meta].retain(|(k, _)| k != b"record");
+                    expected[meta].push((b"record".to_vec(), value));
+                    for e in &mut expected {
+                        e.sort();
+                    }
                     // The shards go on writing while the copy is made.
                     let late = key(&mut rng);
                     let put = [(Family::Aggregates, late.as_slice(), Some(&b"late"[..]))];
                     model.write(&put).unwrap();
-                    rocks.write(&put).unwrap();
+                    rocks.writer(writer_of(&late)).write(&put).unwrap();
+                    assert_eq!(
+                        everything(&rocks.writer(rng.below(WRITERS as u64) as usize)),
+                        everything(&model),
+                        "step {step}: read while the copy is made"
+                    );
                     rocks.release().unwrap();
                     let snapshot = RocksStore::open(&copy).unwrap();
-                    assert_eq!(everything(&snapshot), at_hold, "step {step}: the held copy");
+                    assert_eq!(everything(&snapshot), expected, "step {step}: the held copy");
                     assert_eq!(
-                        everything(&rocks),
+                        everything(&rocks.writer(rng.below(WRITERS as u64) as usize)),
                         everything(&model),
                         "step {step}: released"
                     );
                     holds += 1;
                 }
                 0..=4 => {
+                    let w = rng.below(WRITERS as u64) as usize;
                     let n = 1 + rng.below(8);
                     let owned: Vec<(Family, Vec<u8>, Option<Vec<u8>>)> = (0..n)
                         .map(|_| {
                             let family = Family::ALL[rng.below(4) as usize];
-                            let k = key(&mut rng);
+                            let k = key_of(&mut rng, w);
                             let v = (rng.below(4) != 0).then(|| {
                                 (0..rng.below(20)).map(|_| rng.below(256) as u8).collect()
                             });
@@ -501,18 +659,20 @@ mod tests {
                         .map(|(f, k, v)| (*f, k.as_slice(), v.as_deref()))
                         .collect();
                     model.write(&batch).unwrap();
+                    let writer = rocks.writer(w);
                     if n.is_multiple_of(2) {
-                        rocks.write(&batch).unwrap();
+                        writer.write(&batch).unwrap();
                     } else {
-                        rocks.write_owned(owned.clone()).unwrap();
+                        writer.write_owned(owned.clone()).unwrap();
                     }
                 }
                 5..=6 => {
                     let family = Family::ALL[rng.below(4) as usize];
                     let keys: Vec<Vec<u8>> = (0..1 + rng.below(6)).map(|_| key(&mut rng)).collect();
                     let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                    let reader = rocks.writer(rng.below(WRITERS as u64) as usize);
                     assert_eq!(
-                        rocks.multi_get(family, &refs).unwrap(),
+                        reader.multi_get(family, &refs).unwrap(),
                         model.multi_get(family, &refs).unwrap(),
                         "step {step}: multi_get"
                     );
@@ -520,8 +680,9 @@ mod tests {
                 7..=8 => {
                     let family = Family::ALL[rng.below(4) as usize];
                     let prefix = key(&mut rng)[..2 + rng.below(2) as usize].to_vec();
+                    let reader = rocks.writer(rng.below(WRITERS as u64) as usize);
                     assert_eq!(
-                        rocks.scan_prefix(family, &prefix).unwrap(),
+                        reader.scan_prefix(family, &prefix).unwrap(),
                         model.scan_prefix(family, &prefix).unwrap(),
                         "step {step}: scan {prefix:?}"
                     );
@@ -533,7 +694,7 @@ mod tests {
                     held = None;
                     rocks.sync().unwrap();
                     drop(rocks);
-                    rocks = RocksStore::open(&dir).unwrap();
+                    rocks = Arc::new(RocksStore::open(&dir).unwrap());
                     for family in Family::ALL {
                         assert_eq!(
                             rocks.scan_prefix(family, b"").unwrap(),
