@@ -347,14 +347,19 @@ impl Engine {
         // The shards go on while RocksDB copies itself: later writes wait in the overlay,
         // so the copy has exactly the state the task records describe.
         let sync = started.elapsed();
-        // Off the async threads: the task records (with their reservoirs' fsyncs), the
-        // snapshot, the release of the later writes, and the commit.
-        let storage = storage.clone();
-        tokio::task::spawn_blocking(move || {
-            let records = records
+        // Below the shards' priority, the task records (with their reservoirs' fsyncs):
+        // encoding the open events is the CPU-heavy part, and nothing waits for it.
+        let records = in_background(move || {
+            records
                 .into_iter()
                 .map(PendingMeta::finish)
-                .collect::<Result<Vec<_>>>();
+                .collect::<Result<Vec<_>>>()
+        })
+        .await?;
+        // At the shards' priority (they may wait for the store's locks meanwhile), off
+        // the async threads: the snapshot, the release of the later writes, the commit.
+        let storage = storage.clone();
+        tokio::task::spawn_blocking(move || {
             let snapshot = records.and_then(|r| storage.snapshot(&r));
             let released = storage
                 .store
@@ -790,6 +795,29 @@ impl Engine {
     }
 }
 
+/// Runs `work` on a thread of its own at a lower CPU priority than the shards (nice 10):
+/// on a busy node, a checkpoint's CPU-heavy finish (encoding the reservoirs' open events)
+/// waits for the events rather than delaying them. Never give it work that holds a lock
+/// the shards take: they would wait for a thread that yields to everything else.
+async fn in_background<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("eddy-checkpoint".into())
+        .spawn(move || {
+            // SAFETY: setpriority has no memory effects; on Linux, PRIO_PROCESS with
+            // who = 0 sets the calling thread's nice value only. A failure keeps the
+            // thread at the node's priority, which is still correct.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, 0, 10)
+            };
+            let _ = tx.send(work());
+        })
+        .map_err(|e| Error::internal(format!("cannot start a checkpoint thread: {e}")))?;
+    rx.await
+        .map_err(|_| Error::internal("the checkpoint thread panicked"))
+}
+
 /// One shard thread's state: the tasks it owns.
 struct Shard {
     index: usize,
@@ -1049,5 +1077,18 @@ mod tests {
             let (min, max) = (per_shard.iter().min(), per_shard.iter().max());
             assert!(max.unwrap() - min.unwrap() <= 1, "{stream}: {per_shard:?}");
         }
+    }
+
+    /// A checkpoint's background work runs at nice 10, below the shards.
+    #[tokio::test]
+    async fn background_work_yields_to_the_shards() {
+        let stat = in_background(|| std::fs::read_to_string("/proc/thread-self/stat"))
+            .await
+            .unwrap()
+            .unwrap();
+        // Field 19 is the nice value; the command name (field 2) ends with ')'.
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i32 = after_name.split(' ').nth(16).unwrap().parse().unwrap();
+        assert_eq!(nice, 10, "{stat}");
     }
 }

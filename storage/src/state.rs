@@ -143,7 +143,8 @@ impl StateStore for MemStateStore {
 /// writer's part of an in-memory overlay that reads consult first. `freeze(w)` (while
 /// writer `w` is paused) makes what its part holds its *cut*; `w` goes on at once.
 /// `checkpoint` writes every cut to the database before copying it, and later writes
-/// stay in the overlay until `release` applies them in one atomic batch.
+/// stay in the overlay until `release` applies them. (Recovery starts from a copy, never
+/// from the database itself, so a release cut short by a crash loses nothing.)
 ///
 /// A writer owns its keys: while the store is held, no two writers write the same key.
 pub struct RocksStore {
@@ -195,6 +196,12 @@ impl Held {
             .unwrap_or_else(|| panic!("writer {writer} of a store held for {}", self.parts.len()))
             .lock()
             .expect("overlay lock")
+    }
+
+    fn freeze(&self, writer: usize) {
+        let mut part = self.part(writer);
+        let live = std::mem::take(&mut part.live);
+        Arc::make_mut(&mut part.cut).extend(live);
     }
 
     /// The other writers' parts, then `writer`'s.
@@ -267,10 +274,23 @@ impl RocksStore {
     /// atomic batch: `last` belongs to the cuts but was made after them.
     pub fn checkpoint(&self, dir: &Path, last: &[Put<'_>]) -> Result<(), StateError> {
         let held = self.held.read().expect("hold lock");
+        match held.as_ref() {
+            Some(h) => self.write_cuts(h, last)?,
+            None if !last.is_empty() => self.write_db(last)?,
+            None => {}
+        }
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(dir))
+            .map_err(rocks_error)
+    }
+
+    /// Writes every cut, then `last`, to the database in one atomic batch, and drops the
+    /// cuts from the overlay (reads find them in the database). The writers go on.
+    fn write_cuts(&self, h: &Held, last: &[Put<'_>]) -> Result<(), StateError> {
         // The cuts are shared, not copied: their writers go on meanwhile.
-        let cuts: Vec<Arc<Overlay>> = held
+        let cuts: Vec<Arc<Overlay>> = h
+            .parts
             .iter()
-            .flat_map(|h| &h.parts)
             .map(|p| p.lock().expect("overlay lock").cut.clone())
             .collect();
         let batch: Vec<Put<'_>> = cuts
@@ -281,16 +301,13 @@ impl RocksStore {
         if !batch.is_empty() {
             self.write_db(&batch)?;
         }
-        // The database has the cuts now: reads find them there.
-        for (part, cut) in held.iter().flat_map(|h| &h.parts).zip(&cuts) {
+        for (part, cut) in h.parts.iter().zip(&cuts) {
             let mut part = part.lock().expect("overlay lock");
             if Arc::ptr_eq(&part.cut, cut) {
                 part.cut = Arc::default();
             }
         }
-        rocksdb::checkpoint::Checkpoint::new(&self.db)
-            .and_then(|c| c.create_checkpoint(dir))
-            .map_err(rocks_error)
+        Ok(())
     }
 
     /// From now on, the writers `0..writers` write to the overlay and leave the database
@@ -305,15 +322,20 @@ impl RocksStore {
     pub fn freeze(&self, writer: usize) {
         let held = self.held.read().expect("hold lock");
         if let Some(h) = held.as_ref() {
-            let mut part = h.part(writer);
-            let live = std::mem::take(&mut part.live);
-            Arc::make_mut(&mut part.cut).extend(live);
+            h.freeze(writer);
         }
     }
 
-    /// Applies the overlay to the database in one atomic batch, and writes go to the
-    /// database again.
+    /// Applies the overlay to the database, and writes go to the database again. The
+    /// writers go on while most of it is written; they wait only while the writes they
+    /// made meanwhile are, in one atomic batch.
     pub fn release(&self) -> Result<(), StateError> {
+        if let Some(h) = self.held.read().expect("hold lock").as_ref() {
+            for writer in 0..h.parts.len() {
+                h.freeze(writer);
+            }
+            self.write_cuts(h, &[])?;
+        }
         let mut held = self.held.write().expect("hold lock");
         let Some(h) = held.take() else {
             return Ok(());
@@ -327,6 +349,9 @@ impl RocksStore {
             .iter()
             .flat_map(|p| batch_of(&p.cut).chain(batch_of(&p.live)))
             .collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
         self.write_db(&batch)
     }
 
