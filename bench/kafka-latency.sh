@@ -31,4 +31,5 @@ for _ in $(seq 1 300); do
   kill -0 "$eddy_pid" 2>/dev/null || { cat "$work/eddy.log"; exit 1; }
   sleep 0.1
 done
-"$CARGO_TARGET_DIR/release/kafka_latency" --kafka "$kafka" --pg "127.0.0.1:$port" "$@"
+# One unmeasured 30 s run first: the fresh broker compiles its hot paths meanwhile.
+"$CARGO_TARGET_DIR/release/kafka_latency" --kafka "$kafka" --pg "127.0.0.1:$port" --prewarm 30 "$@"

@@ -62,7 +62,7 @@ pub struct TaskReport {
 #[derive(Debug, Default)]
 pub struct CheckpointStats {
     pub count: AtomicU64,
-    /// The synchronous stage (shards paused: L1 flush, task records, RocksDB checkpoint).
+    /// The synchronous stage (until every shard has paused in turn: L1 flush, task records).
     pub last_sync_micros: AtomicU64,
     pub last_total_micros: AtomicU64,
     pub sync_micros_total: AtomicU64,

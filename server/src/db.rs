@@ -796,7 +796,7 @@ impl Db {
         family(
             "eddy_checkpoint_sync_seconds",
             "gauge",
-            "Synchronous stage of the last checkpoint (shards paused).",
+            "Synchronous stage of the last checkpoint (until every shard has its cut).",
             vec![(String::new(), load(&c.last_sync_micros) as f64 / 1e6)],
         );
         family(

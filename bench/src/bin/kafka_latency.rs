@@ -41,6 +41,9 @@ struct Args {
     rates: Vec<u64>,
     seconds: u64,
     warmup_seconds: u64,
+    /// Seconds of one unmeasured run at the first rate before the measured ones: a fresh
+    /// broker spends its first 20-30 s compiling its hot paths (JIT) on one of the cores.
+    prewarm_seconds: u64,
     /// Print p50 and max latency per 250 ms of send time to stderr.
     timeline: bool,
 }
@@ -53,6 +56,7 @@ fn args() -> anyhow::Result<Args> {
         rates: vec![5_000, 20_000, 50_000],
         seconds: 20,
         warmup_seconds: 3,
+        prewarm_seconds: 0,
         timeline: false,
     };
     let mut it = std::env::args().skip(1);
@@ -70,6 +74,7 @@ fn args() -> anyhow::Result<Args> {
             }
             "--seconds" => a.seconds = value()?.parse()?,
             "--warmup" => a.warmup_seconds = value()?.parse()?,
+            "--prewarm" => a.prewarm_seconds = value()?.parse()?,
             "--timeline" => a.timeline = true,
             other => bail!("unknown flag {other}"),
         }
@@ -91,29 +96,66 @@ async fn main() -> anyhow::Result<()> {
     .await
     .context("connecting to eddy")?;
     tokio::spawn(conn);
+    if let (Some(&rate), seconds @ 1..) = (a.rates.first(), a.prewarm_seconds) {
+        let prewarm = Phase {
+            seconds,
+            warmup_seconds: seconds,
+            timeline: false,
+        };
+        run(&pg, &a, &prewarm, a.rates.len(), rate).await?;
+    }
     println!("rate_per_s,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors");
-    for (run, &rate) in a.rates.iter().enumerate() {
-        let stream = format!("lat{}_{run}", std::process::id());
-        pg.batch_execute(&format!(
-            "CREATE STREAM {stream} (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
-             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', \
-             partitions = {PARTITIONS}, lateness = '1 second', retention = '10 minutes'); \
-             CREATE METRIC {stream}_m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s, AVG(amount) AS a \
-             FROM {stream} WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;"
-        ))
-        .await
-        .context("creating the stream")?;
-        let topic = format!("{}.{stream}.card", a.cluster);
-        let line = measure(&a, &topic, run, rate).await?;
-        println!("{line}");
-        pg.batch_execute(&format!("DROP STREAM {stream} CASCADE"))
-            .await?;
+    let measured = Phase {
+        seconds: a.seconds,
+        warmup_seconds: a.warmup_seconds,
+        timeline: a.timeline,
+    };
+    for (n, &rate) in a.rates.iter().enumerate() {
+        println!("{}", run(&pg, &a, &measured, n, rate).await?);
     }
     Ok(())
 }
 
+/// How long a run lasts, and how much of its start is not measured.
+struct Phase {
+    seconds: u64,
+    warmup_seconds: u64,
+    timeline: bool,
+}
+
+/// Run number `run` at `rate` events/s on a stream of its own; returns its CSV line.
+async fn run(
+    pg: &tokio_postgres::Client,
+    a: &Args,
+    phase: &Phase,
+    run: usize,
+    rate: u64,
+) -> anyhow::Result<String> {
+    let stream = format!("lat{}_{run}", std::process::id());
+    pg.batch_execute(&format!(
+        "CREATE STREAM {stream} (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+         amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', \
+         partitions = {PARTITIONS}, lateness = '1 second', retention = '10 minutes'); \
+         CREATE METRIC {stream}_m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s, AVG(amount) AS a \
+         FROM {stream} WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;"
+    ))
+    .await
+    .context("creating the stream")?;
+    let topic = format!("{}.{stream}.card", a.cluster);
+    let line = measure(a, phase, &topic, run, rate).await?;
+    pg.batch_execute(&format!("DROP STREAM {stream} CASCADE"))
+        .await?;
+    Ok(line)
+}
+
 /// Run number `run`, at `rate` events/s; returns its CSV line.
-async fn measure(a: &Args, topic: &str, run: usize, rate: u64) -> anyhow::Result<String> {
+async fn measure(
+    a: &Args,
+    phase: &Phase,
+    topic: &str,
+    run: usize,
+    rate: u64,
+) -> anyhow::Result<String> {
     let reply_topic = format!("latency-replies-{}-{run}", std::process::id());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &a.kafka)
@@ -140,8 +182,8 @@ async fn measure(a: &Args, topic: &str, run: usize, rate: u64) -> anyhow::Result
     tpl.add_partition_offset(&reply_topic, 0, Offset::Beginning)?;
     consumer.assign(&tpl)?;
 
-    let total = rate * a.seconds;
-    let warmup = rate * a.warmup_seconds;
+    let total = rate * phase.seconds;
+    let warmup = rate * phase.warmup_seconds;
     let start = Instant::now() + Duration::from_millis(200);
     let due = move |seq: u64| start + Duration::from_nanos(seq * 1_000_000_000 / rate);
     let histogram = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
@@ -152,7 +194,7 @@ async fn measure(a: &Args, topic: &str, run: usize, rate: u64) -> anyhow::Result
     // Per 250 ms slice of due time: (answers, sum of latencies, max latency) in µs.
     let slices = Arc::new(Mutex::new(vec![
         (0u64, 0u64, 0u64);
-        (a.seconds * 4 + 1) as usize
+        (phase.seconds * 4 + 1) as usize
     ]));
     let answered = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -246,7 +288,7 @@ async fn measure(a: &Args, topic: &str, run: usize, rate: u64) -> anyhow::Result
     }
     done.store(true, Ordering::Release);
     let _ = reader.join();
-    if a.timeline {
+    if phase.timeline {
         for (i, (n, sum, max)) in slices.lock().unwrap().iter().enumerate() {
             if *n > 0 {
                 eprintln!(
