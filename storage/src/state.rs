@@ -176,12 +176,14 @@ impl Part {
         family: Family,
         prefix: &'a [u8],
     ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> {
-        [&*self.cut, &self.live].into_iter().flat_map(move |overlay| {
-            overlay
-                .range((family, prefix.to_vec())..)
-                .take_while(move |((f, k), _)| *f == family && k.starts_with(prefix))
-                .map(|((_, k), v)| (k, v))
-        })
+        [&*self.cut, &self.live]
+            .into_iter()
+            .flat_map(move |overlay| {
+                overlay
+                    .range((family, prefix.to_vec())..)
+                    .take_while(move |((f, k), _)| *f == family && k.starts_with(prefix))
+                    .map(|((_, k), v)| (k, v))
+            })
     }
 }
 
@@ -586,7 +588,12 @@ mod tests {
     fn of_writer(everything: &[Entries], w: usize) -> Vec<Entries> {
         everything
             .iter()
-            .map(|e| e.iter().filter(|(k, _)| writer_of(k) == w).cloned().collect())
+            .map(|e| {
+                e.iter()
+                    .filter(|(k, _)| writer_of(k) == w)
+                    .cloned()
+                    .collect()
+            })
             .collect()
     }
 
@@ -658,7 +665,11 @@ mod tests {
                     );
                     rocks.release().unwrap();
                     let snapshot = RocksStore::open(&copy).unwrap();
-                    assert_eq!(everything(&snapshot), expected, "step {step}: the held copy");
+                    assert_eq!(
+                        everything(&snapshot),
+                        expected,
+                        "step {step}: the held copy"
+                    );
                     assert_eq!(
                         everything(&rocks.writer(rng.below(WRITERS as u64) as usize)),
                         everything(&model),

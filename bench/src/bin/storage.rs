@@ -170,7 +170,7 @@ fn task_id() -> TaskId {
 fn feed(a: &Args, node: &NodeStorage, window: &str, round_robin: bool) -> Result<(Task, f64)> {
     let c = catalog(window)?;
     let stream = c.stream("payments").expect("created").clone();
-    let mut task = Task::open(stream, 0, node.task_storage(&task_id()), None)?;
+    let mut task = Task::open(stream, 0, node.task_storage(&task_id(), 0), None)?;
     task.set_metrics(&c.metrics_of("payments"))?;
     let mut gen = Events::new(a.cards, a.events, a.days, round_robin);
     let started = Instant::now();
@@ -260,7 +260,7 @@ fn reservoir(a: &Args) -> Result<serde_json::Value> {
     let codec = Arc::new(EventCodec::new(stream, Vec::new()));
     drop(task);
     let mark = Checkpoint::decode(&cp).expect("a checkpoint").reservoir;
-    let dir = node.task_storage(&task_id()).dir;
+    let dir = node.task_storage(&task_id(), 0).dir;
     let mut r = DiskReservoir::open(
         &dir,
         ReservoirConfig::default(),
