@@ -355,9 +355,11 @@ impl Engine {
                 .map(PendingMeta::finish)
                 .collect::<Result<Vec<_>>>()
         })
-        .await?;
+        .await
+        .and_then(|records| records);
         // At the shards' priority (they may wait for the store's locks meanwhile), off
-        // the async threads: the snapshot, the release of the later writes, the commit.
+        // the async threads: the snapshot, the release of the later writes (whatever
+        // happened to the records), the commit.
         let storage = storage.clone();
         tokio::task::spawn_blocking(move || {
             let snapshot = records.and_then(|r| storage.snapshot(&r));
