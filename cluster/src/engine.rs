@@ -881,6 +881,7 @@ impl Shard {
         } else {
             storage
                 .store
+                .writer(self.index)
                 .multi_get(Family::Meta, &[&task_meta_key(id)])
                 .map_err(|e| Error::internal(e.to_string()))?
                 .pop()

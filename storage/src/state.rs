@@ -251,7 +251,7 @@ impl RocksStore {
         })
     }
 
-    /// Writer `id`'s handle on the store (the store itself writes as writer 0).
+    /// Writer `id`'s handle on the store: reads and writes go through writers.
     pub fn writer(self: &Arc<Self>, id: usize) -> StoreWriter {
         StoreWriter {
             store: self.clone(),
@@ -464,33 +464,6 @@ fn owned(batch: &[Put<'_>]) -> Vec<OwnedPut> {
         .collect()
 }
 
-/// Writes through the store as writer 0.
-impl StateStore for RocksStore {
-    fn multi_get(
-        &self,
-        family: Family,
-        keys: &[&[u8]],
-    ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
-        self.multi_get_as(0, family, keys)
-    }
-
-    fn write(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
-        self.write_as(0, owned(batch))
-    }
-
-    fn write_owned(&self, batch: Vec<OwnedPut>) -> Result<(), StateError> {
-        self.write_as(0, batch)
-    }
-
-    fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
-        self.scan_prefix_as(0, family, prefix)
-    }
-
-    fn sync(&self) -> Result<(), StateError> {
-        self.db.flush_wal(true).map_err(rocks_error)
-    }
-}
-
 /// One writer's handle on a `RocksStore`: while the store is held, its writes go to its
 /// own part of the overlay, which `RocksStore::freeze` cuts without the other writers.
 pub struct StoreWriter {
@@ -520,7 +493,7 @@ impl StateStore for StoreWriter {
     }
 
     fn sync(&self) -> Result<(), StateError> {
-        self.store.sync()
+        self.store.db.flush_wal(true).map_err(rocks_error)
     }
 }
 
@@ -664,7 +637,7 @@ mod tests {
                         "step {step}: read while the copy is made"
                     );
                     rocks.release().unwrap();
-                    let snapshot = RocksStore::open(&copy).unwrap();
+                    let snapshot = Arc::new(RocksStore::open(&copy).unwrap()).writer(0);
                     assert_eq!(
                         everything(&snapshot),
                         expected,
@@ -728,12 +701,12 @@ mod tests {
                     // node releases its store before it stops.)
                     rocks.release().unwrap();
                     held = None;
-                    rocks.sync().unwrap();
+                    rocks.writer(0).sync().unwrap();
                     drop(rocks);
                     rocks = Arc::new(RocksStore::open(&dir).unwrap());
                     for family in Family::ALL {
                         assert_eq!(
-                            rocks.scan_prefix(family, b"").unwrap(),
+                            rocks.writer(0).scan_prefix(family, b"").unwrap(),
                             model.scan_prefix(family, b"").unwrap(),
                             "step {step}: {family:?} after reopening"
                         );
@@ -748,7 +721,7 @@ mod tests {
         rocks.release().unwrap();
         let _ = std::fs::remove_dir_all(&copy);
         rocks.checkpoint(&copy, &[]).unwrap();
-        let reopened = RocksStore::open(&copy).unwrap();
+        let reopened = Arc::new(RocksStore::open(&copy).unwrap()).writer(0);
         for family in Family::ALL {
             assert_eq!(
                 reopened.scan_prefix(family, b"").unwrap(),
