@@ -393,12 +393,13 @@ impl RocksStore {
             return self.multi_get_db(family, keys);
         };
         let mut out: Vec<Option<Option<Vec<u8>>>> = vec![None; keys.len()];
+        let overlay_keys: Vec<FamilyKey> = keys.iter().map(|k| (family, k.to_vec())).collect();
         // The writer's own part first: it owns the keys it reads, as a rule.
         for part in h.parts_ending_with(writer).rev() {
             let part = part.lock().expect("overlay lock");
-            for (o, k) in out.iter_mut().zip(keys) {
+            for (o, k) in out.iter_mut().zip(&overlay_keys) {
                 if o.is_none() {
-                    *o = part.get(&(family, k.to_vec()));
+                    *o = part.get(k);
                 }
             }
         }
