@@ -357,6 +357,13 @@ impl Engine {
         })
         .await
         .and_then(|records| records);
+        // What the cuts hold was written to the log before the shards took it; with
+        // `synchronous_commit = off` it may not be durable yet, and the checkpoint must
+        // not cover what a crash could still lose.
+        let records = match (&self.log, records) {
+            (Log::Local(log), Ok(records)) => log.sync().await.map(|_| records),
+            (_, records) => records,
+        };
         // At the shards' priority (they may wait for the store's locks meanwhile), off
         // the async threads: the snapshot, the release of the later writes (whatever
         // happened to the records), the commit.
@@ -548,11 +555,15 @@ impl Engine {
     }
 
     /// Routes events to the tasks of every partitioner and gathers the replies per event.
+    /// With the embedded log, `durable` waits for the fsync (`synchronous_commit = on`);
+    /// otherwise the events are acknowledged once written, and fsynced within the commit
+    /// delay.
     pub async fn ingest(
         &self,
         stream: &StreamDef,
         rows: Vec<Row>,
         values: bool,
+        durable: bool,
     ) -> Result<Vec<EventReply>> {
         let mut replies = vec![EventReply::default(); rows.len()];
         let routed = route(stream, &rows);
@@ -606,9 +617,10 @@ impl Engine {
                     waits.push((p, indexes, rx));
                 }
                 let queues = self.queues.clone();
-                let (durable, appended) = oneshot::channel();
+                let (done, appended) = oneshot::channel();
                 log.append(
                     batches,
+                    durable,
                     Box::new(move |result| {
                         if let Ok(ends) = &result {
                             for ((shard, mut cmd), end) in commands.into_iter().zip(ends) {
@@ -618,7 +630,7 @@ impl Engine {
                                 let _ = queues[shard].blocking_send(cmd);
                             }
                         }
-                        let _ = durable.send(result.map(|_| ()));
+                        let _ = done.send(result.map(|_| ()));
                     }),
                 );
                 appended.await.map_err(|_| engine_gone())??;

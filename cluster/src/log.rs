@@ -3,16 +3,23 @@
 //! statement waiting when an fsync starts shares it. Kafka plays the same role in cluster
 //! mode.
 //!
-//! Invariants: an append's continuation runs only once every record it was given is
-//! durable, on the writer thread, in append order — so whatever it hands to the tasks
-//! reaches them in log order; a task's log replays exactly the records appended to it.
+//! An append is either durable (`synchronous_commit = on`: its continuation runs after
+//! the fsync that covers it) or written (`off`: its continuation runs once its records are
+//! in the files' OS buffers, and an fsync follows within the commit delay).
+//!
+//! Invariants: continuations run on the writer thread in append order — so whatever they
+//! hand to the tasks reaches them in log order — and a durable append's continuation runs
+//! only once every record it was given is durable; a task's log replays exactly the
+//! records appended to it; `sync` returns once every record appended before it is
+//! durable (a checkpoint calls it before it commits, so it never covers a record a crash
+//! could still lose).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -28,7 +35,11 @@ pub type AfterAppend = Box<dyn FnOnce(Result<Vec<u64>>) + Send>;
 enum Request {
     Append {
         batches: Vec<(TaskId, Vec<Vec<u8>>)>,
+        durable: bool,
         after: AfterAppend,
+    },
+    Sync {
+        reply: oneshot::Sender<Result<()>>,
     },
     DropStream {
         stream: String,
@@ -90,8 +101,9 @@ fn task_dir(root: &Path, task: &TaskId) -> PathBuf {
 }
 
 impl LocalLog {
-    /// Opens the log under `dir` and starts its writer thread.
-    pub fn open(dir: &Path) -> Result<LocalLog> {
+    /// Opens the log under `dir` and starts its writer thread. Appends that are not
+    /// durable are fsynced at most `commit_delay` after they were written.
+    pub fn open(dir: &Path, commit_delay: Duration) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::internal(format!("could not create {}: {e}", dir.display())))?;
         let (tx, rx) = mpsc::channel();
@@ -100,7 +112,7 @@ impl LocalLog {
         let writer_stats = stats.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-log".into())
-            .spawn(move || Writer::new(root, writer_stats).run(rx))
+            .spawn(move || Writer::new(root, writer_stats, commit_delay).run(rx))
             .map_err(|e| Error::internal(format!("could not start the log thread: {e}")))?;
         Ok(LocalLog {
             dir: dir.to_path_buf(),
@@ -137,17 +149,31 @@ impl LocalLog {
     }
 
     /// Appends records to the logs of tasks; `after` runs on the writer thread once all
-    /// of them are durable, after the continuations of earlier appends.
-    pub fn append(&self, batches: Vec<(TaskId, Vec<Vec<u8>>)>, after: AfterAppend) {
-        let sent = self
-            .requests
-            .as_ref()
-            .map(|r| r.send(Request::Append { batches, after }));
+    /// of them are durable (`durable`) or written, after the continuations of earlier
+    /// appends.
+    pub fn append(&self, batches: Vec<(TaskId, Vec<Vec<u8>>)>, durable: bool, after: AfterAppend) {
+        let sent = self.requests.as_ref().map(|r| {
+            r.send(Request::Append {
+                batches,
+                durable,
+                after,
+            })
+        });
         match sent {
             Some(Ok(())) => {}
             Some(Err(mpsc::SendError(Request::Append { after, .. }))) => after(Err(Self::closed())),
             _ => {}
         }
+    }
+
+    /// Returns once every record appended before the call is durable.
+    pub async fn sync(&self) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.requests
+            .as_ref()
+            .and_then(|r| r.send(Request::Sync { reply }).ok())
+            .ok_or_else(Self::closed)?;
+        rx.await.map_err(|_| Self::closed())?
     }
 
     /// Deletes every task log of a stream (after DROP STREAM).
@@ -199,19 +225,28 @@ impl Drop for LocalLog {
     }
 }
 
-/// The writer thread's state: the open task logs.
+/// The writer thread's state: the open task logs, and what is written but not yet
+/// durable.
 struct Writer {
     root: PathBuf,
     logs: HashMap<TaskId, TaskLog>,
     stats: Arc<LogStats>,
+    commit_delay: Duration,
+    /// Logs written since their last fsync.
+    dirty: Vec<TaskId>,
+    /// When the oldest write not yet durable was made.
+    owed_since: Option<Instant>,
 }
 
 impl Writer {
-    fn new(root: PathBuf, stats: Arc<LogStats>) -> Writer {
+    fn new(root: PathBuf, stats: Arc<LogStats>, commit_delay: Duration) -> Writer {
         Writer {
             root,
             logs: HashMap::new(),
             stats,
+            commit_delay,
+            dirty: Vec::new(),
+            owed_since: None,
         }
     }
 
@@ -224,49 +259,105 @@ impl Writer {
         Ok(self.logs.get_mut(task).expect("inserted"))
     }
 
+    /// Writes one append's records; the task log end after each batch.
+    fn write(&mut self, batches: Vec<(TaskId, Vec<Vec<u8>>)>) -> Result<Vec<u64>> {
+        self.stats.appends.fetch_add(1, Ordering::Relaxed);
+        let mut ends = Vec::with_capacity(batches.len());
+        for (task, records) in batches {
+            self.stats
+                .records
+                .fetch_add(records.len() as u64, Ordering::Relaxed);
+            self.stats.bytes.fetch_add(
+                records.iter().map(|r| r.len() as u64 + 8).sum(),
+                Ordering::Relaxed,
+            );
+            let log = self.log(&task)?;
+            log.append(&records).map_err(storage_error)?;
+            ends.push(log.next_offset());
+            if !self.dirty.contains(&task) {
+                self.dirty.push(task);
+            }
+            self.owed_since.get_or_insert_with(Instant::now);
+        }
+        Ok(ends)
+    }
+
+    /// fsyncs every log written since the last sync.
+    fn sync(&mut self) -> Result<()> {
+        if self.dirty.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        let mut synced = Ok(());
+        for task in std::mem::take(&mut self.dirty) {
+            if let Some(log) = self.logs.get_mut(&task) {
+                if let Err(e) = log.sync() {
+                    synced = Err(storage_error(e));
+                }
+            }
+        }
+        self.owed_since = None;
+        self.stats
+            .commit_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        synced
+    }
+
+    /// The next request, or `None` when the commit delay of a written append ran out
+    /// (`Err` once every sender is gone).
+    fn next(&self, rx: &mpsc::Receiver<Request>) -> std::result::Result<Option<Request>, ()> {
+        match self.owed_since {
+            None => rx.recv().map(Some).map_err(|_| ()),
+            Some(since) => {
+                let left = self.commit_delay.saturating_sub(since.elapsed());
+                match rx.recv_timeout(left) {
+                    Ok(r) => Ok(Some(r)),
+                    Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+                }
+            }
+        }
+    }
+
     fn run(mut self, rx: mpsc::Receiver<Request>) {
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = match self.next(&rx) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    // The commit delay ran out: what was written becomes durable. A
+                    // failure here is met again by the next durable append or sync.
+                    let _ = self.sync();
+                    continue;
+                }
+                Err(()) => break,
+            };
             // Group commit: everything that queued up while the last fsync ran.
             let mut batch = vec![first];
             while let Ok(more) = rx.try_recv() {
                 batch.push(more);
             }
-            let mut waiting = Vec::new();
-            let mut dirty: Vec<TaskId> = Vec::new();
+            // Continuations wait here, in order, once one of them needs the fsync.
+            let mut waiting: Vec<(AfterAppend, Result<Vec<u64>>)> = Vec::new();
+            let mut syncs = Vec::new();
             for req in batch {
                 match req {
-                    Request::Append { batches, after } => {
-                        let mut result = Ok(Vec::with_capacity(batches.len()));
-                        self.stats.appends.fetch_add(1, Ordering::Relaxed);
-                        for (task, records) in batches {
-                            self.stats
-                                .records
-                                .fetch_add(records.len() as u64, Ordering::Relaxed);
-                            self.stats.bytes.fetch_add(
-                                records.iter().map(|r| r.len() as u64 + 8).sum(),
-                                Ordering::Relaxed,
-                            );
-                            let appended = self.log(&task).and_then(|l| {
-                                l.append(&records).map_err(storage_error)?;
-                                Ok(l.next_offset())
-                            });
-                            match (appended, &mut result) {
-                                (Ok(end), Ok(ends)) => ends.push(end),
-                                (Err(e), _) => {
-                                    result = Err(e);
-                                    break;
-                                }
-                                _ => {}
-                            }
-                            if !dirty.contains(&task) {
-                                dirty.push(task);
-                            }
+                    Request::Append {
+                        batches,
+                        durable,
+                        after,
+                    } => {
+                        let result = self.write(batches);
+                        if durable || !waiting.is_empty() || !syncs.is_empty() {
+                            waiting.push((after, result));
+                        } else {
+                            after(result);
                         }
-                        waiting.push((after, result));
                     }
+                    Request::Sync { reply } => syncs.push(reply),
                     Request::DropStream { stream, reply } => {
                         self.logs.retain(|t, _| t.stream != stream);
-                        dirty.retain(|t| t.stream != stream);
+                        self.dirty.retain(|t| t.stream != stream);
                         let dir = self.root.join(dir_name(&stream));
                         let result = match std::fs::remove_dir_all(&dir) {
                             Ok(()) => Ok(()),
@@ -286,24 +377,105 @@ impl Writer {
                     }
                 }
             }
-            let mut synced = Ok(());
-            let started = Instant::now();
-            if !dirty.is_empty() {
-                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            let past_delay = self
+                .owed_since
+                .is_some_and(|since| since.elapsed() >= self.commit_delay);
+            if waiting.is_empty() && syncs.is_empty() && !past_delay {
+                continue;
             }
-            for task in &dirty {
-                if let Some(log) = self.logs.get_mut(task) {
-                    if let Err(e) = log.sync() {
-                        synced = Err(storage_error(e));
-                    }
-                }
-            }
-            self.stats
-                .commit_micros
-                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            let synced = self.sync();
             for (after, result) in waiting {
                 after(synced.clone().and(result));
             }
+            for reply in syncs {
+                let _ = reply.send(synced.clone());
+            }
         }
+        // The last writes become durable before the thread ends.
+        let _ = self.sync();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(partition: u32) -> TaskId {
+        TaskId {
+            stream: "s".into(),
+            partitioner: 0,
+            partition,
+        }
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("eddy-locallog-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// Appends and waits for the continuation; returns the log ends and the number of
+    /// fsync rounds made by the time it ran.
+    fn append(log: &LocalLog, partition: u32, records: &[&str], durable: bool) -> (Vec<u64>, u64) {
+        let (tx, rx) = mpsc::channel();
+        let stats_commits = {
+            let stats = log.stats.clone();
+            move || stats.commits.load(Ordering::SeqCst)
+        };
+        log.append(
+            vec![(
+                task(partition),
+                records.iter().map(|r| r.as_bytes().to_vec()).collect(),
+            )],
+            durable,
+            Box::new(move |r| {
+                let commits = stats_commits();
+                tx.send((r.unwrap(), commits)).unwrap();
+            }),
+        );
+        rx.recv().unwrap()
+    }
+
+    #[test]
+    fn written_appends_continue_before_the_fsync_and_become_durable_within_the_delay() {
+        let dir = temp("async");
+        // A delay no test run reaches: the fsync comes from `sync` or the next durable
+        // append, never from the clock.
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        let (ends, commits) = append(&log, 0, &["a", "b"], false);
+        assert_eq!(
+            (ends, commits),
+            (vec![2], 0),
+            "acknowledged before any fsync"
+        );
+        let (ends, _) = append(&log, 1, &["c"], false);
+        assert_eq!(ends, vec![1]);
+        // A durable append waits for the fsync that covers everything before it.
+        let (ends, commits) = append(&log, 0, &["d"], true);
+        assert_eq!((ends, commits), (vec![3], 1));
+        let (_, commits) = append(&log, 1, &["e"], false);
+        assert_eq!(commits, 1);
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(log.sync())
+            .unwrap();
+        assert_eq!(log.stats.commits.load(Ordering::SeqCst), 2);
+        drop(log);
+
+        // With a short delay the clock makes written appends durable on its own.
+        let log = LocalLog::open(&dir, Duration::from_millis(5)).unwrap();
+        let mut seen = Vec::new();
+        log.replay(&task(0), 0, &mut |_, r| seen.push(r)).unwrap();
+        log.replay(&task(1), 0, &mut |_, r| seen.push(r)).unwrap();
+        assert_eq!(seen, [b"a", b"b", b"d", b"c", b"e"].map(|r| r.to_vec()));
+        append(&log, 0, &["f"], false);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while log.stats.commits.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "no fsync after the commit delay");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(log);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -505,45 +505,132 @@ fn insert_target(catalog: &Catalog, insert: &ast::Insert) -> Result<(Arc<StreamD
     load_target(catalog, &object_name(table), &columns, "insert")
 }
 
-pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
-    let (stream, targets) = insert_target(catalog, insert)?;
-    let source = insert
-        .source
-        .as_ref()
-        .ok_or_else(|| Error::unsupported("INSERT needs VALUES"))?;
-    let SetExpr::Values(values) = source.body.as_ref() else {
-        return Err(Error::unsupported("INSERT … SELECT is not supported")
-            .with_hint("Insert events with VALUES or COPY."));
-    };
-    let mut rows = Vec::with_capacity(values.rows.len());
-    for row in &values.rows {
-        let exprs = &row.content;
-        if exprs.len() > targets.len() {
-            return Err(Error::syntax(
-                "INSERT has more expressions than target columns",
-            ));
-        }
-        if exprs.len() < targets.len() && !insert.columns.is_empty() {
-            return Err(Error::syntax(
-                "INSERT has more target columns than expressions",
-            ));
-        }
-        let mut out = vec![Value::Null; stream.columns.len()];
-        for (expr, &col) in exprs.iter().zip(&targets) {
-            out[col] = value_from_expr(expr, &stream.columns[col])?;
-        }
-        check_not_null(&stream, &out)?;
-        rows.push(out);
+/// One VALUES cell of a prepared INSERT: a constant, or the `$n` it takes (0-based).
+#[derive(Clone, Debug)]
+enum Slot {
+    Const(Value),
+    Param(usize),
+}
+
+/// An INSERT bound once against a catalog, with its `$n` parameters still open: a
+/// prepared INSERT binds each execution's parameters into rows without parsing again.
+#[derive(Clone, Debug)]
+pub struct InsertTemplate {
+    pub stream: Arc<StreamDef>,
+    /// Per VALUES row, (stream column, slot) for each column given.
+    rows: Vec<Vec<(usize, Slot)>>,
+    /// The stream column each `$n` fills (`None` for a `$n` the statement skips).
+    pub params: Vec<Option<ColumnDef>>,
+    pub returning: Option<Vec<ReturningColumn>>,
+}
+
+/// Where a `$n` stands (through casts and parentheses), its 0-based index.
+fn placeholder(expr: &Expr) -> Option<usize> {
+    let mut e = expr;
+    while let Expr::Cast { expr, .. } | Expr::Nested(expr) = e {
+        e = expr;
     }
-    let returning = insert
-        .returning
-        .as_ref()
-        .map(|items| bind_returning(catalog, &stream, items))
-        .transpose()?;
-    Ok(InsertPlan {
-        stream,
-        rows,
-        returning,
+    match e {
+        Expr::Value(v) => match &v.value {
+            ast::Value::Placeholder(p) => p
+                .strip_prefix('$')
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n > 0)
+                .map(|n| n - 1),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl InsertTemplate {
+    /// Binds an INSERT's target, constants and RETURNING; `$n` stay open.
+    pub fn new(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertTemplate> {
+        let (stream, targets) = insert_target(catalog, insert)?;
+        let source = insert
+            .source
+            .as_ref()
+            .ok_or_else(|| Error::unsupported("INSERT needs VALUES"))?;
+        let SetExpr::Values(values) = source.body.as_ref() else {
+            return Err(Error::unsupported("INSERT … SELECT is not supported")
+                .with_hint("Insert events with VALUES or COPY."));
+        };
+        let mut rows = Vec::with_capacity(values.rows.len());
+        let mut params: Vec<Option<ColumnDef>> = Vec::new();
+        for row in &values.rows {
+            let exprs = &row.content;
+            if exprs.len() > targets.len() {
+                return Err(Error::syntax(
+                    "INSERT has more expressions than target columns",
+                ));
+            }
+            if exprs.len() < targets.len() && !insert.columns.is_empty() {
+                return Err(Error::syntax(
+                    "INSERT has more target columns than expressions",
+                ));
+            }
+            let mut slots = Vec::with_capacity(exprs.len());
+            for (expr, &col) in exprs.iter().zip(&targets) {
+                let def = &stream.columns[col];
+                let slot = match placeholder(expr) {
+                    Some(i) => {
+                        if params.len() <= i {
+                            params.resize(i + 1, None);
+                        }
+                        params[i] = Some(def.clone());
+                        Slot::Param(i)
+                    }
+                    None => Slot::Const(value_from_expr(expr, def)?),
+                };
+                slots.push((col, slot));
+            }
+            rows.push(slots);
+        }
+        let returning = insert
+            .returning
+            .as_ref()
+            .map(|items| bind_returning(catalog, &stream, items))
+            .transpose()?;
+        Ok(InsertTemplate {
+            stream,
+            rows,
+            params,
+            returning,
+        })
+    }
+
+    /// The bound rows, with `param(i, column)` giving the value of `$(i+1)` for a column.
+    pub fn bind(
+        &self,
+        param: &mut dyn FnMut(usize, &ColumnDef) -> Result<Value>,
+    ) -> Result<InsertPlan> {
+        let mut rows = Vec::with_capacity(self.rows.len());
+        for slots in &self.rows {
+            let mut out = vec![Value::Null; self.stream.columns.len()];
+            for (col, slot) in slots {
+                out[*col] = match slot {
+                    Slot::Const(v) => v.clone(),
+                    Slot::Param(i) => param(*i, &self.stream.columns[*col])?,
+                };
+            }
+            check_not_null(&self.stream, &out)?;
+            rows.push(out);
+        }
+        Ok(InsertPlan {
+            stream: self.stream.clone(),
+            rows,
+            returning: self.returning.clone(),
+        })
+    }
+}
+
+/// Binds an INSERT whose VALUES are all constants.
+pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
+    InsertTemplate::new(catalog, insert)?.bind(&mut |i, _| {
+        Err(Error::new(
+            ErrorKind::InvalidParameter,
+            format!("there is no parameter ${}", i + 1),
+        ))
     })
 }
 
@@ -553,34 +640,11 @@ pub type InsertShape = (Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>);
 /// The shape of a prepared INSERT: the column type each `$n` fills, and the RETURNING
 /// columns, without binding any values.
 pub fn insert_shape(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertShape> {
-    let (stream, targets) = insert_target(catalog, insert)?;
-    let mut params: Vec<Option<ColumnType>> = Vec::new();
-    if let Some(SetExpr::Values(values)) = insert.source.as_ref().map(|s| s.body.as_ref()) {
-        for row in &values.rows {
-            for (expr, col) in row.content.iter().zip(&targets) {
-                let mut e = expr;
-                while let Expr::Cast { expr, .. } | Expr::Nested(expr) = e {
-                    e = expr;
-                }
-                if let Expr::Value(v) = e {
-                    if let ast::Value::Placeholder(p) = &v.value {
-                        if let Some(i) = p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
-                            if params.len() < i {
-                                params.resize(i, None);
-                            }
-                            params[i - 1] = Some(stream.columns[*col].ty);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let returning = insert
-        .returning
-        .as_ref()
-        .map(|items| bind_returning(catalog, &stream, items))
-        .transpose()?;
-    Ok((params, returning))
+    let t = InsertTemplate::new(catalog, insert)?;
+    Ok((
+        t.params.iter().map(|c| c.as_ref().map(|c| c.ty)).collect(),
+        t.returning,
+    ))
 }
 
 /// Fails with 23502 when a NOT NULL column of `row` is NULL.

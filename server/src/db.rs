@@ -83,6 +83,15 @@ impl Executed {
         })
     }
 
+    /// The rows of a SELECT (tagged `SELECT n`).
+    pub fn selected(columns: Vec<Column>, rows: Vec<Vec<Cell>>) -> Executed {
+        Executed::new(Output::Rows {
+            columns,
+            rows,
+            tag: "SELECT",
+        })
+    }
+
     /// The rows of a FETCH (tagged `FETCH n`).
     pub fn fetched(columns: Vec<Column>, rows: Vec<Vec<Cell>>) -> Executed {
         Executed::new(Output::Rows {
@@ -110,6 +119,7 @@ impl Db {
         data_dir: &Path,
         shards: usize,
         checkpoint_interval: std::time::Duration,
+        commit_delay: std::time::Duration,
         kafka: Option<KafkaConfig>,
     ) -> anyhow::Result<Arc<Db>> {
         std::fs::create_dir_all(data_dir)?;
@@ -128,7 +138,10 @@ impl Db {
         };
         let mut publish = false;
         let log = match kafka {
-            None => Log::Local(Arc::new(LocalLog::open(&data_dir.join(LOG_DIR))?)),
+            None => Log::Local(Arc::new(LocalLog::open(
+                &data_dir.join(LOG_DIR),
+                commit_delay,
+            )?)),
             Some(config) => {
                 let kafka = Kafka::connect(config)
                     .await
@@ -283,7 +296,7 @@ impl Db {
             Statement::Insert(insert) => {
                 let catalog = self.catalog();
                 let plan = bind_insert(&catalog, &insert)?;
-                self.insert(plan).await
+                self.insert(plan, true).await
             }
             Statement::Copy(copy) => {
                 let catalog = self.catalog();
@@ -406,14 +419,22 @@ impl Db {
         })
     }
 
-    async fn insert(&self, plan: eddy_planner::bind::InsertPlan) -> Result<Executed> {
+    /// Ingests a bound INSERT and answers it (with RETURNING, each row's values).
+    pub async fn insert(
+        &self,
+        plan: eddy_planner::bind::InsertPlan,
+        durable: bool,
+    ) -> Result<Executed> {
         let n = plan.rows.len();
         for row in &plan.rows {
             Task::event_time(&plan.stream, row)?;
         }
         let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
         let want = plan.returning.is_some();
-        let replies = self.engine.ingest(&plan.stream, rows.clone(), want).await?;
+        let replies = self
+            .engine
+            .ingest(&plan.stream, rows.clone(), want, durable)
+            .await?;
         let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes));
         let output = match plan.returning {
             None => Output::Command {
@@ -452,7 +473,7 @@ impl Db {
     }
 
     /// Parses and applies a finished COPY; nothing is applied if any row is bad.
-    pub async fn finish_copy(&self, copy: CopyIn) -> Result<Executed> {
+    pub async fn finish_copy(&self, copy: CopyIn, durable: bool) -> Result<Executed> {
         let stream = copy.stream.clone();
         let rows = copy.rows()?;
         // Every check that can fail runs before the first row reaches a task.
@@ -464,7 +485,10 @@ impl Db {
         let mut late = Vec::new();
         let rows: Vec<Row> = rows.into_iter().map(Row::from).collect();
         for chunk in rows.chunks(COPY_BATCH_ROWS) {
-            let replies = self.engine.ingest(&stream, chunk.to_vec(), false).await?;
+            let replies = self
+                .engine
+                .ingest(&stream, chunk.to_vec(), false, durable)
+                .await?;
             late.extend(replies.into_iter().map(|r| r.outcomes));
         }
         Ok(Executed {

@@ -9,6 +9,7 @@ pub mod copy;
 pub mod db;
 pub mod pg;
 pub mod pg_catalog;
+pub mod prepared;
 pub mod query;
 pub mod serve;
 pub mod subscribe;

@@ -43,6 +43,10 @@ enum Command {
         /// Seconds between checkpoints (state flushed, log truncated).
         #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
         checkpoint_interval: f64,
+        /// With `synchronous_commit = off`, the longest (milliseconds) an acknowledged
+        /// event waits for the fsync that makes it durable.
+        #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = 10)]
+        commit_delay: u64,
         /// Kafka bootstrap servers: Kafka becomes the log (cluster mode).
         #[arg(long, env = "EDDY_KAFKA")]
         kafka: Option<String>,
@@ -78,6 +82,7 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             shards,
             checkpoint_interval,
+            commit_delay,
             kafka,
             node_id,
             cluster,
@@ -112,6 +117,7 @@ fn main() -> anyhow::Result<()> {
                 checkpoint_interval: std::time::Duration::from_secs_f64(
                     checkpoint_interval.max(0.01),
                 ),
+                commit_delay: std::time::Duration::from_millis(commit_delay),
                 kafka,
             }))
         }

@@ -45,6 +45,7 @@ use crate::cells::{
 };
 use crate::copy::{CopyIn, CopyLines};
 use crate::db::{Db, Executed, Output};
+use crate::prepared::{Bound, Fast, Prepared};
 use crate::query;
 use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
 
@@ -142,6 +143,10 @@ pub struct Session {
     /// Inside BEGIN … COMMIT (tracked here: pgwire learns it only after a whole query
     /// string ran).
     in_block: std::sync::atomic::AtomicBool,
+    /// `SET synchronous_commit`: on (the default) acknowledges a statement once its
+    /// events are fsynced; off once they are written, with the fsync within the commit
+    /// delay.
+    synchronous_commit: std::sync::atomic::AtomicBool,
     /// `SET application_name` (pgjdbc sets it after startup).
     application_name: Mutex<Option<String>>,
     /// A second handle on the client's socket, to notice a disconnect while a continuous
@@ -172,6 +177,7 @@ impl Handlers {
                 live_portals: Mutex::new(HashMap::new()),
                 rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
                 in_block: std::sync::atomic::AtomicBool::new(false),
+                synchronous_commit: std::sync::atomic::AtomicBool::new(true),
                 application_name: Mutex::new(None),
                 peer,
             }),
@@ -338,6 +344,34 @@ impl Session {
                 self.rows_max.store(n, Ordering::Relaxed);
                 Ok(Executed::command("SET"))
             }
+            Statement::SetVariable { name, value } if name == "synchronous_commit" => {
+                let v = value.trim().trim_matches('\'').to_ascii_lowercase();
+                let on = match v.as_str() {
+                    "on" | "true" | "yes" | "1" | "local" | "remote_write" | "remote_apply" => true,
+                    "off" | "false" | "no" | "0" => false,
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidParameter,
+                            format!(
+                                "invalid value for parameter \"synchronous_commit\": \"{value}\""
+                            ),
+                        )
+                        .with_hint("Available values: on, off."))
+                    }
+                };
+                self.synchronous_commit.store(on, Ordering::Relaxed);
+                Ok(Executed::command("SET"))
+            }
+            Statement::ShowVariable(name) if name == "synchronous_commit" => Ok(Executed::rows(
+                vec![Column::text("synchronous_commit")],
+                vec![vec![Cell::Text(
+                    if self.durable() { "on" } else { "off" }.to_string(),
+                )]],
+            )),
+            Statement::Insert(insert) => {
+                let plan = eddy_planner::bind::bind_insert(&self.db.catalog(), &insert)?;
+                self.db.insert(plan, self.durable()).await
+            }
             Statement::SetVariable { name, value } if name == "application_name" => {
                 *self.application_name.lock().expect("session lock") = Some(value);
                 Ok(Executed::command("SET"))
@@ -363,6 +397,12 @@ impl Session {
             }
             other => self.db.execute_statement(other).await,
         }
+    }
+
+    /// Whether this session's statements wait for their events' fsync
+    /// (`synchronous_commit`).
+    fn durable(&self) -> bool {
+        self.synchronous_commit.load(Ordering::Relaxed)
     }
 
     /// The client's application_name: as last SET, else as sent at startup.
@@ -699,28 +739,30 @@ impl SimpleQueryHandler for Session {
     }
 }
 
-/// Parses at Parse time so syntax errors surface there, as in PostgreSQL.
+/// Parses at Parse time so syntax errors surface there, as in PostgreSQL; the parsed
+/// statement is kept for every execution.
 pub struct EddyParser;
 
 #[async_trait]
 impl QueryParser for EddyParser {
-    type Statement = String;
+    type Statement = Arc<Prepared>;
 
     async fn parse_sql<C>(
         &self,
         _client: &C,
         sql: &str,
         _types: &[Option<Type>],
-    ) -> PgWireResult<Option<String>>
+    ) -> PgWireResult<Option<Arc<Prepared>>>
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let statements = sql::split_statements(sql).map_err(|e| user_error(&e))?;
+        let mut statements = sql::split_statements(sql).map_err(|e| user_error(&e))?;
         match statements.len() {
             0 => Ok(None),
             1 => {
-                sql::parse_statement(&statements[0]).map_err(|e| user_error(&e))?;
-                Ok(Some(statements[0].clone()))
+                let text = statements.remove(0);
+                let stmt = sql::parse_statement(&text).map_err(|e| user_error(&e))?;
+                Ok(Some(Prepared::new(text, stmt)))
             }
             _ => Err(user_error(&Error::syntax(
                 "cannot insert multiple commands into a prepared statement",
@@ -728,13 +770,13 @@ impl QueryParser for EddyParser {
         }
     }
 
-    fn get_parameter_types(&self, _stmt: &String) -> PgWireResult<Vec<Type>> {
+    fn get_parameter_types(&self, _stmt: &Arc<Prepared>) -> PgWireResult<Vec<Type>> {
         Ok(Vec::new())
     }
 
     fn get_result_schema(
         &self,
-        _stmt: &String,
+        _stmt: &Arc<Prepared>,
         _column_format: Option<&Format>,
     ) -> PgWireResult<Vec<pgwire::api::results::FieldInfo>> {
         Ok(Vec::new())
@@ -742,14 +784,44 @@ impl QueryParser for EddyParser {
 }
 
 impl Session {
+    /// A prepared statement against the current catalog: its shape and how it runs.
+    /// Bound once per catalog version for INSERT and queries.
+    async fn bind(&self, prepared: &Prepared) -> eddy_planner::Result<Bound> {
+        let catalog = self.db.catalog();
+        if let Some(b) = prepared.bound(&catalog) {
+            return Ok(b);
+        }
+        let shape = self.shape(&prepared.text, &prepared.stmt).await?;
+        if !prepared.cacheable() {
+            return Ok(Bound::once(shape));
+        }
+        let fast = match &prepared.stmt {
+            Statement::Insert(insert) => Fast::Insert(Arc::new(
+                eddy_planner::bind::InsertTemplate::new(&catalog, insert)?,
+            )),
+            Statement::Query(q) => {
+                let ctx = self.db.query_context()?;
+                match query::PointLookup::recognise(&ctx, &catalog, q).await {
+                    Some(lookup) => Fast::Lookup(Arc::new(lookup)),
+                    None => Fast::General,
+                }
+            }
+            _ => Fast::General,
+        };
+        Ok(prepared.keep(catalog, shape, fast))
+    }
+
     /// Parameter types and result columns of a statement, without running it.
-    async fn shape(&self, sql_text: &str) -> eddy_planner::Result<(Vec<Type>, Vec<Column>)> {
-        let stmt = sql::parse_statement(sql_text)?;
+    async fn shape(
+        &self,
+        sql_text: &str,
+        stmt: &Statement,
+    ) -> eddy_planner::Result<(Vec<Type>, Vec<Column>)> {
         let catalog = self.db.catalog();
         match stmt {
             Statement::Query(q) => {
                 let ctx = self.db.query_context()?;
-                let (columns, params) = query::describe(&ctx, &q).await?;
+                let (columns, params) = query::describe(&ctx, q).await?;
                 let params = params
                     .iter()
                     .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
@@ -757,7 +829,7 @@ impl Session {
                 Ok((params, columns))
             }
             Statement::Insert(insert) => {
-                let (params, returning) = eddy_planner::bind::insert_shape(&catalog, &insert)?;
+                let (params, returning) = eddy_planner::bind::insert_shape(&catalog, insert)?;
                 let params = params
                     .into_iter()
                     .map(|t| t.map_or(Type::TEXT, |c| pg_type(ResultType::Column(c))))
@@ -771,7 +843,7 @@ impl Session {
             }
             Statement::Subscribe(q) => {
                 let (columns, params) =
-                    crate::subscribe::ContinuousQuery::describe(&catalog, &q).await?;
+                    crate::subscribe::ContinuousQuery::describe(&catalog, q).await?;
                 let params = params
                     .iter()
                     .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
@@ -800,14 +872,15 @@ impl Session {
         }
     }
 
-    /// The SQL text of a portal with its parameters substituted as literals.
-    async fn bound_sql(&self, portal: &Portal<String>) -> eddy_planner::Result<String> {
-        let sql_text = &portal.statement.statement;
-        if portal.parameters.is_empty() {
-            return Ok(sql_text.clone());
-        }
+    /// The type of each parameter of a portal: as the client declared it, else as
+    /// inferred from the statement.
+    async fn parameter_types(
+        &self,
+        portal: &Portal<Arc<Prepared>>,
+    ) -> eddy_planner::Result<Vec<Type>> {
         let declared = &portal.statement.parameter_types;
-        let needs_inference = (0..portal.parameters.len()).any(|i| {
+        let n = portal.parameters.len();
+        let needs_inference = (0..n).any(|i| {
             portal.parameter_format.is_binary(i)
                 && declared
                     .get(i)
@@ -816,36 +889,112 @@ impl Session {
                     .is_none_or(|t| t == Type::UNKNOWN)
         });
         let inferred = if needs_inference {
-            self.shape(sql_text).await?.0
+            self.bind(&portal.statement.statement).await?.shape.0
         } else {
             Vec::new()
         };
+        Ok((0..n)
+            .map(|i| {
+                declared
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .filter(|t| *t != Type::UNKNOWN)
+                    .or_else(|| inferred.get(i).cloned())
+                    .unwrap_or(Type::TEXT)
+            })
+            .collect())
+    }
+
+    /// Each parameter of a portal as text (`None` for NULL), as a text-format
+    /// parameter would have sent it.
+    async fn parameter_texts(
+        &self,
+        portal: &Portal<Arc<Prepared>>,
+    ) -> eddy_planner::Result<Vec<Option<String>>> {
+        let types = self.parameter_types(portal).await?;
+        portal
+            .parameters
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match p {
+                None => Ok(None),
+                Some(bytes) => param_text(&types[i], bytes, portal.parameter_format.is_binary(i))
+                    .map(|(text, _)| Some(text)),
+            })
+            .collect()
+    }
+
+    /// The SQL text of a portal with its parameters substituted as literals.
+    async fn bound_sql(&self, portal: &Portal<Arc<Prepared>>) -> eddy_planner::Result<String> {
+        let sql_text = &portal.statement.statement.text;
+        if portal.parameters.is_empty() {
+            return Ok(sql_text.clone());
+        }
+        let types = self.parameter_types(portal).await?;
         let mut literals = Vec::with_capacity(portal.parameters.len());
         for (i, p) in portal.parameters.iter().enumerate() {
-            let ty = declared
-                .get(i)
-                .cloned()
-                .flatten()
-                .filter(|t| *t != Type::UNKNOWN)
-                .or_else(|| inferred.get(i).cloned())
-                .unwrap_or(Type::TEXT);
             literals.push(match p {
                 None => "NULL".to_string(),
-                Some(bytes) if !portal.parameter_format.is_binary(i) => {
-                    let text = std::str::from_utf8(bytes).map_err(|_| {
-                        Error::new(ErrorKind::InvalidText, "parameter is not valid UTF-8")
-                    })?;
-                    quote_literal(text)
+                Some(bytes) => {
+                    let (text, bare) =
+                        param_text(&types[i], bytes, portal.parameter_format.is_binary(i))?;
+                    if bare {
+                        text
+                    } else {
+                        quote_literal(&text)
+                    }
                 }
-                Some(bytes) => binary_literal(&ty, bytes)?,
             });
         }
         sql::substitute_params(sql_text, &literals)
     }
+
+    /// Runs a portal's statement: through its fast path when it has one, else with its
+    /// parameters substituted, parsed and run.
+    async fn execute_portal<C: ClientInfo>(
+        &self,
+        client: &C,
+        portal: &Portal<Arc<Prepared>>,
+    ) -> eddy_planner::Result<Executed> {
+        let prepared = &portal.statement.statement;
+        if prepared.cacheable() {
+            let bound = self.bind(prepared).await?;
+            match &bound.fast {
+                Fast::Insert(template) => {
+                    let texts = self.parameter_texts(portal).await?;
+                    let plan = template.bind(&mut |i, col| match texts.get(i) {
+                        Some(Some(t)) => eddy_planner::bind::value_from_text(t, col),
+                        Some(None) => Ok(eddy_planner::types::Value::Null),
+                        None => Err(Error::new(
+                            ErrorKind::InvalidParameter,
+                            format!("there is no parameter ${}", i + 1),
+                        )),
+                    })?;
+                    return self.db.insert(plan, self.durable()).await;
+                }
+                Fast::Lookup(lookup) => {
+                    let texts = self.parameter_texts(portal).await?;
+                    if let Some(rows) = lookup.run(self.db.engine(), &texts).await? {
+                        return Ok(Executed::selected(bound.shape.1.clone(), rows));
+                    }
+                }
+                Fast::General => {}
+            }
+        }
+        let stmt = sql::parse_statement(&self.bound_sql(portal).await?)?;
+        self.run(client, stmt).await
+    }
 }
 
-/// A SQL literal for a binary-format parameter of type `ty`.
-fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
+/// A parameter's value as text, with whether it may stand in SQL unquoted (a number or
+/// a boolean). Text-format parameters are their text; binary ones are decoded by type.
+fn param_text(ty: &Type, bytes: &[u8], binary: bool) -> eddy_planner::Result<(String, bool)> {
+    if !binary {
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| Error::new(ErrorKind::InvalidText, "parameter is not valid UTF-8"))?;
+        return Ok((text.to_string(), false));
+    }
     let bad = |what: &str| {
         Error::new(
             ErrorKind::InvalidText,
@@ -861,13 +1010,19 @@ fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
         Ok(out)
     };
     Ok(match *ty {
-        Type::INT2 => i16::from_be_bytes([
-            bytes.first().copied().unwrap_or(0),
-            bytes.get(1).copied().unwrap_or(0),
-        ])
-        .to_string(),
-        Type::INT4 => (i64::from_be_bytes(num(bytes, 4)?) as u32 as i32).to_string(),
-        Type::INT8 => i64::from_be_bytes(num(bytes, 8)?).to_string(),
+        Type::INT2 => (
+            i16::from_be_bytes([
+                bytes.first().copied().unwrap_or(0),
+                bytes.get(1).copied().unwrap_or(0),
+            ])
+            .to_string(),
+            true,
+        ),
+        Type::INT4 => (
+            (i64::from_be_bytes(num(bytes, 4)?) as u32 as i32).to_string(),
+            true,
+        ),
+        Type::INT8 => (i64::from_be_bytes(num(bytes, 8)?).to_string(), true),
         Type::FLOAT4 | Type::FLOAT8 => {
             let v = if *ty == Type::FLOAT4 {
                 f32::from_bits(u64::from_be_bytes(num(bytes, 4)?) as u32) as f64
@@ -875,35 +1030,38 @@ fn binary_literal(ty: &Type, bytes: &[u8]) -> eddy_planner::Result<String> {
                 f64::from_bits(u64::from_be_bytes(num(bytes, 8)?))
             };
             if v.is_finite() {
-                format!("{v:?}")
+                (format!("{v:?}"), true)
             } else {
-                quote_literal(&eddy_planner::types::format_float(v))
+                (eddy_planner::types::format_float(v), false)
             }
         }
-        Type::BOOL => if bytes.first() == Some(&1) {
-            "TRUE"
-        } else {
-            "FALSE"
-        }
-        .to_string(),
+        Type::BOOL => (
+            if bytes.first() == Some(&1) {
+                "TRUE"
+            } else {
+                "FALSE"
+            }
+            .to_string(),
+            true,
+        ),
         Type::TIMESTAMP | Type::TIMESTAMPTZ => {
             let us = i64::from_be_bytes(num(bytes, 8)?);
-            quote_literal(&format_timestamp(timestamp_from_pg_binary(us)))
+            (format_timestamp(timestamp_from_pg_binary(us)), false)
         }
         Type::NUMERIC => {
             let d = rust_decimal::Decimal::from_sql(ty, bytes).map_err(|_| bad("numeric"))?;
-            d.to_string()
+            (d.to_string(), true)
         }
         _ => {
             let text = std::str::from_utf8(bytes).map_err(|_| bad(ty.name()))?;
-            quote_literal(text)
+            (text.to_string(), false)
         }
     })
 }
 
 #[async_trait]
 impl ExtendedQueryHandler for Session {
-    type Statement = String;
+    type Statement = Arc<Prepared>;
     type QueryParser = EddyParser;
 
     fn query_parser(&self) -> Arc<Self::QueryParser> {
@@ -924,7 +1082,7 @@ impl ExtendedQueryHandler for Session {
             .clone()
             .unwrap_or_else(|| DEFAULT_NAME.to_string());
         let portal = match client.portal_store().get_portal(&name) {
-            Some(Entry::Value(p)) if is_continuous_text(&p.statement.statement) => p,
+            Some(Entry::Value(p)) if is_continuous(&p.statement.statement.stmt) => p,
             _ => return self._on_execute(client, message).await,
         };
         if !matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
@@ -951,18 +1109,19 @@ impl ExtendedQueryHandler for Session {
     async fn do_describe_statement<C>(
         &self,
         _client: &mut C,
-        target: &StoredStatement<String>,
+        target: &StoredStatement<Arc<Prepared>>,
     ) -> PgWireResult<DescribeStatementResponse>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = String>,
+        C::PortalStore: PortalStore<Statement = Arc<Prepared>>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let (inferred, columns) = self
-            .shape(&target.statement)
+            .bind(&target.statement)
             .await
-            .map_err(|e| user_error(&e))?;
+            .map_err(|e| user_error(&e))?
+            .shape;
         let n = inferred.len().max(target.parameter_types.len());
         let params = (0..n)
             .map(|i| {
@@ -983,18 +1142,19 @@ impl ExtendedQueryHandler for Session {
     async fn do_describe_portal<C>(
         &self,
         _client: &mut C,
-        target: &Portal<String>,
+        target: &Portal<Arc<Prepared>>,
     ) -> PgWireResult<DescribePortalResponse>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = String>,
+        C::PortalStore: PortalStore<Statement = Arc<Prepared>>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let (_, columns) = self
-            .shape(&target.statement.statement)
+            .bind(&target.statement.statement)
             .await
-            .map_err(|e| user_error(&e))?;
+            .map_err(|e| user_error(&e))?
+            .shape;
         let f = fields(&columns, &|i| target.result_column_format.format_for(i));
         Ok(DescribePortalResponse::new(f.as_ref().clone()))
     }
@@ -1002,24 +1162,16 @@ impl ExtendedQueryHandler for Session {
     async fn do_query<C>(
         &self,
         client: &mut C,
-        portal: &Portal<String>,
+        portal: &Portal<Arc<Prepared>>,
         _max_rows: usize,
     ) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = String>,
+        C::PortalStore: PortalStore<Statement = Arc<Prepared>>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let result = match self
-            .bound_sql(portal)
-            .await
-            .and_then(|text| sql::parse_statement(&text))
-        {
-            Ok(stmt) => self.run(client, stmt).await,
-            Err(e) => Err(e),
-        };
-        match result {
+        match self.execute_portal(client, portal).await {
             Ok(executed) => {
                 send_notices(client, &executed.notices).await?;
                 Ok(self.respond(executed, &|i| portal.result_column_format.format_for(i)))
@@ -1029,17 +1181,16 @@ impl ExtendedQueryHandler for Session {
     }
 }
 
-/// Whether a statement's text may be a continuous query (checked fully when it runs).
-fn is_continuous_text(text: &str) -> bool {
-    text.to_ascii_uppercase().contains("EMIT")
-        && matches!(
-            sql::parse_statement(text),
-            Ok(Statement::Subscribe(_))
-                | Ok(Statement::CopyOut(CopyOut {
-                    subscribe: true,
-                    ..
-                }))
-        )
+/// Whether a statement is a continuous query.
+fn is_continuous(stmt: &Statement) -> bool {
+    matches!(
+        stmt,
+        Statement::Subscribe(_)
+            | Statement::CopyOut(CopyOut {
+                subscribe: true,
+                ..
+            })
+    )
 }
 
 impl Session {
@@ -1047,7 +1198,7 @@ impl Session {
         &self,
         client: &mut C,
         name: &str,
-        portal: &Arc<Portal<String>>,
+        portal: &Arc<Portal<Arc<Prepared>>>,
         max_rows: usize,
     ) -> PgWireResult<()>
     where
@@ -1172,7 +1323,7 @@ impl CopyHandler for Session {
         };
         let executed = self
             .db
-            .finish_copy(copy)
+            .finish_copy(copy, self.durable())
             .await
             .map_err(|e| user_error(&e))?;
         send_notices(client, &executed.notices).await?;

@@ -25,7 +25,7 @@ use eddy_planner::filter::{
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::cells::{pg_type_of_arrow, rows_of_batches, Cell, Column};
+use crate::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
 use crate::pg_catalog;
 
 /// The result columns and types of a metric: group-by columns, then aggregates.
@@ -319,5 +319,177 @@ fn unwrap_external(e: datafusion::error::DataFusionError) -> Error {
         },
         datafusion::error::DataFusionError::Context(_, inner) => unwrap_external(*inner),
         other => datafusion_error(other),
+    }
+}
+
+/// A prepared `SELECT cols FROM metric WHERE key = expr [AND …]` that pins every
+/// group-by column with an expression of constants and parameters: executed by
+/// evaluating those expressions and reading the one group from its task, with no SQL
+/// planning.
+#[derive(Debug)]
+pub struct PointLookup {
+    stream: Arc<StreamDef>,
+    metric: Arc<MetricDef>,
+    /// The metric's columns: group-by columns, then aggregates.
+    types: Vec<ResultType>,
+    arrow: Vec<datafusion::arrow::datatypes::DataType>,
+    /// Per group-by column, the expression its value comes from (`$n` still in it).
+    keys: Vec<Expr>,
+    /// The metric column each result column shows.
+    projection: Vec<usize>,
+    /// The type DataFusion inferred for each `$n`.
+    params: Vec<Option<datafusion::arrow::datatypes::DataType>>,
+}
+
+impl PointLookup {
+    /// Recognises a point lookup in a query's logical plan, or declines (`None`).
+    pub async fn recognise(
+        ctx: &SessionContext,
+        catalog: &Catalog,
+        sql: &str,
+    ) -> Option<PointLookup> {
+        use datafusion::logical_expr::utils::split_conjunction;
+        use datafusion::logical_expr::LogicalPlan;
+        let sql = pg_catalog::rewrite(sql);
+        let plan = ctx.state().create_logical_plan(&sql).await.ok()?;
+        let LogicalPlan::Projection(projection) = &plan else {
+            return None;
+        };
+        let LogicalPlan::Filter(filter) = projection.input.as_ref() else {
+            return None;
+        };
+        let mut input = filter.input.as_ref();
+        if let LogicalPlan::SubqueryAlias(a) = input {
+            input = a.input.as_ref();
+        }
+        let LogicalPlan::TableScan(scan) = input else {
+            return None;
+        };
+        if scan.table_name.schema().is_some_and(|s| s != "public") {
+            return None;
+        }
+        let metric = catalog.metric(scan.table_name.table())?.clone();
+        let stream = catalog.stream(&metric.stream)?.clone();
+        let cols = metric_columns(&stream, &metric);
+        let position = |e: &Expr| match e {
+            Expr::Column(c) => cols.iter().position(|(n, _)| *n == c.name),
+            _ => None,
+        };
+        let mut keys: Vec<Option<Expr>> = vec![None; metric.group_by.len()];
+        for conjunct in split_conjunction(&filter.predicate) {
+            let Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) = conjunct
+            else {
+                return None;
+            };
+            let (col, value) = match (position(left), position(right)) {
+                (Some(c), None) => (c, right.as_ref()),
+                (None, Some(c)) => (c, left.as_ref()),
+                _ => return None,
+            };
+            if col >= keys.len() || keys[col].is_some() || !value.column_refs().is_empty() {
+                return None;
+            }
+            keys[col] = Some(value.clone());
+        }
+        let keys: Vec<Expr> = keys.into_iter().collect::<Option<_>>()?;
+        // Float keys compare as numbers (-0 = 0), not as the stored bytes: not a lookup.
+        if metric.group_by.iter().any(|c| {
+            matches!(
+                stream.columns[*c].ty,
+                eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
+            )
+        }) {
+            return None;
+        }
+        let projection = projection
+            .expr
+            .iter()
+            .map(position)
+            .collect::<Option<Vec<usize>>>()?;
+        Some(PointLookup {
+            arrow: cols.iter().map(|(_, t)| result_arrow_type(*t)).collect(),
+            types: cols.into_iter().map(|(_, t)| t).collect(),
+            stream,
+            metric,
+            keys,
+            projection,
+            params: parameter_types(&plan).ok()?,
+        })
+    }
+
+    /// The group's row, projected; `Ok(None)` when a key's value cannot be taken
+    /// exactly (the general path then runs the query).
+    pub async fn run(
+        &self,
+        engine: &Engine,
+        params: &[Option<String>],
+    ) -> Result<Option<Vec<Vec<Cell>>>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::logical_expr::simplify::SimplifyContext;
+        use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+        let simplifier = ExprSimplifier::new(SimplifyContext::default());
+        let mut key = Vec::with_capacity(self.keys.len());
+        for (i, e) in self.keys.iter().enumerate() {
+            let bound = e.clone().transform(|e| {
+                let Expr::Placeholder(p) = &e else {
+                    return Ok(Transformed::no(e));
+                };
+                let n = p.id.trim_start_matches('$').parse::<usize>().unwrap_or(0);
+                let text = match params.get(n.wrapping_sub(1)) {
+                    Some(Some(t)) => ScalarValue::Utf8(Some(t.clone())),
+                    Some(None) => ScalarValue::Utf8(None),
+                    None => {
+                        return Err(datafusion::error::DataFusionError::Plan(
+                            "no parameter".into(),
+                        ))
+                    }
+                };
+                let ty = self.params.get(n - 1).cloned().flatten();
+                let value = match ty {
+                    Some(ty) => text.cast_to(&ty)?,
+                    None => text,
+                };
+                Ok(Transformed::yes(Expr::Literal(value, None)))
+            });
+            let Ok(value) = bound.and_then(|b| simplifier.simplify(b.data)) else {
+                return Ok(None);
+            };
+            let Expr::Literal(value, _) = value else {
+                return Ok(None);
+            };
+            if value.is_null() {
+                return Ok(Some(Vec::new()));
+            }
+            if value.data_type() != self.arrow[i] {
+                return Ok(None);
+            }
+            let col = &self.stream.columns[self.metric.group_by[i]];
+            let Some(v) = scalar_to_value(&value, col) else {
+                return Ok(None);
+            };
+            key.push(v);
+        }
+        let rows = self
+            .engine_rows(engine, key)
+            .await?
+            .into_iter()
+            .map(|row| {
+                self.projection
+                    .iter()
+                    .map(|&c| cell_of(&row[c], self.types[c]))
+                    .collect()
+            })
+            .collect();
+        Ok(Some(rows))
+    }
+
+    async fn engine_rows(&self, engine: &Engine, key: Vec<Value>) -> Result<Vec<Vec<Value>>> {
+        engine
+            .metric_rows(&self.stream, &self.metric, Some(key))
+            .await
     }
 }

@@ -20,6 +20,8 @@ pub struct Config {
     pub shards: usize,
     /// Time between periodic checkpoints.
     pub checkpoint_interval: std::time::Duration,
+    /// With `synchronous_commit = off`, the longest a written event waits for its fsync.
+    pub commit_delay: std::time::Duration,
     /// Kafka as the log (cluster mode); `None`: the embedded local log.
     pub kafka: Option<eddy_cluster::KafkaConfig>,
 }
@@ -39,6 +41,7 @@ impl Server {
             &config.data_dir,
             config.shards,
             config.checkpoint_interval,
+            config.commit_delay,
             config.kafka.clone(),
         )
         .await?;

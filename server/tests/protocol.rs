@@ -7,7 +7,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{connect, repo, start, temp_dir};
+use common::{connect, repo, simple_rows, start, temp_dir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_session_matches_expected_output() {
@@ -234,5 +234,228 @@ async fn storage_is_observable_in_sql_and_over_http() {
     let mut body = String::new();
     socket.read_to_string(&mut body).await.unwrap();
     assert!(body.starts_with("HTTP/1.1 404"), "{body}");
+    server.stop().await;
+}
+
+/// A prepared statement's row as text, for the column types the test uses.
+fn row_text(row: &tokio_postgres::Row) -> Vec<Option<String>> {
+    use tokio_postgres::types::Type;
+    (0..row.len())
+        .map(|i| match *row.columns()[i].type_() {
+            Type::INT8 => row.get::<_, Option<i64>>(i).map(|v| v.to_string()),
+            Type::INT4 => row.get::<_, Option<i32>>(i).map(|v| v.to_string()),
+            Type::NUMERIC => row
+                .get::<_, Option<rust_decimal::Decimal>>(i)
+                .map(|v| v.to_string()),
+            Type::TEXT => row.get::<_, Option<String>>(i),
+            ref other => panic!("untested type {other}"),
+        })
+        .collect()
+}
+
+/// Prepared INSERTs bind their parameters without SQL, and prepared point lookups read
+/// the group directly: both must answer exactly as the same statement with its
+/// parameters written as literals, run through the simple protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_fast_paths_answer_as_the_general_path() {
+    let dir = temp_dir("fastpaths");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    client
+        .batch_execute(
+            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, k TEXT NOT NULL, \
+             g INTEGER NOT NULL, n INTEGER) \
+             WITH (event_time = 'ts', event_id = 'id', partition_by = 'k, g', partitions = 3); \
+             CREATE METRIC by_k AS SELECT k, COUNT(*) AS c, SUM(n) AS sn \
+             FROM s WINDOW SLIDING (SIZE 1 MINUTE) GROUP BY k; \
+             CREATE METRIC by_g AS SELECT g, COUNT(*) AS c, MAX(n) AS mx \
+             FROM s WINDOW INFINITE GROUP BY g; \
+             CREATE METRIC by_kg AS SELECT k, g, SUM(n) AS sn \
+             FROM s WINDOW INFINITE GROUP BY k, g",
+        )
+        .await
+        .unwrap();
+    // Parameters and constants mixed, a column left out, RETURNING of both kinds.
+    let insert = client
+        .prepare(
+            "INSERT INTO s (id, ts, k, g, n) VALUES ($1, $2, 'c-' || 'x', $3, $4), \
+             ($5, '2027-01-01 00:00:00', $6, 7, NULL) RETURNING id, k, by_k.c, by_k.sn, by_g.mx",
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(insert.code().unwrap().code(), "0A000", "{insert}");
+    let insert = client
+        .prepare(
+            "INSERT INTO s (id, ts, k, g, n) VALUES ($1, $2, $3, $4, $5), \
+             ($6, '2027-01-01 00:00:00', $7, 7, NULL) RETURNING id, k, by_k.c, by_k.sn, by_g.mx",
+        )
+        .await
+        .unwrap();
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .unwrap()
+        .naive_utc();
+    for i in 0..20i64 {
+        let ts = base + chrono::Duration::seconds(i);
+        let k = format!("c-{}", i % 4);
+        let rows = client
+            .query(
+                &insert,
+                &[
+                    &(2 * i),
+                    &ts,
+                    &k,
+                    &((i % 3) as i32),
+                    &(i as i32),
+                    &(2 * i + 1),
+                    &k,
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].get::<_, i64>(0), 2 * i);
+        assert_eq!(rows[1].get::<_, String>(1), k);
+        assert_eq!(rows[1].get::<_, i64>(0), 2 * i + 1);
+    }
+    // The same statement through the general path (literals, simple protocol).
+    client
+        .simple_query(
+            "INSERT INTO s (id, ts, k, g, n) VALUES (1000, '2027-01-01 00:00:01', 'c-9', 1, 5)",
+        )
+        .await
+        .unwrap();
+    let err = client
+        .query(
+            &insert,
+            &[&1i64, &base, &None::<&str>, &1i32, &1i32, &2i64, &"a"],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "23502", "{err}");
+
+    // Lookups: (prepared text, its parameters, the same query with literals).
+    type P = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+    let cases: Vec<(&str, Vec<P>, String)> = vec![
+        (
+            "SELECT * FROM by_k WHERE k = $1",
+            vec![Box::new("c-1")],
+            "SELECT * FROM by_k WHERE k = 'c-1'".into(),
+        ),
+        (
+            "SELECT sn, k FROM by_k WHERE $1 = k",
+            vec![Box::new("c-2")],
+            "SELECT sn, k FROM by_k WHERE 'c-2' = k".into(),
+        ),
+        (
+            "SELECT c FROM by_k WHERE k = 'c-' || $1",
+            vec![Box::new("3")],
+            "SELECT c FROM by_k WHERE k = 'c-' || '3'".into(),
+        ),
+        (
+            "SELECT * FROM by_k WHERE k = $1",
+            vec![Box::new("nope")],
+            "SELECT * FROM by_k WHERE k = 'nope'".into(),
+        ),
+        (
+            "SELECT * FROM by_k WHERE k = $1",
+            vec![Box::new(None::<String>)],
+            "SELECT * FROM by_k WHERE k = NULL".into(),
+        ),
+        (
+            "SELECT * FROM by_g WHERE g = $1",
+            vec![Box::new(2i32)],
+            "SELECT * FROM by_g WHERE g = 2".into(),
+        ),
+        (
+            "SELECT mx, c FROM by_g WHERE g = $1 + 1",
+            vec![Box::new(0i64)],
+            "SELECT mx, c FROM by_g WHERE g = 0 + 1".into(),
+        ),
+        (
+            "SELECT * FROM by_kg WHERE k = $1 AND g = $2",
+            vec![Box::new("c-9"), Box::new(1i32)],
+            "SELECT * FROM by_kg WHERE k = 'c-9' AND g = 1".into(),
+        ),
+        (
+            "SELECT * FROM by_kg WHERE g = $2 AND k = $1",
+            vec![Box::new("c-0"), Box::new(0i32)],
+            "SELECT * FROM by_kg WHERE g = 0 AND k = 'c-0'".into(),
+        ),
+        // Not lookups: a key left free, another condition, an ORDER BY.
+        (
+            "SELECT * FROM by_kg WHERE k = $1 ORDER BY g",
+            vec![Box::new("c-1")],
+            "SELECT * FROM by_kg WHERE k = 'c-1' ORDER BY g".into(),
+        ),
+        (
+            "SELECT * FROM by_k WHERE k = $1 AND c > 100",
+            vec![Box::new("c-1")],
+            "SELECT * FROM by_k WHERE k = 'c-1' AND c > 100".into(),
+        ),
+    ];
+    for round in 0..2 {
+        for (sql, params, literal) in &cases {
+            let stmt = client.prepare(sql).await.unwrap();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p.as_ref() as _).collect();
+            let fast: Vec<_> = client
+                .query(&stmt, &refs)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+                .iter()
+                .map(row_text)
+                .collect();
+            let general: Vec<Vec<Option<String>>> = simple_rows(&client, literal).await;
+            assert_eq!(fast, general, "{sql} (round {round})");
+            // Twice through the same statement: the second time from its cached binding.
+            let again: Vec<_> = client
+                .query(&stmt, &refs)
+                .await
+                .unwrap()
+                .iter()
+                .map(row_text)
+                .collect();
+            assert_eq!(again, general, "{sql} again (round {round})");
+        }
+        // A catalog change: statements bind again against the new catalog.
+        client
+            .batch_execute(
+                &format!(
+                "CREATE METRIC extra{round} AS SELECT k, COUNT(*) AS c FROM s WINDOW INFINITE GROUP BY k"
+            ))
+            .await
+            .unwrap();
+    }
+    let found = client
+        .query("SELECT c FROM by_k WHERE k = $1", &[&"c-1"])
+        .await
+        .unwrap();
+    assert_eq!(found[0].get::<_, i64>(0), 5);
+
+    // synchronous_commit is a session setting with PostgreSQL's values.
+    client
+        .batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let shown = simple_rows(&client, "SHOW synchronous_commit").await;
+    assert_eq!(shown[0][0].as_deref(), Some("off"));
+    client
+        .query(
+            &insert,
+            &[&5000i64, &base, &"z", &1i32, &1i32, &5001i64, &"z"],
+        )
+        .await
+        .unwrap();
+    let err = client
+        .batch_execute("SET synchronous_commit = sometimes")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22023");
+    client
+        .batch_execute("SET synchronous_commit TO 'on'")
+        .await
+        .unwrap();
+    let shown = simple_rows(&client, "SHOW synchronous_commit").await;
+    assert_eq!(shown[0][0].as_deref(), Some("on"));
     server.stop().await;
 }

@@ -166,7 +166,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
         let n = (a.events - sent).min(a.batch as u64);
         let rows: Vec<Row> = (0..n).map(|_| gen.next()).collect();
         let t = Instant::now();
-        runtime.block_on(engine.ingest(&stream, rows, false))?;
+        runtime.block_on(engine.ingest(&stream, rows, false, true))?;
         latencies.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
         sent += n;
     }

@@ -223,7 +223,7 @@ fn checkpoint(a: &Args) -> Result<serde_json::Value> {
         while sent < a.cards {
             let n = (a.cards - sent).min(a.batch as u64);
             let rows: Vec<Row> = (0..n).map(|_| gen.next()).collect();
-            runtime.block_on(engine.ingest(&stream, rows, false))?;
+            runtime.block_on(engine.ingest(&stream, rows, false, true))?;
             sent += n;
         }
         let ingest = started.elapsed().as_secs_f64();

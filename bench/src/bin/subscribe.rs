@@ -296,6 +296,7 @@ async fn main() -> Result<()> {
         data_dir: dir.clone(),
         shards: a.shards,
         checkpoint_interval: std::time::Duration::from_secs(10),
+        commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
     })
     .await?;

@@ -25,6 +25,7 @@ pub async fn start(dir: &Path) -> Server {
         data_dir: dir.to_path_buf(),
         shards: 2,
         checkpoint_interval: std::time::Duration::from_millis(300),
+        commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
     })
     .await
