@@ -1,0 +1,269 @@
+//! The front door over loopback: what one client gets from an in-process server through
+//! the PostgreSQL protocol (tokio-postgres, prepared statements). Prints one JSON object.
+//!
+//! - `single_on` / `single_off`: one event per round trip, `INSERT … RETURNING *`, with
+//!   `synchronous_commit` on (fsync per statement, group commit) and off;
+//! - `batch`: multi-row `INSERT … RETURNING *` of `--batch` rows per statement;
+//! - `copy`: `COPY … FROM STDIN` of `--copy-rows` rows;
+//! - `lookup`: prepared point lookups of a metric's group (`WHERE card = $1`).
+//!
+//! Latencies are per statement, in an HdrHistogram.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use futures::SinkExt;
+use hdrhistogram::Histogram;
+use tokio_postgres::{Client, NoTls};
+
+use eddy_server::serve::{Config, Server};
+
+struct Args {
+    seconds: f64,
+    cards: u64,
+    batch: usize,
+    copy_rows: u64,
+    shards: usize,
+    only: Option<String>,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        seconds: 10.0,
+        cards: 100_000,
+        batch: 1_000,
+        copy_rows: 500_000,
+        shards: 2,
+        only: None,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--seconds" => a.seconds = value.parse()?,
+            "--cards" => a.cards = value.parse()?,
+            "--batch" => a.batch = value.parse()?,
+            "--copy-rows" => a.copy_rows = value.parse()?,
+            "--shards" => a.shards = value.parse()?,
+            "--only" => a.only = Some(value),
+            other => bail!(
+                "unknown argument {other}; use --seconds S --cards N --batch N --copy-rows N --shards N --only single_on|single_off|batch|copy|lookup"
+            ),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+/// Event `i`: one millisecond apart, cards spread by a multiplicative hash.
+fn event(i: u64, cards: u64) -> (i64, chrono::NaiveDateTime, String, f64) {
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .expect("time")
+        .naive_utc();
+    (
+        i as i64,
+        base + chrono::Duration::milliseconds(i as i64),
+        format!("c{}", i.wrapping_mul(2_654_435_761) % cards),
+        (i % 1000) as f64 / 10.0,
+    )
+}
+
+fn summary(name: &str, events: u64, elapsed: Duration, h: &Histogram<u64>) -> serde_json::Value {
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    serde_json::json!({
+        "mode": name,
+        "events": events,
+        "seconds": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+        "events_per_sec": (events as f64 / elapsed.as_secs_f64()).round(),
+        "statements": h.len(),
+        "p50_ms": q(0.5), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
+    })
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram")
+}
+
+async fn single(
+    client: &Client,
+    a: &Args,
+    next: &mut u64,
+    sync: &str,
+) -> Result<serde_json::Value> {
+    client
+        .batch_execute(&format!("SET synchronous_commit = {sync}"))
+        .await?;
+    let stmt = client
+        .prepare("INSERT INTO pay VALUES ($1, $2, $3, $4) RETURNING *")
+        .await?;
+    let mut h = histogram();
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed().as_secs_f64() < a.seconds {
+        let (id, ts, card, amount) = event(*next, a.cards);
+        *next += 1;
+        let t = Instant::now();
+        client.query_one(&stmt, &[&id, &ts, &card, &amount]).await?;
+        h.record(t.elapsed().as_micros().max(1) as u64)?;
+        n += 1;
+    }
+    client.batch_execute("SET synchronous_commit = on").await?;
+    Ok(summary(&format!("single_{sync}"), n, started.elapsed(), &h))
+}
+
+async fn batch(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::Value> {
+    let values: Vec<String> = (0..a.batch)
+        .map(|i| {
+            format!(
+                "(${}, ${}, ${}, ${})",
+                4 * i + 1,
+                4 * i + 2,
+                4 * i + 3,
+                4 * i + 4
+            )
+        })
+        .collect();
+    let stmt = client
+        .prepare(&format!(
+            "INSERT INTO pay VALUES {} RETURNING *",
+            values.join(", ")
+        ))
+        .await?;
+    let mut h = histogram();
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed().as_secs_f64() < a.seconds {
+        let events: Vec<_> = (0..a.batch as u64)
+            .map(|i| event(*next + i, a.cards))
+            .collect();
+        *next += a.batch as u64;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        for (id, ts, card, amount) in &events {
+            params.push(id);
+            params.push(ts);
+            params.push(card);
+            params.push(amount);
+        }
+        let t = Instant::now();
+        let rows = client.query(&stmt, &params).await?;
+        h.record(t.elapsed().as_micros().max(1) as u64)?;
+        anyhow::ensure!(
+            rows.len() == a.batch,
+            "a batch returned {} rows",
+            rows.len()
+        );
+        n += a.batch as u64;
+    }
+    Ok(summary("batch", n, started.elapsed(), &h))
+}
+
+async fn copy(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::Value> {
+    let mut text = String::with_capacity(a.copy_rows as usize * 48);
+    for i in 0..a.copy_rows {
+        let (id, ts, card, amount) = event(*next + i, a.cards);
+        text.push_str(&format!(
+            "{id}\t{}\t{card}\t{amount}\n",
+            ts.format("%Y-%m-%d %H:%M:%S%.3f")
+        ));
+    }
+    *next += a.copy_rows;
+    let started = Instant::now();
+    let sink = client.copy_in("COPY pay FROM STDIN").await?;
+    futures::pin_mut!(sink);
+    for chunk in text.as_bytes().chunks(64 * 1024) {
+        sink.send(bytes::Bytes::copy_from_slice(chunk)).await?;
+    }
+    let n = sink.finish().await?;
+    let elapsed = started.elapsed();
+    let mut h = histogram();
+    h.record(elapsed.as_micros().max(1) as u64)?;
+    Ok(summary("copy", n, elapsed, &h))
+}
+
+async fn lookup(client: &Client, a: &Args) -> Result<serde_json::Value> {
+    let stmt = client
+        .prepare("SELECT n, total FROM card_5m WHERE card = $1")
+        .await?;
+    let mut h = histogram();
+    let started = Instant::now();
+    let mut n = 0u64;
+    let mut found = 0u64;
+    while started.elapsed().as_secs_f64() < a.seconds {
+        let card = format!("c{}", n.wrapping_mul(40_503) % a.cards);
+        let t = Instant::now();
+        found += client.query(&stmt, &[&card]).await?.len() as u64;
+        h.record(t.elapsed().as_micros().max(1) as u64)?;
+        n += 1;
+    }
+    anyhow::ensure!(found > 0, "no lookup found its group");
+    Ok(summary("lookup", n, started.elapsed(), &h))
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let dir = std::env::temp_dir().join(format!("eddy-bench-frontdoor-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let server = Server::start(&Config {
+            pg_addr: "127.0.0.1:0".parse()?,
+            http_addr: None,
+            data_dir: dir.clone(),
+            shards: a.shards,
+            checkpoint_interval: Duration::from_secs(10),
+            commit_delay: Duration::from_millis(10),
+            kafka: None,
+        })
+        .await?;
+        let (client, conn) = tokio_postgres::connect(
+            &format!(
+                "host=127.0.0.1 port={} user=eddy dbname=eddy",
+                server.addr.port()
+            ),
+            NoTls,
+        )
+        .await?;
+        tokio::spawn(conn);
+        client
+            .batch_execute(
+                "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+                 amount DOUBLE PRECISION) WITH (event_time = 'ts', event_id = 'id', \
+                 partition_by = 'card', partitions = 4); \
+                 CREATE METRIC card_5m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, \
+                 AVG(amount) AS mean FROM pay WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card",
+            )
+            .await?;
+        let mut next = 0u64;
+        let mut results = Vec::new();
+        let wants = |m: &str| a.only.as_deref().is_none_or(|o| o == m);
+        if wants("single_on") {
+            results.push(single(&client, &a, &mut next, "on").await?);
+        }
+        if wants("single_off") {
+            results.push(single(&client, &a, &mut next, "off").await?);
+        }
+        if wants("batch") {
+            results.push(batch(&client, &a, &mut next).await?);
+        }
+        if wants("copy") {
+            results.push(copy(&client, &a, &mut next).await?);
+        }
+        if wants("lookup") {
+            if next == 0 {
+                copy(&client, &a, &mut next).await?;
+            }
+            results.push(lookup(&client, &a).await?);
+        }
+        drop(client);
+        server.stop().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "frontdoor": results }))?
+        );
+        Ok(())
+    })
+}
