@@ -7,6 +7,7 @@
 pub mod cells;
 pub mod copy;
 pub mod db;
+pub mod deferred;
 pub mod pg;
 pub mod pg_catalog;
 pub mod prepared;

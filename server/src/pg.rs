@@ -29,7 +29,7 @@ use pgwire::api::{
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult, SEVERITY_ERROR, SEVERITY_NOTICE};
 use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
-use pgwire::messages::extendedquery::{Execute, PortalSuspended};
+use pgwire::messages::extendedquery::{Bind, BindComplete, Describe, Execute, PortalSuspended};
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::PgWireBackendMessage;
@@ -45,6 +45,7 @@ use crate::cells::{
 };
 use crate::copy::{CopyIn, CopyLines};
 use crate::db::{Db, Executed, Output};
+use crate::deferred::Deferred;
 use crate::prepared::{Bound, Fast, Prepared};
 use crate::query;
 use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
@@ -1083,7 +1084,14 @@ impl ExtendedQueryHandler for Session {
             .unwrap_or_else(|| DEFAULT_NAME.to_string());
         let portal = match client.portal_store().get_portal(&name) {
             Some(Entry::Value(p)) if is_continuous(&p.statement.statement.stmt) => p,
-            _ => return self._on_execute(client, message).await,
+            _ => {
+                // Answers wait for Sync, except a COPY's, which the client waits for.
+                let result = self._on_execute(&mut Deferred(client), message).await;
+                if matches!(client.state(), PgWireConnectionState::CopyInProgress(_)) {
+                    client.flush().await?;
+                }
+                return result;
+            }
         };
         if !matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
             return Err(PgWireError::NotReadyForQuery);
@@ -1104,6 +1112,53 @@ impl ExtendedQueryHandler for Session {
             client.set_state(PgWireConnectionState::ReadyForQuery);
         }
         result
+    }
+
+    /// As pgwire's, with BindComplete left for Sync to flush.
+    async fn on_bind<C>(&self, client: &mut C, message: Bind) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let statement_name = message.statement_name.as_deref().unwrap_or(DEFAULT_NAME);
+        let portal_name = message.portal_name.as_deref().unwrap_or(DEFAULT_NAME);
+        match client.portal_store().get_statement(statement_name) {
+            Some(Entry::Value(statement)) => {
+                let portal = Portal::try_new(&message, statement)?;
+                client.portal_store().put_portal(Arc::new(portal));
+            }
+            Some(Entry::Empty) => {
+                if !message.parameters.is_empty() {
+                    return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                        SEVERITY_ERROR.to_owned(),
+                        "08P01".to_owned(),
+                        format!(
+                            "bind message supplies {} parameters, but prepared statement \"{statement_name}\" requires 0",
+                            message.parameters.len(),
+                        ),
+                    ))));
+                }
+                client.portal_store().put_empty_portal(portal_name);
+            }
+            None => return Err(PgWireError::StatementNotFound(statement_name.to_owned())),
+        }
+        client
+            .feed(PgWireBackendMessage::BindComplete(BindComplete::new()))
+            .await?;
+        Ok(())
+    }
+
+    /// As pgwire's, with the answer left for Sync to flush.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        self._on_describe(&mut Deferred(client), message).await
     }
 
     async fn do_describe_statement<C>(

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Prepared point lookups, Eddy against PostgreSQL 15, in one run on this machine:
+#   bench/pgbench/compare.sh [SECONDS] [CLIENTS] [GROUPS]
+# Eddy (release build) gets a stream and a metric with GROUPS groups (COPY); PostgreSQL
+# (Debian's postgresql-15, a throwaway cluster in a temporary directory) gets the same
+# rows in a table with a primary key. pgbench runs bench/pgbench/lookup_random.sql
+# against each with `-n -M prepared -c CLIENTS -j CLIENTS` and prints both TPS figures.
+# Both servers listen on loopback only and are stopped by PID at the end.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds=${1:-20}
+clients=${2:-2}
+groups=${3:-100000}
+
+export DEBIAN_FRONTEND=noninteractive
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+  apt-get update -qq && apt-get install -y -qq postgresql-15 >/dev/null
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+cargo build --release -q -p eddy-server --bin eddy
+
+work=$(mktemp -d)
+chmod 755 "$work"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+eport=$(free_port)
+pport=$(free_port)
+eddy_pid=""
+cleanup() {
+  [ -n "$eddy_pid" ] && kill -TERM "$eddy_pid" 2>/dev/null && wait "$eddy_pid" 2>/dev/null || true
+  if [ -f "$work/pg/postmaster.pid" ]; then
+    kill -INT "$(head -1 "$work/pg/postmaster.pid")" 2>/dev/null || true
+    sleep 1
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The rows: card c-1 … c-GROUPS, one event each.
+python3 - "$groups" >"$work/rows.csv" <<'PY'
+import sys, datetime
+base = datetime.datetime(2026, 11, 22, 10, 0, 0)
+for i in range(1, int(sys.argv[1]) + 1):
+    print(f"{base + datetime.timedelta(seconds=i)},c-{i},{i % 1000}")
+PY
+
+"$CARGO_TARGET_DIR/release/eddy" serve --pg-addr "127.0.0.1:$eport" --http-addr "127.0.0.1:$(free_port)" \
+  --data-dir "$work/eddy" >"$work/eddy.log" 2>&1 &
+eddy_pid=$!
+for _ in $(seq 1 200); do
+  psql -h 127.0.0.1 -p "$eport" -U eddy -d eddy -Atc 'SELECT 1' >/dev/null 2>&1 && break
+  sleep 0.1
+done
+psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$eport" -U eddy -d eddy <<SQL
+CREATE STREAM lk_payments (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount DOUBLE PRECISION)
+    WITH (event_time = 'ts', partition_by = 'card', partitions = 4);
+CREATE METRIC pgb_card AS SELECT card, COUNT(*) AS n, SUM(amount) AS total
+    FROM lk_payments WINDOW INFINITE GROUP BY card;
+\copy lk_payments FROM '$work/rows.csv' (FORMAT csv)
+SQL
+
+mkdir -p "$work/pg" && chown postgres "$work/pg"
+runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D "$work/pg" -A trust -U postgres >/dev/null
+runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$work/pg" -l "$work/pg/server.log" -w \
+  -o "-c listen_addresses=127.0.0.1 -p $pport -c unix_socket_directories=$work/pg" start >/dev/null
+psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$pport" -U postgres -d postgres <<SQL
+CREATE TABLE pgb_card (card TEXT PRIMARY KEY, n BIGINT, total DOUBLE PRECISION);
+CREATE TEMP TABLE raw (ts TIMESTAMP, card TEXT, amount DOUBLE PRECISION);
+\copy raw FROM '$work/rows.csv' (FORMAT csv)
+INSERT INTO pgb_card SELECT card, count(*), sum(amount) FROM raw GROUP BY card;
+ANALYZE pgb_card;
+SQL
+
+sed "s/random(1, 4)/random(1, $groups)/" bench/pgbench/point_lookup.sql >"$work/lookup.sql"
+tps() {
+  pgbench -n -M prepared -f "$work/lookup.sql" -T "$seconds" -c "$clients" -j "$clients" \
+    -h 127.0.0.1 -p "$1" -U "$2" "$3" 2>/dev/null | awk '/^tps/ {print $3; exit}'
+}
+eddy_tps=$(tps "$eport" eddy eddy)
+pg_tps=$(tps "$pport" postgres postgres)
+echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps}}"
