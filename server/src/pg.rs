@@ -895,15 +895,7 @@ impl Session {
             Vec::new()
         };
         Ok((0..n)
-            .map(|i| {
-                declared
-                    .get(i)
-                    .cloned()
-                    .flatten()
-                    .filter(|t| *t != Type::UNKNOWN)
-                    .or_else(|| inferred.get(i).cloned())
-                    .unwrap_or(Type::TEXT)
-            })
+            .map(|i| parameter_type(declared, &inferred, i))
             .collect())
     }
 
@@ -986,6 +978,17 @@ impl Session {
         let stmt = sql::parse_statement(&self.bound_sql(portal).await?)?;
         self.run(client, stmt).await
     }
+}
+
+/// The type of parameter `i`: as the client declared it, else as inferred, else text.
+fn parameter_type(declared: &[Option<Type>], inferred: &[Type], i: usize) -> Type {
+    declared
+        .get(i)
+        .cloned()
+        .flatten()
+        .filter(|t| *t != Type::UNKNOWN)
+        .or_else(|| inferred.get(i).cloned())
+        .unwrap_or(Type::TEXT)
 }
 
 /// A parameter's value as text, with whether it may stand in SQL unquoted (a number or
@@ -1179,16 +1182,7 @@ impl ExtendedQueryHandler for Session {
             .shape;
         let n = inferred.len().max(target.parameter_types.len());
         let params = (0..n)
-            .map(|i| {
-                target
-                    .parameter_types
-                    .get(i)
-                    .cloned()
-                    .flatten()
-                    .filter(|t| *t != Type::UNKNOWN)
-                    .or_else(|| inferred.get(i).cloned())
-                    .unwrap_or(Type::TEXT)
-            })
+            .map(|i| parameter_type(&target.parameter_types, &inferred, i))
             .collect();
         let f = fields(&columns, &|_| FieldFormat::Text);
         Ok(DescribeStatementResponse::new(params, f.as_ref().clone()))
