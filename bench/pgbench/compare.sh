@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Prepared point lookups, Eddy against PostgreSQL 15, in one run on this machine:
+# Eddy against PostgreSQL 15, in one run on this machine:
 #   bench/pgbench/compare.sh [SECONDS] [CLIENTS] [GROUPS]
+# 1. prepared point lookups (pgbench);
+# 2. per-event scoring, one event per round trip from psycopg (bench/pgbench/score.py),
+#    with synchronous_commit on and off.
 # Eddy (release build) gets a stream and a metric with GROUPS groups (COPY); PostgreSQL
 # (Debian's postgresql-15, a throwaway cluster in a temporary directory) gets the same
 # rows in a table with a primary key. pgbench runs bench/pgbench/lookup_random.sql
@@ -16,6 +19,8 @@ export DEBIAN_FRONTEND=noninteractive
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
   apt-get update -qq && apt-get install -y -qq postgresql-15 >/dev/null
 fi
+python3 -c 'import psycopg' 2>/dev/null || python3 -m pip install -q "psycopg[binary]" 2>/dev/null \
+  || python3 -m pip install -q --break-system-packages "psycopg[binary]"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
 cargo build --release -q -p eddy-server --bin eddy
 
@@ -77,4 +82,8 @@ tps() {
 }
 eddy_tps=$(tps "$eport" eddy eddy)
 pg_tps=$(tps "$pport" postgres postgres)
+for sync in on off; do
+  python3 bench/pgbench/score.py eddy "host=127.0.0.1 port=$eport user=eddy dbname=eddy" "$seconds" "$groups" "$sync"
+  python3 bench/pgbench/score.py postgres "host=127.0.0.1 port=$pport user=postgres dbname=postgres" "$seconds" "$groups" "$sync"
+done
 echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps}}"
