@@ -18,6 +18,10 @@ use tokio_postgres::{Client, NoTls};
 
 use eddy_server::serve::{Config, Server};
 
+/// The allocator of the `eddy` binary, so the in-process server runs as it would there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     seconds: f64,
     cards: u64,
