@@ -11,3 +11,19 @@ impl XorShift {
         self.0
     }
 }
+
+/// A tokio-postgres client of an in-process server, its connection driven on the runtime.
+pub async fn connect(
+    server: &eddy_server::serve::Server,
+) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=eddy dbname=eddy",
+            server.addr.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await?;
+    tokio::spawn(conn);
+    Ok(client)
+}

@@ -634,19 +634,6 @@ pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan
     })
 }
 
-/// The column type each `$n` of an INSERT fills, and its RETURNING columns.
-pub type InsertShape = (Vec<Option<ColumnType>>, Option<Vec<ReturningColumn>>);
-
-/// The shape of a prepared INSERT: the column type each `$n` fills, and the RETURNING
-/// columns, without binding any values.
-pub fn insert_shape(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertShape> {
-    let t = InsertTemplate::new(catalog, insert)?;
-    Ok((
-        t.params.iter().map(|c| c.as_ref().map(|c| c.ty)).collect(),
-        t.returning,
-    ))
-}
-
 /// Fails with 23502 when a NOT NULL column of `row` is NULL.
 pub fn check_not_null(stream: &StreamDef, row: &[Value]) -> Result<()> {
     for (c, v) in stream.columns.iter().zip(row) {

@@ -786,33 +786,60 @@ impl QueryParser for EddyParser {
 
 impl Session {
     /// A prepared statement against the current catalog: its shape and how it runs.
-    /// Bound once per catalog version for INSERT and queries.
-    async fn bind(&self, prepared: &Prepared) -> eddy_planner::Result<Bound> {
+    /// INSERTs and queries are bound once per catalog version; their fast path comes
+    /// from the same binding as their shape (the INSERT's template, the query's plan).
+    async fn bind(&self, prepared: &Prepared) -> eddy_planner::Result<Arc<Bound>> {
         let catalog = self.db.catalog();
         if let Some(b) = prepared.bound(&catalog) {
             return Ok(b);
         }
-        let shape = self.shape(&prepared.text, &prepared.stmt).await?;
-        if !prepared.cacheable() {
-            return Ok(Bound::once(shape));
-        }
-        let fast = match &prepared.stmt {
-            Statement::Insert(insert) => Fast::Insert(Arc::new(
-                eddy_planner::bind::InsertTemplate::new(&catalog, insert)?,
-            )),
+        let (shape, fast) = match &prepared.stmt {
+            Statement::Insert(insert) => {
+                let template = eddy_planner::bind::InsertTemplate::new(&catalog, insert)?;
+                let params = template
+                    .params
+                    .iter()
+                    .map(|c| {
+                        c.as_ref()
+                            .map_or(Type::TEXT, |c| pg_type(ResultType::Column(c.ty)))
+                    })
+                    .collect();
+                let columns = template
+                    .returning
+                    .iter()
+                    .flatten()
+                    .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
+                    .collect();
+                ((params, columns), Fast::Insert(Arc::new(template)))
+            }
             Statement::Query(q) => {
                 let ctx = self.db.query_context()?;
-                match query::PointLookup::recognise(&ctx, &catalog, q).await {
+                let (plan, columns, params) = query::describe(&ctx, q).await?;
+                let fast = match query::PointLookup::recognise(&plan, &catalog, &params) {
                     Some(lookup) => Fast::Lookup(Arc::new(lookup)),
                     None => Fast::General,
-                }
+                };
+                ((pg_types(&params), columns), fast)
             }
-            _ => Fast::General,
+            other => {
+                // Depends on session state (cursors) or runs the statement: not kept.
+                let shape = self.shape(&prepared.text, other).await?;
+                return Ok(Arc::new(Bound {
+                    catalog,
+                    shape,
+                    fast: Fast::General,
+                }));
+            }
         };
-        Ok(prepared.keep(catalog, shape, fast))
+        Ok(prepared.keep(Bound {
+            catalog,
+            shape,
+            fast,
+        }))
     }
 
-    /// Parameter types and result columns of a statement, without running it.
+    /// Parameter types and result columns of a statement that is not bound once per
+    /// catalog (INSERTs and queries are, in `bind`), without running it.
     async fn shape(
         &self,
         sql_text: &str,
@@ -820,36 +847,10 @@ impl Session {
     ) -> eddy_planner::Result<(Vec<Type>, Vec<Column>)> {
         let catalog = self.db.catalog();
         match stmt {
-            Statement::Query(q) => {
-                let ctx = self.db.query_context()?;
-                let (columns, params) = query::describe(&ctx, q).await?;
-                let params = params
-                    .iter()
-                    .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
-                    .collect();
-                Ok((params, columns))
-            }
-            Statement::Insert(insert) => {
-                let (params, returning) = eddy_planner::bind::insert_shape(&catalog, insert)?;
-                let params = params
-                    .into_iter()
-                    .map(|t| t.map_or(Type::TEXT, |c| pg_type(ResultType::Column(c))))
-                    .collect();
-                let columns = returning
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|c| Column::new(c.name, pg_type(c.ty)))
-                    .collect();
-                Ok((params, columns))
-            }
             Statement::Subscribe(q) => {
                 let (columns, params) =
                     crate::subscribe::ContinuousQuery::describe(&catalog, q).await?;
-                let params = params
-                    .iter()
-                    .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
-                    .collect();
-                Ok((params, columns))
+                Ok((pg_types(&params), columns))
             }
             Statement::Fetch(f) => {
                 let cursors = self.cursors.lock().expect("cursors lock");
@@ -890,7 +891,11 @@ impl Session {
                     .is_none_or(|t| t == Type::UNKNOWN)
         });
         let inferred = if needs_inference {
-            self.bind(&portal.statement.statement).await?.shape.0
+            self.bind(&portal.statement.statement)
+                .await?
+                .shape
+                .0
+                .clone()
         } else {
             Vec::new()
         };
@@ -978,6 +983,14 @@ impl Session {
         let stmt = sql::parse_statement(&self.bound_sql(portal).await?)?;
         self.run(client, stmt).await
     }
+}
+
+/// The PostgreSQL types of the parameters DataFusion inferred (text where it could not).
+fn pg_types(params: &[Option<datafusion::arrow::datatypes::DataType>]) -> Vec<Type> {
+    params
+        .iter()
+        .map(|t| t.as_ref().map_or(Type::TEXT, pg_type_of_arrow))
+        .collect()
 }
 
 /// The type of parameter `i`: as the client declared it, else as inferred, else text.
@@ -1175,16 +1188,16 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (inferred, columns) = self
+        let bound = self
             .bind(&target.statement)
             .await
-            .map_err(|e| user_error(&e))?
-            .shape;
+            .map_err(|e| user_error(&e))?;
+        let (inferred, columns) = &bound.shape;
         let n = inferred.len().max(target.parameter_types.len());
         let params = (0..n)
-            .map(|i| parameter_type(&target.parameter_types, &inferred, i))
+            .map(|i| parameter_type(&target.parameter_types, inferred, i))
             .collect();
-        let f = fields(&columns, &|_| FieldFormat::Text);
+        let f = fields(columns, &|_| FieldFormat::Text);
         Ok(DescribeStatementResponse::new(params, f.as_ref().clone()))
     }
 
@@ -1199,12 +1212,13 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (_, columns) = self
+        let bound = self
             .bind(&target.statement.statement)
             .await
-            .map_err(|e| user_error(&e))?
-            .shape;
-        let f = fields(&columns, &|i| target.result_column_format.format_for(i));
+            .map_err(|e| user_error(&e))?;
+        let f = fields(&bound.shape.1, &|i| {
+            target.result_column_format.format_for(i)
+        });
         Ok(DescribePortalResponse::new(f.as_ref().clone()))
     }
 

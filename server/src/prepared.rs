@@ -22,20 +22,20 @@ pub struct Prepared {
     pub text: String,
     /// Parsed at Parse; `$n` are still in it.
     pub stmt: Statement,
-    bound: Mutex<Option<Bound>>,
+    bound: Mutex<Option<Arc<Bound>>>,
 }
 
 /// What a prepared statement is against one catalog version.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Bound {
-    catalog: Arc<Catalog>,
+    pub catalog: Arc<Catalog>,
     /// Parameter types and result columns (Describe).
     pub shape: (Vec<Type>, Vec<Column>),
     pub fast: Fast,
 }
 
 /// How a prepared statement executes without SQL.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Fast {
     /// `INSERT … VALUES ($1, …) [RETURNING …]`: rows straight from the parameters.
     Insert(Arc<InsertTemplate>),
@@ -43,17 +43,6 @@ pub enum Fast {
     Lookup(Arc<PointLookup>),
     /// Everything else: parameters substituted as literals, then parsed and run.
     General,
-}
-
-impl Bound {
-    /// A shape good for this execution only (the statement is not cacheable).
-    pub fn once(shape: (Vec<Type>, Vec<Column>)) -> Bound {
-        Bound {
-            catalog: Arc::new(Catalog::default()),
-            shape,
-            fast: Fast::General,
-        }
-    }
 }
 
 impl Prepared {
@@ -72,7 +61,7 @@ impl Prepared {
     }
 
     /// The binding made against `catalog`, if it is the current one.
-    pub fn bound(&self, catalog: &Arc<Catalog>) -> Option<Bound> {
+    pub fn bound(&self, catalog: &Arc<Catalog>) -> Option<Arc<Bound>> {
         let bound = self.bound.lock().expect("prepared lock");
         bound
             .as_ref()
@@ -80,17 +69,9 @@ impl Prepared {
             .cloned()
     }
 
-    pub fn keep(
-        &self,
-        catalog: Arc<Catalog>,
-        shape: (Vec<Type>, Vec<Column>),
-        fast: Fast,
-    ) -> Bound {
-        let b = Bound {
-            catalog,
-            shape,
-            fast,
-        };
+    /// Keeps a binding for the executions to come (while its catalog is current).
+    pub fn keep(&self, bound: Bound) -> Arc<Bound> {
+        let b = Arc::new(bound);
         *self.bound.lock().expect("prepared lock") = Some(b.clone());
         b
     }

@@ -254,11 +254,13 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Ve
     Ok((columns, rows_of_batches(&batches)))
 }
 
-/// The result columns and parameter types of a query, without running it.
+/// A query's logical plan, with its result columns and parameter types, without
+/// running it.
 pub async fn describe(
     ctx: &SessionContext,
     sql: &str,
 ) -> Result<(
+    datafusion::logical_expr::LogicalPlan,
     Vec<Column>,
     Vec<Option<datafusion::arrow::datatypes::DataType>>,
 )> {
@@ -274,7 +276,8 @@ pub async fn describe(
         .iter()
         .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
         .collect();
-    Ok((columns, parameter_types(&plan)?))
+    let params = parameter_types(&plan)?;
+    Ok((plan, columns, params))
 }
 
 /// The types DataFusion inferred for `$1`, `$2`, … (`None` where it could not).
@@ -339,20 +342,21 @@ pub struct PointLookup {
     projection: Vec<usize>,
     /// The type DataFusion inferred for each `$n`.
     params: Vec<Option<datafusion::arrow::datatypes::DataType>>,
+    /// What folds the keys to constants, made once.
+    simplify: datafusion::logical_expr::simplify::SimplifyContext,
 }
 
 impl PointLookup {
-    /// Recognises a point lookup in a query's logical plan, or declines (`None`).
-    pub async fn recognise(
-        ctx: &SessionContext,
+    /// Recognises a point lookup in a query's logical plan (`describe`), or declines
+    /// (`None`).
+    pub fn recognise(
+        plan: &datafusion::logical_expr::LogicalPlan,
         catalog: &Catalog,
-        sql: &str,
+        params: &[Option<datafusion::arrow::datatypes::DataType>],
     ) -> Option<PointLookup> {
         use datafusion::logical_expr::utils::split_conjunction;
         use datafusion::logical_expr::LogicalPlan;
-        let sql = pg_catalog::rewrite(sql);
-        let plan = ctx.state().create_logical_plan(&sql).await.ok()?;
-        let LogicalPlan::Projection(projection) = &plan else {
+        let LogicalPlan::Projection(projection) = plan else {
             return None;
         };
         let LogicalPlan::Filter(filter) = projection.input.as_ref() else {
@@ -417,7 +421,8 @@ impl PointLookup {
             metric,
             keys,
             projection,
-            params: parameter_types(&plan).ok()?,
+            params: params.to_vec(),
+            simplify: datafusion::logical_expr::simplify::SimplifyContext::default(),
         })
     }
 
@@ -429,9 +434,8 @@ impl PointLookup {
         params: &[Option<String>],
     ) -> Result<Option<Vec<Vec<Cell>>>> {
         use datafusion::common::tree_node::{Transformed, TreeNode};
-        use datafusion::logical_expr::simplify::SimplifyContext;
         use datafusion::optimizer::simplify_expressions::ExprSimplifier;
-        let simplifier = ExprSimplifier::new(SimplifyContext::default());
+        let simplifier = ExprSimplifier::new(self.simplify.clone());
         let mut key = Vec::with_capacity(self.keys.len());
         for (i, e) in self.keys.iter().enumerate() {
             let bound = e.clone().transform(|e| {

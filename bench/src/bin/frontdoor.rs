@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use futures::SinkExt;
 use hdrhistogram::Histogram;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use eddy_server::serve::{Config, Server};
 
@@ -22,42 +22,25 @@ use eddy_server::serve::{Config, Server};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[derive(clap::Parser)]
 struct Args {
+    /// Seconds each timed mode runs.
+    #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Distinct cards (groups of the metric).
+    #[arg(long, default_value_t = 100_000)]
     cards: u64,
+    /// Rows per multi-row INSERT.
+    #[arg(long, default_value_t = 1_000)]
     batch: usize,
+    /// Rows of the COPY.
+    #[arg(long, default_value_t = 500_000)]
     copy_rows: u64,
+    #[arg(long, default_value_t = 2)]
     shards: usize,
+    /// Run one mode: single_on, single_off, batch, copy or lookup.
+    #[arg(long)]
     only: Option<String>,
-}
-
-fn args() -> Result<Args> {
-    let mut a = Args {
-        seconds: 10.0,
-        cards: 100_000,
-        batch: 1_000,
-        copy_rows: 500_000,
-        shards: 2,
-        only: None,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--seconds" => a.seconds = value.parse()?,
-            "--cards" => a.cards = value.parse()?,
-            "--batch" => a.batch = value.parse()?,
-            "--copy-rows" => a.copy_rows = value.parse()?,
-            "--shards" => a.shards = value.parse()?,
-            "--only" => a.only = Some(value),
-            other => bail!(
-                "unknown argument {other}; use --seconds S --cards N --batch N --copy-rows N --shards N --only single_on|single_off|batch|copy|lookup"
-            ),
-        }
-        i += 2;
-    }
-    Ok(a)
 }
 
 /// Event `i`: one millisecond apart, cards spread by a multiplicative hash.
@@ -205,7 +188,7 @@ async fn lookup(client: &Client, a: &Args) -> Result<serde_json::Value> {
 }
 
 fn main() -> Result<()> {
-    let a = args()?;
+    let a = <Args as clap::Parser>::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -222,15 +205,7 @@ fn main() -> Result<()> {
             kafka: None,
         })
         .await?;
-        let (client, conn) = tokio_postgres::connect(
-            &format!(
-                "host=127.0.0.1 port={} user=eddy dbname=eddy",
-                server.addr.port()
-            ),
-            NoTls,
-        )
-        .await?;
-        tokio::spawn(conn);
+        let client = eddy_bench::connect(&server).await?;
         client
             .batch_execute(
                 "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use futures::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
+use eddy_bench::connect;
 use eddy_server::serve::{Config, Server};
 
 struct Args {
@@ -75,19 +76,6 @@ fn index_of(changed_at: &str) -> Option<u64> {
     let base = chrono::NaiveDateTime::parse_from_str(BASE, "%Y-%m-%d %H:%M:%S").ok()?;
     let t = chrono::NaiveDateTime::parse_from_str(changed_at, "%Y-%m-%d %H:%M:%S%.f").ok()?;
     Some((t - base).num_milliseconds() as u64)
-}
-
-async fn connect(server: &Server) -> Result<Client> {
-    let (client, conn) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=eddy dbname=eddy",
-            server.addr.port()
-        ),
-        NoTls,
-    )
-    .await?;
-    tokio::spawn(conn);
-    Ok(client)
 }
 
 async fn create(admin: &Client, stream: &str) -> Result<()> {
