@@ -16,15 +16,25 @@
 use std::sync::Arc;
 
 use hashbrown::HashMap;
+use smallvec::SmallVec;
 
 use eddy_planner::aggregate::AggState;
 use eddy_planner::codec::Reader;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::key::PackedKey;
+use crate::split::SplitMap;
 
 /// Puts waiting in the write-through batch before it is written.
 const PENDING_MAX: usize = 1024;
+
+/// Aggregate states kept inside a group's table entry; a node with more spills them to
+/// the heap.
+pub const INLINE_STATES: usize = 3;
+
+/// A group's aggregate states, one per slot, inline up to `INLINE_STATES`: an event
+/// touches its group's entry and nothing behind a pointer.
+pub type States = SmallVec<[AggState; INLINE_STATES]>;
 
 /// The state of one group: how many events its window holds, the tumbling epoch it
 /// belongs to, and one state per aggregate slot.
@@ -32,7 +42,7 @@ const PENDING_MAX: usize = 1024;
 pub struct GroupState {
     pub count: i64,
     pub epoch: i64,
-    pub states: Vec<AggState>,
+    pub states: States,
 }
 
 /// An aggregator leaf's state stored apart from its group's entry: (family, slot).
@@ -99,7 +109,7 @@ impl GroupState {
         let count = r.i64()?;
         let epoch = r.i64()?;
         let n = r.u32()? as usize;
-        let mut states = Vec::with_capacity(n.min(64));
+        let mut states = States::with_capacity(n.min(64));
         let mut aux = Vec::new();
         for i in 0..n {
             let len = r.u32()? as usize;
@@ -228,8 +238,8 @@ struct Slot {
 }
 
 pub struct GroupTable {
-    l1: HashMap<PackedKey, Slot>,
-    l2: HashMap<PackedKey, GroupState>,
+    l1: SplitMap<Slot>,
+    l2: SplitMap<GroupState>,
     backing: Option<Backing>,
     pending: Pending,
     failure: Option<String>,
@@ -239,8 +249,8 @@ pub struct GroupTable {
 impl GroupTable {
     pub fn new(backing: Option<Backing>) -> GroupTable {
         GroupTable {
-            l1: HashMap::new(),
-            l2: HashMap::new(),
+            l1: SplitMap::default(),
+            l2: SplitMap::default(),
             backing,
             pending: Vec::new(),
             failure: None,
@@ -430,10 +440,7 @@ impl GroupTable {
     /// The state of `key`, created with `make` if absent.
     pub fn entry(&mut self, key: &[u8], make: impl FnOnce() -> GroupState) -> &mut GroupState {
         self.load(key);
-        let slot = self
-            .l1
-            .entry(PackedKey::new(key))
-            .or_insert_with(Slot::absent);
+        let slot = self.l1.get_or_insert_with(key, Slot::absent);
         slot.dirty = true;
         slot.state.get_or_insert_with(make)
     }
@@ -497,7 +504,7 @@ impl GroupTable {
         }
         let mut all: HashMap<Vec<u8>, GroupState> =
             all.into_iter().map(|(k, (s, _))| (k, s)).collect();
-        for (k, slot) in &self.l1 {
+        for (k, slot) in self.l1.iter() {
             match &slot.state {
                 Some(s) => {
                     all.insert(k.as_bytes().to_vec(), s.clone());
@@ -618,7 +625,7 @@ mod tests {
         GroupState {
             count: 0,
             epoch: 0,
-            states: vec![
+            states: smallvec::smallvec![
                 AggState::Count(0),
                 AggState::Distinct(Default::default()),
                 AggState::Extreme(BTreeMap::new()),

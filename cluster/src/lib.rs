@@ -12,6 +12,7 @@ pub mod kafka;
 pub mod key;
 pub mod log;
 pub mod route;
+pub mod split;
 pub mod task;
 pub mod watch;
 

@@ -30,7 +30,9 @@ use eddy_storage::{
 
 use crate::checkpoint::Checkpoint;
 use crate::events::EventCodec;
-use crate::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable};
+use smallvec::SmallVec;
+
+use crate::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::key::{pack, unpack};
 use crate::watch::{Change, WatchId, WatchTarget, Watcher};
 
@@ -867,14 +869,20 @@ impl Task {
             rows
         };
         // Evaluate every predicate once over the whole batch, vectorised.
-        let mut bits = vec![0u64; rows.len()];
-        let predicates: Vec<(Filter, u32)> = self
+        let mut bits: SmallVec<[u64; 8]> = SmallVec::new();
+        let has_predicates = self
             .windows
             .iter()
             .flat_map(|w| w.filters.iter())
-            .filter_map(|f| Some((f.predicate.clone()?, f.bit?)))
-            .collect();
-        if !predicates.is_empty() {
+            .any(|f| f.predicate.is_some() && f.bit.is_some());
+        if has_predicates {
+            bits.resize(rows.len(), 0);
+            let predicates: Vec<(Filter, u32)> = self
+                .windows
+                .iter()
+                .flat_map(|w| w.filters.iter())
+                .filter_map(|f| Some((f.predicate.clone()?, f.bit?)))
+                .collect();
             let batch = rows_to_batch(
                 stream_schema(&self.stream),
                 &stream_types(&self.stream),
@@ -889,8 +897,8 @@ impl Task {
             }
         }
         let mut out = Vec::with_capacity(rows.len());
-        for (row, mask) in rows.iter().zip(bits) {
-            let outcome = self.apply(row, mask);
+        for (i, row) in rows.iter().enumerate() {
+            let outcome = self.apply(row, bits.get(i).copied().unwrap_or(0));
             if !self.watches.is_empty() && matches!(outcome, Ok(Outcome::Accepted)) {
                 self.collect_changes(row);
             }
@@ -1263,7 +1271,7 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
     let state = g.table.entry(key, || GroupState {
         count: 0,
         epoch,
-        states: Vec::new(),
+        states: States::new(),
     });
     if state.epoch != epoch || state.states.len() != g.aggs.len() {
         // A tumbling window moved on (or the group is new): start empty.

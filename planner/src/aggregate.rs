@@ -1,7 +1,7 @@
 //! Aggregate arithmetic: per-group running state that events enter and leave.
 //!
 //! Invariants: every state is exact under any interleaving of `insert` and `remove`
-//! (float sums are kept as non-overlapping partials, variance from exact moments), and
+//! (float sums are `exact::ExactSum`s, variance comes from exact moments), and
 //! no single update costs more than O(log window): MIN/MAX keep a value→count ordered
 //! multiset, COUNT DISTINCT a value→count map.
 
@@ -9,6 +9,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::codec::{decode_value, encode_value, Reader};
+pub use crate::exact::ExactSum;
 use crate::types::{ColumnType, Value};
 
 /// The aggregate functions of the dialect.
@@ -109,8 +110,7 @@ impl AggFunc {
             },
             AggFunc::StddevSamp | AggFunc::StddevPop | AggFunc::VarSamp | AggFunc::VarPop => {
                 AggState::Moments {
-                    s1: ExactSum::default(),
-                    s2: ExactSum::default(),
+                    s: Box::default(),
                     n: 0,
                 }
             }
@@ -168,113 +168,6 @@ impl PartialOrd for OrdValue {
     }
 }
 
-/// An exact sum of finite doubles as non-overlapping partials (Shewchuk's expansion,
-/// the method of Python's `math.fsum`), plus counts of the non-finite values.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ExactSum {
-    partials: Vec<f64>,
-    nan: u32,
-    pos_inf: u32,
-    neg_inf: u32,
-}
-
-impl ExactSum {
-    pub fn add(&mut self, x: f64) {
-        if x.is_finite() {
-            self.grow(x);
-        } else if x.is_nan() {
-            self.nan += 1;
-        } else if x > 0.0 {
-            self.pos_inf += 1;
-        } else {
-            self.neg_inf += 1;
-        }
-    }
-
-    pub fn sub(&mut self, x: f64) {
-        if x.is_finite() {
-            self.grow(-x);
-        } else if x.is_nan() {
-            self.nan -= 1;
-        } else if x > 0.0 {
-            self.pos_inf -= 1;
-        } else {
-            self.neg_inf -= 1;
-        }
-    }
-
-    fn grow(&mut self, mut x: f64) {
-        let mut kept = 0;
-        for j in 0..self.partials.len() {
-            let mut y = self.partials[j];
-            if x.abs() < y.abs() {
-                std::mem::swap(&mut x, &mut y);
-            }
-            let hi = x + y;
-            let lo = y - (hi - x);
-            if lo != 0.0 {
-                self.partials[kept] = lo;
-                kept += 1;
-            }
-            x = hi;
-        }
-        self.partials.truncate(kept);
-        if x != 0.0 {
-            self.partials.push(x);
-        }
-    }
-
-    fn has_special(&self) -> bool {
-        self.nan > 0 || self.pos_inf > 0 || self.neg_inf > 0
-    }
-
-    /// The exact sum rounded once to the nearest double.
-    pub fn value(&self) -> f64 {
-        if self.nan > 0 || (self.pos_inf > 0 && self.neg_inf > 0) {
-            return f64::NAN;
-        }
-        if self.pos_inf > 0 {
-            return f64::INFINITY;
-        }
-        if self.neg_inf > 0 {
-            return f64::NEG_INFINITY;
-        }
-        let p = &self.partials;
-        let mut n = p.len();
-        if n == 0 {
-            return 0.0;
-        }
-        n -= 1;
-        let mut hi = p[n];
-        let mut lo = 0.0;
-        while n > 0 {
-            n -= 1;
-            let x = hi;
-            let y = p[n];
-            hi = x + y;
-            let yr = hi - x;
-            lo = y - yr;
-            if lo != 0.0 {
-                break;
-            }
-        }
-        // Round half to even correctly when the remaining partials push past a tie.
-        if n > 0 && ((lo < 0.0 && p[n - 1] < 0.0) || (lo > 0.0 && p[n - 1] > 0.0)) {
-            let y = lo * 2.0;
-            let x = hi + y;
-            let yr = x - hi;
-            if y == yr {
-                hi = x;
-            }
-        }
-        hi
-    }
-
-    fn partials(&self) -> &[f64] {
-        &self.partials
-    }
-}
-
 /// `a * b` as an exact unevaluated sum `p + e`.
 fn two_product(a: f64, b: f64) -> (f64, f64) {
     let p = a * b;
@@ -283,17 +176,14 @@ fn two_product(a: f64, b: f64) -> (f64, f64) {
 
 /// A value as exact double parts for the moment sums: a float is itself; a 64-bit
 /// integer is split into a high and a low 32-bit part, each exact as a double.
-fn moment_terms(v: &Value) -> Vec<(MomentTerm, f64)> {
+fn moment_term(v: &Value) -> Option<MomentTerm> {
     match v {
         Value::Int(x) => {
             let hi = ((*x >> 32) << 32) as f64;
             let lo = (*x & 0xffff_ffff) as f64;
-            vec![(MomentTerm::Split(hi, lo), 1.0)]
+            Some(MomentTerm::Split(hi, lo))
         }
-        other => other
-            .as_f64()
-            .map(|x| vec![(MomentTerm::One(x), 1.0)])
-            .unwrap_or_default(),
+        other => other.as_f64().map(MomentTerm::One),
     }
 }
 
@@ -343,9 +233,9 @@ pub enum AggState {
         sum: ExactSum,
         n: i64,
     },
+    /// Σx and Σx² (boxed: variance is rare, and every state is as large as the largest).
     Moments {
-        s1: ExactSum,
-        s2: ExactSum,
+        s: Box<[ExactSum; 2]>,
         n: i64,
     },
     Extreme(BTreeMap<OrdValue, u32>),
@@ -361,32 +251,6 @@ const STATE_MOMENTS: u8 = 4;
 const STATE_EXTREME: u8 = 5;
 const STATE_DISTINCT: u8 = 6;
 const STATE_LAST: u8 = 7;
-
-impl ExactSum {
-    fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&(self.partials.len() as u32).to_le_bytes());
-        for p in &self.partials {
-            out.extend_from_slice(&p.to_bits().to_le_bytes());
-        }
-        for n in [self.nan, self.pos_inf, self.neg_inf] {
-            out.extend_from_slice(&n.to_le_bytes());
-        }
-    }
-
-    fn decode(r: &mut Reader<'_>) -> Option<ExactSum> {
-        let n = r.u32()? as usize;
-        let mut partials = Vec::with_capacity(n.min(64));
-        for _ in 0..n {
-            partials.push(r.f64()?);
-        }
-        Some(ExactSum {
-            partials,
-            nan: r.u32()?,
-            pos_inf: r.u32()?,
-            neg_inf: r.u32()?,
-        })
-    }
-}
 
 impl AggState {
     /// The state's compact binary form (the state store's value for it).
@@ -406,10 +270,10 @@ impl AggState {
                 sum.encode(out);
                 out.extend_from_slice(&n.to_le_bytes());
             }
-            AggState::Moments { s1, s2, n } => {
+            AggState::Moments { s, n } => {
                 out.push(STATE_MOMENTS);
-                s1.encode(out);
-                s2.encode(out);
+                s[0].encode(out);
+                s[1].encode(out);
                 out.extend_from_slice(&n.to_le_bytes());
             }
             AggState::Extreme(map) => {
@@ -457,8 +321,7 @@ impl AggState {
                 n: r.i64()?,
             },
             STATE_MOMENTS => AggState::Moments {
-                s1: ExactSum::decode(&mut r)?,
-                s2: ExactSum::decode(&mut r)?,
+                s: Box::new([ExactSum::decode(&mut r)?, ExactSum::decode(&mut r)?]),
                 n: r.i64()?,
             },
             STATE_EXTREME => {
@@ -528,9 +391,10 @@ impl AggState {
                     *n += 1;
                 }
             }
-            AggState::Moments { s1, s2, n } => {
-                for (term, sign) in moment_terms(v) {
-                    add_term(s1, s2, term, sign);
+            AggState::Moments { s, n } => {
+                if let Some(term) = moment_term(v) {
+                    let [s1, s2] = &mut **s;
+                    add_term(s1, s2, term, 1.0);
                 }
                 *n += 1;
             }
@@ -567,9 +431,10 @@ impl AggState {
                     *n -= 1;
                 }
             }
-            AggState::Moments { s1, s2, n } => {
-                for (term, sign) in moment_terms(v) {
-                    add_term(s1, s2, term, -sign);
+            AggState::Moments { s, n } => {
+                if let Some(term) = moment_term(v) {
+                    let [s1, s2] = &mut **s;
+                    add_term(s1, s2, term, -1.0);
                 }
                 *n -= 1;
             }
@@ -590,7 +455,7 @@ impl AggState {
             (AggState::SumInt { sum, n }, _) => Value::Float(*sum as f64 / *n as f64),
             (AggState::SumFloat { sum, .. }, AggFunc::Sum) => Value::Float(sum.value()),
             (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
-            (AggState::Moments { s1, s2, n }, _) => moments_result(func, s1, s2, *n),
+            (AggState::Moments { s, n }, _) => moments_result(func, &s[0], &s[1], *n),
             (AggState::Extreme(map), AggFunc::Min) => {
                 map.keys().next().map_or(Value::Null, |v| v.0.clone())
             }
@@ -639,13 +504,14 @@ fn moments_result(func: AggFunc, s1: &ExactSum, s2: &ExactSum, n: i64) -> Value 
     }
     let nf = n as f64;
     let mut m = ExactSum::default();
-    for &p in s2.partials() {
+    for &p in &s2.partials() {
         let (h, l) = two_product(p, nf);
         m.add(h);
         m.add(l);
     }
-    for &a in s1.partials() {
-        for &b in s1.partials() {
+    let s1 = s1.partials();
+    for &a in &s1 {
+        for &b in &s1 {
             let (h, l) = two_product(a, b);
             m.sub(h);
             m.sub(l);

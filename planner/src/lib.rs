@@ -11,6 +11,7 @@ pub mod codec;
 pub mod dag;
 pub mod ddl;
 pub mod error;
+pub mod exact;
 pub mod filter;
 pub mod sql;
 pub mod types;

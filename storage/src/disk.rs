@@ -645,11 +645,9 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         }
         let codec = &self.codec;
         self.sealable = UNMEASURED;
-        let dropped: usize = self
-            .open
-            .drain_through(self.floor)
-            .map(|e| codec.size_of(&e))
-            .sum();
+        let mut dropped = 0;
+        self.open
+            .drain_through(self.floor, |e| dropped += codec.size_of(e));
         self.open_bytes -= dropped;
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! prefix. Windows read the reservoir by event-time ranges `(after, upto]`, which is
 //! what the head and tail edges of every window need.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -157,16 +158,36 @@ impl Durable {
     }
 }
 
-/// The in-memory reservoir: one ordered deque. Appends in order are O(1); an
-/// out-of-order insert shifts only the events newer than it (at most the lateness).
+/// Events per block of the in-memory reservoir.
+const BLOCK_EVENTS: usize = 4096;
+
+/// The in-memory reservoir: an ordered deque of ordered blocks. Appends in order are
+/// O(1) and never move stored events (a block fills, then the next one starts), so no
+/// append pays for copying the whole window; an out-of-order insert shifts events
+/// within one block only.
 pub struct MemReservoir<E> {
-    events: VecDeque<E>,
+    /// No block is empty; each holds keys above the previous block's.
+    blocks: VecDeque<VecDeque<E>>,
+    len: usize,
+    /// Events an appended block takes (`BLOCK_EVENTS`; small in tests).
+    block_events: usize,
+    /// Where recent scans stopped, as (bound, block, index): window edges start each scan
+    /// where the last one stopped, so a hint that still holds spares the search.
+    hints: [Cell<(i64, usize, usize)>; HINTS],
+    next_hint: Cell<usize>,
 }
+
+/// Scan ends remembered: two edges for each of a few windows.
+const HINTS: usize = 8;
 
 impl<E> Default for MemReservoir<E> {
     fn default() -> Self {
         MemReservoir {
-            events: VecDeque::new(),
+            blocks: VecDeque::new(),
+            len: 0,
+            block_events: BLOCK_EVENTS,
+            hints: std::array::from_fn(|_| Cell::new((i64::MIN, usize::MAX, 0))),
+            next_hint: Cell::new(0),
         }
     }
 }
@@ -177,83 +198,170 @@ impl<E: Timed> MemReservoir<E> {
         if upto <= after {
             return;
         }
-        let start = self.first_after(after);
-        for e in self.events.range(start..) {
-            if e.key().0 > upto {
-                break;
+        let (b, start) = self.first_after(after);
+        for (i, block) in self.blocks.range(b..).enumerate() {
+            let from = if i == 0 { start } else { 0 };
+            for (j, e) in block.range(from..).enumerate() {
+                if e.key().0 > upto {
+                    self.hint(upto, b + i, from + j);
+                    return;
+                }
+                f(e);
             }
-            f(e);
+        }
+        // Past the newest event: the place the next append goes.
+        match self.blocks.back() {
+            Some(last) => self.hint(upto, self.blocks.len() - 1, last.len()),
+            None => self.hint(upto, 0, 0),
         }
     }
 
-    /// Removes and returns the events with `ts <= upto`.
-    pub fn drain_through(&mut self, upto: i64) -> std::collections::vec_deque::Drain<'_, E> {
-        let n = self.first_after(upto);
-        self.events.drain(..n)
+    fn hint(&self, bound: i64, block: usize, index: usize) {
+        let at = self.next_hint.get();
+        self.hints[at].set((bound, block, index));
+        self.next_hint.set((at + 1) % HINTS);
+    }
+
+    /// A remembered position for `bound`, if it is still the first event past it: the
+    /// event before it is at or below the bound and the one at it above (a hint is only
+    /// ever trusted after both checks, so inserts and expiries cannot mislead it).
+    fn hinted(&self, bound: i64) -> Option<(usize, usize)> {
+        let (_, mut b, mut i) = self.hints.iter().map(Cell::get).find(|h| h.0 == bound)?;
+        if b < self.blocks.len() && i >= self.blocks[b].len() {
+            (b, i) = (b + 1, 0);
+        }
+        let before = match (i, b) {
+            (0, 0) => None,
+            (0, _) => self.blocks.get(b - 1)?.back(),
+            _ => Some(self.blocks.get(b)?.get(i - 1)?),
+        };
+        if before.is_some_and(|e| e.key().0 > bound) {
+            return None;
+        }
+        match self.blocks.get(b) {
+            Some(block) => (block.get(i)?.key().0 > bound).then_some((b, i)),
+            None => (b == self.blocks.len() && i == 0).then_some((b, i)),
+        }
+    }
+
+    /// Drops the events with `ts <= upto`, calling `each` on each first; returns how many.
+    pub fn drain_through(&mut self, upto: i64, mut each: impl FnMut(&E)) -> usize {
+        let (b, at) = self.first_after(upto);
+        let mut n = 0;
+        for block in self.blocks.drain(..b) {
+            block.iter().for_each(&mut each);
+            n += block.len();
+        }
+        if let Some(first) = self.blocks.front_mut() {
+            first.drain(..at).for_each(|e| each(&e));
+            n += at;
+            if first.is_empty() {
+                self.blocks.pop_front();
+            }
+        }
+        self.len -= n;
+        n
     }
 
     /// The events in key order.
     pub fn iter(&self) -> impl Iterator<Item = &E> {
-        self.events.iter()
+        self.blocks.iter().flatten()
     }
 
     /// Removes and returns the first `n` events.
     pub fn pop_front(&mut self, n: usize) -> Vec<E> {
-        self.events.drain(..n.min(self.events.len())).collect()
+        let mut out = Vec::with_capacity(n.min(self.len));
+        while out.len() < n {
+            let Some(first) = self.blocks.front_mut() else {
+                break;
+            };
+            let take = (n - out.len()).min(first.len());
+            out.extend(first.drain(..take));
+            if first.is_empty() {
+                self.blocks.pop_front();
+            }
+        }
+        self.len -= out.len();
+        out
     }
 
-    /// Index of the first event with `ts > bound`. Window edges sit near the ends of the
-    /// deque (the head near the newest events, the tail near the oldest), so the search
-    /// gallops in from both ends before falling back to a full binary search.
-    fn first_after(&self, bound: i64) -> usize {
-        let events = &self.events;
-        let n = events.len();
-        let after = |i: usize| events[i].key().0 > bound;
-        if n == 0 || !after(n - 1) {
-            return n;
+    /// The position (block, index in it) of the first event with `ts > bound`; the
+    /// block is `blocks.len()` when there is none.
+    fn first_after(&self, bound: i64) -> (usize, usize) {
+        if let Some(at) = self.hinted(bound) {
+            return at;
         }
-        if after(0) {
-            return 0;
-        }
-        // Invariant from here: !after(lo) and after(hi).
-        let (mut lo, mut hi) = (0, n - 1);
-        let mut step = 1;
-        while step < n {
-            let back = n - 1 - step.min(n - 1);
-            if !after(back) {
-                lo = lo.max(back);
-                break;
+        let last_at_most = |block: &VecDeque<E>| block.back().is_some_and(|e| e.key().0 <= bound);
+        // Window edges sit near the ends (the head at the newest block, the tail at the
+        // oldest), so try those before searching.
+        let b = match (self.blocks.front(), self.blocks.back()) {
+            (None, _) | (_, None) => return (0, 0),
+            (Some(first), _) if !last_at_most(first) => 0,
+            (_, Some(last)) if last_at_most(last) => return (self.blocks.len(), 0),
+            _ => self.blocks.partition_point(last_at_most),
+        };
+        let block = &self.blocks[b];
+        let at_most = |i: usize| block[i].key().0 <= bound;
+        let n = block.len();
+        // Gallop in from the end nearest the edge, then search between the last two
+        // probes: O(log d) for an edge d events from that end.
+        // Answer in lo..=hi; each probe that fails or holds narrows one side.
+        let (mut lo, mut hi) = if b + 1 == self.blocks.len() {
+            let (mut hi, mut step) = (n, 1);
+            loop {
+                if step > n {
+                    break (0, hi);
+                }
+                if at_most(n - step) {
+                    break (n - step + 1, hi);
+                }
+                hi = n - step;
+                step *= 2;
             }
-            hi = back;
-            let front = step.min(n - 1);
-            if after(front) {
-                hi = hi.min(front);
-                break;
+        } else {
+            let (mut lo, mut step) = (0, 1);
+            loop {
+                if step > n {
+                    break (lo, n);
+                }
+                if !at_most(step - 1) {
+                    break (lo, step - 1);
+                }
+                lo = step;
+                step *= 2;
             }
-            lo = front;
-            step *= 2;
-        }
-        while hi - lo > 1 {
+        };
+        while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if after(mid) {
-                hi = mid;
+            if at_most(mid) {
+                lo = mid + 1;
             } else {
-                lo = mid;
+                hi = mid;
             }
         }
-        hi
+        (b, lo)
     }
 }
 
 impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
     fn insert(&mut self, event: E) {
         let key = event.key();
-        match self.events.back() {
-            Some(last) if last.key() > key => {
-                let at = self.events.partition_point(|e| e.key() < key);
-                self.events.insert(at, event);
+        self.len += 1;
+        match self.blocks.back_mut() {
+            Some(last) if last.back().is_some_and(|e| e.key() > key) => {
+                let b = self
+                    .blocks
+                    .partition_point(|block| block.back().is_some_and(|e| e.key() < key));
+                let block = &mut self.blocks[b];
+                let at = block.partition_point(|e| e.key() < key);
+                block.insert(at, event);
             }
-            _ => self.events.push_back(event),
+            Some(last) if last.len() < self.block_events => last.push_back(event),
+            _ => {
+                let mut block = VecDeque::with_capacity(self.block_events);
+                block.push_back(event);
+                self.blocks.push_back(block);
+            }
         }
     }
 
@@ -268,18 +376,18 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
     }
 
     fn refresh(&mut self, _codec: Option<Arc<dyn ChunkCodec<E>>>, f: &mut dyn FnMut(&mut E)) {
-        for e in self.events.iter_mut() {
+        for e in self.blocks.iter_mut().flatten() {
             f(e);
         }
     }
 
     fn expire_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
-        self.drain_through(upto);
+        self.drain_through(upto, |_| {});
         Ok(())
     }
 
     fn len(&self) -> usize {
-        self.events.len()
+        self.len
     }
 }
 
@@ -314,7 +422,7 @@ mod tests {
         );
         assert_eq!(collect(&r, 10, 20), vec![(15, 2), (20, 1), (20, 3)]);
         assert_eq!(collect(&r, 20, 10), vec![]);
-        assert_eq!(r.drain_through(10).count(), 2);
+        assert_eq!(r.drain_through(10, |_| {}), 2);
         assert_eq!(r.len(), 3);
     }
 
@@ -328,9 +436,14 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let mut r = MemReservoir::default();
+        let mut r = MemReservoir {
+            block_events: 7,
+            ..MemReservoir::default()
+        };
         let mut model: Vec<Ev> = Vec::new();
         let mut horizon = i64::MIN;
+        // A window edge that scans on from where it stopped (the hinted path).
+        let mut edge = -100;
         for seq in 0..5000u64 {
             let ts = (seq as i64) - (next() % 50) as i64;
             if ts > horizon {
@@ -351,6 +464,20 @@ mod tests {
                 .map(|e| e.key())
                 .collect();
             assert_eq!(collect(&r, a, b), want);
+            assert_eq!(r.len(), model.len());
+            let to = edge + (next() % 4) as i64;
+            let want: Vec<_> = model
+                .iter()
+                .filter(|e| e.0 > edge && e.0 <= to)
+                .map(|e| e.key())
+                .collect();
+            assert_eq!(collect(&r, edge, to), want);
+            edge = to;
         }
+        let all: Vec<_> = model.iter().map(|e| e.key()).collect();
+        assert_eq!(r.iter().map(|e| e.key()).collect::<Vec<_>>(), all);
+        let front: Vec<_> = r.pop_front(30).iter().map(|e| e.key()).collect();
+        assert_eq!(front, all[..30]);
+        assert_eq!(r.len(), all.len() - 30);
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! `engine --mode task` drives one task directly (one core's work, per-event latency);
 //! `--mode engine` goes through the shard queues with `--shards` threads.
+//! Instructions per event: `bench/engine-instructions.sh`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,12 +17,18 @@ use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
 use eddy_planner::types::Value;
 
+/// Eddy's allocator, as in the server.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     events: u64,
     cards: u64,
     mode: String,
     shards: usize,
     batch: usize,
+    /// Events per second of event time.
+    rate: u64,
 }
 
 fn args() -> Result<Args> {
@@ -31,6 +38,7 @@ fn args() -> Result<Args> {
         mode: "task".to_string(),
         shards: 2,
         batch: 1024,
+        rate: 10_000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -42,24 +50,27 @@ fn args() -> Result<Args> {
             "--mode" => a.mode = value,
             "--shards" => a.shards = value.parse()?,
             "--batch" => a.batch = value.parse()?,
-            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N"),
+            "--rate" => a.rate = value.parse::<u64>()?.max(1),
+            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N"),
         }
         i += 2;
     }
     Ok(a)
 }
 
-/// A deterministic event generator: 10 000 events per second of event time.
+/// A deterministic event generator: `rate` events per second of event time.
 struct Events {
     rng: XorShift,
+    step_us: i64,
     next_id: i64,
     cards: Vec<Value>,
 }
 
 impl Events {
-    fn new(cards: u64) -> Events {
+    fn new(cards: u64, rate: u64) -> Events {
         Events {
             rng: XorShift(0x9e37_79b9_7f4a_7c15),
+            step_us: (1_000_000 / rate).max(1) as i64,
             next_id: 0,
             cards: (0..cards)
                 .map(|c| Value::Text(format!("card-{c}").into()))
@@ -77,7 +88,7 @@ impl Events {
         let pick = (self.next_u64() % self.cards.len() as u64) as usize;
         let card = self.cards[pick].clone();
         let amount = (self.next_u64() % 100_000) as f64 / 100.0;
-        let ts = 1_800_000_000_000_000 + id * 100;
+        let ts = 1_800_000_000_000_000 + id * self.step_us;
         Row::from(vec![
             Value::Int(id),
             Value::Timestamp(ts),
@@ -116,7 +127,7 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
     let stream = c.stream("payments").expect("created").clone();
     let mut task = Task::new(stream.clone(), 0);
     task.set_metrics(&c.metrics_of("payments"))?;
-    let mut gen = Events::new(a.cards);
+    let mut gen = Events::new(a.cards, a.rate);
     let mut latencies = Vec::with_capacity(a.events as usize);
     let mut busy_ns: u128 = 0;
     let wall = Instant::now();
@@ -158,7 +169,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
         .build()?;
     let engine = Engine::start(a.shards, Log::Memory, None);
     runtime.block_on(engine.apply_catalog(c.clone()))?;
-    let mut gen = Events::new(a.cards);
+    let mut gen = Events::new(a.cards, a.rate);
     let mut latencies = Vec::new();
     let wall = Instant::now();
     let mut sent = 0u64;

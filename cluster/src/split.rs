@@ -1,0 +1,185 @@
+//! A hash map from packed group keys, split into parts by hash.
+//!
+//! Invariant: a key lives in the part its hash selects, and only there. A hash table
+//! grows by moving every entry at once; split in `PARTS`, a growth moves one part's
+//! entries, so the pause an event can meet stays a fraction of a millisecond even with
+//! millions of groups. Each part is a plain hashbrown table searched with one hash.
+
+use std::hash::BuildHasher;
+
+use hashbrown::hash_table::{Entry, HashTable};
+use hashbrown::DefaultHashBuilder;
+
+use crate::key::PackedKey;
+
+/// Parts of a map (a power of two).
+const PARTS: usize = 256;
+/// The part comes from hash bits hashbrown does not use inside a part: it places by
+/// the low bits and tags by the top seven.
+const PART_SHIFT: u32 = 40;
+
+pub struct SplitMap<V> {
+    parts: Box<[HashTable<(PackedKey, V)>]>,
+    hasher: DefaultHashBuilder,
+    len: usize,
+}
+
+impl<V> Default for SplitMap<V> {
+    fn default() -> Self {
+        SplitMap {
+            parts: (0..PARTS).map(|_| HashTable::new()).collect(),
+            hasher: DefaultHashBuilder::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<V> SplitMap<V> {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn part(hash: u64) -> usize {
+        (hash >> PART_SHIFT) as usize & (PARTS - 1)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&V> {
+        let h = self.hash(key);
+        self.parts[Self::part(h)]
+            .find(h, |(k, _)| k.as_bytes() == key)
+            .map(|(_, v)| v)
+    }
+
+    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
+        let h = self.hash(key);
+        self.parts[Self::part(h)]
+            .find_mut(h, |(k, _)| k.as_bytes() == key)
+            .map(|(_, v)| v)
+    }
+
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The value of `key`, made by `make` if absent.
+    pub fn get_or_insert_with(&mut self, key: &[u8], make: impl FnOnce() -> V) -> &mut V {
+        let h = self.hash(key);
+        let hasher = &self.hasher;
+        let entry = self.parts[Self::part(h)].entry(
+            h,
+            |(k, _)| k.as_bytes() == key,
+            |(k, _)| hasher.hash_one(k.as_bytes()),
+        );
+        match entry {
+            Entry::Occupied(e) => &mut e.into_mut().1,
+            Entry::Vacant(e) => {
+                self.len += 1;
+                &mut e.insert((PackedKey::new(key), make())).into_mut().1
+            }
+        }
+    }
+
+    /// Sets `key`'s value; returns the old one.
+    pub fn insert(&mut self, key: PackedKey, value: V) -> Option<V> {
+        let h = self.hash(key.as_bytes());
+        let hasher = &self.hasher;
+        let entry = self.parts[Self::part(h)].entry(
+            h,
+            |(k, _)| *k == key,
+            |(k, _)| hasher.hash_one(k.as_bytes()),
+        );
+        match entry {
+            Entry::Occupied(mut e) => Some(std::mem::replace(&mut e.get_mut().1, value)),
+            Entry::Vacant(e) => {
+                self.len += 1;
+                e.insert((key, value));
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, key: &[u8]) -> Option<V> {
+        let h = self.hash(key);
+        let found = self.parts[Self::part(h)].find_entry(h, |(k, _)| k.as_bytes() == key);
+        let ((_, v), _) = found.ok()?.remove();
+        self.len -= 1;
+        Some(v)
+    }
+
+    /// Keeps the entries for which `keep` is true, visiting parts in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&PackedKey, &mut V) -> bool) {
+        for part in self.parts.iter_mut() {
+            let before = part.len();
+            part.retain(|(k, v)| keep(k, v));
+            self.len -= before - part.len();
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&PackedKey, &V)> {
+        self.parts
+            .iter()
+            .flat_map(|p| p.iter().map(|(k, v)| (k, v)))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&PackedKey, &mut V)> {
+        self.parts
+            .iter_mut()
+            .flat_map(|p| p.iter_mut().map(|(k, v)| (&*k, v)))
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.iter_mut().map(|(_, v)| v)
+    }
+
+    pub fn clear(&mut self) {
+        for part in self.parts.iter_mut() {
+            *part = HashTable::new();
+        }
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn behaves_as_a_map() {
+        let mut m: SplitMap<u32> = SplitMap::default();
+        let mut model: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
+        let key = |i: u32| format!("card-{}", i % 5000).into_bytes();
+        for i in 0..40_000u32 {
+            let k = key(i.wrapping_mul(2_654_435_761));
+            match i % 5 {
+                0 => assert_eq!(m.remove(&k), model.remove(&k)),
+                1 => assert_eq!(m.insert(PackedKey::new(&k), i), model.insert(k.clone(), i)),
+                2 => *m.get_or_insert_with(&k, || 7) += 1,
+                _ => assert_eq!(m.get(&k), model.get(&k)),
+            }
+            if i % 5 == 2 {
+                *model.entry(k).or_insert(7) += 1;
+            }
+            if i % 10_000 == 9_999 {
+                m.retain(|k, v| !(k.as_bytes().len() + *v as usize).is_multiple_of(3));
+                model.retain(|k, v| !(k.len() + *v as usize).is_multiple_of(3));
+            }
+            assert_eq!(m.len(), model.len());
+        }
+        let mut all: Vec<(Vec<u8>, u32)> =
+            m.iter().map(|(k, v)| (k.as_bytes().to_vec(), *v)).collect();
+        all.sort();
+        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+        m.clear();
+        assert!(m.is_empty() && m.iter().next().is_none());
+    }
+}
