@@ -13,7 +13,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::catalog::StreamDef;
-use eddy_planner::filter::{column_values, rows_to_batch, stream_schema, stream_types, Filter};
+use eddy_planner::filter::{
+    column_values, columns_to_rows, rows_to_batch, stream_schema, stream_types, Filter,
+};
 use eddy_planner::types::{ColumnType, Value};
 use eddy_storage::ChunkCodec;
 
@@ -131,15 +133,9 @@ impl ChunkCodec<Event> for EventCodec {
                 None => vec![Value::Null; n],
             });
         }
-        let mut iters: Vec<_> = columns.into_iter().map(|c| c.into_iter()).collect();
-        let rows: Vec<Row> = (0..n)
-            .map(|_| {
-                iters
-                    .iter_mut()
-                    .map(|it| it.next().unwrap_or(Value::Null))
-                    .collect::<Vec<_>>()
-                    .into()
-            })
+        let rows: Vec<Row> = columns_to_rows(columns, n)
+            .into_iter()
+            .map(Row::from)
             .collect();
         let masks = self.masks(&rows)?;
         Ok(rows

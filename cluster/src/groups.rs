@@ -102,6 +102,39 @@ impl GroupState {
         aux
     }
 
+    /// The whole state in bytes, auxiliary slots included: the form L2 keeps it in.
+    fn pack(&self) -> Box<[u8]> {
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.epoch.to_le_bytes());
+        out.extend_from_slice(&(self.states.len() as u32).to_le_bytes());
+        for s in &self.states {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            s.encode(&mut out);
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        }
+        out.into_boxed_slice()
+    }
+
+    fn unpack(bytes: &[u8]) -> Option<GroupState> {
+        let mut r = Reader(bytes);
+        let count = r.i64()?;
+        let epoch = r.i64()?;
+        let n = r.u32()? as usize;
+        let mut states = States::with_capacity(n.min(64));
+        for _ in 0..n {
+            let len = r.u32()? as usize;
+            states.push(AggState::decode(r.take(len)?)?);
+        }
+        r.is_empty().then_some(GroupState {
+            count,
+            epoch,
+            states,
+        })
+    }
+
     /// A group's Aggregates value, with a placeholder in each auxiliary slot; returns
     /// those slots too, for the caller to fill from their families.
     fn decode(bytes: &[u8]) -> Option<(GroupState, Vec<AuxSlot>)> {
@@ -239,7 +272,8 @@ struct Slot {
 
 pub struct GroupTable {
     l1: SplitMap<Slot>,
-    l2: SplitMap<GroupState>,
+    /// Clean states, packed (`GroupState::pack`): a fifth of their size in L1.
+    l2: SplitMap<Box<[u8]>>,
     backing: Option<Backing>,
     pending: Pending,
     failure: Option<String>,
@@ -329,7 +363,7 @@ impl GroupTable {
                     self.queue_write(k.as_bytes(), slot.state.as_ref(), &slot.stored);
                 }
                 if let (Some(state), true) = (slot.state, config.l2_entries > 0) {
-                    self.l2.insert(k, state);
+                    self.l2.insert(k, state.pack());
                 }
             }
         }
@@ -402,7 +436,7 @@ impl GroupTable {
             self.stats.l1_hits += 1;
             return;
         }
-        let state = match self.l2.remove(key) {
+        let state = match self.l2.remove(key).and_then(|b| GroupState::unpack(&b)) {
             Some(s) => {
                 self.stats.l2_hits += 1;
                 Some(s)

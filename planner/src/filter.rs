@@ -285,6 +285,29 @@ pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
         .collect()
 }
 
+/// Rows from equally long columns of values.
+pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Vec<Value>> {
+    let mut iters: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
+    (0..n)
+        .map(|_| {
+            iters
+                .iter_mut()
+                .map(|it| it.next().unwrap_or(Value::Null))
+                .collect()
+        })
+        .collect()
+}
+
+/// The rows of a batch `rows_to_batch` built from a stream's rows.
+pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
+    let columns = batch
+        .columns()
+        .iter()
+        .map(column_values)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(columns_to_rows(columns, batch.num_rows()))
+}
+
 /// The values of an Arrow column as `Value`s (the inverse of `rows_to_batch` for the
 /// column types events use; Int32 and Float32 may come back from wider arrays).
 pub fn column_values(array: &ArrayRef) -> Result<Vec<Value>> {

@@ -2,7 +2,9 @@
 //!
 //! Invariant: the whole input is parsed and checked before any row reaches the engine,
 //! so a bad line fails the statement and applies nothing. A line `\.` ends the data, as
-//! psql sends it from scripts.
+//! psql sends it from scripts. Complete records are parsed as they arrive and held as
+//! Arrow batches (a few bytes per value, not a `Value` each), and the raw text is let
+//! go: a COPY holds about its columnar size, within `COPY_BUFFER_BYTES_MAX`.
 
 use std::sync::Arc;
 
@@ -16,10 +18,17 @@ use eddy_planner::sql::{normalize_ident, object_name};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind, Result};
 
+use datafusion::arrow::record_batch::RecordBatch;
+use eddy_cluster::Task;
+use eddy_planner::bind::check_not_null;
+use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
+
 use crate::db::row_from_fields;
 
-/// Bytes a single COPY may buffer before it is refused.
-pub const COPY_BYTES_MAX: usize = 1 << 30;
+/// Bytes of parsed rows (Arrow) and unparsed text one COPY may hold before it is applied.
+pub const COPY_BUFFER_BYTES_MAX: usize = 1 << 30;
+/// Rows per Arrow batch a COPY holds, and per batch it hands to the engine.
+pub const COPY_BATCH_ROWS: usize = 8192;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Format {
@@ -36,7 +45,30 @@ pub struct CopyIn {
     null: String,
     header: bool,
     quote: char,
-    data: Vec<u8>,
+    /// Received bytes after the last complete record.
+    pending: Vec<u8>,
+    /// How much of `pending` was searched for a record end, and whether that search
+    /// ended inside a CSV quoted field.
+    scanned: usize,
+    in_quotes: bool,
+    /// Records parsed so far, the header included (for line numbers in errors).
+    records: usize,
+    /// The `\.` line was seen: the rest is ignored.
+    ended: bool,
+    /// Parsed rows not yet in a batch, and the batches.
+    staged: Vec<Vec<Value>>,
+    batches: Vec<RecordBatch>,
+    batch_bytes: usize,
+    rows: usize,
+    /// The first error; the statement fails with it when the data ends.
+    failed: Option<Error>,
+}
+
+/// The rows of a finished COPY, checked, as batches in input order.
+pub struct CopyRows {
+    pub stream: Arc<StreamDef>,
+    pub batches: Vec<RecordBatch>,
+    pub rows: usize,
 }
 
 impl CopyIn {
@@ -77,7 +109,16 @@ impl CopyIn {
             null: "\\N".to_string(),
             header: false,
             quote: '"',
-            data: Vec::new(),
+            pending: Vec::new(),
+            scanned: 0,
+            in_quotes: false,
+            records: 0,
+            ended: false,
+            staged: Vec::new(),
+            batches: Vec::new(),
+            batch_bytes: 0,
+            rows: 0,
+            failed: None,
         };
         let mut delimiter = None;
         let mut null = None;
@@ -137,38 +178,126 @@ impl CopyIn {
         self.targets.len()
     }
 
+    /// Takes the next bytes of the data: parses the complete records among them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
-        if self.data.len() + bytes.len() > COPY_BYTES_MAX {
-            return Err(Error::new(
-                ErrorKind::ResourcesExhausted,
-                format!("COPY data exceeds {COPY_BYTES_MAX} bytes"),
-            )
-            .with_hint("Split the load into several COPY statements."));
+        if self.failed.is_some() || self.ended {
+            return Ok(());
         }
-        self.data.extend_from_slice(bytes);
+        self.pending.extend_from_slice(bytes);
+        let csv = self.format == Format::Csv;
+        let quote = self.quote as u32;
+        let mut end = None;
+        for (i, &b) in self.pending.iter().enumerate().skip(self.scanned) {
+            if csv && b as u32 == quote {
+                self.in_quotes = !self.in_quotes;
+            } else if b == b'\n' && !self.in_quotes {
+                end = Some(i + 1);
+            }
+        }
+        self.scanned = self.pending.len();
+        if let Some(end) = end {
+            let rest = self.pending.split_off(end);
+            let complete = std::mem::replace(&mut self.pending, rest);
+            self.scanned -= end;
+            self.take_records(&complete);
+        }
+        if self.pending.len() + self.batch_bytes > COPY_BUFFER_BYTES_MAX {
+            self.fail(
+                Error::new(
+                    ErrorKind::ResourcesExhausted,
+                    format!("COPY data exceeds {COPY_BUFFER_BYTES_MAX} bytes"),
+                )
+                .with_hint("Split the load into several COPY statements."),
+            );
+        }
         Ok(())
     }
 
-    /// Parses every line into a row of the stream.
-    pub fn rows(&self) -> Result<Vec<Vec<Value>>> {
-        let text = std::str::from_utf8(&self.data)
+    /// Every row of the data, checked, once the client sent all of it.
+    pub fn finish(mut self) -> Result<CopyRows> {
+        if !self.ended && self.failed.is_none() {
+            let rest = std::mem::take(&mut self.pending);
+            self.take_records(&rest);
+        }
+        self.seal();
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(CopyRows {
+                stream: self.stream,
+                batches: self.batches,
+                rows: self.rows,
+            }),
+        }
+    }
+
+    fn fail(&mut self, e: Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+        self.pending = Vec::new();
+        self.staged = Vec::new();
+        self.batches = Vec::new();
+    }
+
+    /// Parses whole records and stages their rows.
+    fn take_records(&mut self, bytes: &[u8]) {
+        if let Err(e) = self.try_take_records(bytes) {
+            self.fail(e);
+        }
+    }
+
+    fn try_take_records(&mut self, bytes: &[u8]) -> Result<()> {
+        let text = std::str::from_utf8(bytes)
             .map_err(|_| Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8"))?;
-        let records = match self.format {
+        let (records, ended) = match self.format {
             Format::Csv => self.csv_records(text)?,
-            Format::Text => text
-                .split('\n')
-                .map(|l| l.strip_suffix('\r').unwrap_or(l))
-                .take_while(|l| *l != "\\.")
-                .filter(|l| !l.is_empty())
-                .map(|l| self.text_fields(l))
-                .collect(),
+            Format::Text => {
+                let mut ended = false;
+                let records = text
+                    .split('\n')
+                    .map(|l| l.strip_suffix('\r').unwrap_or(l))
+                    .take_while(|l| {
+                        ended |= *l == "\\.";
+                        !ended
+                    })
+                    .filter(|l| !l.is_empty())
+                    .map(|l| self.text_fields(l))
+                    .collect::<Vec<_>>();
+                (records, ended)
+            }
         };
-        records
-            .iter()
-            .enumerate()
-            .skip(usize::from(self.header))
-            .map(|(i, fields)| row_from_fields(&self.stream, &self.targets, fields, i + 1))
-            .collect()
+        self.ended = ended;
+        for fields in records {
+            self.records += 1;
+            if self.header && self.records == 1 {
+                continue;
+            }
+            let row = row_from_fields(&self.stream, &self.targets, &fields, self.records)?;
+            check_not_null(&self.stream, &row)?;
+            Task::event_time(&self.stream, &row)?;
+            self.staged.push(row);
+            if self.staged.len() >= COPY_BATCH_ROWS {
+                self.seal();
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the staged rows into a batch.
+    fn seal(&mut self) {
+        if self.staged.is_empty() || self.failed.is_some() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.staged);
+        let types = stream_types(&self.stream);
+        match rows_to_batch(stream_schema(&self.stream), &types, &rows) {
+            Ok(batch) => {
+                self.rows += rows.len();
+                self.batch_bytes += batch.get_array_memory_size();
+                self.batches.push(batch);
+            }
+            Err(e) => self.fail(e),
+        }
     }
 
     fn text_fields(&self, line: &str) -> Vec<Option<String>> {
@@ -185,7 +314,8 @@ impl CopyIn {
 
     /// RFC 4180 records: quoted fields may hold delimiters, quotes (doubled) and newlines;
     /// an unquoted field equal to the NULL string is NULL.
-    fn csv_records(&self, text: &str) -> Result<Vec<Vec<Option<String>>>> {
+    /// Also says whether the `\\.` line ended the data.
+    fn csv_records(&self, text: &str) -> Result<(Vec<Vec<Option<String>>>, bool)> {
         let mut records = Vec::new();
         let mut fields: Vec<Option<String>> = Vec::new();
         let mut field = String::new();
@@ -198,7 +328,7 @@ impl CopyIn {
                 // The end-of-data marker `\.` on a line of its own.
                 let rest: String = chars.clone().take(3).collect();
                 if rest == "." || rest.starts_with(".\n") || rest.starts_with(".\r") {
-                    break;
+                    return Ok((records, true));
                 }
             }
             at_line_start = false;
@@ -245,7 +375,7 @@ impl CopyIn {
             fields.push(self.csv_field(&mut field, &mut quoted));
             records.push(fields);
         }
-        Ok(records)
+        Ok((records, false))
     }
 
     fn csv_field(&self, field: &mut String, quoted: &mut bool) -> Option<String> {
@@ -365,12 +495,20 @@ mod tests {
         CopyIn::bind(&catalog, &stmt).unwrap()
     }
 
+    fn rows(c: CopyIn) -> Result<Vec<Vec<Value>>> {
+        let mut out = Vec::new();
+        for b in &c.finish()?.batches {
+            out.extend(eddy_planner::filter::batch_to_rows(b)?);
+        }
+        Ok(out)
+    }
+
     #[test]
     fn csv_quotes_nulls_and_end_marker() {
         let mut c = copy_for("COPY s FROM STDIN (FORMAT csv)");
         c.push(b"1,2026-01-01 00:00:00,\"a, \"\"b\"\"\"\n2,2026-01-01 00:00:01,\n\\.\n3,x,y\n")
             .unwrap();
-        let rows = c.rows().unwrap();
+        let rows = rows(c).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0][2], Value::Text("a, \"b\"".into()));
         assert_eq!(rows[1][2], Value::Null);
@@ -380,8 +518,39 @@ mod tests {
     fn text_format_and_bad_line() {
         let mut c = copy_for("COPY s FROM STDIN");
         c.push(b"1\t2026-01-01 00:00:00\t\\N\n").unwrap();
-        assert_eq!(c.rows().unwrap()[0][2], Value::Null);
+        assert_eq!(rows(c).unwrap()[0][2], Value::Null);
+        let mut c = copy_for("COPY s FROM STDIN");
+        c.push(b"1\t2026-01-01 00:00:00\t\\N\n").unwrap();
         c.push(b"oops\t2026-01-01\tx\n").unwrap();
-        assert_eq!(c.rows().unwrap_err().kind, ErrorKind::InvalidText);
+        assert_eq!(rows(c).unwrap_err().kind, ErrorKind::InvalidText);
+    }
+
+    /// Data cut anywhere, even inside a quoted field with a newline or inside a UTF-8
+    /// character, gives the rows of the whole; the error of a bad row holds its line.
+    #[test]
+    fn records_split_across_messages() {
+        let data = "h1,h2,h3\n1,2026-01-01 00:00:00,\"multi\nline, \"\"q\"\"\"\n\
+                    2,2026-01-01 00:00:01,é€\n3,2026-01-01 00:00:02,\n4,2026-01-01 00:00:03,last";
+        let whole = {
+            let mut c = copy_for("COPY s FROM STDIN (FORMAT csv, HEADER)");
+            c.push(data.as_bytes()).unwrap();
+            rows(c).unwrap()
+        };
+        assert_eq!(whole.len(), 4);
+        assert_eq!(whole[0][2], Value::Text("multi\nline, \"q\"".into()));
+        assert_eq!(whole[1][2], Value::Text("é€".into()));
+        for cut in 1..data.len() {
+            let mut c = copy_for("COPY s FROM STDIN (FORMAT csv, HEADER)");
+            c.push(&data.as_bytes()[..cut]).unwrap();
+            c.push(&data.as_bytes()[cut..]).unwrap();
+            assert_eq!(rows(c).unwrap(), whole, "cut at {cut}");
+        }
+        let mut c = copy_for("COPY s FROM STDIN (FORMAT csv)");
+        c.push(b"1,2026-01-01 00:00:00,a\n").unwrap();
+        c.push(b"2,2026-01-01 00:00:01,b\nx,2026-01-01 00:00:02,c\n")
+            .unwrap();
+        c.push(b"4,2026-01-01 00:00:03,d\n").unwrap();
+        let e = rows(c).unwrap_err();
+        assert!(format!("{e:?}").contains("line 3"), "{e:?}");
     }
 }

@@ -13,10 +13,11 @@ use eddy_cluster::{
     Engine, Kafka, KafkaConfig, LocalLog, Log, NodeStorage, Outcome, Row, StorageConfig, Task,
 };
 use eddy_planner::aggregate::ResultType;
-use eddy_planner::bind::{bind_insert, check_not_null, value_from_text, ReturningItem};
+use eddy_planner::bind::{bind_insert, value_from_text, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::dag::StreamDag;
 use eddy_planner::ddl::{self, DdlOutcome};
+use eddy_planner::filter::batch_to_rows;
 use eddy_planner::sql::{self, Statement};
 use eddy_planner::types::{format_duration_us, Value};
 use eddy_planner::{Error, ErrorKind, Result};
@@ -27,7 +28,6 @@ use crate::query;
 use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHandle};
 
 /// Rows per engine call when a COPY is applied.
-const COPY_BATCH_ROWS: usize = 8192;
 const CATALOG_FILE: &str = "catalog.sql";
 /// The embedded log's directory under the data directory.
 const LOG_DIR: &str = "log";
@@ -474,27 +474,19 @@ impl Db {
 
     /// Parses and applies a finished COPY; nothing is applied if any row is bad.
     pub async fn finish_copy(&self, copy: CopyIn, durable: bool) -> Result<Executed> {
-        let stream = copy.stream.clone();
-        let rows = copy.rows()?;
-        // Every check that can fail runs before the first row reaches a task.
-        for row in &rows {
-            check_not_null(&stream, row)?;
-            Task::event_time(&stream, row)?;
-        }
-        let n = rows.len();
+        // Every check that can fail ran before the first row reaches a task.
+        let copy = copy.finish()?;
+        let stream = copy.stream;
         let mut late = Vec::new();
-        let rows: Vec<Row> = rows.into_iter().map(Row::from).collect();
-        for chunk in rows.chunks(COPY_BATCH_ROWS) {
-            let replies = self
-                .engine
-                .ingest(&stream, chunk.to_vec(), false, durable)
-                .await?;
+        for batch in &copy.batches {
+            let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
+            let replies = self.engine.ingest(&stream, rows, false, durable).await?;
             late.extend(replies.into_iter().map(|r| r.outcomes));
         }
         Ok(Executed {
             output: Output::Command {
                 tag: "COPY",
-                rows: Some(n),
+                rows: Some(copy.rows),
             },
             notices: late_notices(&stream, late.iter()),
         })

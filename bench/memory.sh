@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Peak memory of a real `eddy` (release) loaded by COPY, against the number of keys and
+# the window length:
+#   [WINDOWS='5 minutes,7 days'] bench/memory.sh [EVENTS] [KEYS...]
+# For each KEYS (default 10000 100000 1000000) and each window (5 minutes, 7 days), a
+# fresh server gets `payments` (one task) and COUNT/SUM/AVG per card over the window,
+# then EVENTS rows (default 5 000 000, 10 000 per second of event time) by one COPY from
+# psql. Prints one JSON line per run: peak RSS (VmHWM), RSS after the load, and the load
+# rate (bounded by the Python generator here; frontdoor measures COPY itself).
+# Servers listen on loopback and are stopped by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+events=${1:-5000000}
+shift || true
+keys=("$@")
+[ ${#keys[@]} -gt 0 ] || keys=(10000 100000 1000000)
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+cargo build --release -q -p eddy-server --bin eddy
+eddy="$CARGO_TARGET_DIR/release/eddy"
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
+
+IFS=, read -ra windows <<<"${WINDOWS:-5 minutes,7 days}"
+for window in "${windows[@]}"; do
+  for k in "${keys[@]}"; do
+    rm -rf "$work/data"
+    port=$(free_port)
+    "$eddy" serve --pg-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
+      --data-dir "$work/data" >"$work/eddy.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+      psql -h 127.0.0.1 -p "$port" -U eddy -d eddy -Atc 'SELECT 1' >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 >/dev/null <<SQL
+CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL,
+  amount DOUBLE PRECISION) WITH (event_time = 'ts', retention = '$window');
+CREATE METRIC card_window AS SELECT card, COUNT(*) AS n, SUM(amount) AS total,
+  AVG(amount) AS mean FROM payments WINDOW SLIDING (SIZE $window) GROUP BY card;
+SQL
+    start=$(date +%s.%N)
+    python3 - "$events" "$k" <<'PY' | psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 \
+      -c "COPY payments FROM STDIN (FORMAT csv)" >/dev/null
+import sys, datetime
+events, keys = int(sys.argv[1]), int(sys.argv[2])
+base = datetime.datetime(2027, 1, 1)
+state = 0x9E3779B97F4A7C15
+out = sys.stdout
+buf = []
+for i in range(events):
+    state ^= (state << 13) & 0xFFFFFFFFFFFFFFFF
+    state ^= state >> 7
+    state ^= (state << 17) & 0xFFFFFFFFFFFFFFFF
+    ts = base + datetime.timedelta(microseconds=i * 100)
+    buf.append(f"{i},{ts:%Y-%m-%d %H:%M:%S.%f},card-{state % keys},{state % 100000 / 100}\n")
+    if len(buf) == 10000:
+        out.write("".join(buf))
+        buf.clear()
+out.write("".join(buf))
+PY
+    end=$(date +%s.%N)
+    stored=$(psql -h 127.0.0.1 -p "$port" -U eddy -d eddy -Atc "SELECT count(*) FROM card_window")
+    printf '{"window": "%s", "keys": %s, "events": %s, "groups": %s, "peak_rss_mb": %d, "rss_after_mb": %d, "load_rows_per_sec": %.0f}\n' \
+      "$window" "$k" "$events" "$stored" $(( $(kb VmHWM) / 1024 )) $(( $(kb VmRSS) / 1024 )) \
+      "$(echo "$events / ($end - $start)" | bc -l)"
+    kill -TERM "$pid"
+    wait "$pid" 2>/dev/null || true
+    pid=""
+  done
+done
