@@ -13,10 +13,10 @@
 //!   expiring or a tumbling window moving on) is handed to the metric's watchers once
 //!   for that event, with its values after the event.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use eddy_planner::aggregate::AggFunc;
+use eddy_planner::aggregate::{AggFunc, AggState};
 use eddy_planner::catalog::{EventTimeUnit, MetricDef, StreamDef};
 use eddy_planner::dag::{AggKey, FilterKey, GroupKey, WindowKey};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types, Filter};
@@ -163,7 +163,10 @@ struct MetricSlot {
     window: usize,
     filter: usize,
     group: usize,
+    /// Per aggregate of the metric: its state's slot in the group node, and its function
+    /// (which may read a state another function keeps, e.g. AVG a SUM's).
     aggs: Vec<usize>,
+    funcs: Vec<AggFunc>,
 }
 
 /// Metric values for one event: per metric of the task (creation order), its aggregates.
@@ -503,7 +506,7 @@ impl Task {
             .collect();
         let wanted_aggs: HashSet<AggKey> = metrics
             .iter()
-            .flat_map(|m| (0..m.aggregates.len()).map(|i| AggKey::of(m, i)))
+            .flat_map(|m| (0..m.aggregates.len()).map(|i| AggKey::of(m, i).state()))
             .collect();
         // Drop what no metric uses any more, from the leaves up.
         let filters_before = self.used_bits;
@@ -554,7 +557,7 @@ impl Task {
         // Add what is new; remember it for the backfill.
         let mut new_filters: Vec<(usize, usize)> = Vec::new();
         let mut new_groups: Vec<(usize, usize, usize)> = Vec::new();
-        let mut new_aggs: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let mut new_aggs: Vec<(usize, usize, usize, AggKey)> = Vec::new();
         let t = self.time;
         for m in &metrics {
             let gk = GroupKey::of(m);
@@ -621,7 +624,7 @@ impl Task {
             };
             let g = &mut f.groups[gi];
             for i in 0..m.aggregates.len() {
-                let ak = AggKey::of(m, i);
+                let ak = AggKey::of(m, i).state();
                 if g.aggs.iter().any(|a| a.key == ak) {
                     continue;
                 }
@@ -636,9 +639,10 @@ impl Task {
                     arg_type,
                     key: ak,
                 });
-                new_aggs.push((wi, fi, gi, g.aggs.len() - 1));
+                new_aggs.push((wi, fi, gi, g.aggs[g.aggs.len() - 1].key.clone()));
             }
         }
+        self.order_slots(&metrics);
 
         // Backfill: filter bits first, then new groups whole, then new slots of old groups.
         if self.used_bits != filters_before || !new_filters.is_empty() {
@@ -648,9 +652,12 @@ impl Task {
             for &(wi, fi, gi) in &new_groups {
                 self.backfill(wi, fi, gi, None)?;
             }
-            for &(wi, fi, gi, ai) in &new_aggs {
+            for (wi, fi, gi, key) in &new_aggs {
+                let (wi, fi, gi) = (*wi, *fi, *gi);
                 if !new_groups.contains(&(wi, fi, gi)) {
-                    self.backfill(wi, fi, gi, Some(ai))?;
+                    let g = &self.windows[wi].filters[fi].groups[gi];
+                    let ai = g.aggs.iter().position(|a| a.key == *key);
+                    self.backfill(wi, fi, gi, Some(ai.expect("slot added")))?;
                 }
             }
         }
@@ -678,7 +685,7 @@ impl Task {
                     .expect("group added");
                 let aggs = (0..m.aggregates.len())
                     .map(|i| {
-                        let ak = AggKey::of(m, i);
+                        let ak = AggKey::of(m, i).state();
                         g.groups[gi]
                             .aggs
                             .iter()
@@ -692,11 +699,55 @@ impl Task {
                     filter: fi,
                     group: gi,
                     aggs,
+                    funcs: m.aggregates.iter().map(|a| a.func).collect(),
                 }
             })
             .collect();
         self.rebind_watches();
         Ok(())
+    }
+
+    /// Puts each group node's slots (and its states) in the order a restart builds them:
+    /// by first use in the metrics' creation order. Shared slots outlive the metric that
+    /// made them, so without this a checkpoint's states would not line up after a DROP.
+    fn order_slots(&mut self, metrics: &[&Arc<MetricDef>]) {
+        let mut order: HashMap<GroupKey, Vec<AggKey>> = HashMap::new();
+        for m in metrics {
+            let slots = order.entry(GroupKey::of(m)).or_default();
+            for i in 0..m.aggregates.len() {
+                let ak = AggKey::of(m, i).state();
+                if !slots.contains(&ak) {
+                    slots.push(ak);
+                }
+            }
+        }
+        for g in self
+            .windows
+            .iter_mut()
+            .flat_map(|w| w.filters.iter_mut())
+            .flat_map(|f| f.groups.iter_mut())
+        {
+            let Some(want) = order.get(&g.key) else {
+                continue;
+            };
+            if g.aggs.iter().map(|a| &a.key).eq(want.iter()) {
+                continue;
+            }
+            let from: Vec<usize> = want
+                .iter()
+                .filter_map(|k| g.aggs.iter().position(|a| a.key == *k))
+                .collect();
+            let mut old: Vec<Option<AggSlot>> =
+                std::mem::take(&mut g.aggs).into_iter().map(Some).collect();
+            g.aggs = from.iter().filter_map(|&i| old[i].take()).collect();
+            g.table.rewrite(&mut |state| {
+                let mut old: Vec<Option<AggState>> = std::mem::take(&mut state.states)
+                    .into_iter()
+                    .map(Some)
+                    .collect();
+                state.states = from.iter().filter_map(|&i| old[i].take()).collect();
+            });
+        }
     }
 
     /// Points every watch at its metric's slot again after the metrics changed; a watch
@@ -757,7 +808,7 @@ impl Task {
                 .entries()
                 .into_iter()
                 .filter(|(_, s)| s.epoch == epoch && s.count > 0)
-                .map(|(k, s)| change_row(g, m, &k, Some(&s), t))
+                .map(|(k, s)| change_row(m, &k, Some(&s), t))
                 .collect();
             if !snapshot.is_empty() && !watcher.deliver(&snapshot) {
                 return;
@@ -977,7 +1028,7 @@ impl Task {
                             .get(key)
                             .filter(|s| s.epoch == epoch && s.count > 0)
                             .cloned();
-                        out.push(change_row(g, m, key, state.as_ref(), t));
+                        out.push(change_row(m, key, state.as_ref(), t));
                     }
                     g.touched = touched;
                 }
@@ -1105,7 +1156,7 @@ impl Task {
                 .table
                 .get(self.key_buf.as_slice())
                 .filter(|s| s.epoch == epoch && s.count > 0);
-            let values = metric_values(&g.aggs, m, state);
+            let values = metric_values(m, state);
             out.push((m.name.clone(), values));
         }
         out
@@ -1120,10 +1171,9 @@ impl Task {
         let epoch = w.epoch;
         let g = &mut w.filters[m.filter].groups[m.group];
         let live = |s: &GroupState| s.epoch == epoch && s.count > 0;
-        let aggs = &g.aggs;
         let row = |k: &[u8], s: &GroupState| {
             let mut r = unpack(k);
-            r.extend(metric_values(aggs, m, Some(s)));
+            r.extend(metric_values(m, Some(s)));
             r
         };
         match key {
@@ -1166,15 +1216,9 @@ fn pad_row(row: &[Value], n: usize) -> Row {
 }
 
 /// A metric's row for one group as a change: group-by values, aggregates, `changed_at`.
-fn change_row(
-    g: &GroupExec,
-    m: &MetricSlot,
-    key: &[u8],
-    state: Option<&GroupState>,
-    t: i64,
-) -> Change {
+fn change_row(m: &MetricSlot, key: &[u8], state: Option<&GroupState>, t: i64) -> Change {
     let mut row = unpack(key);
-    row.extend(metric_values(&g.aggs, m, state));
+    row.extend(metric_values(m, state));
     row.push(Value::Timestamp(t));
     Change {
         key: key.into(),
@@ -1182,12 +1226,13 @@ fn change_row(
     }
 }
 
-fn metric_values(aggs: &[AggSlot], m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
+fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
     m.aggs
         .iter()
-        .map(|&a| match state {
-            Some(s) => s.states[a].result(aggs[a].func),
-            None => match aggs[a].func {
+        .zip(&m.funcs)
+        .map(|(&a, &func)| match state {
+            Some(s) => s.states[a].result(func),
+            None => match func {
                 AggFunc::CountStar | AggFunc::Count | AggFunc::CountDistinct => Value::Int(0),
                 _ => Value::Null,
             },

@@ -97,6 +97,17 @@ impl AggFunc {
         }
     }
 
+    /// The function whose state this one reads: SUM and AVG of a column share one exact
+    /// sum, MIN and MAX one ordered multiset, the variances one pair of moments.
+    pub fn state_func(self) -> AggFunc {
+        match self {
+            AggFunc::Avg => AggFunc::Sum,
+            AggFunc::Max => AggFunc::Min,
+            AggFunc::StddevPop | AggFunc::VarSamp | AggFunc::VarPop => AggFunc::StddevSamp,
+            other => other,
+        }
+    }
+
     /// A fresh state for this function over an argument of type `arg`.
     pub fn new_state(self, arg: Option<ColumnType>) -> AggState {
         match self {

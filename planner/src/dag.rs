@@ -47,6 +47,15 @@ impl AggKey {
             arg: a.arg,
         }
     }
+
+    /// The key of the state the aggregate reads (`AggFunc::state_func`): aggregates of
+    /// one group node with equal state keys share one state.
+    pub fn state(&self) -> AggKey {
+        AggKey {
+            func: self.func.state_func(),
+            ..self.clone()
+        }
+    }
 }
 
 impl GroupKey {

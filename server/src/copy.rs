@@ -4,7 +4,7 @@
 //! so a bad line fails the statement and applies nothing. A line `\.` ends the data, as
 //! psql sends it from scripts. Complete records are parsed as they arrive and held as
 //! Arrow batches (a few bytes per value, not a `Value` each), and the raw text is let
-//! go: a COPY holds about its columnar size, within `COPY_BUFFER_BYTES_MAX`.
+//! go: a COPY holds about its columnar size, within `copy_buffer_bytes_max()`.
 
 use std::sync::Arc;
 
@@ -25,8 +25,20 @@ use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
 
 use crate::db::row_from_fields;
 
-/// Bytes of parsed rows (Arrow) and unparsed text one COPY may hold before it is applied.
+/// Bytes of parsed rows (Arrow) and unparsed text one COPY may hold before it is applied,
+/// unless `EDDY_COPY_BUFFER_BYTES` says otherwise.
 pub const COPY_BUFFER_BYTES_MAX: usize = 1 << 30;
+
+/// The COPY buffer bound in force (read once).
+fn copy_buffer_bytes_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("EDDY_COPY_BUFFER_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(COPY_BUFFER_BYTES_MAX)
+    })
+}
 /// Rows per Arrow batch a COPY holds, and per batch it hands to the engine.
 pub const COPY_BATCH_ROWS: usize = 8192;
 
@@ -201,11 +213,12 @@ impl CopyIn {
             self.scanned -= end;
             self.take_records(&complete);
         }
-        if self.pending.len() + self.batch_bytes > COPY_BUFFER_BYTES_MAX {
+        let max = copy_buffer_bytes_max();
+        if self.pending.len() + self.batch_bytes > max {
             self.fail(
                 Error::new(
                     ErrorKind::ResourcesExhausted,
-                    format!("COPY data exceeds {COPY_BUFFER_BYTES_MAX} bytes"),
+                    format!("COPY data exceeds {max} bytes (EDDY_COPY_BUFFER_BYTES)"),
                 )
                 .with_hint("Split the load into several COPY statements."),
             );

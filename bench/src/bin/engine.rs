@@ -29,6 +29,8 @@ struct Args {
     batch: usize,
     /// Events per second of event time.
     rate: u64,
+    /// `basic`: COUNT, SUM, AVG; `full`: also MIN, MAX and COUNT(DISTINCT amount).
+    aggs: String,
 }
 
 fn args() -> Result<Args> {
@@ -39,6 +41,7 @@ fn args() -> Result<Args> {
         shards: 2,
         batch: 1024,
         rate: 10_000,
+        aggs: "basic".to_string(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -51,7 +54,8 @@ fn args() -> Result<Args> {
             "--shards" => a.shards = value.parse()?,
             "--batch" => a.batch = value.parse()?,
             "--rate" => a.rate = value.parse::<u64>()?.max(1),
-            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N"),
+            "--aggs" => a.aggs = value,
+            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N --aggs basic|full"),
         }
         i += 2;
     }
@@ -98,16 +102,30 @@ impl Events {
     }
 }
 
-fn catalog(partitions: u32) -> Result<Catalog> {
+/// The aggregates of the metric, per `--aggs`.
+fn aggregates(aggs: &str) -> Result<&'static str> {
+    Ok(match aggs {
+        "basic" => "COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean",
+        "full" => {
+            "COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean, MIN(amount) AS low, \
+             MAX(amount) AS high, COUNT(DISTINCT amount) AS amounts"
+        }
+        other => bail!("unknown --aggs {other}; use basic or full"),
+    })
+}
+
+fn catalog(partitions: u32, aggs: &str) -> Result<Catalog> {
     let mut c = Catalog::default();
     for sql in [
         format!(
             "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
              amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}, retention = '5 minutes')"
         ),
-        "CREATE METRIC card_5m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean \
-         FROM payments WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card"
-            .to_string(),
+        format!(
+            "CREATE METRIC card_5m AS SELECT card, {} FROM payments \
+             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card",
+            aggregates(aggs)?
+        ),
     ] {
         c = ddl::apply(&c, &parse_statement(&sql)?)?.0;
     }
@@ -123,7 +141,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 }
 
 fn run_task(a: &Args) -> Result<serde_json::Value> {
-    let c = catalog(1)?;
+    let c = catalog(1, &a.aggs)?;
     let stream = c.stream("payments").expect("created").clone();
     let mut task = Task::new(stream.clone(), 0);
     task.set_metrics(&c.metrics_of("payments"))?;
@@ -145,7 +163,7 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
     let rate = a.events as f64 / (busy_ns as f64 / 1e9);
     Ok(serde_json::json!({
         "mode": "task",
-        "workload": "COUNT, SUM, AVG(amount) over SLIDING 5 MINUTES GROUP BY card",
+        "workload": format!("{} over SLIDING 5 MINUTES GROUP BY card", aggregates(&a.aggs)?),
         "events": a.events,
         "cards": a.cards,
         "shards": 1,
@@ -162,7 +180,7 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
 }
 
 fn run_engine(a: &Args) -> Result<serde_json::Value> {
-    let c = Arc::new(catalog((a.shards * 4) as u32)?);
+    let c = Arc::new(catalog((a.shards * 4) as u32, &a.aggs)?);
     let stream = c.stream("payments").expect("created").clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -186,7 +204,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
     engine.shutdown();
     Ok(serde_json::json!({
         "mode": "engine",
-        "workload": "COUNT, SUM, AVG(amount) over SLIDING 5 MINUTES GROUP BY card",
+        "workload": format!("{} over SLIDING 5 MINUTES GROUP BY card", aggregates(&a.aggs)?),
         "events": a.events,
         "cards": a.cards,
         "shards": a.shards,
