@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per event inside one task, a figure machine noise cannot move:
-#   bench/engine-instructions.sh [EVENTS] [CARDS] [RATE]
+#   bench/engine-instructions.sh [EVENTS] [CARDS] [RATE] [AGGS]
 # Callgrind counts the instructions executed inside `Task::ingest` (and what it calls)
 # while `engine --mode task` runs, and divides by EVENTS. RATE is events per second of
 # event time: at 1000, the 5-minute window fills after 300 000 events, so most of the
@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 events=${1:-1000000}
 cards=${2:-100000}
 rate=${3:-1000}
+aggs=${4:-basic}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
 cargo build --release -q -p eddy-bench --bin engine
@@ -18,6 +19,6 @@ trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/task" --collect-atstart=no \
   --toggle-collect='eddy_cluster::task::Task::ingest' \
   "$CARGO_TARGET_DIR/release/engine" --mode task --events "$events" --cards "$cards" \
-  --rate "$rate" >/dev/null 2>"$out/log"
+  --rate "$rate" --aggs "$aggs" >/dev/null 2>"$out/log"
 total=$(awk '/^summary:/ {print $2}' "$out/task")
-echo "{\"events\": $events, \"cards\": $cards, \"rate\": $rate, \"instructions_per_event\": $(( total / events ))}"
+echo "{\"events\": $events, \"cards\": $cards, \"rate\": $rate, \"aggs\": \"$aggs\", \"instructions_per_event\": $(( total / events ))}"

@@ -6,7 +6,9 @@
 //! multiset, COUNT DISTINCT a value→count map.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
 
 use crate::codec::{decode_value, encode_value, Reader};
 pub use crate::exact::ExactSum;
