@@ -5,7 +5,13 @@
 use eddy_planner::codec::{decode_value, encode_value, Reader};
 use eddy_planner::types::Value;
 
-use crate::task::TaskStats;
+/// A task's counters, kept in its checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskStats {
+    pub accepted: u64,
+    pub late: u64,
+    pub duplicates: u64,
+}
 
 const VERSION: u8 = 1;
 

@@ -17,9 +17,8 @@ use std::sync::Arc;
 use eddy_planner::{Error, Result};
 use eddy_storage::{Family, IoThread, ReservoirConfig, RocksStore};
 
-use crate::engine::TaskId;
 use crate::groups::CacheConfig;
-use crate::log::dir_name;
+use crate::route::{dir_name, TaskId};
 use crate::task::{stable_hash, TaskStorage};
 
 const STATE_DIR: &str = "state";

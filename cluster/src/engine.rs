@@ -15,28 +15,23 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
+use crate::command::{
+    reply_to_caller, CheckpointReply, Command, IngestReply, PendingMeta, TaskReport,
+};
 use crate::durable::{task_meta_key, NodeStorage, TaskMeta};
-use crate::groups::CacheStats;
+use crate::events::{Outcome, Row};
 use crate::kafka::Kafka;
 use crate::log::LocalLog;
-use crate::route::{murmur2, partition_for};
-use crate::task::{MetricValues, Outcome, PendingRecord, Row, Task, TaskStats};
+use crate::route::{partition_for, route, shard_of, TaskId};
+use crate::task::{MetricValues, Task};
 use crate::watch::{WatchId, WatchTarget, Watcher};
 use eddy_planner::codec;
-use eddy_storage::{Family, ReservoirStats, StateStore};
+use eddy_storage::{Family, StateStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Commands waiting per shard before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 1024;
-
-/// A task: (stream, partitioner, partition).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TaskId {
-    pub stream: String,
-    pub partitioner: usize,
-    pub partition: u32,
-}
 
 /// The reply for one inserted event: each partitioner's outcome, and the values of every
 /// metric of the stream (creation order) for the event's groups.
@@ -44,18 +39,6 @@ pub struct TaskId {
 pub struct EventReply {
     pub outcomes: Vec<Outcome>,
     pub metrics: MetricValues,
-}
-
-/// Per-task counters for SHOW STREAMS.
-#[derive(Clone, Debug)]
-pub struct TaskReport {
-    pub task: TaskId,
-    pub stats: TaskStats,
-    pub stored_events: usize,
-    pub time: Option<i64>,
-    pub reservoir: ReservoirStats,
-    pub cache: CacheStats,
-    pub log_end: u64,
 }
 
 /// Checkpoint counters, for SHOW STORAGE and /metrics.
@@ -67,113 +50,6 @@ pub struct CheckpointStats {
     pub last_total_micros: AtomicU64,
     pub sync_micros_total: AtomicU64,
     pub total_micros_total: AtomicU64,
-}
-
-/// What a shard reports once its tasks' group states are flushed: each task's log end
-/// at the checkpoint, and its record, to finish off the event path.
-type CheckpointReply = Result<(Vec<(TaskId, u64)>, Vec<PendingMeta>)>;
-
-/// A task's checkpoint record under its key, before it is encoded.
-pub(crate) struct PendingMeta {
-    key: Vec<u8>,
-    stream_sql: String,
-    metric_sqls: Vec<String>,
-    record: PendingRecord,
-}
-
-impl PendingMeta {
-    /// The record's key and bytes, once its reservoir's fsyncs are done.
-    fn finish(self) -> Result<(Vec<u8>, Vec<u8>)> {
-        let meta = TaskMeta {
-            stream_sql: self.stream_sql,
-            metric_sqls: self.metric_sqls,
-            checkpoint: self.record.finish()?,
-        };
-        Ok((self.key, meta.encode()))
-    }
-}
-
-pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
-
-/// What the shard does with an ingest's outcome, on its own thread: hand it to a waiting
-/// caller, or (Kafka tasks) answer on the reply topics right away. It must not block.
-pub(crate) type Reply = Box<dyn FnOnce(IngestReply) + Send>;
-
-/// A `Reply` that hands the outcome to whoever holds the receiver.
-pub(crate) fn reply_to_caller() -> (Reply, oneshot::Receiver<IngestReply>) {
-    let (tx, rx) = oneshot::channel();
-    (
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-        rx,
-    )
-}
-
-pub(crate) enum Command {
-    Catalog(Arc<Catalog>, oneshot::Sender<Result<()>>),
-    Ingest {
-        task: TaskId,
-        rows: Vec<Row>,
-        values: bool,
-        /// The task's log end after these rows (with a log).
-        log_end: Option<u64>,
-        reply: Reply,
-    },
-    /// Flush and record every task, freeze the shard's cut of the held store, answer,
-    /// and go on: the shard's part of a checkpoint's synchronous stage.
-    Checkpoint {
-        reply: oneshot::Sender<CheckpointReply>,
-    },
-    MetricRows {
-        task: TaskId,
-        metric: String,
-        key: Option<Vec<Value>>,
-        reply: oneshot::Sender<Vec<Vec<Value>>>,
-    },
-    StreamRows {
-        stream: String,
-        reply: oneshot::Sender<Result<Vec<Row>>>,
-    },
-    Report(oneshot::Sender<Vec<TaskReport>>),
-    Watch {
-        stream: String,
-        partitioner: usize,
-        id: WatchId,
-        target: WatchTarget,
-        watcher: Arc<dyn Watcher>,
-        reply: oneshot::Sender<()>,
-    },
-    Unwatch(WatchId),
-}
-
-/// Events routed to the tasks of every partitioner: (partitioner, task, the events'
-/// indexes in `rows`, the events), partitioner by partitioner.
-pub(crate) type Routed = Vec<(usize, TaskId, Vec<usize>, Vec<Row>)>;
-
-pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
-    let mut routed = Vec::new();
-    for p in 0..stream.partitioner_count() {
-        let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
-        for (i, row) in rows.iter().enumerate() {
-            let partition = match stream.partitioners.get(p) {
-                Some(col) => partition_for(&row[*col], stream.partitions),
-                None => 0,
-            };
-            let entry = per_task.entry(partition).or_default();
-            entry.0.push(i);
-            entry.1.push(row.clone());
-        }
-        for (partition, (indexes, task_rows)) in per_task {
-            let task = TaskId {
-                stream: stream.name.clone(),
-                partitioner: p,
-                partition,
-            };
-            routed.push((p, task, indexes, task_rows));
-        }
-    }
-    routed
 }
 
 /// Every task of a catalog, with its stream.
@@ -190,14 +66,6 @@ fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)
             })
         })
     })
-}
-
-/// The shard owning a task: stable across restarts and nodes. A stream's partitions go
-/// round-robin from a shard picked by its name, so its tasks spread over every shard.
-pub fn shard_of(task: &TaskId, shards: usize) -> usize {
-    let key = format!("{}/{}", task.stream, task.partitioner);
-    let first = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize;
-    (first + task.partition as usize) % shards
 }
 
 /// Where events are made durable before tasks apply them.

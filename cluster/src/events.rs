@@ -17,9 +17,33 @@ use eddy_planner::filter::{
     column_values, columns_to_rows, rows_to_batch, stream_schema, stream_types, Filter,
 };
 use eddy_planner::types::{ColumnType, Value};
-use eddy_storage::ChunkCodec;
+use eddy_storage::{ChunkCodec, Timed};
 
-use crate::task::{Event, Row};
+/// An event's column values in the stream's column order.
+pub type Row = Arc<[Value]>;
+
+/// A stored event: its key, the filter bits computed when it arrived, and its row.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub ts: i64,
+    pub seq: u64,
+    pub mask: u64,
+    pub row: Row,
+}
+
+impl Timed for Event {
+    fn key(&self) -> (i64, u64) {
+        (self.ts, self.seq)
+    }
+}
+
+/// What the task did with one event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Accepted,
+    Late,
+    Duplicate,
+}
 
 const TS: &str = "__eddy_ts";
 const SEQ: &str = "__eddy_seq";

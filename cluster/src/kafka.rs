@@ -50,9 +50,10 @@ use eddy_planner::codec::{self, Reader};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::engine::{route, shard_of, Command, Reply, TaskId};
-use crate::log::dir_name;
-use crate::task::{MetricValues, Outcome, Row, Task};
+use crate::command::{Command, Reply};
+use crate::events::{Outcome, Row};
+use crate::route::{dir_name, route, shard_of, TaskId};
+use crate::task::{MetricValues, Task};
 
 const REPLY_HEADER: &str = "eddy-reply";
 const SLOT_HEADER: &str = "eddy-slot";

@@ -4,6 +4,7 @@
 //! rows; a task is touched only by the shard thread that owns it.
 
 pub mod checkpoint;
+pub mod command;
 pub mod durable;
 pub mod engine;
 pub mod events;
@@ -16,9 +17,12 @@ pub mod split;
 pub mod task;
 pub mod watch;
 
+pub use command::TaskReport;
 pub use durable::{NodeStorage, StorageConfig};
-pub use engine::{Engine, EventReply, Log, TaskId, TaskReport};
+pub use engine::{Engine, EventReply, Log};
+pub use events::{Event, Outcome, Row};
 pub use kafka::{Kafka, KafkaConfig};
 pub use log::{LocalLog, LogStats};
-pub use task::{Outcome, Row, Task, TaskStorage};
+pub use route::TaskId;
+pub use task::{Task, TaskStorage};
 pub use watch::{Change, WatchId, WatchTarget, Watcher};

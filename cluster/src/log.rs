@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use eddy_planner::{Error, Result};
 use eddy_storage::log::{TaskLog, SEGMENT_BYTES_MAX};
 
-use crate::engine::TaskId;
+use crate::route::{dir_name, TaskId};
 
 /// What runs after an append is durable (or failed), on the writer thread. It gets each
 /// batch's task log end: the offset after the batch's last record.
@@ -79,20 +79,6 @@ impl std::fmt::Debug for LocalLog {
 
 fn storage_error(e: eddy_storage::LogError) -> Error {
     Error::new(eddy_planner::ErrorKind::Internal, e.to_string())
-}
-
-/// A file-name-safe form of a stream name.
-pub(crate) fn dir_name(stream: &str) -> String {
-    let plain = !stream.is_empty()
-        && stream
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        stream.to_string()
-    } else {
-        let hex: String = stream.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("x-{hex}")
-    }
 }
 
 fn task_dir(root: &Path, task: &TaskId) -> PathBuf {

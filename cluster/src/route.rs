@@ -1,10 +1,17 @@
-//! Task routing: which task of a partitioner an event goes to, exactly as Kafka's
-//! default partitioner would choose the partition for a record keyed the same way.
+//! How tasks are named and found: `TaskId`, which task of a partitioner an event goes to
+//! (exactly as Kafka's default partitioner would choose the partition for a record keyed
+//! the same way), and which shard runs a task.
 //!
 //! Invariant: `partition_for` equals `toPositive(murmur2(key)) % partitions` of the Java
-//! client, with the key the UTF-8 text of the value and NULL as the empty key.
+//! client, with the key the UTF-8 text of the value and NULL as the empty key. This module
+//! depends on nothing in the crate but the event row type, so every layer can name tasks.
 
+use std::collections::BTreeMap;
+
+use eddy_planner::catalog::StreamDef;
 use eddy_planner::types::Value;
+
+use crate::events::Row;
 
 /// Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2).
 pub fn murmur2(data: &[u8]) -> i32 {
@@ -43,6 +50,65 @@ pub fn murmur2(data: &[u8]) -> i32 {
 pub fn partition_for(value: &Value, partitions: u32) -> u32 {
     let text = value.to_text().unwrap_or_default();
     ((murmur2(text.as_bytes()) & 0x7fff_ffff) as u32) % partitions
+}
+
+/// A task: (stream, partitioner, partition).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId {
+    pub stream: String,
+    pub partitioner: usize,
+    pub partition: u32,
+}
+
+/// A file-name-safe form of a stream name.
+pub(crate) fn dir_name(stream: &str) -> String {
+    let plain = !stream.is_empty()
+        && stream
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        stream.to_string()
+    } else {
+        let hex: String = stream.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("x-{hex}")
+    }
+}
+
+/// The shard owning a task: stable across restarts and nodes. A stream's partitions go
+/// round-robin from a shard picked by its name, so its tasks spread over every shard.
+pub fn shard_of(task: &TaskId, shards: usize) -> usize {
+    let key = format!("{}/{}", task.stream, task.partitioner);
+    let first = (murmur2(key.as_bytes()) & 0x7fff_ffff) as usize;
+    (first + task.partition as usize) % shards
+}
+
+/// Events routed to the tasks of every partitioner: (partitioner, task, the events'
+/// indexes in `rows`, the events), partitioner by partitioner.
+pub(crate) type Routed = Vec<(usize, TaskId, Vec<usize>, Vec<Row>)>;
+
+pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
+    let mut routed = Vec::new();
+    for p in 0..stream.partitioner_count() {
+        let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
+        for (i, row) in rows.iter().enumerate() {
+            let partition = match stream.partitioners.get(p) {
+                Some(col) => partition_for(&row[*col], stream.partitions),
+                None => 0,
+            };
+            let entry = per_task.entry(partition).or_default();
+            entry.0.push(i);
+            entry.1.push(row.clone());
+        }
+        for (partition, (indexes, task_rows)) in per_task {
+            let task = TaskId {
+                stream: stream.name.clone(),
+                partitioner: p,
+                partition,
+            };
+            routed.push((p, task, indexes, task_rows));
+        }
+    }
+    routed
 }
 
 #[cfg(test)]

@@ -25,19 +25,16 @@ use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
 use eddy_storage::{
     DiskReservoir, IoThread, MemReservoir, PendingMark, Reservoir, ReservoirConfig, ReservoirError,
-    ReservoirStats, StateStore, Timed,
+    ReservoirStats, StateStore,
 };
 
-use crate::checkpoint::Checkpoint;
-use crate::events::EventCodec;
+use crate::checkpoint::{Checkpoint, TaskStats};
+use crate::events::{Event, EventCodec, Outcome, Row};
 use smallvec::SmallVec;
 
 use crate::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::key::{pack, unpack};
 use crate::watch::{Change, WatchId, WatchTarget, Watcher};
-
-/// An event's column values in the stream's column order.
-pub type Row = Arc<[Value]>;
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
 /// path once its reservoir's mark is finished.
@@ -66,36 +63,6 @@ const RETENTION_SWEEP_EVENTS: u32 = 4096;
 const BACKFILL_BATCH_ROWS: usize = 8192;
 /// Filters with a predicate per task: each owns one bit of an event's mask.
 pub const FILTERS_PER_TASK_MAX: usize = 64;
-
-/// A stored event: its key, the filter bits computed when it arrived, and its row.
-#[derive(Clone, Debug)]
-pub struct Event {
-    pub ts: i64,
-    pub seq: u64,
-    pub mask: u64,
-    pub row: Row,
-}
-
-impl Timed for Event {
-    fn key(&self) -> (i64, u64) {
-        (self.ts, self.seq)
-    }
-}
-
-/// What the task did with one event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Accepted,
-    Late,
-    Duplicate,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TaskStats {
-    pub accepted: u64,
-    pub late: u64,
-    pub duplicates: u64,
-}
 
 struct AggSlot {
     key: AggKey,

@@ -37,9 +37,9 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use eddy_cluster::groups::CacheConfig;
-use eddy_cluster::task::{Outcome, Row, Task};
 use eddy_cluster::watch::{Change, WatchTarget, Watcher};
 use eddy_cluster::{NodeStorage, StorageConfig, TaskId};
+use eddy_cluster::{Outcome, Row, Task};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;

@@ -139,6 +139,24 @@ pub struct MetricDef {
     pub sql: String,
 }
 
+impl MetricDef {
+    /// The metric's result columns and types: group-by columns, then aggregates.
+    pub fn columns(&self, stream: &StreamDef) -> Vec<(String, ResultType)> {
+        self.group_by
+            .iter()
+            .map(|c| {
+                let col = &stream.columns[*c];
+                (col.name.clone(), ResultType::Column(col.ty))
+            })
+            .chain(
+                self.aggregates
+                    .iter()
+                    .map(|a| (a.alias.clone(), a.result_type(stream))),
+            )
+            .collect()
+    }
+}
+
 /// All streams and metrics, with their creation order.
 #[derive(Clone, Debug, Default)]
 pub struct Catalog {

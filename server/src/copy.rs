@@ -20,10 +20,8 @@ use eddy_planner::{Error, ErrorKind, Result};
 
 use datafusion::arrow::record_batch::RecordBatch;
 use eddy_cluster::Task;
-use eddy_planner::bind::check_not_null;
+use eddy_planner::bind::{check_not_null, value_from_text};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
-
-use crate::db::row_from_fields;
 
 /// Bytes of parsed rows (Arrow) and unparsed text one COPY may hold before it is applied,
 /// unless `EDDY_COPY_BUFFER_BYTES` says otherwise.
@@ -400,6 +398,38 @@ impl CopyIn {
             Some(text)
         }
     }
+}
+
+/// Converts text fields of one COPY line into a row.
+fn row_from_fields(
+    stream: &StreamDef,
+    targets: &[usize],
+    fields: &[Option<String>],
+    line: usize,
+) -> Result<Vec<Value>> {
+    if fields.len() != targets.len() {
+        return Err(Error::new(
+            ErrorKind::BadCopyFormat,
+            format!(
+                "line {line}: expected {} columns, found {}",
+                targets.len(),
+                fields.len()
+            ),
+        ));
+    }
+    let mut row = vec![Value::Null; stream.columns.len()];
+    for (f, &c) in fields.iter().zip(targets) {
+        if let Some(text) = f {
+            row[c] = value_from_text(text, &stream.columns[c]).map_err(|mut e| {
+                e.detail = Some(format!(
+                    "COPY {}, line {line}, column {}",
+                    stream.name, stream.columns[c].name
+                ));
+                e
+            })?;
+        }
+    }
+    Ok(row)
 }
 
 /// Undoes COPY text format's backslash escapes.

@@ -13,13 +13,13 @@ use eddy_cluster::{
     Engine, Kafka, KafkaConfig, LocalLog, Log, NodeStorage, Outcome, Row, StorageConfig, Task,
 };
 use eddy_planner::aggregate::ResultType;
-use eddy_planner::bind::{bind_insert, value_from_text, ReturningItem};
+use eddy_planner::bind::{bind_insert, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::dag::StreamDag;
 use eddy_planner::ddl::{self, DdlOutcome};
 use eddy_planner::filter::batch_to_rows;
 use eddy_planner::sql::{self, Statement};
-use eddy_planner::types::{format_duration_us, Value};
+use eddy_planner::types::format_duration_us;
 use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, pg_type, Cell, Column};
@@ -1201,36 +1201,4 @@ fn show_variable(name: &str) -> Executed {
         rows: vec![vec![Cell::Text(value.to_string())]],
         tag: "SHOW",
     })
-}
-
-/// Converts text fields of one COPY line into a row; public for the COPY parser.
-pub fn row_from_fields(
-    stream: &StreamDef,
-    targets: &[usize],
-    fields: &[Option<String>],
-    line: usize,
-) -> Result<Vec<Value>> {
-    if fields.len() != targets.len() {
-        return Err(Error::new(
-            ErrorKind::BadCopyFormat,
-            format!(
-                "line {line}: expected {} columns, found {}",
-                targets.len(),
-                fields.len()
-            ),
-        ));
-    }
-    let mut row = vec![Value::Null; stream.columns.len()];
-    for (f, &c) in fields.iter().zip(targets) {
-        if let Some(text) = f {
-            row[c] = value_from_text(text, &stream.columns[c]).map_err(|mut e| {
-                e.detail = Some(format!(
-                    "COPY {}, line {line}, column {}",
-                    stream.name, stream.columns[c].name
-                ));
-                e
-            })?;
-        }
-    }
-    Ok(row)
 }

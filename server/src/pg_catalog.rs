@@ -20,7 +20,6 @@ use eddy_planner::filter::datafusion_error;
 use eddy_planner::{Error, Result};
 
 use crate::cells::pg_type;
-use crate::query::metric_columns;
 
 const NAMESPACE_PUBLIC: i32 = 2200;
 const NAMESPACE_PG_CATALOG: i32 = 11;
@@ -97,7 +96,7 @@ pub fn register(ctx: &SessionContext, catalog: &Catalog) -> Result<()> {
             let stream = catalog
                 .stream(&m.stream)
                 .ok_or_else(|| Error::internal("metric without stream"))?;
-            metric_columns(stream, m)
+            m.columns(stream)
                 .into_iter()
                 .map(|(n, t)| (n, pg_type(t).oid(), false))
                 .collect()

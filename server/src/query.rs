@@ -28,24 +28,6 @@ use eddy_planner::{Error, Result};
 use crate::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
 use crate::pg_catalog;
 
-/// The result columns and types of a metric: group-by columns, then aggregates.
-pub fn metric_columns(stream: &StreamDef, metric: &MetricDef) -> Vec<(String, ResultType)> {
-    metric
-        .group_by
-        .iter()
-        .map(|c| {
-            let col = &stream.columns[*c];
-            (col.name.clone(), ResultType::Column(col.ty))
-        })
-        .chain(
-            metric
-                .aggregates
-                .iter()
-                .map(|a| (a.alias.clone(), a.result_type(stream))),
-        )
-        .collect()
-}
-
 #[derive(Debug)]
 struct MetricTable {
     engine: Arc<Engine>,
@@ -57,7 +39,7 @@ struct MetricTable {
 
 impl MetricTable {
     fn new(engine: Arc<Engine>, stream: Arc<StreamDef>, metric: Arc<MetricDef>) -> MetricTable {
-        let cols = metric_columns(&stream, &metric);
+        let cols = metric.columns(&stream);
         let schema = Arc::new(Schema::new(
             cols.iter()
                 .map(|(n, t)| Field::new(n, result_arrow_type(*t), true))
@@ -374,7 +356,7 @@ impl PointLookup {
         }
         let metric = catalog.metric(scan.table_name.table())?.clone();
         let stream = catalog.stream(&metric.stream)?.clone();
-        let cols = metric_columns(&stream, &metric);
+        let cols = metric.columns(&stream);
         let position = |e: &Expr| match e {
             Expr::Column(c) => cols.iter().position(|(n, _)| *n == c.name),
             _ => None,

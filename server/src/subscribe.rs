@@ -38,7 +38,7 @@ use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
-use crate::query::{metric_columns, parameter_types, pg_column_name};
+use crate::query::{parameter_types, pg_column_name};
 
 /// Rows a subscription queues for a slow reader unless the session sets
 /// `subscription_rows_max`.
@@ -112,7 +112,7 @@ fn equalities(e: &Arc<dyn PhysicalExpr>) -> Option<Vec<(usize, eddy_planner::typ
 fn target_columns(catalog: &Catalog, name: &str) -> Option<Vec<(String, ResultType)>> {
     let mut cols = if let Some(metric) = catalog.metric(name) {
         let stream = catalog.stream(&metric.stream)?;
-        metric_columns(stream, metric)
+        metric.columns(stream)
     } else {
         let stream = catalog.stream(name)?;
         stream

@@ -1,0 +1,111 @@
+//! What the engine's handle and the Kafka consumer send a shard, and how a shard answers.
+//!
+//! Invariant: a command names its task by `TaskId`; the shard that owns the task (and only
+//! it) runs it, and answers through the command's reply without blocking.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use eddy_planner::catalog::Catalog;
+use eddy_planner::types::Value;
+use eddy_planner::Result;
+use eddy_storage::ReservoirStats;
+
+use crate::checkpoint::TaskStats;
+use crate::durable::TaskMeta;
+use crate::events::{Outcome, Row};
+use crate::groups::CacheStats;
+use crate::route::TaskId;
+use crate::task::{MetricValues, PendingRecord};
+use crate::watch::{WatchId, WatchTarget, Watcher};
+
+/// Per-task counters for SHOW STREAMS.
+#[derive(Clone, Debug)]
+pub struct TaskReport {
+    pub task: TaskId,
+    pub stats: TaskStats,
+    pub stored_events: usize,
+    pub time: Option<i64>,
+    pub reservoir: ReservoirStats,
+    pub cache: CacheStats,
+    pub log_end: u64,
+}
+
+/// What a shard reports once its tasks' group states are flushed: each task's log end
+/// at the checkpoint, and its record, to finish off the event path.
+pub(crate) type CheckpointReply = Result<(Vec<(TaskId, u64)>, Vec<PendingMeta>)>;
+
+/// A task's checkpoint record under its key, before it is encoded.
+pub(crate) struct PendingMeta {
+    pub(crate) key: Vec<u8>,
+    pub(crate) stream_sql: String,
+    pub(crate) metric_sqls: Vec<String>,
+    pub(crate) record: PendingRecord,
+}
+
+impl PendingMeta {
+    /// The record's key and bytes, once its reservoir's fsyncs are done.
+    pub(crate) fn finish(self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let meta = TaskMeta {
+            stream_sql: self.stream_sql,
+            metric_sqls: self.metric_sqls,
+            checkpoint: self.record.finish()?,
+        };
+        Ok((self.key, meta.encode()))
+    }
+}
+
+pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
+
+/// What the shard does with an ingest's outcome, on its own thread: hand it to a waiting
+/// caller, or (Kafka tasks) answer on the reply topics right away. It must not block.
+pub(crate) type Reply = Box<dyn FnOnce(IngestReply) + Send>;
+
+/// A `Reply` that hands the outcome to whoever holds the receiver.
+pub(crate) fn reply_to_caller() -> (Reply, oneshot::Receiver<IngestReply>) {
+    let (tx, rx) = oneshot::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
+pub(crate) enum Command {
+    Catalog(Arc<Catalog>, oneshot::Sender<Result<()>>),
+    Ingest {
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+        /// The task's log end after these rows (with a log).
+        log_end: Option<u64>,
+        reply: Reply,
+    },
+    /// Flush and record every task, freeze the shard's cut of the held store, answer,
+    /// and go on: the shard's part of a checkpoint's synchronous stage.
+    Checkpoint {
+        reply: oneshot::Sender<CheckpointReply>,
+    },
+    MetricRows {
+        task: TaskId,
+        metric: String,
+        key: Option<Vec<Value>>,
+        reply: oneshot::Sender<Vec<Vec<Value>>>,
+    },
+    StreamRows {
+        stream: String,
+        reply: oneshot::Sender<Result<Vec<Row>>>,
+    },
+    Report(oneshot::Sender<Vec<TaskReport>>),
+    Watch {
+        stream: String,
+        partitioner: usize,
+        id: WatchId,
+        target: WatchTarget,
+        watcher: Arc<dyn Watcher>,
+        reply: oneshot::Sender<()>,
+    },
+    Unwatch(WatchId),
+}
