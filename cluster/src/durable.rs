@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::{Family, IoThread, ReservoirConfig, RocksStore};
+use eddy_storage::{Family, IoThread, ReservoirConfig, RocksConfig, RocksStore};
 
 use crate::groups::CacheConfig;
 use crate::route::{dir_name, TaskId};
@@ -34,11 +34,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 pub struct StorageConfig {
     pub reservoir: ReservoirConfig,
     pub cache: CacheConfig,
+    pub rocks: RocksConfig,
 }
 
 impl StorageConfig {
     /// The defaults, overridden by `EDDY_CHUNK_BYTES_MAX`, `EDDY_SEGMENT_BYTES_MAX`,
-    /// `EDDY_CHUNK_CACHE_BYTES`, `EDDY_L1_ENTRIES` and `EDDY_L2_ENTRIES`.
+    /// `EDDY_CHUNK_CACHE_BYTES`, `EDDY_L1_ENTRIES`, `EDDY_L2_ENTRIES`,
+    /// `EDDY_ROCKSDB_WRITE_BUFFER_BYTES` and `EDDY_ROCKSDB_BLOCK_CACHE_BYTES`.
     pub fn from_env() -> StorageConfig {
         fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
             std::env::var(name)
@@ -56,6 +58,14 @@ impl StorageConfig {
             cache: CacheConfig {
                 l1_entries: var("EDDY_L1_ENTRIES", d.cache.l1_entries).max(1),
                 l2_entries: var("EDDY_L2_ENTRIES", d.cache.l2_entries),
+            },
+            rocks: RocksConfig {
+                write_buffer_bytes: var(
+                    "EDDY_ROCKSDB_WRITE_BUFFER_BYTES",
+                    d.rocks.write_buffer_bytes,
+                )
+                .max(1 << 16),
+                block_cache_bytes: var("EDDY_ROCKSDB_BLOCK_CACHE_BYTES", d.rocks.block_cache_bytes),
             },
         }
     }
@@ -131,7 +141,8 @@ impl NodeStorage {
                 fs::remove_dir_all(&path).map_err(io(&path))?;
             }
         }
-        let store = RocksStore::open(&state).map_err(|e| Error::internal(e.to_string()))?;
+        let store = RocksStore::open_with(&state, config.rocks)
+            .map_err(|e| Error::internal(e.to_string()))?;
         Ok(NodeStorage {
             root: root.to_path_buf(),
             store: Arc::new(store),

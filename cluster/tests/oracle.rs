@@ -1234,6 +1234,7 @@ impl Harness {
                     l1_entries: 4,
                     l2_entries: 8,
                 },
+                ..Default::default()
             },
         )
         .expect("node storage");

@@ -16,4 +16,6 @@ pub use log::{LogError, TaskLog};
 pub use reservoir::{
     ChunkCodec, MemReservoir, PendingMark, Reservoir, ReservoirError, ReservoirStats, Timed,
 };
-pub use state::{Family, MemStateStore, OwnedPut, RocksStore, StateError, StateStore, StoreWriter};
+pub use state::{
+    Family, MemStateStore, OwnedPut, RocksConfig, RocksStore, StateError, StateStore, StoreWriter,
+};

@@ -226,9 +226,32 @@ fn rocks_error(e: rocksdb::Error) -> StateError {
     StateError(e.into_string())
 }
 
+/// RocksDB's memory: the bounds of its memtables and block cache.
+#[derive(Clone, Copy, Debug)]
+pub struct RocksConfig {
+    /// Bytes of one memtable of a column family (each family has at most two).
+    pub write_buffer_bytes: usize,
+    /// Bytes of the block cache all families share.
+    pub block_cache_bytes: usize,
+}
+
+impl Default for RocksConfig {
+    fn default() -> Self {
+        RocksConfig {
+            write_buffer_bytes: 16 << 20,
+            block_cache_bytes: 32 << 20,
+        }
+    }
+}
+
 impl RocksStore {
-    /// Opens (or creates) the database in `path`.
+    /// Opens (or creates) the database in `path`, with the default memory bounds.
     pub fn open(path: &Path) -> Result<RocksStore, StateError> {
+        RocksStore::open_with(path, RocksConfig::default())
+    }
+
+    /// Opens (or creates) the database in `path` within `config`'s memory bounds.
+    pub fn open_with(path: &Path, config: RocksConfig) -> Result<RocksStore, StateError> {
         let mut options = rocksdb::Options::default();
         options.create_if_missing(true);
         options.create_missing_column_families(true);
@@ -239,9 +262,15 @@ impl RocksStore {
         env.lower_thread_pool_cpu_priority();
         env.lower_high_priority_thread_pool_cpu_priority();
         options.set_env(&env);
+        let cache = rocksdb::Cache::new_lru_cache(config.block_cache_bytes);
         let families = Family::ALL.iter().map(|f| {
             let mut cf = rocksdb::Options::default();
             cf.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            cf.set_write_buffer_size(config.write_buffer_bytes);
+            cf.set_max_write_buffer_number(2);
+            let mut table = rocksdb::BlockBasedOptions::default();
+            table.set_block_cache(&cache);
+            cf.set_block_based_table_factory(&table);
             rocksdb::ColumnFamilyDescriptor::new(f.name(), cf)
         });
         let db = rocksdb::DB::open_cf_descriptors(&options, path, families).map_err(rocks_error)?;

@@ -154,6 +154,7 @@ fn storage(a: &Args) -> Result<NodeStorage> {
                 l1_entries: a.l1,
                 l2_entries: a.l2,
             },
+            ..Default::default()
         },
     )?)
 }
