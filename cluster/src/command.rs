@@ -12,13 +12,13 @@ use eddy_planner::types::Value;
 use eddy_planner::Result;
 use eddy_storage::ReservoirStats;
 
-use crate::checkpoint::TaskStats;
-use crate::durable::TaskMeta;
-use crate::events::{Outcome, Row};
-use crate::groups::CacheStats;
+use crate::exec::checkpoint::TaskStats;
+use crate::exec::events::{Outcome, Row};
+use crate::exec::groups::CacheStats;
+use crate::exec::task::{MetricValues, PendingRecord};
+use crate::exec::watch::{WatchId, WatchTarget, Watcher};
+use crate::node::durable::TaskMeta;
 use crate::route::TaskId;
-use crate::task::{MetricValues, PendingRecord};
-use crate::watch::{WatchId, WatchTarget, Watcher};
 
 /// Per-task counters for SHOW STREAMS.
 #[derive(Clone, Debug)]
@@ -56,7 +56,13 @@ impl PendingMeta {
     }
 }
 
-pub(crate) type IngestReply = Result<Vec<(Outcome, MetricValues)>>;
+/// An event's answer from its task: its outcome, and its metric values if asked.
+pub type Answer = (Outcome, MetricValues);
+
+/// The answers to one task batch, one per event.
+pub type Answers = Vec<Answer>;
+
+pub(crate) type IngestReply = Result<Answers>;
 
 /// What the shard does with an ingest's outcome, on its own thread: hand it to a waiting
 /// caller, or (Kafka tasks) answer on the reply topics right away. It must not block.

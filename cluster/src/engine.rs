@@ -1,37 +1,29 @@
-//! The engine: shard threads that own tasks, and the handle the front end uses to reach
-//! them through bounded queues.
+//! The engine: the handle the front end uses to run statements on the node's shards,
+//! through its log, and to take checkpoints.
 //!
-//! Invariants: a task lives on exactly one shard (`shard_of`), and only that shard's
-//! thread touches it, so the event path takes no lock; every queue is bounded
-//! (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing memory.
+//! Invariant: every event reaches a task through the log (`EventLog::ingest`), so what a
+//! task applied is always a prefix of its log, and a checkpoint covers only what the log
+//! holds durably.
 
-use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::command::{
-    reply_to_caller, CheckpointReply, Command, IngestReply, PendingMeta, TaskReport,
-};
-use crate::durable::{task_meta_key, NodeStorage, TaskMeta};
-use crate::events::{Outcome, Row};
-use crate::kafka::Kafka;
-use crate::log::LocalLog;
+use crate::command::{Command, PendingMeta, TaskReport};
+use crate::exec::events::{Outcome, Row};
+use crate::exec::task::MetricValues;
+use crate::exec::watch::{WatchId, WatchTarget, Watcher};
+use crate::log::EventLog;
+use crate::node::durable::NodeStorage;
+use crate::node::shards::{engine_gone, Shards};
 use crate::route::{partition_for, route, shard_of, TaskId};
-use crate::task::{MetricValues, Task};
-use crate::watch::{WatchId, WatchTarget, Watcher};
-use eddy_planner::codec;
-use eddy_storage::{Family, StateStore};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
-
-/// Commands waiting per shard before senders wait.
-pub const SHARD_QUEUE_MAX: usize = 1024;
 
 /// The reply for one inserted event: each partitioner's outcome, and the values of every
 /// metric of the stream (creation order) for the event's groups.
@@ -52,38 +44,10 @@ pub struct CheckpointStats {
     pub total_micros_total: AtomicU64,
 }
 
-/// Every task of a catalog, with its stream.
-fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)> {
-    catalog.streams.values().flat_map(|stream| {
-        (0..stream.partitioner_count()).flat_map(move |partitioner| {
-            (0..stream.tasks_per_partitioner()).map(move |partition| {
-                let task = TaskId {
-                    stream: stream.name.clone(),
-                    partitioner,
-                    partition,
-                };
-                (stream, task)
-            })
-        })
-    })
-}
-
-/// Where events are made durable before tasks apply them.
-#[derive(Clone, Debug)]
-pub enum Log {
-    /// None: tasks apply events at once, in memory only.
-    Memory,
-    /// The embedded log: fsynced, then handed to the tasks by the log thread.
-    Local(Arc<LocalLog>),
-    /// Kafka: published, then consumed by the node's task consumer, which answers
-    /// through the node's reply topic.
-    Kafka(Arc<Kafka>),
-}
-
 pub struct Engine {
-    queues: Vec<mpsc::Sender<Command>>,
+    shards: Shards,
     threads: Vec<JoinHandle<()>>,
-    log: Log,
+    log: Arc<dyn EventLog>,
     /// Where tasks keep events and state (`None`: in memory).
     storage: Option<Arc<NodeStorage>>,
     /// Held while a checkpoint runs.
@@ -93,40 +57,26 @@ pub struct Engine {
     pub checkpoints: CheckpointStats,
 }
 
-/// Events replayed per engine call at start.
-const REPLAY_BATCH_ROWS: usize = 8192;
-
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("shards", &self.queues.len())
+            .field("shards", &self.shards.count())
+            .field("log", &self.log)
             .finish()
     }
 }
 
-fn engine_gone() -> Error {
-    Error::internal("the engine is shutting down")
-}
-
 impl Engine {
-    /// Starts `shards` shard threads; with a log, every ingested event is appended to
-    /// its tasks' logs (and durable) before a task applies it.
-    pub fn start(shards: usize, log: Log, storage: Option<Arc<NodeStorage>>) -> Engine {
-        assert!(shards > 0);
-        let mut queues = Vec::with_capacity(shards);
-        let mut threads = Vec::with_capacity(shards);
-        for index in 0..shards {
-            let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
-            queues.push(tx);
-            let shard = Shard::new(index, shards, storage.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("eddy-shard-{index}"))
-                .spawn(move || shard.run(rx))
-                .expect("spawn shard thread");
-            threads.push(thread);
-        }
+    /// Starts `shards` shard threads. Every ingested event goes through `log` (made
+    /// durable there, where the log keeps anything) before a task applies it.
+    pub fn start(
+        shards: usize,
+        log: Arc<dyn EventLog>,
+        storage: Option<Arc<NodeStorage>>,
+    ) -> Engine {
+        let (shards, threads) = Shards::start(shards, storage.clone());
         Engine {
-            queues,
+            shards,
             threads,
             log,
             storage,
@@ -186,16 +136,14 @@ impl Engine {
         // in once every shard has one.
         storage.store.hold(self.shards());
         let paused = async {
-            let mut waits = Vec::new();
-            for shard in 0..self.shards() {
-                let (tx, rx) = oneshot::channel();
-                self.send(shard, Command::Checkpoint { reply: tx }).await?;
-                waits.push(rx);
-            }
+            let replies = self
+                .shards
+                .ask_all(|reply| Command::Checkpoint { reply })
+                .await?;
             let (mut ends, mut records) = (Vec::new(), Vec::new());
             let mut failure = None;
-            for rx in waits {
-                match rx.await.map_err(|_| engine_gone()).and_then(|r| r) {
+            for reply in replies {
+                match reply {
                     Ok((e, r)) => {
                         ends.extend(e);
                         records.extend(r);
@@ -228,9 +176,9 @@ impl Engine {
         // What the cuts hold was written to the log before the shards took it; with
         // `synchronous_commit = off` it may not be durable yet, and the checkpoint must
         // not cover what a crash could still lose.
-        let records = match (&self.log, records) {
-            (Log::Local(log), Ok(records)) => log.sync().await.map(|_| records),
-            (_, records) => records,
+        let records = match records {
+            Ok(records) => self.log.sync().await.map(|_| records),
+            Err(e) => Err(e),
         };
         // At the shards' priority (they may wait for the store's locks meanwhile), off
         // the async threads: the snapshot, the release of the later writes (whatever
@@ -248,10 +196,8 @@ impl Engine {
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))??;
-        if let Log::Local(log) = &self.log {
-            for (task, end) in &ends {
-                log.truncate(task, *end);
-            }
+        for (task, end) in &ends {
+            self.log.truncate(task, *end);
         }
         let total = started.elapsed();
         let c = &self.checkpoints;
@@ -267,159 +213,44 @@ impl Engine {
         Ok((sync, total))
     }
 
-    /// The embedded log, if events go there.
-    pub fn log(&self) -> Option<&Arc<LocalLog>> {
-        match &self.log {
-            Log::Local(log) => Some(log),
-            _ => None,
-        }
+    /// The node's log.
+    pub fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
     }
 
-    /// Kafka, if events go there.
-    pub fn kafka(&self) -> Option<&Arc<Kafka>> {
-        match &self.log {
-            Log::Kafka(kafka) => Some(kafka),
-            _ => None,
-        }
+    /// The node's log as its concrete kind, if it is one: `engine.log_as::<Kafka>()`.
+    pub fn log_as<L: EventLog>(&self) -> Option<&L> {
+        self.log.as_any().downcast_ref::<L>()
     }
 
-    /// Each task's log end: the offset after the last record it applied.
-    async fn log_ends(&self) -> Result<BTreeMap<TaskId, u64>> {
-        Ok(self
-            .report()
-            .await?
-            .into_iter()
-            .map(|r| (r.task, r.log_end))
-            .collect())
-    }
-
-    /// Kafka mode's recovery: every task resumes consuming at its checkpointed offset;
-    /// returns once each has applied what its partition held when this began.
-    async fn catch_up(&self, kafka: &Arc<Kafka>, catalog: &Catalog) -> Result<u64> {
-        let ends = self.log_ends().await?;
-        kafka.install(&Catalog::default(), catalog).await?;
-        let mut targets = Vec::new();
-        for (stream, task) in tasks_of(catalog) {
-            let topic = kafka.config().topic_of(stream, task.partitioner);
-            let from = ends.get(&task).copied().unwrap_or(0);
-            let high = kafka.high_watermark(&topic, task.partition as i32)?;
-            targets.push((task, topic, from, high.max(0) as u64));
-        }
-        kafka.resume_at(
-            targets
-                .iter()
-                .map(|(t, topic, from, _)| (topic.clone(), t.partition as i32, *from as i64)),
-        );
-        kafka.start_tasks(self.queues.clone())?;
-        let started = Instant::now();
-        loop {
-            let applied = self.log_ends().await?;
-            let behind = targets
-                .iter()
-                .filter(|(t, _, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
-                .count();
-            if behind == 0 {
-                break;
-            }
-            if started.elapsed() > std::time::Duration::from_secs(300) {
-                return Err(Error::internal(format!(
-                    "kafka: {behind} tasks did not catch up with their partitions within 300 s"
-                )));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        Ok(targets
-            .iter()
-            .map(|(_, _, from, high)| high.saturating_sub(*from))
-            .sum())
-    }
-
-    /// Re-applies every task's logged events (at start, after the catalog is installed).
-    /// Returns how many events were replayed.
+    /// Brings every task up to its log's end, from its checkpoint (at start, after the
+    /// catalog is installed). Returns how many events were replayed.
     pub async fn recover(&self, catalog: &Catalog) -> Result<u64> {
-        let log = match &self.log {
-            Log::Memory => return Ok(0),
-            Log::Kafka(kafka) => return self.catch_up(kafka, catalog).await,
-            Log::Local(log) => log,
-        };
-        let ends = self.log_ends().await?;
-        let mut replayed = 0;
-        for (_, task) in tasks_of(catalog) {
-            let from = ends.get(&task).copied().unwrap_or(0);
-            let mut rows = Vec::new();
-            let mut bad = None;
-            log.replay(
-                &task,
-                from,
-                &mut |offset, bytes| match codec::decode_row(&bytes) {
-                    Some(row) => rows.push(row),
-                    None => bad = bad.or(Some(offset)),
-                },
-            )?;
-            if let Some(offset) = bad {
-                return Err(Error::internal(format!(
-                    "the log of task {task:?} holds an unreadable event at offset {offset}"
-                )));
-            }
-            replayed += rows.len() as u64;
-            let mut end = from;
-            for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
-                end += chunk.len() as u64;
-                self.ingest_task(task.clone(), chunk.to_vec(), false, Some(end))
-                    .await?;
-            }
-        }
-        Ok(replayed)
+        let applied = self.shards.log_ends().await?;
+        self.log.recover(&self.shards, catalog, applied).await
     }
 
-    async fn ingest_task(
-        &self,
-        task: TaskId,
-        rows: Vec<Row>,
-        values: bool,
-        log_end: Option<u64>,
-    ) -> Result<oneshot::Receiver<IngestReply>> {
-        let (reply, rx) = reply_to_caller();
-        let shard = shard_of(&task, self.shards());
-        self.send(
-            shard,
-            Command::Ingest {
-                task,
-                rows,
-                values,
-                log_end,
-                reply,
-            },
-        )
-        .await?;
-        Ok(rx)
+    /// Brings the log in line with a new catalog (DDL), before the shards install it.
+    pub async fn install_log(&self, current: &Catalog, next: &Catalog) -> Result<()> {
+        self.log.install(current, next).await
     }
 
     pub fn shards(&self) -> usize {
-        self.queues.len()
+        self.shards.count()
     }
 
     async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
-        self.queues[shard]
-            .send(cmd)
-            .await
-            .map_err(|_| engine_gone())
+        self.shards.send(shard, cmd).await
     }
 
     /// Installs a catalog on every shard: creates and drops tasks, adds and removes
     /// metric nodes (backfilling new ones). Returns when every shard is done.
     pub async fn apply_catalog(&self, catalog: Arc<Catalog>) -> Result<()> {
-        let mut waits = Vec::new();
-        for shard in 0..self.shards() {
-            let (tx, rx) = oneshot::channel();
-            self.send(shard, Command::Catalog(catalog.clone(), tx))
-                .await?;
-            waits.push(rx);
-        }
-        for rx in waits {
-            rx.await.map_err(|_| engine_gone())??;
-        }
-        Ok(())
+        let replies = self
+            .shards
+            .ask_all(|reply| Command::Catalog(catalog.clone(), reply))
+            .await?;
+        replies.into_iter().collect()
     }
 
     /// Routes events to the tasks of every partitioner and gathers the replies per event.
@@ -434,94 +265,22 @@ impl Engine {
         durable: bool,
     ) -> Result<Vec<EventReply>> {
         let mut replies = vec![EventReply::default(); rows.len()];
-        let routed = route(stream, &rows);
-        let mut waits = Vec::new();
-        let mut answers = Vec::new();
-        match &self.log {
-            Log::Kafka(kafka) => {
-                let mut events = Vec::with_capacity(rows.len() * stream.partitioner_count());
-                let mut slots = Vec::with_capacity(events.capacity());
-                for (p, task, indexes, task_rows) in routed {
-                    for (i, row) in indexes.into_iter().zip(task_rows) {
-                        events.push((task.clone(), row));
-                        slots.push((p, i));
-                    }
-                }
-                let replies = kafka.publish(stream, events, values).await?;
-                answers.extend(
-                    slots
-                        .into_iter()
-                        .zip(replies)
-                        .map(|((p, i), (outcome, vals))| (p, i, outcome, vals)),
-                );
-            }
-            // Durable first: the log thread hands the events to the tasks after the fsync,
-            // in log order, so a task applies exactly its log's sequence.
-            Log::Local(log) => {
-                let mut batches = Vec::with_capacity(routed.len());
-                let mut commands = Vec::with_capacity(routed.len());
-                for (p, task, indexes, task_rows) in routed {
-                    let records = task_rows
-                        .iter()
-                        .map(|r| {
-                            let mut b = Vec::with_capacity(64);
-                            codec::encode_row(r, &mut b);
-                            b
-                        })
-                        .collect();
-                    batches.push((task.clone(), records));
-                    let (reply, rx) = reply_to_caller();
-                    let shard = shard_of(&task, self.shards());
-                    commands.push((
-                        shard,
-                        Command::Ingest {
-                            task,
-                            rows: task_rows,
-                            values,
-                            log_end: None,
-                            reply,
-                        },
-                    ));
-                    waits.push((p, indexes, rx));
-                }
-                let queues = self.queues.clone();
-                let (done, appended) = oneshot::channel();
-                log.append(
-                    batches,
-                    durable,
-                    Box::new(move |result| {
-                        if let Ok(ends) = &result {
-                            for ((shard, mut cmd), end) in commands.into_iter().zip(ends) {
-                                if let Command::Ingest { log_end, .. } = &mut cmd {
-                                    *log_end = Some(*end);
-                                }
-                                let _ = queues[shard].blocking_send(cmd);
-                            }
-                        }
-                        let _ = done.send(result.map(|_| ()));
-                    }),
-                );
-                appended.await.map_err(|_| engine_gone())??;
-            }
-            Log::Memory => {
-                for (p, task, indexes, task_rows) in routed {
-                    let rx = self.ingest_task(task, task_rows, values, None).await?;
-                    waits.push((p, indexes, rx));
-                }
-            }
-        }
+        let (places, batches): (Vec<_>, Vec<_>) = route(stream, &rows)
+            .into_iter()
+            .map(|(p, task, indexes, task_rows)| ((p, indexes), (task, task_rows)))
+            .unzip();
+        let answers = self
+            .log
+            .ingest(&self.shards, stream, batches, values, durable)
+            .await?;
         // Partitioner order is kept so metric values come out in creation order.
         let mut per_partitioner: Vec<Vec<(usize, MetricValues)>> =
             vec![Vec::new(); stream.partitioner_count()];
-        for (p, indexes, rx) in waits {
-            let results = rx.await.map_err(|_| engine_gone())??;
-            for (i, (outcome, vals)) in indexes.into_iter().zip(results) {
-                answers.push((p, i, outcome, vals));
+        for ((p, indexes), answers) in places.into_iter().zip(answers) {
+            for (i, (outcome, vals)) in indexes.into_iter().zip(answers) {
+                replies[i].outcomes.push(outcome);
+                per_partitioner[p].push((i, vals));
             }
-        }
-        for (p, i, outcome, vals) in answers {
-            replies[i].outcomes.push(outcome);
-            per_partitioner[p].push((i, vals));
         }
         for list in per_partitioner {
             for (i, vals) in list {
@@ -580,36 +339,23 @@ impl Engine {
 
     /// The events stored for a stream (from its first partitioner's tasks).
     pub async fn stream_rows(&self, stream: &StreamDef) -> Result<Vec<Row>> {
-        let mut waits = Vec::new();
-        for shard in 0..self.shards() {
-            let (tx, rx) = oneshot::channel();
-            self.send(
-                shard,
-                Command::StreamRows {
-                    stream: stream.name.clone(),
-                    reply: tx,
-                },
-            )
-            .await?;
-            waits.push(rx);
-        }
         let mut rows = Vec::new();
-        for rx in waits {
-            rows.extend(rx.await.map_err(|_| engine_gone())??);
+        for part in self
+            .shards
+            .ask_all(|reply| Command::StreamRows {
+                stream: stream.name.clone(),
+                reply,
+            })
+            .await?
+        {
+            rows.extend(part?);
         }
         Ok(rows)
     }
 
     /// Counters of every task.
     pub async fn report(&self) -> Result<Vec<TaskReport>> {
-        let mut out = Vec::new();
-        for shard in 0..self.shards() {
-            let (tx, rx) = oneshot::channel();
-            self.send(shard, Command::Report(tx)).await?;
-            out.extend(rx.await.map_err(|_| engine_gone())?);
-        }
-        out.sort_by(|a, b| a.task.cmp(&b.task));
-        Ok(out)
+        self.shards.report().await
     }
 
     /// Attaches a subscription to the tasks of `stream`'s `partitioner`: a metric watch
@@ -624,26 +370,16 @@ impl Engine {
         id: WatchId,
         watcher: Arc<dyn Watcher>,
     ) -> Result<()> {
-        let mut waits = Vec::new();
-        for shard in 0..self.shards() {
-            let (tx, rx) = oneshot::channel();
-            self.send(
-                shard,
-                Command::Watch {
-                    stream: stream.to_string(),
-                    partitioner,
-                    id,
-                    target: target.clone(),
-                    watcher: watcher.clone(),
-                    reply: tx,
-                },
-            )
+        self.shards
+            .ask_all(|reply| Command::Watch {
+                stream: stream.to_string(),
+                partitioner,
+                id,
+                target: target.clone(),
+                watcher: watcher.clone(),
+                reply,
+            })
             .await?;
-            waits.push(rx);
-        }
-        for rx in waits {
-            rx.await.map_err(|_| engine_gone())?;
-        }
         Ok(())
     }
 
@@ -657,9 +393,7 @@ impl Engine {
     /// Quiets the node's background work at shutdown, after the last checkpoint: Kafka's
     /// consumers stop and RocksDB finishes its flushes and compactions.
     pub fn close(&self) {
-        if let Log::Kafka(kafka) = &self.log {
-            kafka.shutdown();
-        }
+        self.log.close();
         if let Some(storage) = &self.storage {
             storage.store.close();
         }
@@ -667,10 +401,8 @@ impl Engine {
 
     /// Stops the shard threads after they finish the commands already queued.
     pub fn shutdown(self) {
-        if let Log::Kafka(kafka) = &self.log {
-            kafka.shutdown();
-        }
-        drop(self.queues);
+        self.log.close();
+        drop(self.shards);
         for t in self.threads {
             let _ = t.join();
         }
@@ -698,245 +430,6 @@ async fn in_background<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'sta
         .map_err(|e| Error::internal(format!("cannot start a checkpoint thread: {e}")))?;
     rx.await
         .map_err(|_| Error::internal("the checkpoint thread panicked"))
-}
-
-/// One shard thread's state: the tasks it owns.
-struct Shard {
-    index: usize,
-    shards: usize,
-    tasks: BTreeMap<TaskId, Task>,
-    storage: Option<Arc<NodeStorage>>,
-    /// The first catalog installed restores tasks from the last checkpoint.
-    restored: bool,
-}
-
-impl Shard {
-    fn new(index: usize, shards: usize, storage: Option<Arc<NodeStorage>>) -> Shard {
-        Shard {
-            index,
-            shards,
-            tasks: BTreeMap::new(),
-            storage,
-            restored: false,
-        }
-    }
-
-    /// Flushes every task's group states, takes its checkpoint record, and freezes the
-    /// shard's cut of the held store: its later writes are not in this checkpoint.
-    fn checkpoint(&mut self) -> CheckpointReply {
-        let Some(storage) = self.storage.clone() else {
-            return Ok((Vec::new(), Vec::new()));
-        };
-        let taken = self.take_records();
-        storage.store.freeze(self.index);
-        taken
-    }
-
-    fn take_records(&mut self) -> CheckpointReply {
-        let mut records = Vec::new();
-        let mut ends = Vec::new();
-        for (id, task) in &mut self.tasks {
-            let Some(record) = task.checkpoint()? else {
-                continue;
-            };
-            records.push(PendingMeta {
-                key: task_meta_key(id),
-                stream_sql: task.stream().sql.clone(),
-                metric_sqls: task.metric_defs().iter().map(|m| m.sql.clone()).collect(),
-                record,
-            });
-            ends.push((id.clone(), task.log_end));
-        }
-        Ok((ends, records))
-    }
-
-    /// A task of a new stream, or — at start — the task as its last checkpoint left it.
-    fn open_task(&self, id: &TaskId, stream: &Arc<StreamDef>, p: usize) -> Result<Task> {
-        let Some(storage) = &self.storage else {
-            return Ok(Task::new(stream.clone(), p));
-        };
-        let task_storage = storage.task_storage(id, self.index);
-        let meta = if self.restored {
-            None
-        } else {
-            storage
-                .store
-                .writer(self.index)
-                .multi_get(Family::Meta, &[&task_meta_key(id)])
-                .map_err(|e| Error::internal(e.to_string()))?
-                .pop()
-                .flatten()
-                .map(|bytes| {
-                    TaskMeta::decode(&bytes).ok_or_else(|| {
-                        Error::internal(format!("unreadable checkpoint record of task {id:?}"))
-                    })
-                })
-                .transpose()?
-        };
-        let Some(meta) = meta else {
-            return Task::open(stream.clone(), p, task_storage, None);
-        };
-        // The stream and metrics as they were at the checkpoint.
-        let mut then = Catalog::default();
-        for text in std::iter::once(&meta.stream_sql).chain(&meta.metric_sqls) {
-            let stmt = eddy_planner::sql::parse_statement(text)?;
-            then = eddy_planner::ddl::apply(&then, &stmt)?.0;
-        }
-        let Some(old) = then.stream(&stream.name).filter(|old| stream.same_as(old)) else {
-            // The stream was re-created since: its log starts over too.
-            return Task::open(stream.clone(), p, task_storage, None);
-        };
-        let metrics = then.metrics_of(&stream.name);
-        Task::open(
-            old.clone(),
-            p,
-            task_storage,
-            Some((&meta.checkpoint, &metrics)),
-        )
-    }
-
-    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.blocking_recv() {
-            match cmd {
-                Command::Catalog(catalog, reply) => {
-                    let _ = reply.send(self.apply_catalog(&catalog));
-                }
-                Command::Ingest {
-                    task,
-                    rows,
-                    values,
-                    log_end,
-                    reply,
-                } => {
-                    let result = match self.tasks.get_mut(&task) {
-                        Some(t) => {
-                            let result = t.ingest(&rows, values);
-                            if let (Ok(_), Some(end)) = (&result, log_end) {
-                                t.log_end = end;
-                            }
-                            result
-                        }
-                        None => Err(Error::internal(format!(
-                            "task {task:?} is not on this shard"
-                        ))),
-                    };
-                    reply(result);
-                }
-                Command::Checkpoint { reply } => {
-                    let _ = reply.send(self.checkpoint());
-                }
-                Command::MetricRows {
-                    task,
-                    metric,
-                    key,
-                    reply,
-                } => {
-                    let rows = self
-                        .tasks
-                        .get_mut(&task)
-                        .map(|t| t.metric_rows(&metric, key.as_deref()))
-                        .unwrap_or_default();
-                    let _ = reply.send(rows);
-                }
-                Command::StreamRows { stream, reply } => {
-                    let mut rows = Ok(Vec::new());
-                    for (_, t) in self
-                        .tasks
-                        .iter_mut()
-                        .filter(|(id, _)| id.stream == stream && id.partitioner == 0)
-                    {
-                        match (t.events(), &mut rows) {
-                            (Ok(events), Ok(rows)) => rows.extend(events),
-                            (Err(e), _) => rows = Err(e),
-                            _ => {}
-                        }
-                    }
-                    let _ = reply.send(rows);
-                }
-                Command::Watch {
-                    stream,
-                    partitioner,
-                    id,
-                    target,
-                    watcher,
-                    reply,
-                } => {
-                    for (_, task) in self
-                        .tasks
-                        .iter_mut()
-                        .filter(|(t, _)| t.stream == stream && t.partitioner == partitioner)
-                    {
-                        task.watch(id, target.clone(), watcher.clone());
-                    }
-                    let _ = reply.send(());
-                }
-                Command::Unwatch(id) => {
-                    for task in self.tasks.values_mut() {
-                        task.unwatch(id);
-                    }
-                }
-                Command::Report(reply) => {
-                    let report = self
-                        .tasks
-                        .iter()
-                        .map(|(id, t)| TaskReport {
-                            task: id.clone(),
-                            stats: t.stats,
-                            stored_events: t.stored_events(),
-                            time: t.time(),
-                            reservoir: t.reservoir_stats(),
-                            cache: t.cache_stats(),
-                            log_end: t.log_end,
-                        })
-                        .collect();
-                    let _ = reply.send(report);
-                }
-            }
-        }
-    }
-
-    fn apply_catalog(&mut self, catalog: &Catalog) -> Result<()> {
-        // Tasks of dropped (or re-created) streams go away with their state.
-        let gone: Vec<TaskId> = self
-            .tasks
-            .iter()
-            .filter(|(id, task)| {
-                !catalog
-                    .stream(&id.stream)
-                    .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || s.same_as(task.stream()))
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            let mut task = self.tasks.remove(&id).expect("listed");
-            task.end_watches(&Error::new(
-                eddy_planner::ErrorKind::UndefinedTable,
-                format!("stream \"{}\" was dropped", id.stream),
-            ));
-            task.destroy()?;
-            if let Some(storage) = &self.storage {
-                storage
-                    .store
-                    .writer(self.index)
-                    .write(&[(Family::Meta, &task_meta_key(&id), None)])
-                    .map_err(|e| Error::internal(e.to_string()))?;
-            }
-        }
-        for (stream, id) in tasks_of(catalog) {
-            if shard_of(&id, self.shards) != self.index {
-                continue;
-            }
-            if !self.tasks.contains_key(&id) {
-                let task = self.open_task(&id, stream, id.partitioner)?;
-                self.tasks.insert(id.clone(), task);
-            }
-            let task = self.tasks.get_mut(&id).expect("opened");
-            task.set_stream(stream.clone());
-            task.set_metrics(&catalog.metrics_of(&stream.name))?;
-        }
-        self.restored = true;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

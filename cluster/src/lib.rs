@@ -1,28 +1,32 @@
-//! eddy-cluster: tasks, the shards that run them, and how events are routed to them.
+//! eddy-cluster: tasks, the shards that run them, the log that feeds them, and how events
+//! are routed to them.
+//!
+//! Layers, each using only those above it:
+//! - `route` and `command`: how tasks are named and found, and what a shard is asked;
+//! - `exec`: one task, on one thread;
+//! - `node`: the shards of a node, and its state store with its checkpoints;
+//! - `log`: where events become durable before the shards get them (the `EventLog`
+//!   trait: memory, local files, Kafka);
+//! - `engine`: the handle the front end uses, a log and the shards put together;
+//! - `assign`: the assignor, a pure function from the cluster's members and tasks to
+//!   where each task's active copy and replicas run.
 //!
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
 
-pub mod checkpoint;
+pub mod assign;
 pub mod command;
-pub mod durable;
 pub mod engine;
-pub mod events;
-pub mod groups;
-pub mod kafka;
-pub mod key;
+pub mod exec;
 pub mod log;
+pub mod node;
 pub mod route;
-pub mod split;
-pub mod task;
-pub mod watch;
 
 pub use command::TaskReport;
-pub use durable::{NodeStorage, StorageConfig};
-pub use engine::{Engine, EventReply, Log};
-pub use events::{Event, Outcome, Row};
-pub use kafka::{Kafka, KafkaConfig};
-pub use log::{LocalLog, LogStats};
+pub use engine::{Engine, EventReply};
+pub use exec::events::{Event, Outcome, Row};
+pub use exec::task::{Task, TaskStorage};
+pub use exec::watch::{Change, WatchId, WatchTarget, Watcher};
+pub use log::{EventLog, Kafka, KafkaConfig, LocalLog, LogStats, MemoryLog};
+pub use node::durable::{NodeStorage, StorageConfig};
 pub use route::TaskId;
-pub use task::{Task, TaskStorage};
-pub use watch::{Change, WatchId, WatchTarget, Watcher};

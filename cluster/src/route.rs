@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use eddy_planner::catalog::StreamDef;
 use eddy_planner::types::Value;
 
-use crate::events::Row;
+use crate::exec::events::Row;
 
 /// Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2).
 pub fn murmur2(data: &[u8]) -> i32 {

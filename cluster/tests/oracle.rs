@@ -1,4 +1,4 @@
-//! A seeded differential oracle for the task executor (`eddy_cluster::task::Task`).
+//! A seeded differential oracle for the task executor (`eddy_cluster::exec::task::Task`).
 //!
 //! A generator drives one task (a stream without partitioners, so the task sees every
 //! event) with a long stream of events: out-of-order events, late events beyond the 2 s
@@ -36,8 +36,8 @@ use std::sync::Arc;
 
 use std::sync::Mutex;
 
-use eddy_cluster::groups::CacheConfig;
-use eddy_cluster::watch::{Change, WatchTarget, Watcher};
+use eddy_cluster::exec::groups::CacheConfig;
+use eddy_cluster::exec::watch::{Change, WatchTarget, Watcher};
 use eddy_cluster::{NodeStorage, StorageConfig, TaskId};
 use eddy_cluster::{Outcome, Row, Task};
 use eddy_planner::catalog::Catalog;

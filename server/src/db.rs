@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use pgwire::api::Type;
 
 use eddy_cluster::{
-    Engine, Kafka, KafkaConfig, LocalLog, Log, NodeStorage, Outcome, Row, StorageConfig, Task,
+    Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
 };
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, ReturningItem};
@@ -137,11 +137,8 @@ impl Db {
             Vec::new()
         };
         let mut publish = false;
-        let log = match kafka {
-            None => Log::Local(Arc::new(LocalLog::open(
-                &data_dir.join(LOG_DIR),
-                commit_delay,
-            )?)),
+        let log: Arc<dyn EventLog> = match kafka {
+            None => Arc::new(LocalLog::open(&data_dir.join(LOG_DIR), commit_delay)?),
             Some(config) => {
                 let kafka = Kafka::connect(config)
                     .await
@@ -156,7 +153,7 @@ impl Db {
                 } else {
                     statements = published;
                 }
-                Log::Kafka(kafka)
+                kafka
             }
         };
         let engine = Arc::new(Engine::start(shards, log, Some(Arc::new(storage))));
@@ -169,7 +166,7 @@ impl Db {
                 .0;
         }
         persist(data_dir, &catalog)?;
-        if let (Some(kafka), true) = (engine.kafka(), publish) {
+        if let (Some(kafka), true) = (engine.log_as::<Kafka>(), publish) {
             kafka
                 .publish_catalog(&Catalog::default(), &catalog)
                 .await
@@ -348,30 +345,6 @@ impl Db {
         }
     }
 
-    /// Deletes the logs of streams that `next` drops or re-creates, so that a later
-    /// stream of the same name starts empty.
-    async fn drop_logs(&self, current: &Catalog, next: &Catalog) -> Result<()> {
-        if let Some(kafka) = self.engine.kafka() {
-            kafka.install(current, next).await?;
-            return kafka.publish_catalog(current, next).await;
-        }
-        let Some(log) = self.engine.log() else {
-            return Ok(());
-        };
-        for (name, stream) in &current.streams {
-            let kept = next.stream(name).is_some_and(|s| s.same_as(stream));
-            if !kept {
-                log.drop_stream(name).await?;
-            }
-        }
-        for name in next.streams.keys() {
-            if current.stream(name).is_none() {
-                log.drop_stream(name).await?;
-            }
-        }
-        Ok(())
-    }
-
     async fn ddl(&self, stmt: &Statement) -> Result<Executed> {
         let _guard = self.ddl.lock().await;
         let current = self.catalog();
@@ -384,7 +357,7 @@ impl Db {
             },
         ) = ddl::apply(&current, stmt)?;
         let external = next.streams.values().find(|s| s.source.is_some());
-        if let (Some(s), None) = (external, self.engine.kafka()) {
+        if let (Some(s), None) = (external, self.engine.log_as::<Kafka>()) {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
@@ -399,7 +372,10 @@ impl Db {
             // The shards first, then the file: if either fails, the shards go back to the
             // current catalog, so a failed statement leaves nothing behind.
             let applied = match self.engine.apply_catalog(next.clone()).await {
-                Ok(()) => match self.drop_logs(&current, &next).await {
+                // The log follows: logs of dropped or re-created streams go, so a
+                // later stream of the same name starts empty; Kafka's catalog topic
+                // gets the change.
+                Ok(()) => match self.engine.install_log(&current, &next).await {
                     Ok(()) => persist(&self.data_dir, &next),
                     Err(e) => Err(e),
                 },
@@ -583,7 +559,10 @@ impl Db {
                     dups += r.stats.duplicates;
                     stored += r.stored_events as u64;
                 }
-                let log_bytes = self.engine.log().map_or(0, |l| l.disk_bytes(&s.name));
+                let log_bytes = self
+                    .engine
+                    .log_as::<LocalLog>()
+                    .map_or(0, |l| l.disk_bytes(&s.name));
                 let sum = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> i64 {
                     tasks.iter().map(|r| f(r)).sum::<u64>() as i64
                 };
@@ -674,7 +653,7 @@ impl Db {
             "Events held in the reservoirs of each stream.",
             per_stream(&|r| r.stored_events as u64),
         );
-        if let Some(log) = self.engine.log() {
+        if let Some(log) = self.engine.log_as::<LocalLog>() {
             let disk = catalog
                 .streams
                 .keys()
@@ -827,7 +806,7 @@ impl Db {
             "Synchronous stages of all checkpoints.",
             vec![(String::new(), load(&c.sync_micros_total) as f64 / 1e6)],
         );
-        if let Some(kafka) = self.engine.kafka() {
+        if let Some(kafka) = self.engine.log_as::<Kafka>() {
             let k = &kafka.stats;
             for (name, help, counter) in [
                 (

@@ -26,7 +26,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_bench::XorShift;
-use eddy_cluster::kafka::reply_headers;
+use eddy_cluster::log::kafka::reply_headers;
 use eddy_cluster::route::partition_for;
 use eddy_planner::codec::encode_row;
 use eddy_planner::types::Value;

@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use eddy_bench::XorShift;
-use eddy_cluster::checkpoint::Checkpoint;
-use eddy_cluster::events::EventCodec;
-use eddy_cluster::groups::CacheConfig;
-use eddy_cluster::{Engine, Log, NodeStorage, Row, StorageConfig, Task, TaskId};
+use eddy_cluster::exec::checkpoint::Checkpoint;
+use eddy_cluster::exec::events::EventCodec;
+use eddy_cluster::exec::groups::CacheConfig;
+use eddy_cluster::{Engine, MemoryLog, NodeStorage, Row, StorageConfig, Task, TaskId};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
@@ -213,7 +213,7 @@ fn checkpoint(a: &Args) -> Result<serde_json::Value> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let engine = Engine::start(1, Log::Memory, Some(node.clone()));
+    let engine = Engine::start(1, Arc::new(MemoryLog), Some(node.clone()));
     runtime.block_on(engine.apply_catalog(c.clone()))?;
     // Every key once per round: all hot keys are dirty at each checkpoint.
     let mut gen = Events::new(a.cards, a.events, a.days, true);

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use eddy_planner::{Error, Result};
 use eddy_storage::{Family, IoThread, ReservoirConfig, RocksConfig, RocksStore};
 
-use crate::groups::CacheConfig;
+use crate::exec::groups::CacheConfig;
+use crate::exec::task::{stable_hash, TaskStorage};
 use crate::route::{dir_name, TaskId};
-use crate::task::{stable_hash, TaskStorage};
 
 const STATE_DIR: &str = "state";
 const RESERVOIR_DIR: &str = "reservoir";

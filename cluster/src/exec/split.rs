@@ -10,7 +10,7 @@ use std::hash::BuildHasher;
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 
-use crate::key::PackedKey;
+use crate::exec::key::PackedKey;
 
 /// Parts of a map (a power of two).
 const PARTS: usize = 256;

@@ -22,8 +22,8 @@ use eddy_planner::aggregate::AggState;
 use eddy_planner::codec::Reader;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
-use crate::key::PackedKey;
-use crate::split::SplitMap;
+use crate::exec::key::PackedKey;
+use crate::exec::split::SplitMap;
 
 /// Puts waiting in the write-through batch before it is written.
 const PENDING_MAX: usize = 1024;

@@ -28,13 +28,13 @@ use eddy_storage::{
     ReservoirStats, StateStore,
 };
 
-use crate::checkpoint::{Checkpoint, TaskStats};
-use crate::events::{Event, EventCodec, Outcome, Row};
+use crate::exec::checkpoint::{Checkpoint, TaskStats};
+use crate::exec::events::{Event, EventCodec, Outcome, Row};
 use smallvec::SmallVec;
 
-use crate::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
-use crate::key::{pack, unpack};
-use crate::watch::{Change, WatchId, WatchTarget, Watcher};
+use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
+use crate::exec::key::{pack, unpack};
+use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
 /// path once its reservoir's mark is finished.

@@ -14,7 +14,8 @@
 //! durable (a checkpoint calls it before it commits, so it never covers a record a crash
 //! could still lose).
 
-use std::collections::HashMap;
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -26,6 +27,12 @@ use tokio::sync::oneshot;
 use eddy_planner::{Error, Result};
 use eddy_storage::log::{TaskLog, SEGMENT_BYTES_MAX};
 
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::codec;
+
+use crate::command::reply_to_caller;
+use crate::log::{Answers, EventLog, LogFuture, TaskBatch};
+use crate::node::shards::{tasks_of, Shards};
 use crate::route::{dir_name, TaskId};
 
 /// What runs after an append is durable (or failed), on the writer thread. It gets each
@@ -199,6 +206,133 @@ impl LocalLog {
         let log = TaskLog::open(&dir, SEGMENT_BYTES_MAX).map_err(storage_error)?;
         log.read_from(offset, f).map_err(storage_error)?;
         Ok(log.next_offset())
+    }
+}
+
+/// Events replayed per batch handed to a task at start.
+const REPLAY_BATCH_ROWS: usize = 8192;
+
+impl EventLog for LocalLog {
+    /// Durable first: the writer thread hands the events to the tasks after the fsync,
+    /// in log order, so a task applies exactly its log's sequence.
+    fn ingest<'a>(
+        &'a self,
+        shards: &'a Shards,
+        _stream: &'a StreamDef,
+        batches: Vec<TaskBatch>,
+        values: bool,
+        durable: bool,
+    ) -> LogFuture<'a, Vec<Answers>> {
+        Box::pin(async move {
+            let mut records = Vec::with_capacity(batches.len());
+            let mut waits = Vec::with_capacity(batches.len());
+            let mut deliveries = Vec::with_capacity(batches.len());
+            for (task, rows) in batches {
+                let encoded = rows
+                    .iter()
+                    .map(|r| {
+                        let mut b = Vec::with_capacity(64);
+                        codec::encode_row(r, &mut b);
+                        b
+                    })
+                    .collect();
+                records.push((task.clone(), encoded));
+                let (reply, rx) = reply_to_caller();
+                deliveries.push((task, rows, reply));
+                waits.push(rx);
+            }
+            let shards = shards.clone();
+            let (done, appended) = oneshot::channel();
+            self.append(
+                records,
+                durable,
+                Box::new(move |result| {
+                    if let Ok(ends) = &result {
+                        for ((task, rows, reply), end) in deliveries.into_iter().zip(ends) {
+                            shards.deliver(task, rows, values, *end, reply);
+                        }
+                    }
+                    let _ = done.send(result.map(|_| ()));
+                }),
+            );
+            appended.await.map_err(|_| Self::closed())??;
+            let mut out = Vec::with_capacity(waits.len());
+            for rx in waits {
+                out.push(Shards::answers(rx).await?);
+            }
+            Ok(out)
+        })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        shards: &'a Shards,
+        catalog: &'a Catalog,
+        applied: BTreeMap<TaskId, u64>,
+    ) -> LogFuture<'a, u64> {
+        Box::pin(async move {
+            let mut replayed = 0;
+            let mut applying = Vec::new();
+            for (_, task) in tasks_of(catalog) {
+                let from = applied.get(&task).copied().unwrap_or(0);
+                let mut rows = Vec::new();
+                let mut bad = None;
+                self.replay(
+                    &task,
+                    from,
+                    &mut |offset, bytes| match codec::decode_row(&bytes) {
+                        Some(row) => rows.push(row),
+                        None => bad = bad.or(Some(offset)),
+                    },
+                )?;
+                if let Some(offset) = bad {
+                    return Err(Error::internal(format!(
+                        "the log of task {task:?} holds an unreadable event at offset {offset}"
+                    )));
+                }
+                replayed += rows.len() as u64;
+                let mut end = from;
+                for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
+                    end += chunk.len() as u64;
+                    let rx = shards
+                        .ingest(task.clone(), chunk.to_vec(), false, Some(end))
+                        .await?;
+                    applying.push(rx);
+                }
+            }
+            for rx in applying {
+                Shards::answers(rx).await?;
+            }
+            Ok(replayed)
+        })
+    }
+
+    fn install<'a>(&'a self, current: &'a Catalog, next: &'a Catalog) -> LogFuture<'a, ()> {
+        Box::pin(async move {
+            for (name, stream) in &current.streams {
+                if !next.stream(name).is_some_and(|s| s.same_as(stream)) {
+                    self.drop_stream(name).await?;
+                }
+            }
+            for name in next.streams.keys() {
+                if current.stream(name).is_none() {
+                    self.drop_stream(name).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn sync(&self) -> LogFuture<'_, ()> {
+        Box::pin(LocalLog::sync(self))
+    }
+
+    fn truncate(&self, task: &TaskId, end: u64) {
+        LocalLog::truncate(self, task, end)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

@@ -1,0 +1,291 @@
+//! Kafka as the node's log (cluster mode, `eddy serve --kafka`): seed 002 §3.1–3.3.
+//!
+//! Topics (all created by Eddy, all named after the cluster, `eddy` by default, so
+//! several clusters can share brokers):
+//! - `<cluster>.<stream>.<partitioner>`: one per partitioner of a stream (`all` for a stream
+//!   without one), `partitions` partitions; a task is one (topic, partition). Records
+//!   are keyed by the partitioner value's text, so a plain Kafka producer keyed the same
+//!   way lands on the same task.
+//! - `<cluster>-replies.<node>`: the node's reply topic. An event record names it in a header
+//!   with its (request, slot); the task that applies the event answers there, and the
+//!   node gathers the answers of every partitioner into one reply per statement.
+//! - `<cluster>-catalog`: compacted; one record per object (`stream/<name>`, `metric/<name>`)
+//!   holding its creating statement, a tombstone once dropped.
+//! - `<cluster>.<stream>.dead-letters`: external records that could not be ingested.
+//!
+//! Consumer groups: `<cluster>` for the tasks, `<cluster>-source.<stream>` for each
+//! external topic.
+//!
+//! The parts: `config` (settings and topic names), `admin` (topics), `produce` (events
+//! out, answers back), `consume` (the task consumer), `catalog` (the catalog topic) and
+//! `sources` (external topics). Each part states its own invariants.
+
+mod admin;
+mod catalog;
+mod config;
+mod consume;
+mod produce;
+mod sources;
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::{Error, Result};
+
+use crate::log::{Answers, EventLog, LogFuture, TaskBatch};
+use crate::node::shards::{tasks_of, Shards};
+use crate::route::TaskId;
+
+use admin::Admin;
+use consume::TaskConsumer;
+use produce::Publisher;
+use sources::Sources;
+
+pub use config::KafkaConfig;
+pub use produce::reply_headers;
+
+/// Records dispatched to tasks per consumer round.
+const POLL_BATCH_MAX: usize = 4096;
+
+/// Counters for SHOW STORAGE and /metrics.
+#[derive(Debug, Default)]
+pub struct KafkaStats {
+    pub published: AtomicU64,
+    pub consumed: AtomicU64,
+    pub replies_sent: AtomicU64,
+    /// Replies Kafka did not take (their askers time out).
+    pub replies_failed: AtomicU64,
+    pub replies_received: AtomicU64,
+    /// Records below a task's position, skipped (redelivered after a rebalance).
+    pub skipped: AtomicU64,
+    pub dead_letters: AtomicU64,
+    /// Assignments the task consumer received: one per rebalance of the group.
+    pub assignments: AtomicU64,
+}
+
+pub struct Kafka {
+    config: KafkaConfig,
+    admin: Admin,
+    publisher: Publisher,
+    tasks: TaskConsumer,
+    sources: Sources,
+    /// This node's handle to itself, for the threads it starts.
+    me: Weak<Kafka>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    pub stats: Arc<KafkaStats>,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("brokers", &self.config.brokers)
+            .field("node", &self.config.node)
+            .finish()
+    }
+}
+
+impl Kafka {
+    /// Connects, creates the catalog and reply topics, and starts the reply consumer.
+    pub async fn connect(config: KafkaConfig) -> Result<Arc<Kafka>> {
+        config.check()?;
+        let stats: Arc<KafkaStats> = Arc::default();
+        let admin = Admin::new(&config)?;
+        let publisher = Publisher::new(&config, stats.clone())?;
+        admin
+            .create_topics(&[(config.catalog_topic(), 1, true)])
+            .await?;
+        admin
+            .create_topics(&[(publisher.reply_topic().to_string(), 1, false)])
+            .await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let replies = publisher.start_replies(stop.clone())?;
+        Ok(Arc::new_cyclic(|me| Kafka {
+            config,
+            admin,
+            publisher,
+            tasks: TaskConsumer::default(),
+            sources: Sources::default(),
+            me: me.clone(),
+            stop,
+            threads: Mutex::new(vec![replies]),
+            stats,
+        }))
+    }
+
+    fn me(&self) -> Result<Arc<Kafka>> {
+        self.me
+            .upgrade()
+            .ok_or_else(|| Error::internal("kafka: the node is shutting down"))
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// The end of a topic partition (the offset its next record will get).
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Result<i64> {
+        self.admin.high_watermark(topic, partition)
+    }
+
+    /// Brings topics, routes and positions in line with a new catalog: topics of new
+    /// streams are created, those of dropped (or re-created) streams deleted.
+    pub async fn install(&self, current: &Catalog, next: &Catalog) -> Result<()> {
+        let kept = |name: &str, s: &StreamDef| {
+            current
+                .stream(name)
+                .is_some_and(|old| s.same_as(old) || old.same_as(s))
+        };
+        let (staying, leaving): (Vec<&StreamDef>, Vec<&StreamDef>) = current
+            .streams
+            .values()
+            .map(|s| &**s)
+            .partition(|old| next.stream(&old.name).is_some_and(|s| kept(&old.name, s)));
+        // A topic deleted while the consumer holds it leaves librdkafka with partitions it
+        // can neither fetch nor release cleanly: stop consuming first, then delete.
+        if !leaving.is_empty() {
+            self.follow(&self.task_topics(staying)).await;
+            let gone: Vec<String> = self
+                .task_topics(leaving)
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            self.admin.delete_topics(&gone).await?;
+        }
+        let wanted = self.task_topics(next.streams.values().map(|s| &**s).collect());
+        let specs: Vec<(String, u32, bool)> = wanted
+            .iter()
+            .map(|t| (t.name.clone(), t.partitions, false))
+            .collect();
+        self.admin.create_topics(&specs).await?;
+        self.publisher.await_metadata(&specs).await?;
+        self.follow(&wanted).await;
+        self.install_sources(next).await
+    }
+
+    /// Stops the consumer threads.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        let sources = std::mem::take(&mut *self.sources.runs.lock().expect("sources lock"));
+        threads.extend(sources.into_values().map(|run| run.thread));
+        // librdkafka can wait forever to destroy a consumer (a partition reference it
+        // never releases); the node's state is checkpointed by now, so it does not wait.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                eprintln!("eddy: kafka: a consumer did not close within 20 s; not waiting");
+            }
+        }
+    }
+
+    /// Recovery: every task resumes consuming at its checkpointed offset; returns once
+    /// each has applied what its partition held when this began.
+    async fn catch_up(
+        &self,
+        shards: &Shards,
+        catalog: &Catalog,
+        applied: BTreeMap<TaskId, u64>,
+    ) -> Result<u64> {
+        self.install(&Catalog::default(), catalog).await?;
+        let mut targets = Vec::new();
+        for (stream, task) in tasks_of(catalog) {
+            let topic = self.config.topic_of(stream, task.partitioner);
+            let from = applied.get(&task).copied().unwrap_or(0);
+            let high = self.high_watermark(&topic, task.partition as i32)?;
+            targets.push((task, topic, from, high.max(0) as u64));
+        }
+        self.resume_at(
+            targets
+                .iter()
+                .map(|(t, topic, from, _)| (topic.clone(), t.partition as i32, *from as i64)),
+        );
+        self.me()?.start_tasks(shards.clone())?;
+        let started = Instant::now();
+        loop {
+            let applied = shards.log_ends().await?;
+            let behind = targets
+                .iter()
+                .filter(|(t, _, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
+                .count();
+            if behind == 0 {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                return Err(Error::internal(format!(
+                    "kafka: {behind} tasks did not catch up with their partitions within 300 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(targets
+            .iter()
+            .map(|(_, _, from, high)| high.saturating_sub(*from))
+            .sum())
+    }
+}
+
+impl EventLog for Kafka {
+    /// Publishes the events to their tasks' topics; whichever node holds a task applies
+    /// them and answers on this node's reply topic.
+    fn ingest<'a>(
+        &'a self,
+        _shards: &'a Shards,
+        stream: &'a StreamDef,
+        batches: Vec<TaskBatch>,
+        values: bool,
+        _durable: bool,
+    ) -> LogFuture<'a, Vec<Answers>> {
+        Box::pin(async move {
+            let sizes: Vec<usize> = batches.iter().map(|(_, rows)| rows.len()).collect();
+            let events: Vec<(TaskId, crate::exec::events::Row)> = batches
+                .into_iter()
+                .flat_map(|(task, rows)| rows.into_iter().map(move |r| (task.clone(), r)))
+                .collect();
+            let mut answers = self
+                .publisher
+                .publish(stream, events, values)
+                .await?
+                .into_iter();
+            Ok(sizes
+                .into_iter()
+                .map(|n| answers.by_ref().take(n).collect())
+                .collect())
+        })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        shards: &'a Shards,
+        catalog: &'a Catalog,
+        applied: BTreeMap<TaskId, u64>,
+    ) -> LogFuture<'a, u64> {
+        Box::pin(self.catch_up(shards, catalog, applied))
+    }
+
+    /// Topics follow the catalog, and the catalog topic gets the change.
+    fn install<'a>(&'a self, current: &'a Catalog, next: &'a Catalog) -> LogFuture<'a, ()> {
+        Box::pin(async move {
+            Kafka::install(self, current, next).await?;
+            self.publish_catalog(current, next).await
+        })
+    }
+
+    fn close(&self) {
+        self.shutdown();
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

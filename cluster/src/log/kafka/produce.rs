@@ -1,0 +1,450 @@
+//! Producing events and gathering their answers: events go to their tasks' topics with
+//! headers that name this node's reply topic, and the reply thread fills each waiting
+//! statement's slots from what the tasks answer there (seed 002 §3.1).
+//!
+//! Invariant: a statement is acknowledged only once Kafka acknowledged every record
+//! (acks=all, idempotent producer) and every task answered for its events.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
+};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::oneshot;
+
+use eddy_planner::catalog::StreamDef;
+use eddy_planner::codec::{self, Reader};
+use eddy_planner::types::Value;
+use eddy_planner::{Error, Result};
+
+use super::config::{kafka_error, wait_until, watermarks, KafkaConfig};
+use super::KafkaStats;
+use crate::command::Answer;
+use crate::exec::events::{Outcome, Row};
+use crate::route::TaskId;
+
+const REPLY_HEADER: &str = "eddy-reply";
+const SLOT_HEADER: &str = "eddy-slot";
+
+/// The headers that ask an event's task to answer on `reply_topic`, as slot `slot` of
+/// request `request` (the reply record's key is the request id, little-endian), with the
+/// event's metric values if `values`. Any Kafka client may send them (seed 002 §3.1).
+pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -> OwnedHeaders {
+    let mut tag = Vec::with_capacity(13);
+    tag.extend_from_slice(&request.to_le_bytes());
+    tag.extend_from_slice(&slot.to_le_bytes());
+    tag.push(values as u8);
+    OwnedHeaders::new_with_capacity(2)
+        .insert(Header {
+            key: REPLY_HEADER,
+            value: Some(reply_topic.as_bytes()),
+        })
+        .insert(Header {
+            key: SLOT_HEADER,
+            value: Some(&tag),
+        })
+}
+/// How long a statement waits for its tasks' answers.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// A statement waiting for its answers, one per (event, partitioner) slot.
+struct Gather {
+    answers: Vec<Option<Answer>>,
+    missing: usize,
+    done: Option<oneshot::Sender<Result<Vec<Answer>>>>,
+}
+
+/// Where to answer an event: the reply topic, the statement and the slot in it.
+pub(super) struct ReplyTo {
+    topic: String,
+    request: u64,
+    slot: u32,
+    pub(super) values: bool,
+}
+
+/// The reply producer's context: delivery reports arrive on its own polling thread, and
+/// only a failure does anything (it is logged and counted).
+pub(super) struct ReplyContext {
+    stats: Arc<KafkaStats>,
+}
+
+impl ClientContext for ReplyContext {}
+
+impl ProducerContext for ReplyContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.stats.replies_failed.fetch_add(1, Ordering::Relaxed);
+            eprintln!("eddy: kafka: replying: {e}");
+        }
+    }
+}
+
+pub(super) type Replier = ThreadedProducer<ReplyContext>;
+
+/// The node's producers and its reply topic.
+pub(super) struct Publisher {
+    config: KafkaConfig,
+    pub(super) producer: FutureProducer,
+    /// Tasks answer through it from their shard threads, without waiting for Kafka.
+    pub(super) replier: Replier,
+    reply_topic: String,
+    next_request: AtomicU64,
+    pending: Arc<Mutex<HashMap<u64, Gather>>>,
+    stats: Arc<KafkaStats>,
+}
+
+impl Publisher {
+    pub(super) fn new(config: &KafkaConfig, stats: Arc<KafkaStats>) -> Result<Publisher> {
+        let producer: FutureProducer = config
+            .producer()
+            .create()
+            .map_err(|e| kafka_error("creating the producer", e))?;
+        let replier: Replier = config
+            .producer()
+            .create_with_context(ReplyContext {
+                stats: stats.clone(),
+            })
+            .map_err(|e| kafka_error("creating the reply producer", e))?;
+        Ok(Publisher {
+            reply_topic: format!("{}-replies.{}", config.cluster, config.node),
+            config: config.clone(),
+            producer,
+            replier,
+            next_request: AtomicU64::new(1),
+            pending: Arc::default(),
+            stats,
+        })
+    }
+
+    pub(super) fn reply_topic(&self) -> &str {
+        &self.reply_topic
+    }
+
+    /// otherwise look unknown to it, and the first INSERT would fail.
+    pub(super) async fn await_metadata(&self, topics: &[(String, u32, bool)]) -> Result<()> {
+        for (topic, partitions, _) in topics {
+            let ready = || -> Result<bool> {
+                let meta = self
+                    .producer
+                    .client()
+                    .fetch_metadata(Some(topic), Duration::from_secs(5))
+                    .map_err(|e| kafka_error("reading topic metadata", e))?;
+                Ok(meta.topics().iter().any(|t| {
+                    t.name() == topic
+                        && t.error().is_none()
+                        && t.partitions().len() == *partitions as usize
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.error().is_none() && p.leader() >= 0)
+                }))
+            };
+            wait_until(30, ready, || {
+                kafka_error(
+                    "creating topics",
+                    format!("{topic} did not become available"),
+                )
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// `events` are (task, event) in slot order.
+    pub(super) async fn publish(
+        &self,
+        stream: &StreamDef,
+        events: Vec<(TaskId, Row)>,
+        values: bool,
+    ) -> Result<Vec<Answer>> {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (done, answered) = oneshot::channel();
+        self.pending.lock().expect("pending lock").insert(
+            request,
+            Gather {
+                answers: vec![None; events.len()],
+                missing: events.len(),
+                done: Some(done),
+            },
+        );
+        let result = self
+            .send_events(stream, &events, Some((request, values)))
+            .await;
+        if let Err(e) = result {
+            self.pending.lock().expect("pending lock").remove(&request);
+            return Err(e);
+        }
+        match tokio::time::timeout(REPLY_TIMEOUT, answered).await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(_)) => Err(Error::internal("kafka: the reply consumer stopped")),
+            Err(_) => {
+                self.pending.lock().expect("pending lock").remove(&request);
+                Err(Error::internal(format!(
+                    "kafka: no answer from the tasks within {} s; the events are durable in Kafka and will be applied",
+                    REPLY_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// record asks its task to answer slot i of the request on the reply topic.
+    pub(super) async fn send_events(
+        &self,
+        stream: &StreamDef,
+        events: &[(TaskId, Row)],
+        answer: Option<(u64, bool)>,
+    ) -> Result<()> {
+        let topics: Vec<String> = (0..stream.partitioner_count())
+            .map(|p| self.config.topic_of(stream, p))
+            .collect();
+        let mut deliveries = Vec::with_capacity(events.len());
+        for (slot, (task, row)) in events.iter().enumerate() {
+            let mut payload = Vec::with_capacity(64);
+            codec::encode_row(row, &mut payload);
+            let key = match stream.partitioners.get(task.partitioner) {
+                Some(&col) => row[col].to_text().unwrap_or_default(),
+                None => String::new(),
+            };
+            let mut record = FutureRecord::to(&topics[task.partitioner])
+                .partition(task.partition as i32)
+                .key(key.as_bytes())
+                .payload(&payload);
+            if let Some((request, values)) = answer {
+                record = record.headers(reply_headers(
+                    &self.reply_topic,
+                    request,
+                    slot as u32,
+                    values,
+                ));
+            }
+            deliveries.push(self.send(record)?);
+        }
+        for d in deliveries {
+            d.await
+                .map_err(|_| kafka_error("publishing events", "the producer went away"))?
+                .map_err(|(e, _)| kafka_error("publishing events", e))?;
+        }
+        self.stats
+            .published
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues a record, waiting while the producer's queue is full.
+    fn send(
+        &self,
+        mut record: FutureRecord<'_, [u8], Vec<u8>>,
+    ) -> Result<rdkafka::producer::DeliveryFuture> {
+        loop {
+            match self.producer.send_result(record) {
+                Ok(d) => return Ok(d),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => return Err(kafka_error("publishing events", e)),
+            }
+        }
+    }
+
+    /// Starts the thread that reads the reply topic from its current end.
+    pub(super) fn start_replies(&self, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
+        let consumer: BaseConsumer = self
+            .config
+            .consumer(&format!("eddy-replies.{}", self.config.node))
+            .create()
+            .map_err(|e| kafka_error("creating the reply consumer", e))?;
+        let (_, high) = watermarks(consumer.client(), &self.reply_topic, 0)?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.reply_topic, 0, Offset::Offset(high))
+            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        consumer
+            .assign(&tpl)
+            .map_err(|e| kafka_error("reading the reply topic", e))?;
+        let pending = self.pending.clone();
+        let stats = self.stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("eddy-kafka-replies".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                        continue;
+                    };
+                    stats.replies_received.fetch_add(1, Ordering::Relaxed);
+                    deliver_reply(&pending, m.key(), m.payload());
+                }
+            })
+            .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
+        Ok(thread)
+    }
+}
+
+pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
+    let headers = m.headers()?;
+    let mut topic = None;
+    let mut tag = None;
+    for h in headers.iter() {
+        match h.key {
+            REPLY_HEADER => topic = h.value,
+            SLOT_HEADER => tag = h.value,
+            _ => {}
+        }
+    }
+    let mut r = Reader(tag?);
+    Some(ReplyTo {
+        topic: String::from_utf8(topic?.to_vec()).ok()?,
+        request: r.u64()?,
+        slot: r.u32()?,
+        values: r.u8()? != 0,
+    })
+}
+
+/// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
+pub(super) fn send_replies(
+    replier: &Replier,
+    stats: &KafkaStats,
+    asks: Vec<(usize, ReplyTo)>,
+    result: Result<Vec<Answer>>,
+) {
+    // (reply topic, request) → (slot, values wanted, the event's index in the batch)
+    type Slots = Vec<(u32, bool, usize)>;
+    let mut by_request: BTreeMap<(String, u64), Slots> = BTreeMap::new();
+    for (i, r) in asks {
+        by_request
+            .entry((r.topic, r.request))
+            .or_default()
+            .push((r.slot, r.values, i));
+    }
+    for ((topic, request), slots) in by_request {
+        let mut out = Vec::with_capacity(16 + slots.len() * 16);
+        match &result {
+            Ok(answers) => {
+                out.push(0);
+                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+                for (slot, values, i) in slots {
+                    let (outcome, metrics) = &answers[i];
+                    out.extend_from_slice(&slot.to_le_bytes());
+                    out.push(match outcome {
+                        Outcome::Accepted => 0,
+                        Outcome::Late => 1,
+                        Outcome::Duplicate => 2,
+                    });
+                    let metrics: &[(String, Vec<Value>)] = if values { metrics } else { &[] };
+                    out.extend_from_slice(&(metrics.len() as u32).to_le_bytes());
+                    for (name, vals) in metrics {
+                        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                        out.extend_from_slice(name.as_bytes());
+                        codec::encode_row(vals, &mut out);
+                    }
+                }
+            }
+            Err(e) => {
+                out.push(1);
+                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+                for (slot, _, _) in &slots {
+                    out.extend_from_slice(&slot.to_le_bytes());
+                }
+                out.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+        let key = request.to_le_bytes();
+        let record = BaseRecord::to(&topic).key(&key[..]).payload(&out);
+        match replier.send(record) {
+            Ok(()) => {
+                stats.replies_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                stats.replies_failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("eddy: kafka: replying: {e}");
+            }
+        }
+    }
+}
+
+/// Fills a waiting statement's slots from one reply record.
+fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, value: Option<&[u8]>) {
+    let (Some(key), Some(value)) = (key, value) else {
+        return;
+    };
+    let Some(request) = key.try_into().ok().map(u64::from_le_bytes) else {
+        return;
+    };
+    let mut pending = pending.lock().expect("pending lock");
+    let Some(gather) = pending.get_mut(&request) else {
+        return; // a statement of an earlier life of the node, or one that timed out
+    };
+    let mut r = Reader(value);
+    let parsed = (|| -> Option<std::result::Result<Vec<(u32, Answer)>, String>> {
+        let failed = r.u8()? == 1;
+        let n = r.u32()? as usize;
+        if failed {
+            for _ in 0..n {
+                r.u32()?;
+            }
+            return Some(Err(String::from_utf8_lossy(r.0).into_owned()));
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let slot = r.u32()?;
+            let outcome = match r.u8()? {
+                0 => Outcome::Accepted,
+                1 => Outcome::Late,
+                _ => Outcome::Duplicate,
+            };
+            let m = r.u32()? as usize;
+            let mut metrics = Vec::with_capacity(m);
+            for _ in 0..m {
+                let len = r.u32()? as usize;
+                let name = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+                let vals = codec::read_row(&mut r)?;
+                metrics.push((name, vals));
+            }
+            out.push((slot, (outcome, metrics)));
+        }
+        Some(Ok(out))
+    })();
+    let answers = match parsed {
+        Some(Ok(a)) => a,
+        Some(Err(message)) => {
+            if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+                let _ = done.send(Err(Error::internal(message)));
+            }
+            return;
+        }
+        None => {
+            if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+                let _ = done.send(Err(Error::internal("kafka: an unreadable reply")));
+            }
+            return;
+        }
+    };
+    for (slot, answer) in answers {
+        if let Some(s) = gather.answers.get_mut(slot as usize) {
+            if s.is_none() {
+                gather.missing -= 1;
+            }
+            *s = Some(answer);
+        }
+    }
+    if gather.missing == 0 {
+        if let Some(mut g) = pending.remove(&request) {
+            let answers = g
+                .answers
+                .into_iter()
+                .map(|a| a.expect("answered"))
+                .collect();
+            if let Some(done) = g.done.take() {
+                let _ = done.send(Ok(answers));
+            }
+        }
+    }
+}

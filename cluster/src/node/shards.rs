@@ -1,0 +1,415 @@
+//! The shards: one thread each, owning its tasks, and `Shards`, the handle that reaches
+//! them through bounded queues.
+//!
+//! Invariants: a task lives on exactly one shard (`shard_of`), and only that shard's
+//! thread touches it, so the event path takes no lock. Every queue is bounded
+//! (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing memory.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::{Error, Result};
+use eddy_storage::{Family, StateStore};
+
+use crate::command::{
+    reply_to_caller, Answers, CheckpointReply, Command, IngestReply, PendingMeta, Reply, TaskReport,
+};
+use crate::exec::events::Row;
+use crate::exec::task::Task;
+use crate::node::durable::{task_meta_key, NodeStorage, TaskMeta};
+use crate::route::{shard_of, TaskId};
+
+/// Commands waiting per shard before senders wait.
+pub const SHARD_QUEUE_MAX: usize = 1024;
+
+pub(crate) fn engine_gone() -> Error {
+    Error::internal("the engine is shutting down")
+}
+
+/// The queues of a node's shards: how the engine, and a log delivering events, reach a
+/// task's shard.
+#[derive(Clone, Debug)]
+pub struct Shards {
+    queues: Vec<mpsc::Sender<Command>>,
+}
+
+impl Shards {
+    /// Starts `count` shard threads.
+    pub(crate) fn start(
+        count: usize,
+        storage: Option<Arc<NodeStorage>>,
+    ) -> (Shards, Vec<std::thread::JoinHandle<()>>) {
+        assert!(count > 0);
+        let mut queues = Vec::with_capacity(count);
+        let mut threads = Vec::with_capacity(count);
+        for index in 0..count {
+            let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
+            queues.push(tx);
+            let shard = Shard::new(index, count, storage.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("eddy-shard-{index}"))
+                .spawn(move || shard.run(rx))
+                .expect("spawn shard thread");
+            threads.push(thread);
+        }
+        (Shards { queues }, threads)
+    }
+
+    pub fn count(&self) -> usize {
+        self.queues.len()
+    }
+
+    pub(crate) async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
+        self.queues[shard]
+            .send(cmd)
+            .await
+            .map_err(|_| engine_gone())
+    }
+
+    /// Sends a command to every shard, each with its own reply channel, and gathers the
+    /// replies in shard order.
+    pub(crate) async fn ask_all<T>(
+        &self,
+        mut command: impl FnMut(oneshot::Sender<T>) -> Command,
+    ) -> Result<Vec<T>> {
+        let mut waits = Vec::with_capacity(self.count());
+        for shard in 0..self.count() {
+            let (tx, rx) = oneshot::channel();
+            self.send(shard, command(tx)).await?;
+            waits.push(rx);
+        }
+        let mut out = Vec::with_capacity(waits.len());
+        for rx in waits {
+            out.push(rx.await.map_err(|_| engine_gone())?);
+        }
+        Ok(out)
+    }
+
+    /// Hands a batch to its task's shard; the receiver gets the task's answers. With a
+    /// log, `log_end` is the task's log end after the batch.
+    pub(crate) async fn ingest(
+        &self,
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+        log_end: Option<u64>,
+    ) -> Result<oneshot::Receiver<IngestReply>> {
+        let (reply, rx) = reply_to_caller();
+        let shard = shard_of(&task, self.count());
+        let cmd = Command::Ingest {
+            task,
+            rows,
+            values,
+            log_end,
+            reply,
+        };
+        self.send(shard, cmd).await?;
+        Ok(rx)
+    }
+
+    /// As `ingest`, from a log's own thread (not async): waits while the shard's queue is
+    /// full. Returns false once the shards are gone.
+    pub(crate) fn deliver(
+        &self,
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+        log_end: u64,
+        reply: Reply,
+    ) -> bool {
+        let shard = shard_of(&task, self.count());
+        let cmd = Command::Ingest {
+            task,
+            rows,
+            values,
+            log_end: Some(log_end),
+            reply,
+        };
+        self.queues[shard].blocking_send(cmd).is_ok()
+    }
+
+    /// A task's answers to a batch handed over with `ingest`.
+    pub(crate) async fn answers(rx: oneshot::Receiver<IngestReply>) -> Result<Answers> {
+        rx.await.map_err(|_| engine_gone())?
+    }
+
+    /// Counters of every task, in task order.
+    pub async fn report(&self) -> Result<Vec<TaskReport>> {
+        let mut out: Vec<TaskReport> = self
+            .ask_all(Command::Report)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        out.sort_by(|a, b| a.task.cmp(&b.task));
+        Ok(out)
+    }
+
+    /// Each task's log end: the offset after the last record it applied.
+    pub async fn log_ends(&self) -> Result<BTreeMap<TaskId, u64>> {
+        Ok(self
+            .report()
+            .await?
+            .into_iter()
+            .map(|r| (r.task, r.log_end))
+            .collect())
+    }
+}
+
+/// Every task of a catalog, with its stream.
+pub(crate) fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)> {
+    catalog.streams.values().flat_map(|stream| {
+        (0..stream.partitioner_count()).flat_map(move |partitioner| {
+            (0..stream.tasks_per_partitioner()).map(move |partition| {
+                let task = TaskId {
+                    stream: stream.name.clone(),
+                    partitioner,
+                    partition,
+                };
+                (stream, task)
+            })
+        })
+    })
+}
+
+/// One shard thread's state: the tasks it owns.
+struct Shard {
+    index: usize,
+    shards: usize,
+    tasks: BTreeMap<TaskId, Task>,
+    storage: Option<Arc<NodeStorage>>,
+    /// The first catalog installed restores tasks from the last checkpoint.
+    restored: bool,
+}
+
+impl Shard {
+    fn new(index: usize, shards: usize, storage: Option<Arc<NodeStorage>>) -> Shard {
+        Shard {
+            index,
+            shards,
+            tasks: BTreeMap::new(),
+            storage,
+            restored: false,
+        }
+    }
+
+    /// Flushes every task's group states, takes its checkpoint record, and freezes the
+    /// shard's cut of the held store: its later writes are not in this checkpoint.
+    fn checkpoint(&mut self) -> CheckpointReply {
+        let Some(storage) = self.storage.clone() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let taken = self.take_records();
+        storage.store.freeze(self.index);
+        taken
+    }
+
+    fn take_records(&mut self) -> CheckpointReply {
+        let mut records = Vec::new();
+        let mut ends = Vec::new();
+        for (id, task) in &mut self.tasks {
+            let Some(record) = task.checkpoint()? else {
+                continue;
+            };
+            records.push(PendingMeta {
+                key: task_meta_key(id),
+                stream_sql: task.stream().sql.clone(),
+                metric_sqls: task.metric_defs().iter().map(|m| m.sql.clone()).collect(),
+                record,
+            });
+            ends.push((id.clone(), task.log_end));
+        }
+        Ok((ends, records))
+    }
+
+    /// A task of a new stream, or — at start — the task as its last checkpoint left it.
+    fn open_task(&self, id: &TaskId, stream: &Arc<StreamDef>, p: usize) -> Result<Task> {
+        let Some(storage) = &self.storage else {
+            return Ok(Task::new(stream.clone(), p));
+        };
+        let task_storage = storage.task_storage(id, self.index);
+        let meta = if self.restored {
+            None
+        } else {
+            storage
+                .store
+                .writer(self.index)
+                .multi_get(Family::Meta, &[&task_meta_key(id)])
+                .map_err(|e| Error::internal(e.to_string()))?
+                .pop()
+                .flatten()
+                .map(|bytes| {
+                    TaskMeta::decode(&bytes).ok_or_else(|| {
+                        Error::internal(format!("unreadable checkpoint record of task {id:?}"))
+                    })
+                })
+                .transpose()?
+        };
+        let Some(meta) = meta else {
+            return Task::open(stream.clone(), p, task_storage, None);
+        };
+        // The stream and metrics as they were at the checkpoint.
+        let mut then = Catalog::default();
+        for text in std::iter::once(&meta.stream_sql).chain(&meta.metric_sqls) {
+            let stmt = eddy_planner::sql::parse_statement(text)?;
+            then = eddy_planner::ddl::apply(&then, &stmt)?.0;
+        }
+        let Some(old) = then.stream(&stream.name).filter(|old| stream.same_as(old)) else {
+            // The stream was re-created since: its log starts over too.
+            return Task::open(stream.clone(), p, task_storage, None);
+        };
+        let metrics = then.metrics_of(&stream.name);
+        Task::open(
+            old.clone(),
+            p,
+            task_storage,
+            Some((&meta.checkpoint, &metrics)),
+        )
+    }
+
+    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(cmd) = rx.blocking_recv() {
+            match cmd {
+                Command::Catalog(catalog, reply) => {
+                    let _ = reply.send(self.apply_catalog(&catalog));
+                }
+                Command::Ingest {
+                    task,
+                    rows,
+                    values,
+                    log_end,
+                    reply,
+                } => {
+                    let result = match self.tasks.get_mut(&task) {
+                        Some(t) => {
+                            let result = t.ingest(&rows, values);
+                            if let (Ok(_), Some(end)) = (&result, log_end) {
+                                t.log_end = end;
+                            }
+                            result
+                        }
+                        None => Err(Error::internal(format!(
+                            "task {task:?} is not on this shard"
+                        ))),
+                    };
+                    reply(result);
+                }
+                Command::Checkpoint { reply } => {
+                    let _ = reply.send(self.checkpoint());
+                }
+                Command::MetricRows {
+                    task,
+                    metric,
+                    key,
+                    reply,
+                } => {
+                    let rows = self
+                        .tasks
+                        .get_mut(&task)
+                        .map(|t| t.metric_rows(&metric, key.as_deref()))
+                        .unwrap_or_default();
+                    let _ = reply.send(rows);
+                }
+                Command::StreamRows { stream, reply } => {
+                    let mut rows = Ok(Vec::new());
+                    for (_, t) in self
+                        .tasks
+                        .iter_mut()
+                        .filter(|(id, _)| id.stream == stream && id.partitioner == 0)
+                    {
+                        match (t.events(), &mut rows) {
+                            (Ok(events), Ok(rows)) => rows.extend(events),
+                            (Err(e), _) => rows = Err(e),
+                            _ => {}
+                        }
+                    }
+                    let _ = reply.send(rows);
+                }
+                Command::Watch {
+                    stream,
+                    partitioner,
+                    id,
+                    target,
+                    watcher,
+                    reply,
+                } => {
+                    for (_, task) in self
+                        .tasks
+                        .iter_mut()
+                        .filter(|(t, _)| t.stream == stream && t.partitioner == partitioner)
+                    {
+                        task.watch(id, target.clone(), watcher.clone());
+                    }
+                    let _ = reply.send(());
+                }
+                Command::Unwatch(id) => {
+                    for task in self.tasks.values_mut() {
+                        task.unwatch(id);
+                    }
+                }
+                Command::Report(reply) => {
+                    let report = self
+                        .tasks
+                        .iter()
+                        .map(|(id, t)| TaskReport {
+                            task: id.clone(),
+                            stats: t.stats,
+                            stored_events: t.stored_events(),
+                            time: t.time(),
+                            reservoir: t.reservoir_stats(),
+                            cache: t.cache_stats(),
+                            log_end: t.log_end,
+                        })
+                        .collect();
+                    let _ = reply.send(report);
+                }
+            }
+        }
+    }
+
+    fn apply_catalog(&mut self, catalog: &Catalog) -> Result<()> {
+        // Tasks of dropped (or re-created) streams go away with their state.
+        let gone: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(id, task)| {
+                !catalog
+                    .stream(&id.stream)
+                    .is_some_and(|s| Arc::ptr_eq(s, task.stream()) || s.same_as(task.stream()))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            let mut task = self.tasks.remove(&id).expect("listed");
+            task.end_watches(&Error::new(
+                eddy_planner::ErrorKind::UndefinedTable,
+                format!("stream \"{}\" was dropped", id.stream),
+            ));
+            task.destroy()?;
+            if let Some(storage) = &self.storage {
+                storage
+                    .store
+                    .writer(self.index)
+                    .write(&[(Family::Meta, &task_meta_key(&id), None)])
+                    .map_err(|e| Error::internal(e.to_string()))?;
+            }
+        }
+        for (stream, id) in tasks_of(catalog) {
+            if shard_of(&id, self.shards) != self.index {
+                continue;
+            }
+            if !self.tasks.contains_key(&id) {
+                let task = self.open_task(&id, stream, id.partitioner)?;
+                self.tasks.insert(id.clone(), task);
+            }
+            let task = self.tasks.get_mut(&id).expect("opened");
+            task.set_stream(stream.clone());
+            task.set_metrics(&catalog.metrics_of(&stream.name))?;
+        }
+        self.restored = true;
+        Ok(())
+    }
+}
