@@ -14,5 +14,7 @@ serve:
 test:
 	.ci/test
 
+# Every benchmark (bench/src/bin/suite.rs): reports in bench/results/. BENCH_ARGS=--quick
+# runs them with tiny sizes.
 bench:
-	cargo run --release -p eddy-bench --bin engine
+	cargo run --release -p eddy-bench --bin suite -- $(BENCH_ARGS)

@@ -3,7 +3,8 @@
 //! per-event latency percentiles.
 //!
 //! `engine --mode task` drives one task directly (one core's work, per-event latency);
-//! `--mode engine` goes through the shard queues with `--shards` threads.
+//! `--mode engine` goes through the shard queues with `--shards` threads. `--window '1 hour'`
+//! sets the window's size (default 5 minutes).
 //! Instructions per event: `bench/engine-instructions.sh`.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use eddy_bench::XorShift;
-use eddy_cluster::{Engine, Log, Row, Task};
+use eddy_cluster::{Engine, MemoryLog, Row, Task};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
@@ -31,6 +32,8 @@ struct Args {
     rate: u64,
     /// `basic`: COUNT, SUM, AVG; `full`: also MIN, MAX and COUNT(DISTINCT amount).
     aggs: String,
+    /// The sliding window's size (and the stream's retention), as an SQL interval.
+    window: String,
 }
 
 fn args() -> Result<Args> {
@@ -42,6 +45,7 @@ fn args() -> Result<Args> {
         batch: 1024,
         rate: 10_000,
         aggs: "basic".to_string(),
+        window: "5 minutes".to_string(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -55,7 +59,8 @@ fn args() -> Result<Args> {
             "--batch" => a.batch = value.parse()?,
             "--rate" => a.rate = value.parse::<u64>()?.max(1),
             "--aggs" => a.aggs = value,
-            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N --aggs basic|full"),
+            "--window" => a.window = value,
+            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N --aggs basic|full --window '5 minutes'"),
         }
         i += 2;
     }
@@ -114,22 +119,34 @@ fn aggregates(aggs: &str) -> Result<&'static str> {
     })
 }
 
-fn catalog(partitions: u32, aggs: &str) -> Result<Catalog> {
+fn catalog(partitions: u32, aggs: &str, window: &str) -> Result<Catalog> {
+    if window.contains('\'') {
+        bail!("--window {window}: quotes are not allowed");
+    }
     let mut c = Catalog::default();
     for sql in [
         format!(
             "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
-             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}, retention = '5 minutes')"
+             amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}, retention = '{window}')"
         ),
         format!(
             "CREATE METRIC card_5m AS SELECT card, {} FROM payments \
-             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card",
+             WINDOW SLIDING (SIZE INTERVAL '{window}') GROUP BY card",
             aggregates(aggs)?
         ),
     ] {
         c = ddl::apply(&c, &parse_statement(&sql)?)?.0;
     }
     Ok(c)
+}
+
+/// What a run computes, for its JSON.
+fn workload(a: &Args) -> Result<String> {
+    Ok(format!(
+        "{} over SLIDING {} GROUP BY card",
+        aggregates(&a.aggs)?,
+        a.window.to_uppercase()
+    ))
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -141,7 +158,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 }
 
 fn run_task(a: &Args) -> Result<serde_json::Value> {
-    let c = catalog(1, &a.aggs)?;
+    let c = catalog(1, &a.aggs, &a.window)?;
     let stream = c.stream("payments").expect("created").clone();
     let mut task = Task::new(stream.clone(), 0);
     task.set_metrics(&c.metrics_of("payments"))?;
@@ -163,7 +180,8 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
     let rate = a.events as f64 / (busy_ns as f64 / 1e9);
     Ok(serde_json::json!({
         "mode": "task",
-        "workload": format!("{} over SLIDING 5 MINUTES GROUP BY card", aggregates(&a.aggs)?),
+        "workload": workload(a)?,
+        "window": a.window,
         "events": a.events,
         "cards": a.cards,
         "shards": 1,
@@ -171,6 +189,7 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
         "wall_seconds": wall_s,
         "latency_us": {
             "p50": percentile(&latencies, 0.50),
+            "p90": percentile(&latencies, 0.90),
             "p99": percentile(&latencies, 0.99),
             "p999": percentile(&latencies, 0.999),
             "max": percentile(&latencies, 1.0),
@@ -180,12 +199,12 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
 }
 
 fn run_engine(a: &Args) -> Result<serde_json::Value> {
-    let c = Arc::new(catalog((a.shards * 4) as u32, &a.aggs)?);
+    let c = Arc::new(catalog((a.shards * 4) as u32, &a.aggs, &a.window)?);
     let stream = c.stream("payments").expect("created").clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let engine = Engine::start(a.shards, Log::Memory, None);
+    let engine = Engine::start(a.shards, Arc::new(MemoryLog), None);
     runtime.block_on(engine.apply_catalog(c.clone()))?;
     let mut gen = Events::new(a.cards, a.rate);
     let mut latencies = Vec::new();
@@ -204,7 +223,8 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
     engine.shutdown();
     Ok(serde_json::json!({
         "mode": "engine",
-        "workload": format!("{} over SLIDING 5 MINUTES GROUP BY card", aggregates(&a.aggs)?),
+        "workload": workload(a)?,
+        "window": a.window,
         "events": a.events,
         "cards": a.cards,
         "shards": a.shards,
@@ -213,6 +233,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
         "events_per_sec_per_shard": (a.events as f64 / wall_s / a.shards as f64).round(),
         "batch_latency_us": {
             "p50": percentile(&latencies, 0.50),
+            "p90": percentile(&latencies, 0.90),
             "p99": percentile(&latencies, 0.99),
             "p999": percentile(&latencies, 0.999),
             "max": percentile(&latencies, 1.0),

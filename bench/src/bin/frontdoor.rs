@@ -64,7 +64,7 @@ fn summary(name: &str, events: u64, elapsed: Duration, h: &Histogram<u64>) -> se
         "seconds": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
         "events_per_sec": (events as f64 / elapsed.as_secs_f64()).round(),
         "statements": h.len(),
-        "p50_ms": q(0.5), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
+        "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
     })
 }
 
