@@ -256,11 +256,7 @@ impl EventLog for LocalLog {
                 }),
             );
             appended.await.map_err(|_| Self::closed())??;
-            let mut out = Vec::with_capacity(waits.len());
-            for rx in waits {
-                out.push(Shards::answers(rx).await?);
-            }
-            Ok(out)
+            Shards::answers(waits).await
         })
     }
 
@@ -300,9 +296,7 @@ impl EventLog for LocalLog {
                     applying.push(rx);
                 }
             }
-            for rx in applying {
-                Shards::answers(rx).await?;
-            }
+            Shards::answers(applying).await?;
             Ok(replayed)
         })
     }

@@ -103,11 +103,7 @@ impl EventLog for MemoryLog {
             for (task, rows) in batches {
                 waits.push(shards.ingest(task, rows, values, None).await?);
             }
-            let mut out = Vec::with_capacity(waits.len());
-            for rx in waits {
-                out.push(Shards::answers(rx).await?);
-            }
-            Ok(out)
+            Shards::answers(waits).await
         })
     }
 

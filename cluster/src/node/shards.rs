@@ -131,9 +131,15 @@ impl Shards {
         self.queues[shard].blocking_send(cmd).is_ok()
     }
 
-    /// A task's answers to a batch handed over with `ingest`.
-    pub(crate) async fn answers(rx: oneshot::Receiver<IngestReply>) -> Result<Answers> {
-        rx.await.map_err(|_| engine_gone())?
+    /// The tasks' answers to batches handed over with `ingest`, in the same order.
+    pub(crate) async fn answers(
+        waits: Vec<oneshot::Receiver<IngestReply>>,
+    ) -> Result<Vec<Answers>> {
+        let mut out = Vec::with_capacity(waits.len());
+        for rx in waits {
+            out.push(rx.await.map_err(|_| engine_gone())??);
+        }
+        Ok(out)
     }
 
     /// Counters of every task, in task order.
