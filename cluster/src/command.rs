@@ -102,6 +102,8 @@ pub(crate) enum Command {
     },
     StreamRows {
         stream: String,
+        /// Only these partitions (of partitioner 0); `None`: all.
+        partitions: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<Vec<Row>>>,
     },
     Report(oneshot::Sender<Vec<TaskReport>>),

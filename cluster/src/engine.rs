@@ -5,6 +5,7 @@
 //! task applied is always a prefix of its log, and a checkpoint covers only what the log
 //! holds durably.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -20,7 +21,7 @@ use crate::command::{Command, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
-use crate::log::EventLog;
+use crate::log::{EventLog, LogFuture};
 use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
 use crate::route::{partition_for, route, shard_of, TaskId};
@@ -44,8 +45,35 @@ pub struct CheckpointStats {
     pub total_micros_total: AtomicU64,
 }
 
+/// Reads of tasks active on other nodes (cluster mode); `peer` implements it.
+pub trait Remote: Send + Sync {
+    /// The peer address of the node `task` is active on, when that is another node.
+    fn elsewhere(&self, task: &TaskId) -> Option<String>;
+
+    /// A metric's rows in some of a peer's tasks (all groups, or the one of `key`).
+    fn metric_rows<'a>(
+        &'a self,
+        addr: String,
+        stream: &'a str,
+        partitioner: usize,
+        partitions: Vec<u32>,
+        metric: &'a str,
+        key: Option<&'a [Value]>,
+    ) -> LogFuture<'a, Vec<Vec<Value>>>;
+
+    /// A stream's stored events in some of a peer's tasks (partitioner 0).
+    fn stream_rows<'a>(
+        &'a self,
+        addr: String,
+        stream: &'a str,
+        partitions: Vec<u32>,
+    ) -> LogFuture<'a, Vec<Row>>;
+}
+
 pub struct Engine {
     shards: Shards,
+    /// Where reads of tasks active elsewhere go (cluster mode).
+    remote: std::sync::OnceLock<Arc<dyn Remote>>,
     threads: Vec<JoinHandle<()>>,
     log: Arc<dyn EventLog>,
     /// Where tasks keep events and state (`None`: in memory).
@@ -79,6 +107,7 @@ impl Engine {
             shards,
             threads,
             log,
+            remote: std::sync::OnceLock::new(),
             storage,
             checkpointing: tokio::sync::Mutex::new(()),
             closed: Default::default(),
@@ -290,8 +319,38 @@ impl Engine {
         Ok(replies)
     }
 
+    /// Sends reads of tasks active on other nodes to them (cluster mode).
+    pub fn set_remote(&self, remote: Arc<dyn Remote>) {
+        let _ = self.remote.set(remote);
+    }
+
+    /// The partitions of `0..count` this node reads itself, and the others by the peer
+    /// address of the node they are active on.
+    fn split_by_owner(
+        &self,
+        stream: &str,
+        partitioner: usize,
+        partitions: impl Iterator<Item = u32>,
+    ) -> (Vec<u32>, BTreeMap<String, Vec<u32>>) {
+        let mut local = Vec::new();
+        let mut remote: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for partition in partitions {
+            let task = TaskId {
+                stream: stream.to_string(),
+                partitioner,
+                partition,
+            };
+            match self.remote.get().and_then(|r| r.elsewhere(&task)) {
+                Some(addr) => remote.entry(addr).or_default().push(partition),
+                None => local.push(partition),
+            }
+        }
+        (local, remote)
+    }
+
     /// The current rows of a metric; with `key` (all group-by values) only that group,
-    /// read from the one task that owns it.
+    /// read from the one task that owns it. In a cluster, each task is read where it is
+    /// active.
     pub async fn metric_rows(
         &self,
         stream: &StreamDef,
@@ -307,22 +366,46 @@ impl Engine {
             (Some(_), None) => Some(0),
             _ => None,
         };
-        let mut waits = Vec::new();
-        for part in 0..stream.tasks_per_partitioner() {
-            if partition.is_some_and(|only| only != part) {
-                continue;
+        let parts = (0..stream.tasks_per_partitioner())
+            .filter(|part| partition.is_none_or(|only| only == *part));
+        let (local, elsewhere) = self.split_by_owner(&stream.name, p, parts);
+        let mut rows = self
+            .local_metric_rows(&stream.name, p, &local, &metric.name, key.clone())
+            .await?;
+        if let Some(remote) = self.remote.get() {
+            for (addr, parts) in elsewhere {
+                rows.extend(
+                    remote
+                        .metric_rows(addr, &stream.name, p, parts, &metric.name, key.as_deref())
+                        .await?,
+                );
             }
+        }
+        Ok(rows)
+    }
+
+    /// A metric's rows in some of this node's tasks (all groups, or the one of `key`).
+    pub async fn local_metric_rows(
+        &self,
+        stream: &str,
+        partitioner: usize,
+        partitions: &[u32],
+        metric: &str,
+        key: Option<Vec<Value>>,
+    ) -> Result<Vec<Vec<Value>>> {
+        let mut waits = Vec::new();
+        for &partition in partitions {
             let task = TaskId {
-                stream: stream.name.clone(),
-                partitioner: p,
-                partition: part,
+                stream: stream.to_string(),
+                partitioner,
+                partition,
             };
             let (tx, rx) = oneshot::channel();
             self.send(
                 shard_of(&task, self.shards()),
                 Command::MetricRows {
                     task,
-                    metric: metric.name.clone(),
+                    metric: metric.to_string(),
                     key: key.clone(),
                     reply: tx,
                 },
@@ -337,13 +420,33 @@ impl Engine {
         Ok(rows)
     }
 
-    /// The events stored for a stream (from its first partitioner's tasks).
+    /// The events stored for a stream (from its first partitioner's tasks), each task's
+    /// read where it is active.
     pub async fn stream_rows(&self, stream: &StreamDef) -> Result<Vec<Row>> {
+        let Some(remote) = self.remote.get() else {
+            return self.local_stream_rows(&stream.name, None).await;
+        };
+        let (local, elsewhere) =
+            self.split_by_owner(&stream.name, 0, 0..stream.tasks_per_partitioner());
+        let mut rows = self.local_stream_rows(&stream.name, Some(&local)).await?;
+        for (addr, parts) in elsewhere {
+            rows.extend(remote.stream_rows(addr, &stream.name, parts).await?);
+        }
+        Ok(rows)
+    }
+
+    /// The events stored in some of this node's tasks of a stream (`None`: all).
+    pub async fn local_stream_rows(
+        &self,
+        stream: &str,
+        partitions: Option<&[u32]>,
+    ) -> Result<Vec<Row>> {
         let mut rows = Vec::new();
         for part in self
             .shards
             .ask_all(|reply| Command::StreamRows {
-                stream: stream.name.clone(),
+                stream: stream.to_string(),
+                partitions: partitions.map(<[u32]>::to_vec),
                 reply,
             })
             .await?

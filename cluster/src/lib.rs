@@ -9,7 +9,10 @@
 //!   trait: memory, local files, Kafka);
 //! - `engine`: the handle the front end uses, a log and the shards put together;
 //! - `assign`: the assignor, a pure function from the cluster's members and tasks to
-//!   where each task's active copy and replicas run.
+//!   where each task's active copy and replicas run;
+//! - `membership`: the facts nodes announce and the plans the leader publishes (pure;
+//!   carried over Kafka by `log::kafka::members`);
+//! - `peer`: the gRPC service nodes call on each other (reads of tasks active elsewhere).
 //!
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
@@ -19,7 +22,9 @@ pub mod command;
 pub mod engine;
 pub mod exec;
 pub mod log;
+pub mod membership;
 pub mod node;
+pub mod peer;
 pub mod route;
 
 pub use command::TaskReport;

@@ -53,7 +53,9 @@ pub fn partition_for(value: &Value, partitions: u32) -> u32 {
 }
 
 /// A task: (stream, partitioner, partition).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct TaskId {
     pub stream: String,
     pub partitioner: usize,

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     NoActiveTransaction,
     DuplicateCursor,
     UndefinedCursor,
+    /// A node that runs part of the statement cannot be reached now (retry).
+    Unavailable,
     Internal,
 }
 

@@ -63,6 +63,10 @@ pub enum Statement {
     Close(Option<String>),
     ShowSubscriptions,
     ShowStorage,
+    /// `SHOW CLUSTER`: the nodes.
+    ShowCluster,
+    /// `SHOW TASKS`: where each task runs.
+    ShowTasks,
     /// Session settings Eddy accepts and ignores (`RESET`, `DISCARD`, …).
     Set,
     /// `SET [SESSION] name = value` or `SET name TO value`.
@@ -199,6 +203,8 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SHOW", "METRICS", ..] => Ok(Statement::ShowMetrics),
         ["SHOW", "SUBSCRIPTIONS", ..] => Ok(Statement::ShowSubscriptions),
         ["SHOW", "STORAGE", ..] => Ok(Statement::ShowStorage),
+        ["SHOW", "CLUSTER", ..] => Ok(Statement::ShowCluster),
+        ["SHOW", "TASKS", ..] => Ok(Statement::ShowTasks),
         ["DECLARE", ..] => parse_declare(&tokens),
         ["FETCH", ..] | ["MOVE", ..] => parse_fetch(&tokens),
         ["CLOSE", ..] => parse_close(&tokens),

@@ -103,12 +103,12 @@ impl Executed {
 }
 
 pub struct Db {
-    catalog: RwLock<Arc<Catalog>>,
+    pub(crate) catalog: RwLock<Arc<Catalog>>,
     /// The DataFusion context of the current catalog, built once per catalog change.
     query_ctx: std::sync::Mutex<Option<(Arc<Catalog>, datafusion::prelude::SessionContext)>>,
-    engine: Arc<Engine>,
-    data_dir: PathBuf,
-    ddl: tokio::sync::Mutex<()>,
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) ddl: tokio::sync::Mutex<()>,
     subscriptions: Arc<Registry>,
 }
 
@@ -157,14 +157,10 @@ impl Db {
             }
         };
         let engine = Arc::new(Engine::start(shards, log, Some(Arc::new(storage))));
-        let mut catalog = Catalog::default();
-        for stmt in &statements {
-            let parsed = sql::parse_statement(stmt)
-                .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?;
-            catalog = ddl::apply(&catalog, &parsed)
-                .map_err(|e| anyhow::anyhow!("{}: {e}: {stmt}", path.display()))?
-                .0;
-        }
+        eddy_cluster::peer::start(&engine)
+            .map_err(|e| anyhow::anyhow!("starting the peer service: {e}"))?;
+        let catalog = catalog_of(&statements)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         persist(data_dir, &catalog)?;
         if let (Some(kafka), true) = (engine.log_as::<Kafka>(), publish) {
             kafka
@@ -197,6 +193,7 @@ impl Db {
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
         });
+        crate::cluster::follow_catalog(&db);
         let weak = Arc::downgrade(&db);
         tokio::spawn(async move {
             loop {
@@ -326,6 +323,8 @@ impl Db {
             }
             Statement::ShowSubscriptions => Ok(self.show_subscriptions()),
             Statement::ShowStorage => self.show_storage().await,
+            Statement::ShowCluster => Ok(self.show_cluster()),
+            Statement::ShowTasks => self.show_tasks().await,
             Statement::Subscribe(_)
             | Statement::CopyOut(_)
             | Statement::Declare { .. }
@@ -1051,7 +1050,24 @@ impl Db {
 
 /// A Prometheus label value: backslash, quote and newline escaped.
 /// Writes the catalog file atomically: temp file, fsync, rename.
-fn persist(data_dir: &Path, catalog: &Catalog) -> Result<()> {
+/// The catalog the statements make, in order.
+pub(crate) fn catalog_of(statements: &[String]) -> Result<Catalog> {
+    let mut catalog = Catalog::default();
+    for stmt in statements {
+        let parsed = sql::parse_statement(stmt).map_err(|e| in_statement(e, stmt))?;
+        catalog = ddl::apply(&catalog, &parsed)
+            .map_err(|e| in_statement(e, stmt))?
+            .0;
+    }
+    Ok(catalog)
+}
+
+fn in_statement(mut e: Error, stmt: &str) -> Error {
+    e.message = format!("{}: {stmt}", e.message);
+    e
+}
+
+pub(crate) fn persist(data_dir: &Path, catalog: &Catalog) -> Result<()> {
     let text: String = catalog
         .statements()
         .iter()

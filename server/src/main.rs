@@ -57,6 +57,22 @@ enum Command {
         /// The cluster's name: the prefix of its Kafka topics and its consumer group.
         #[arg(long, env = "EDDY_CLUSTER", default_value = "eddy")]
         cluster: String,
+        /// The physical machine this node runs on (default: the hostname). No two copies
+        /// of a task go to one host, so several nodes on one machine can stand for
+        /// several machines in tests.
+        #[arg(long, env = "EDDY_HOST_ID")]
+        host_id: Option<String>,
+        /// Copies of each task in cluster mode, the active one included (1: no replicas).
+        #[arg(long, env = "EDDY_REPLICAS", default_value_t = 2,
+              value_parser = clap::value_parser!(u32).range(1..=16))]
+        replicas: u32,
+        /// Seconds a silent node stays a member (cluster mode): a dead node's tasks move
+        /// to their replicas once it has passed. At least 6 (Kafka's default minimum).
+        #[arg(long, env = "EDDY_SESSION_TIMEOUT", default_value_t = 6.0)]
+        session_timeout: f64,
+        /// Where the peer service (gRPC) listens, in cluster mode; port 0: any free port.
+        #[arg(long, env = "EDDY_PEER_ADDR", default_value = "127.0.0.1:0")]
+        peer_addr: SocketAddr,
         /// Replication factor of the topics Eddy creates.
         #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
         kafka_replication: i32,
@@ -88,7 +104,14 @@ fn main() -> anyhow::Result<()> {
             cluster,
             kafka_replication,
             kafka_properties,
+            host_id,
+            replicas,
+            session_timeout,
+            peer_addr,
         } => {
+            let shards = shards
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                .max(1);
             let kafka = match kafka {
                 Some(brokers) => Some(KafkaConfig {
                     brokers,
@@ -99,12 +122,15 @@ fn main() -> anyhow::Result<()> {
                     cluster,
                     replication: kafka_replication,
                     properties: kafka_properties,
+                    host: host_id.unwrap_or_else(hostname),
+                    replicas: replicas as usize,
+                    processors: shards as u32,
+                    session_timeout: std::time::Duration::from_secs_f64(session_timeout.max(1.0)),
+                    pg_addr: pg_addr.to_string(),
+                    peer_addr,
                 }),
                 None => None,
             };
-            let shards = shards
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-                .max(1);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .thread_name("eddy-io")
@@ -129,6 +155,15 @@ fn key_value(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
         _ => Err(format!("expected KEY=VALUE, got \"{s}\"")),
     }
+}
+
+/// This machine's name, for `--host-id`.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// The node id kept in the data directory, made on first use.

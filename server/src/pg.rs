@@ -73,6 +73,7 @@ pub fn sqlstate(kind: ErrorKind) -> &'static str {
         ErrorKind::NoActiveTransaction => "25P01",
         ErrorKind::DuplicateCursor => "42P03",
         ErrorKind::UndefinedCursor => "34000",
+        ErrorKind::Unavailable => "57P03",
         ErrorKind::Internal => "XX000",
     }
 }
@@ -861,6 +862,8 @@ impl Session {
             }
             Statement::ShowSubscriptions
             | Statement::ShowStorage
+            | Statement::ShowCluster
+            | Statement::ShowTasks
             | Statement::ShowStreams
             | Statement::ShowMetrics
             | Statement::Describe(_)

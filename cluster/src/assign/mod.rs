@@ -53,7 +53,7 @@ pub struct Facts {
 }
 
 /// Where one task runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Placement {
     pub active: String,
     pub replicas: Vec<String>,

@@ -166,7 +166,7 @@ impl Shards {
 }
 
 /// Every task of a catalog, with its stream.
-pub(crate) fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)> {
+pub fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, TaskId)> {
     catalog.streams.values().flat_map(|stream| {
         (0..stream.partitioner_count()).flat_map(move |partitioner| {
             (0..stream.tasks_per_partitioner()).map(move |partition| {
@@ -319,13 +319,16 @@ impl Shard {
                         .unwrap_or_default();
                     let _ = reply.send(rows);
                 }
-                Command::StreamRows { stream, reply } => {
+                Command::StreamRows {
+                    stream,
+                    partitions,
+                    reply,
+                } => {
                     let mut rows = Ok(Vec::new());
-                    for (_, t) in self
-                        .tasks
-                        .iter_mut()
-                        .filter(|(id, _)| id.stream == stream && id.partitioner == 0)
-                    {
+                    let wanted = |p: u32| partitions.as_ref().is_none_or(|ps| ps.contains(&p));
+                    for (_, t) in self.tasks.iter_mut().filter(|(id, _)| {
+                        id.stream == stream && id.partitioner == 0 && wanted(id.partition)
+                    }) {
                         match (t.events(), &mut rows) {
                             (Ok(events), Ok(rows)) => rows.extend(events),
                             (Err(e), _) => rows = Err(e),

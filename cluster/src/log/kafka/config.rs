@@ -2,6 +2,7 @@
 //! place they are made, and every topic's name from its naming methods. Also the small
 //! waits and checks the other parts share.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -13,7 +14,7 @@ use eddy_planner::{Error, Result};
 
 use crate::route::dir_name;
 
-pub(super) fn kafka_error(what: &str, e: impl std::fmt::Display) -> Error {
+pub(crate) fn kafka_error(what: &str, e: impl std::fmt::Display) -> Error {
     Error::internal(format!("kafka: {what}: {e}"))
 }
 
@@ -31,6 +32,19 @@ pub struct KafkaConfig {
     /// librdkafka properties set on every client Eddy makes, after its own (TLS, SASL,
     /// batching): `--kafka-property KEY=VALUE`.
     pub properties: Vec<(String, String)>,
+    /// The physical machine (`--host-id`): no two copies of a task share one.
+    pub host: String,
+    /// Copies of each task, the active one included (`--replicas`).
+    pub replicas: usize,
+    /// The node's processors (its shards): its share of the tasks grows with them.
+    pub processors: u32,
+    /// How long a silent node stays in the group (`--session-timeout`): a dead node's
+    /// tasks move to their replicas once it has passed.
+    pub session_timeout: Duration,
+    /// Where clients reach this node, as it tells the others.
+    pub pg_addr: String,
+    /// Where the peer service listens (`--peer-addr`; port 0: any free port).
+    pub peer_addr: SocketAddr,
 }
 
 impl KafkaConfig {
@@ -76,7 +90,7 @@ impl KafkaConfig {
 
     /// Event and reply producers: every record acknowledged by all in-sync replicas,
     /// no duplicates on retry, batches sent within a millisecond.
-    pub(super) fn producer(&self) -> ClientConfig {
+    pub(crate) fn producer(&self) -> ClientConfig {
         let mut c = self.base();
         c.set("acks", "all")
             .set("enable.idempotence", "true")
@@ -86,7 +100,7 @@ impl KafkaConfig {
     }
 
     /// Consumers: offsets are Eddy's (in checkpoints), never committed automatically.
-    pub(super) fn consumer(&self, group: &str) -> ClientConfig {
+    pub(crate) fn consumer(&self, group: &str) -> ClientConfig {
         let mut c = self.base();
         c.set("group.id", group)
             .set("topic.metadata.refresh.interval.ms", "5000")
@@ -128,6 +142,25 @@ impl KafkaConfig {
     pub fn catalog_topic(&self) -> String {
         format!("{}-catalog", self.cluster)
     }
+
+    /// The compacted topic of members' facts and the leader's plans.
+    pub fn cluster_topic(&self) -> String {
+        format!("{}-cluster", self.cluster)
+    }
+
+    /// The consumer group whose members are the live nodes.
+    pub fn members_group(&self) -> String {
+        format!("{}-members", self.cluster)
+    }
+
+    /// The group member of the live-node group: its session is the failure detector.
+    pub(crate) fn liveness(&self) -> ClientConfig {
+        let session = self.session_timeout.as_millis().max(1000);
+        let mut c = self.consumer(&self.members_group());
+        c.set("session.timeout.ms", session.to_string())
+            .set("heartbeat.interval.ms", (session / 6).max(100).to_string());
+        self.with_properties(c)
+    }
 }
 
 /// (with the wait appended).
@@ -165,7 +198,7 @@ pub(super) fn admin_results(
 }
 
 /// client for a while: that is retried for 30 s.
-pub(super) fn watermarks<C: ClientContext>(
+pub(crate) fn watermarks<C: ClientContext>(
     client: &rdkafka::client::Client<C>,
     topic: &str,
     partition: i32,

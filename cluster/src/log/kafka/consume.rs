@@ -1,30 +1,33 @@
-//! The task consumer: one group member per node that receives the task partitions Kafka
-//! assigns it and hands each partition's records to its task's shard, in offset order,
-//! answering on the reply topics the records name.
+//! The task consumer: one consumer per node, assigned by hand the partitions of the tasks
+//! the newest plan gives this node (`membership`). It hands each partition's records to
+//! its task's shard, in offset order. A task the node holds active answers on the reply
+//! topics the records name; a replica applies the same records and keeps its answers for
+//! a while, to send them if it is promoted before the asker gave up.
 //!
 //! Invariant: a task applies its partition's records in offset order, each at most once:
 //! the consumer dispatches a partition from `positions` (the next offset to apply), which
-//! starts at the task's checkpointed log end and only moves forward.
+//! starts at the task's checkpointed log end and only moves forward. Records of a task
+//! this node does not hold are not applied, and its position stays.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_planner::catalog::StreamDef;
 use eddy_planner::codec;
 use eddy_planner::{Error, Result};
 
-use super::config::{kafka_error, wait_until};
-use super::produce::{reply_to, send_replies};
-use super::{Kafka, KafkaStats, POLL_BATCH_MAX};
-use crate::command::Reply;
+use super::config::kafka_error;
+use super::produce::{reply_to, send_replies, ReplyTo, REPLY_TIMEOUT};
+use super::{Kafka, POLL_BATCH_MAX};
+use crate::command::{IngestReply, Reply};
+use crate::membership::ClusterPlan;
 use crate::node::shards::Shards;
 use crate::route::TaskId;
 
@@ -39,37 +42,108 @@ pub(super) struct TaskTopic {
 }
 pub(super) type Routes = Arc<RwLock<HashMap<String, (String, usize)>>>;
 
+/// Answered events a replica keeps, per task, at most.
+const UNSENT_MAX: usize = 100_000;
+
+/// Answers a replica did not send: (when, the asks, their answers in ask order).
+type Unsent = (Instant, Vec<(usize, ReplyTo)>, IngestReply);
+
+/// A held task's role: active (it answers) or replica (it keeps its answers a while).
+#[derive(Default)]
+pub(super) struct Role {
+    state: Mutex<RoleState>,
+}
+
+#[derive(Default)]
+struct RoleState {
+    active: bool,
+    unsent: VecDeque<Unsent>,
+    unsent_events: usize,
+}
+
+impl Role {
+    /// An applied batch's answers: sent if the task is active, kept otherwise.
+    fn answer(&self, asks: Vec<(usize, ReplyTo)>, result: IngestReply, send: impl FnOnce(Unsent)) {
+        let mut s = self.state.lock().expect("role lock");
+        if s.active {
+            drop(s);
+            send((Instant::now(), asks, result));
+            return;
+        }
+        // Only the asked events' answers are kept, renumbered.
+        let result = result.map(|answers| {
+            let mut answers: Vec<Option<_>> = answers.into_iter().map(Some).collect();
+            asks.iter()
+                .map(|(i, _)| answers[*i].take().expect("one answer per event"))
+                .collect()
+        });
+        let asks: Vec<(usize, ReplyTo)> =
+            asks.into_iter().enumerate().map(|(j, (_, r))| (j, r)).collect();
+        s.unsent_events += asks.len();
+        s.unsent.push_back((Instant::now(), asks, result));
+        while s
+            .unsent
+            .front()
+            .is_some_and(|(at, _, _)| at.elapsed() > REPLY_TIMEOUT)
+            || s.unsent_events > UNSENT_MAX
+        {
+            let Some((_, gone, _)) = s.unsent.pop_front() else {
+                break;
+            };
+            s.unsent_events -= gone.len();
+        }
+    }
+
+    /// Makes the task active or a replica. A promoted replica sends what it kept.
+    fn set_active(&self, active: bool, mut send: impl FnMut(Unsent)) {
+        let mut s = self.state.lock().expect("role lock");
+        let promoted = active && !s.active;
+        s.active = active;
+        if promoted {
+            s.unsent_events = 0;
+            for unsent in std::mem::take(&mut s.unsent) {
+                if unsent.0.elapsed() <= REPLY_TIMEOUT {
+                    send(unsent);
+                }
+            }
+        }
+    }
+}
+
 /// Where the task consumer stands: the routes of the current catalog, each partition's
-/// next offset, and what the group assigned it.
+/// next offset, and the tasks this node holds.
 #[derive(Default)]
 pub(super) struct TaskConsumer {
     /// Topic → (stream, partitioner) of the current catalog.
     routes: Routes,
     positions: Positions,
-    /// Set when the topic list changed: the consumer subscribes again.
-    resubscribe: Arc<AtomicBool>,
-    /// The partitions the task consumer holds now.
-    assigned: Arc<Mutex<HashSet<(String, i32)>>>,
+    /// The tasks the newest plan gives this node, with their roles.
+    held: Mutex<HashMap<TaskId, Arc<Role>>>,
+    /// Assignments asked for (a new plan or catalog) and made by the consumer thread.
+    reassigns_asked: AtomicU64,
+    reassigns_made: Arc<AtomicU64>,
     /// Whether the task consumer runs (it starts after recovery).
     consuming: AtomicBool,
 }
 
+impl TaskConsumer {
+    fn reassign(&self) -> u64 {
+        self.reassigns_asked.fetch_add(1, Ordering::AcqRel) + 1
+    }
+}
+
 impl Kafka {
+    /// Returns once the task consumer has made the assignment asked for last, so a
     /// dropped stream's topics are released before they are deleted.
-    pub(super) async fn await_assignment(&self, topics: &[TaskTopic]) {
-        let wanted: HashSet<(String, i32)> = topics
-            .iter()
-            .flat_map(|t| (0..t.partitions as i32).map(move |p| (t.name.clone(), p)))
-            .collect();
-        let holds = || Ok(*self.tasks.assigned.lock().expect("assigned lock") == wanted);
-        let late = || {
-            Error::internal(format!(
-                "kafka: the task consumer's assignment did not follow the catalog \
-                 ({} partitions wanted)",
-                wanted.len()
-            ))
-        };
-        if let Err(e) = wait_until(60, holds, late).await {
+    pub(super) async fn await_assignment(&self) {
+        let asked = self.tasks.reassign();
+        if !self.tasks.consuming.load(Ordering::Acquire) {
+            return;
+        }
+        let made = self.tasks.reassigns_made.clone();
+        let done = || Ok(made.load(Ordering::Acquire) >= asked);
+        let late = || Error::internal("kafka: the task consumer did not follow the catalog");
+        if let Err(e) = super::config::wait_until(60, done, late).await {
             eprintln!("eddy: {e}");
         }
     }
@@ -89,7 +163,8 @@ impl Kafka {
             .collect()
     }
 
-    /// changed) and, once it runs, waits until it holds exactly their partitions.
+    /// Makes `topics` the ones the task consumer reads (of the tasks it holds) and, once
+    /// it runs, waits until it has been assigned again.
     pub(super) async fn follow(&self, topics: &[TaskTopic]) {
         let routes: HashMap<String, (String, usize)> = topics
             .iter()
@@ -107,11 +182,43 @@ impl Kafka {
             changed
         };
         if changed {
-            self.tasks.resubscribe.store(true, Ordering::Release);
+            self.await_assignment().await;
         }
-        if self.tasks.consuming.load(Ordering::Acquire) {
-            self.await_assignment(topics).await;
+    }
+
+    /// Takes the roles the newest plan gives this node: tasks it no longer holds stop,
+    /// new ones start from their positions, and a promoted replica sends what it kept.
+    pub(super) fn apply_plan(&self, plan: &ClusterPlan) {
+        let roles = plan.roles_of(&self.config.node);
+        let send = |(_, asks, result): Unsent| {
+            send_replies(&self.publisher.replier, &self.stats, asks, result)
+        };
+        let changed = {
+            let mut held = self.tasks.held.lock().expect("held lock");
+            let changed =
+                held.len() != roles.len() || roles.keys().any(|t| !held.contains_key(t));
+            held.retain(|t, _| roles.contains_key(t));
+            for (task, active) in roles {
+                let role = held.entry(task).or_default().clone();
+                role.set_active(active, send);
+            }
+            changed
+        };
+        // Only a change of the tasks held moves the consumer; a change of roles does not.
+        if changed {
+            self.tasks.reassign();
         }
+    }
+
+    /// The tasks this node holds now, each with whether it is active.
+    pub fn roles(&self) -> BTreeMap<TaskId, bool> {
+        self.tasks
+            .held
+            .lock()
+            .expect("held lock")
+            .iter()
+            .map(|(t, r)| (t.clone(), r.state.lock().expect("role lock").active))
+            .collect()
     }
 
     /// Sets where each task resumes: its checkpointed log end.
@@ -128,19 +235,16 @@ impl Kafka {
         self.tasks.positions.lock().expect("positions lock").clone()
     }
 
-    /// partition's records to its task's shard from the task's position on.
+    /// Starts the task consumer's thread: it reads the partitions of the tasks this node
+    /// holds and hands their records to the tasks' shards.
     pub(crate) fn start_tasks(self: &Arc<Self>, shards: Shards) -> Result<()> {
-        let context = TaskContext {
-            positions: self.tasks.positions.clone(),
-            assigned: self.tasks.assigned.clone(),
-            stats: self.stats.clone(),
-        };
-        self.tasks.consuming.store(true, Ordering::Release);
-        let consumer: BaseConsumer<TaskContext> = self
+        let consumer: BaseConsumer = self
             .config
-            .member(&self.config.cluster)
-            .create_with_context(context)
+            .consumer(&format!("{}-tasks.{}", self.config.cluster, self.config.node))
+            .create()
             .map_err(|e| kafka_error("creating the task consumer", e))?;
+        self.tasks.consuming.store(true, Ordering::Release);
+        self.tasks.reassign();
         let me = self.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-kafka-tasks".into())
@@ -150,39 +254,66 @@ impl Kafka {
         Ok(())
     }
 
-    fn run_tasks(self: Arc<Self>, consumer: BaseConsumer<TaskContext>, shards: Shards) {
-        let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
-        while !self.stop.load(Ordering::Acquire) {
-            if self.tasks.resubscribe.swap(false, Ordering::AcqRel) {
-                let topics: Vec<String> = self
-                    .tasks
-                    .routes
-                    .read()
-                    .expect("routes lock")
+    /// Assigns the consumer the partitions of the held tasks whose topics the catalog
+    /// has, each from its position.
+    fn assign_held(&self, consumer: &BaseConsumer) {
+        let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
+        let mut tpl = TopicPartitionList::new();
+        {
+            let held = self.tasks.held.lock().expect("held lock");
+            let positions = self.tasks.positions.lock().expect("positions lock");
+            let routes = self.tasks.routes.read().expect("routes lock");
+            for (topic, (stream, partitioner)) in routes.iter() {
+                for task in held
                     .keys()
-                    .cloned()
-                    .collect();
-                let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-                // Fresh metadata first: a topic created (again) a moment ago must not look
-                // unknown to the group's assignment.
-                for topic in &names {
-                    let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(5));
+                    .filter(|t| &t.stream == stream && t.partitioner == *partitioner)
+                {
+                    let partition = task.partition as i32;
+                    // Offset 0 rather than `Beginning`, which costs one ListOffsets round
+                    // trip per partition; where retention removed it,
+                    // `auto.offset.reset` moves to the start.
+                    let at = positions
+                        .get(&(topic.clone(), partition))
+                        .copied()
+                        .unwrap_or(0);
+                    let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(at));
                 }
-                let result = if names.is_empty() {
-                    consumer.unsubscribe();
-                    Ok(())
-                } else {
-                    consumer.subscribe(&names)
-                };
-                if let Err(e) = result {
-                    eprintln!("eddy: kafka: subscribing: {e}");
-                }
+            }
+        }
+        let result = if tpl.count() == 0 {
+            consumer.unassign()
+        } else {
+            // Fresh metadata first: a topic created a moment ago must not look unknown.
+            let topics: std::collections::BTreeSet<String> =
+                tpl.elements().iter().map(|e| e.topic().to_string()).collect();
+            for topic in topics {
+                let _ = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
+            }
+            consumer.assign(&tpl)
+        };
+        match result {
+            Ok(()) => {
+                self.stats.assignments.fetch_add(1, Ordering::Relaxed);
+                self.tasks.reassigns_made.fetch_max(asked, Ordering::AcqRel);
+            }
+            Err(e) => eprintln!("eddy: kafka: assigning partitions: {e}"),
+        }
+    }
+
+    fn run_tasks(self: Arc<Self>, consumer: BaseConsumer, shards: Shards) {
+        let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
+        let mut made = 0;
+        while !self.stop.load(Ordering::Acquire) {
+            let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
+            if asked > made {
+                self.assign_held(&consumer);
+                made = asked;
             }
             let mut wait = Duration::from_millis(20);
             while batch.len() < POLL_BATCH_MAX {
                 match consumer.poll(wait) {
                     Some(Ok(m)) => batch.push(m.detach()),
-                    // A dropped stream's topic, until the next subscription drops it.
+                    // A dropped stream's topic, until the next assignment drops it.
                     Some(Err(KafkaError::MessageConsumption(
                         RDKafkaErrorCode::UnknownTopicOrPartition,
                     ))) => break,
@@ -200,7 +331,8 @@ impl Kafka {
         }
     }
 
-    /// answers the events that ask for it once their task applied them.
+    /// Hands each partition's new records to its task's shard, in offset order; the
+    /// task answers the events that ask for it once it applied them, if it is active.
     fn dispatch(&self, records: Vec<rdkafka::message::OwnedMessage>, shards: &Shards) {
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
@@ -213,7 +345,7 @@ impl Kafka {
         for ((topic, partition), msgs) in by_partition {
             let mut rows = Vec::with_capacity(msgs.len());
             let mut asks = Vec::new();
-            let (task, end) = {
+            let (task, end, role) = {
                 let mut positions = self.tasks.positions.lock().expect("positions lock");
                 let route = self
                     .tasks
@@ -229,6 +361,10 @@ impl Kafka {
                     stream,
                     partitioner,
                     partition: partition as u32,
+                };
+                let role = self.tasks.held.lock().expect("held lock").get(&task).cloned();
+                let Some(role) = role else {
+                    continue; // no longer held: a later plan took it away
                 };
                 let next = positions.entry((topic.clone(), partition)).or_insert(0);
                 for m in &msgs {
@@ -249,7 +385,7 @@ impl Kafka {
                     }
                     rows.push(row);
                 }
-                (task, *next)
+                (task, *next, role)
             };
             if rows.is_empty() {
                 continue;
@@ -262,64 +398,14 @@ impl Kafka {
                 Box::new(|_| {})
             } else {
                 let (replier, stats) = (self.publisher.replier.clone(), self.stats.clone());
-                Box::new(move |result| send_replies(&replier, &stats, asks, result))
+                Box::new(move |result| {
+                    role.answer(asks, result, |(_, asks, result)| {
+                        send_replies(&replier, &stats, asks, result)
+                    })
+                })
             };
             if !shards.deliver(task, rows, values, end as u64, reply) {
                 return;
-            }
-        }
-    }
-}
-
-/// beginning of the topic.
-pub(super) struct TaskContext {
-    positions: Positions,
-    assigned: Arc<Mutex<HashSet<(String, i32)>>>,
-    stats: Arc<KafkaStats>,
-}
-
-impl ClientContext for TaskContext {}
-
-impl ConsumerContext for TaskContext {
-    fn rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let positions = self.positions.lock().expect("positions lock").clone();
-                let wanted: Vec<(String, i32, Offset)> = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| {
-                        let key = (e.topic().to_string(), e.partition());
-                        // Offset 0 rather than `Beginning`, which costs one ListOffsets
-                        // round trip per partition (seconds for a thousand of them); where
-                        // retention removed it, `auto.offset.reset` moves to the start.
-                        let offset = Offset::Offset(positions.get(&key).copied().unwrap_or(0));
-                        (key.0, key.1, offset)
-                    })
-                    .collect();
-                for (topic, partition, offset) in wanted {
-                    let _ = tpl.set_partition_offset(&topic, partition, offset);
-                }
-                self.stats.assignments.fetch_add(1, Ordering::Relaxed);
-                match consumer.assign(tpl) {
-                    Ok(()) => {
-                        *self.assigned.lock().expect("assigned lock") = tpl
-                            .elements()
-                            .iter()
-                            .map(|e| (e.topic().to_string(), e.partition()))
-                            .collect();
-                    }
-                    Err(e) => eprintln!("eddy: kafka: assigning partitions: {e}"),
-                }
-            }
-            _ => {
-                self.assigned.lock().expect("assigned lock").clear();
-                let _ = consumer.unassign();
             }
         }
     }

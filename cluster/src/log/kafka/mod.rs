@@ -13,17 +13,23 @@
 //!   holding its creating statement, a tombstone once dropped.
 //! - `<cluster>.<stream>.dead-letters`: external records that could not be ingested.
 //!
-//! Consumer groups: `<cluster>` for the tasks, `<cluster>-source.<stream>` for each
-//! external topic.
+//! - `<cluster>-cluster`: compacted; every node's facts and the leader's plan
+//!   (`membership`).
+//!
+//! Consumer groups: `<cluster>-members`, whose live members are the cluster's live nodes,
+//! and `<cluster>-source.<stream>` for each external topic. Task partitions are assigned
+//! by hand, as the plan says.
 //!
 //! The parts: `config` (settings and topic names), `admin` (topics), `produce` (events
-//! out, answers back), `consume` (the task consumer), `catalog` (the catalog topic) and
-//! `sources` (external topics). Each part states its own invariants.
+//! out, answers back), `consume` (the task consumer), `members` (liveness, facts and
+//! plans), `catalog` (the catalog topic) and `sources` (external topics). Each part states
+//! its own invariants.
 
 mod admin;
 mod catalog;
 mod config;
 mod consume;
+mod members;
 mod produce;
 mod sources;
 
@@ -43,6 +49,7 @@ use crate::route::TaskId;
 
 use admin::Admin;
 use consume::TaskConsumer;
+use members::Members;
 use produce::Publisher;
 use sources::Sources;
 
@@ -74,6 +81,10 @@ pub struct Kafka {
     publisher: Publisher,
     tasks: TaskConsumer,
     sources: Sources,
+    members: Members,
+    /// The peer service's socket, bound at connect, until the node serves it.
+    peer_listener: Mutex<Option<std::net::TcpListener>>,
+    peer_addr: std::net::SocketAddr,
     /// This node's handle to itself, for the threads it starts.
     me: Weak<Kafka>,
     stop: Arc<AtomicBool>,
@@ -103,6 +114,18 @@ impl Kafka {
         admin
             .create_topics(&[(publisher.reply_topic().to_string(), 1, false)])
             .await?;
+        admin
+            .create_topics(&[(config.cluster_topic(), 1, true)])
+            .await?;
+        let peer_listener = std::net::TcpListener::bind(config.peer_addr).map_err(|e| {
+            Error::internal(format!(
+                "cannot listen for peers on {}: {e} (set --peer-addr)",
+                config.peer_addr
+            ))
+        })?;
+        let peer_addr = peer_listener
+            .local_addr()
+            .map_err(|e| Error::internal(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let replies = publisher.start_replies(stop.clone())?;
         Ok(Arc::new_cyclic(|me| Kafka {
@@ -111,6 +134,9 @@ impl Kafka {
             publisher,
             tasks: TaskConsumer::default(),
             sources: Sources::default(),
+            members: Members::default(),
+            peer_listener: Mutex::new(Some(peer_listener)),
+            peer_addr,
             me: me.clone(),
             stop,
             threads: Mutex::new(vec![replies]),
@@ -126,6 +152,16 @@ impl Kafka {
 
     pub fn config(&self) -> &KafkaConfig {
         &self.config
+    }
+
+    /// Where the peer service listens.
+    pub fn peer_addr(&self) -> std::net::SocketAddr {
+        self.peer_addr
+    }
+
+    /// The peer service's socket, once: whoever serves it takes it.
+    pub fn take_peer_listener(&self) -> Option<std::net::TcpListener> {
+        self.peer_listener.lock().expect("peer listener lock").take()
     }
 
     /// The end of a topic partition (the offset its next record will get).
@@ -165,6 +201,7 @@ impl Kafka {
         self.admin.create_topics(&specs).await?;
         self.publisher.await_metadata(&specs).await?;
         self.follow(&wanted).await;
+        self.set_tasks(next);
         self.install_sources(next).await
     }
 
@@ -189,8 +226,9 @@ impl Kafka {
         }
     }
 
-    /// Recovery: every task resumes consuming at its checkpointed offset; returns once
-    /// each has applied what its partition held when this began.
+    /// Recovery: this node joins the cluster and waits for a plan that places every task;
+    /// each task it holds resumes consuming at its checkpointed offset. Returns once each
+    /// of them has applied what its partition held when the plan came.
     async fn catch_up(
         &self,
         shards: &Shards,
@@ -198,25 +236,36 @@ impl Kafka {
         applied: BTreeMap<TaskId, u64>,
     ) -> Result<u64> {
         self.install(&Catalog::default(), catalog).await?;
-        let mut targets = Vec::new();
+        let mut ends = Vec::new();
         for (stream, task) in tasks_of(catalog) {
             let topic = self.config.topic_of(stream, task.partitioner);
             let from = applied.get(&task).copied().unwrap_or(0);
-            let high = self.high_watermark(&topic, task.partition as i32)?;
-            targets.push((task, topic, from, high.max(0) as u64));
+            ends.push((topic, task.partition as i32, from as i64));
         }
-        self.resume_at(
-            targets
-                .iter()
-                .map(|(t, topic, from, _)| (topic.clone(), t.partition as i32, *from as i64)),
-        );
-        self.me()?.start_tasks(shards.clone())?;
+        self.resume_at(ends);
+        let stale = applied
+            .iter()
+            .filter(|(_, end)| **end > 0)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let me = self.me()?;
+        me.start_members(stale)?;
+        self.await_plan(catalog).await?;
+        me.start_tasks(shards.clone())?;
+        let held = self.roles();
+        let mut targets = Vec::new();
+        for (stream, task) in tasks_of(catalog).filter(|(_, t)| held.contains_key(t)) {
+            let topic = self.config.topic_of(stream, task.partitioner);
+            let from = applied.get(&task).copied().unwrap_or(0);
+            let high = self.high_watermark(&topic, task.partition as i32)?;
+            targets.push((task, from, high.max(0) as u64));
+        }
         let started = Instant::now();
         loop {
             let applied = shards.log_ends().await?;
             let behind = targets
                 .iter()
-                .filter(|(t, _, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
+                .filter(|(t, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
                 .count();
             if behind == 0 {
                 break;
@@ -230,8 +279,13 @@ impl Kafka {
         }
         Ok(targets
             .iter()
-            .map(|(_, _, from, high)| high.saturating_sub(*from))
+            .map(|(_, from, high)| high.saturating_sub(*from))
             .sum())
+    }
+
+    /// Whether the membership thread runs (after recovery began).
+    fn in_cluster(&self) -> bool {
+        self.members.started.load(Ordering::Acquire)
     }
 }
 
@@ -277,7 +331,15 @@ impl EventLog for Kafka {
     fn install<'a>(&'a self, current: &'a Catalog, next: &'a Catalog) -> LogFuture<'a, ()> {
         Box::pin(async move {
             Kafka::install(self, current, next).await?;
-            self.publish_catalog(current, next).await
+            self.publish_catalog(current, next).await?;
+            // The new tasks run once the leader (perhaps another node, which learns the
+            // catalog from its topic) has placed them.
+            if self.in_cluster() {
+                if let Err(e) = self.await_plan(next).await {
+                    eprintln!("eddy: {e}");
+                }
+            }
+            Ok(())
         })
     }
 

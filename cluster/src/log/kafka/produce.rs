@@ -54,7 +54,7 @@ pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -
         })
 }
 /// How long a statement waits for its tasks' answers.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A statement waiting for its answers, one per (event, partitioner) slot.
 struct Gather {
     answers: Vec<Option<Answer>>,

@@ -1,0 +1,213 @@
+//! Failover of a real cluster on loopback: three `eddy serve --kafka` processes (three host
+//! ids, two copies of every task) and one client scoring events one per round trip
+//! (`INSERT … RETURNING`) through node n1. Node n2 is killed with SIGKILL partway. Prints one
+//! JSON object:
+//! - `takeover_ms`: from the kill to the first reply for a task n2 held active;
+//! - the latency of every statement across the run (p50 … max), and how many failed.
+//!
+//! Needs a broker: `--kafka ADDR`, or `EDDY_TEST_KAFKA`, or it starts one with
+//! `.ci/kafka start` (and stops it).
+//!
+//! `cargo run --release -p eddy-bench --bin takeover -- --bin-dir target/release`
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+
+use eddy_cluster::route::partition_for;
+use eddy_planner::types::Value;
+
+#[derive(clap::Parser)]
+struct Args {
+    /// Where the `eddy` binary is.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Kafka bootstrap address (default: `EDDY_TEST_KAFKA`, else a broker of its own).
+    #[arg(long)]
+    kafka: Option<String>,
+    /// Seconds of load before the kill, and after it.
+    #[arg(long, default_value_t = 5.0)]
+    before: f64,
+    #[arg(long, default_value_t = 15.0)]
+    after: f64,
+    /// Session timeout of the nodes, in seconds.
+    #[arg(long, default_value_t = 6.0)]
+    session_timeout: f64,
+}
+
+/// A process stopped with SIGKILL when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a node and returns it with its PostgreSQL port, once it listens.
+fn node(a: &Args, kafka: &str, cluster: &str, id: &str, dir: &std::path::Path) -> Result<(Proc, u16)> {
+    let mut child = Command::new(a.bin_dir.join("eddy"))
+        .args(["serve", "--pg-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--shards", "1"])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--kafka", kafka, "--cluster", cluster, "--node-id", id, "--replicas", "2"])
+        .args(["--host-id", &format!("host-{id}")])
+        .args(["--session-timeout", &a.session_timeout.to_string()])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", a.bin_dir.join("eddy").display()))?;
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let port = loop {
+        let Some(Ok(line)) = lines.next() else {
+            bail!("node {id} exited before it listened");
+        };
+        if let Some(rest) = line.split("listening on 127.0.0.1:").nth(1) {
+            break rest.split_whitespace().next().unwrap_or("").parse()?;
+        }
+    };
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    Ok((Proc(child), port))
+}
+
+async fn connect(port: u16) -> Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={port} user=eddy dbname=eddy"),
+        tokio_postgres::NoTls,
+    )
+    .await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+async fn rows(client: &tokio_postgres::Client, sql: &str) -> Result<Vec<Vec<String>>> {
+    Ok(client
+        .simple_query(sql)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("").to_string())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let a: Args = clap::Parser::parse();
+    let work = std::env::temp_dir().join(format!("eddy-takeover-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut own_broker = None;
+    let kafka = match a.kafka.clone().or_else(|| std::env::var("EDDY_TEST_KAFKA").ok()) {
+        Some(k) => k,
+        None => {
+            let dir = work.join("kafka");
+            let out = Command::new(".ci/kafka").arg("start").arg(&dir).output()?;
+            if !out.status.success() {
+                bail!("starting Kafka: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            own_broker = Some(dir);
+            String::from_utf8(out.stdout)?.trim().to_string()
+        }
+    };
+    let result = run(&a, &kafka, &work).await;
+    if let Some(dir) = own_broker {
+        let _ = Command::new(".ci/kafka").arg("stop").arg(&dir).status();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    println!("{}", serde_json::to_string_pretty(&result?)?);
+    Ok(())
+}
+
+async fn run(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
+    let cluster = format!("takeover{}", std::process::id());
+    let mut nodes = Vec::new();
+    for id in ["n1", "n2", "n3"] {
+        let dir = work.join(id);
+        nodes.push(node(a, kafka, &cluster, id, &dir)?);
+    }
+    let client = connect(nodes[0].1).await?;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 6); \
+             CREATE METRIC spend AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
+             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;",
+        )
+        .await?;
+    // Wait for three live nodes and tasks placed on all of them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let n2_tasks: BTreeSet<u32> = loop {
+        let alive = rows(&client, "SHOW CLUSTER").await?;
+        let tasks = rows(&client, "SHOW TASKS").await?;
+        let live = alive.iter().filter(|r| r[4] == "t").count();
+        let on_n2: BTreeSet<u32> = tasks
+            .iter()
+            .filter(|r| r[3] == "n2")
+            .map(|r| r[2].parse().unwrap_or(0))
+            .collect();
+        if live == 3 && !on_n2.is_empty() && tasks.iter().all(|r| !r[4].is_empty()) {
+            break on_n2;
+        }
+        if Instant::now() > deadline {
+            bail!("the cluster did not settle: {alive:?} {tasks:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let insert = client
+        .prepare("INSERT INTO pay VALUES ($1, $2, $3) RETURNING spend.n")
+        .await?;
+    let mut h = Histogram::<u64>::new_with_bounds(1, 120_000_000, 3)?;
+    let (mut failed, mut i) = (0u64, 0u64);
+    let started = Instant::now();
+    let mut killed: Option<Instant> = None;
+    let mut takeover: Option<Duration> = None;
+    let end = Duration::from_secs_f64(a.before + a.after);
+    while started.elapsed() < end || (killed.is_some() && takeover.is_none()) {
+        if killed.is_none() && started.elapsed() >= Duration::from_secs_f64(a.before) {
+            let n2 = &mut nodes[1].0 .0;
+            n2.kill()?;
+            let _ = n2.wait();
+            killed = Some(Instant::now());
+        }
+        if started.elapsed() > end + Duration::from_secs(120) {
+            bail!("no reply from n2's tasks within 120 s of the kill");
+        }
+        let card = format!("c{}", i % 600);
+        i += 1;
+        let on_n2 = n2_tasks.contains(&partition_for(&Value::Text(card.as_str().into()), 6));
+        let t = Instant::now();
+        let now = chrono::Utc::now().naive_utc();
+        match client.query(&insert, &[&now, &card, &1i64]).await {
+            Ok(_) => {
+                h.record(t.elapsed().as_micros().max(1) as u64)?;
+                if let (Some(k), None, true) = (killed, takeover, on_n2) {
+                    if t >= k {
+                        takeover = Some(k.elapsed());
+                    }
+                }
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    Ok(serde_json::json!({
+        "nodes": 3,
+        "replicas": 2,
+        "session_timeout_s": a.session_timeout,
+        "takeover_ms": takeover.map(|d| d.as_millis() as u64),
+        "statements": h.len(),
+        "failed": failed,
+        "p50_ms": q(0.5), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
+    }))
+}

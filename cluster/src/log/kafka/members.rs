@@ -1,0 +1,246 @@
+//! Membership over Kafka (the design is in `membership`): the group member that proves
+//! this node alive, the reader of the cluster topic (facts and plans) and of the catalog
+//! topic's changes, and, while this node leads, the plans it publishes.
+//!
+//! Invariant: a plan takes effect on this node only when it is read back from the cluster
+//! topic, so the leader and every other node apply plans in one order.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use eddy_planner::catalog::Catalog;
+use eddy_planner::{Error, Result};
+
+use super::config::{kafka_error, wait_until};
+use super::Kafka;
+use crate::membership::{ClusterPlan, NodeFacts, View};
+use crate::node::shards::tasks_of;
+use crate::route::TaskId;
+
+/// How often the group is described and, on the leader, the plan checked.
+const DESCRIBE_EVERY: Duration = Duration::from_millis(300);
+/// A plan published but not read back within this is published again.
+const REPUBLISH_AFTER: Duration = Duration::from_secs(5);
+
+/// This node's membership state, shared with its threads.
+#[derive(Default)]
+pub(super) struct Members {
+    pub(super) view: Arc<RwLock<View>>,
+    /// Catalog records read since start: another node's DDL shows up here.
+    pub(super) catalog_records: Arc<AtomicU64>,
+    /// Whether the membership thread runs.
+    pub(super) started: std::sync::atomic::AtomicBool,
+}
+
+impl Kafka {
+    /// What this node knows of the cluster.
+    pub fn view(&self) -> View {
+        self.members.view.read().expect("view lock").clone()
+    }
+
+    /// The live view, for readers that must see each new plan (the peer reads).
+    pub fn view_handle(&self) -> Arc<RwLock<View>> {
+        self.members.view.clone()
+    }
+
+    /// Catalog records read since start; it changes when any node's DDL does.
+    pub fn catalog_records(&self) -> u64 {
+        self.members.catalog_records.load(Ordering::Acquire)
+    }
+
+    /// The tasks of a new catalog, for the plans this node makes while it leads.
+    pub(super) fn set_tasks(&self, catalog: &Catalog) {
+        self.members.view.write().expect("view lock").tasks =
+            tasks_of(catalog).map(|(_, t)| t).collect();
+    }
+
+    /// Returns once the newest plan places this node and exactly the tasks of `catalog`.
+    pub(super) async fn await_plan(&self, catalog: &Catalog) -> Result<()> {
+        let tasks: std::collections::BTreeSet<TaskId> =
+            tasks_of(catalog).map(|(_, t)| t).collect();
+        let me = self.config.node.clone();
+        let covered = || {
+            Ok(self
+                .members
+                .view
+                .read()
+                .expect("view lock")
+                .plan
+                .covers(&me, tasks.iter()))
+        };
+        let late = || {
+            Error::internal(format!(
+                "kafka: no plan of the cluster places this node and the catalog's {} tasks",
+                tasks.len()
+            ))
+        };
+        wait_until(60, covered, late).await
+    }
+
+    /// Announces this node on the cluster topic, joins the live-node group and starts the
+    /// thread that follows the cluster. `stale`: the tasks it has checkpoints of.
+    pub(super) fn start_members(self: &Arc<Self>, stale: Vec<TaskId>) -> Result<()> {
+        let topic = self.config.cluster_topic();
+        let producer: ThreadedProducer<DefaultProducerContext> = self
+            .config
+            .producer()
+            .create()
+            .map_err(|e| kafka_error("creating the membership producer", e))?;
+        let facts = NodeFacts {
+            node: self.config.node.clone(),
+            host: self.config.host.clone(),
+            processors: self.config.processors,
+            pg_addr: self.config.pg_addr.clone(),
+            peer_addr: self.peer_addr().to_string(),
+            stale,
+        };
+        let body = serde_json::to_vec(&facts).map_err(|e| Error::internal(e.to_string()))?;
+        let key = format!("member/{}", facts.node);
+        producer
+            .send(BaseRecord::to(&topic).key(&key).payload(&body))
+            .map_err(|(e, _)| kafka_error("announcing the node", e))?;
+        producer
+            .flush(Duration::from_secs(30))
+            .map_err(|e| kafka_error("announcing the node", e))?;
+
+        let tail: BaseConsumer = self
+            .config
+            .consumer(&format!("eddy-cluster-reader.{}", self.config.node))
+            .create()
+            .map_err(|e| kafka_error("creating the cluster reader", e))?;
+        let mut tpl = TopicPartitionList::new();
+        for t in [&topic, &self.config.catalog_topic()] {
+            tpl.add_partition_offset(t, 0, Offset::Beginning)
+                .map_err(|e| kafka_error("reading the cluster topic", e))?;
+        }
+        tail.assign(&tpl)
+            .map_err(|e| kafka_error("reading the cluster topic", e))?;
+        let group: BaseConsumer = self
+            .config
+            .liveness()
+            .create()
+            .map_err(|e| kafka_error("joining the cluster", e))?;
+        group
+            .subscribe(&[&topic])
+            .map_err(|e| kafka_error("joining the cluster", e))?;
+        self.members
+            .started
+            .store(true, std::sync::atomic::Ordering::Release);
+        let me = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("eddy-members".into())
+            .spawn(move || me.run_members(group, tail, producer))
+            .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
+        self.threads.lock().expect("threads lock").push(thread);
+        Ok(())
+    }
+
+    fn run_members(
+        self: Arc<Self>,
+        group: BaseConsumer,
+        tail: BaseConsumer,
+        producer: ThreadedProducer<DefaultProducerContext>,
+    ) {
+        let (topic, catalog) = (self.config.cluster_topic(), self.config.catalog_topic());
+        let mut described = Instant::now() - DESCRIBE_EVERY;
+        let mut published: Option<(Instant, ClusterPlan)> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            // Serves the group's rebalances; its records are not needed.
+            let _ = group.poll(Duration::ZERO);
+            let mut wait = Duration::from_millis(50);
+            while let Some(Ok(m)) = tail.poll(wait) {
+                wait = Duration::ZERO;
+                if m.topic() == catalog {
+                    self.members.catalog_records.fetch_add(1, Ordering::AcqRel);
+                    continue;
+                }
+                let (Some(key), Some(body)) = (m.key(), m.payload()) else {
+                    continue;
+                };
+                self.cluster_record(key, body);
+            }
+            if described.elapsed() < DESCRIBE_EVERY {
+                continue;
+            }
+            described = Instant::now();
+            let Some(alive) = describe(&group, &self.config.members_group()) else {
+                continue;
+            };
+            let next = {
+                let mut view = self.members.view.write().expect("view lock");
+                view.alive = alive;
+                view.next_plan(&self.config.node, self.config.replicas)
+            };
+            let Some(plan) = next else {
+                published = None;
+                continue;
+            };
+            let again = published.as_ref().is_some_and(|(at, p)| {
+                at.elapsed() < REPUBLISH_AFTER && p.tasks == plan.tasks && p.members == plan.members
+            });
+            if again {
+                continue;
+            }
+            let Ok(body) = serde_json::to_vec(&plan) else {
+                continue;
+            };
+            match producer.send(BaseRecord::to(&topic).key("plan").payload(&body)) {
+                Ok(()) => {
+                    let _ = producer.flush(Duration::from_secs(5));
+                    published = Some((Instant::now(), plan));
+                }
+                Err((e, _)) => eprintln!("eddy: kafka: publishing the plan: {e}"),
+            }
+        }
+        // Leaving the group at once, rather than when the session times out, moves this
+        // node's tasks to their replicas right away.
+        group.unsubscribe();
+        drop(group);
+    }
+
+    /// A record of the cluster topic: a node's facts, or a plan to apply.
+    fn cluster_record(&self, key: &[u8], body: &[u8]) {
+        if let Some(node) = key.strip_prefix(b"member/") {
+            if let Ok(facts) = serde_json::from_slice::<NodeFacts>(body) {
+                let node = String::from_utf8_lossy(node).into_owned();
+                let mut view = self.members.view.write().expect("view lock");
+                view.facts.insert(node, facts);
+            }
+        } else if key == b"plan" {
+            match serde_json::from_slice::<ClusterPlan>(body) {
+                Ok(plan) => {
+                    let plan = Arc::new(plan);
+                    self.members.view.write().expect("view lock").plan = plan.clone();
+                    self.apply_plan(&plan);
+                }
+                Err(e) => eprintln!("eddy: kafka: an unreadable plan: {e}"),
+            }
+        }
+    }
+}
+
+/// The live members of the group, when it is stable: node ids from the `eddy-<node>`
+/// client ids, sorted.
+fn describe(group: &BaseConsumer, name: &str) -> Option<Vec<String>> {
+    let list = group
+        .fetch_group_list(Some(name), Duration::from_secs(2))
+        .ok()?;
+    let g = list.groups().iter().find(|g| g.name() == name)?;
+    if g.state() != "Stable" {
+        return None;
+    }
+    let mut alive: Vec<String> = g
+        .members()
+        .iter()
+        .filter_map(|m| m.client_id().strip_prefix("eddy-").map(str::to_string))
+        .collect();
+    alive.sort();
+    alive.dedup();
+    Some(alive)
+}
