@@ -159,8 +159,8 @@ impl Db {
         let engine = Arc::new(Engine::start(shards, log, Some(Arc::new(storage))));
         eddy_cluster::peer::start(&engine)
             .map_err(|e| anyhow::anyhow!("starting the peer service: {e}"))?;
-        let catalog = catalog_of(&statements)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let catalog =
+            catalog_of(&statements).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         persist(data_dir, &catalog)?;
         if let (Some(kafka), true) = (engine.log_as::<Kafka>(), publish) {
             kafka
@@ -851,6 +851,35 @@ impl Db {
                     vec![(String::new(), load(counter) as f64)],
                 );
             }
+            let roles = kafka.roles();
+            let offsets: std::collections::HashMap<&eddy_cluster::TaskId, u64> =
+                report.iter().map(|r| (&r.task, r.log_end)).collect();
+            let task_label = |t: &eddy_cluster::TaskId| {
+                format!(
+                    "{{stream=\"{}\",partitioner=\"{}\",partition=\"{}\"}}",
+                    label(&t.stream),
+                    t.partitioner,
+                    t.partition
+                )
+            };
+            family(
+                "eddy_task_active",
+                "gauge",
+                "Tasks this node holds: 1 where it is the active copy, 0 where a replica.",
+                roles
+                    .iter()
+                    .map(|(t, active)| (task_label(t), *active as u8 as f64))
+                    .collect(),
+            );
+            family(
+                "eddy_task_offset",
+                "gauge",
+                "The next offset each held task applies from its partition.",
+                roles
+                    .keys()
+                    .filter_map(|t| offsets.get(t).map(|o| (task_label(t), *o as f64)))
+                    .collect(),
+            );
             family(
                 "eddy_dead_letters_total",
                 "counter",

@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -91,32 +92,45 @@ async fn await_members(port: u16, want: &[&str]) {
 /// One acknowledged event: (card, amount).
 type Acked = Arc<Mutex<BTreeMap<i64, (String, i64)>>>;
 
-/// Inserts events `ids` through the nodes on `ports` (starting at `first`), moving to the
-/// next node and retrying the same event (same id) when a statement fails.
-async fn write(ports: Arc<Mutex<Vec<u16>>>, first: usize, ids: Vec<i64>, acked: Acked) {
+/// What the writers share: the next event id, when to stop, and the node killed (whose
+/// statements may fail; a live node's may not).
+#[derive(Default)]
+struct Load {
+    next: AtomicI64,
+    stop: AtomicBool,
+    killed: Mutex<Option<u16>>,
+    ports: Mutex<Vec<u16>>,
+    acked: Acked,
+}
+
+/// Inserts events one per statement through the nodes (starting at `first`) until told to
+/// stop. A statement whose node was killed is in doubt: the same event (same id) goes
+/// again through the next node, and a retry of an applied event is a duplicate. A
+/// statement a live node fails, or leaves unanswered for 45 s (a reply lost in a
+/// failover), fails the test.
+async fn write(load: Arc<Load>, first: usize) {
     let mut at = first;
-    let mut client: Option<tokio_postgres::Client> = None;
-    for id in ids {
+    let mut client: Option<(u16, tokio_postgres::Client)> = None;
+    while !load.stop.load(Ordering::Acquire) {
+        let id = load.next.fetch_add(1, Ordering::AcqRel);
         let card = format!("c{}", id % 17);
         let amount = id % 100;
-        let sql = format!(
-            "INSERT INTO pay VALUES ({id}, '2026-01-01 10:00:00', '{card}', {amount})"
-        );
+        let sql =
+            format!("INSERT INTO pay VALUES ({id}, '2026-01-01 10:00:00', '{card}', {amount})");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             assert!(Instant::now() < deadline, "event {id} never went in");
             if client.is_none() {
                 let port = {
-                    let ports = ports.lock().unwrap();
+                    let ports = load.ports.lock().unwrap();
                     ports[at % ports.len()]
                 };
-                let conn = format!(
-                    "host=127.0.0.1 port={port} user=eddy dbname=eddy connect_timeout=2"
-                );
+                let conn =
+                    format!("host=127.0.0.1 port={port} user=eddy dbname=eddy connect_timeout=2");
                 match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
                     Ok((c, connection)) => {
                         tokio::spawn(connection);
-                        client = Some(c);
+                        client = Some((port, c));
                     }
                     Err(_) => {
                         at += 1;
@@ -125,35 +139,35 @@ async fn write(ports: Arc<Mutex<Vec<u16>>>, first: usize, ids: Vec<i64>, acked: 
                     }
                 }
             }
-            let c = client.as_ref().unwrap();
-            match tokio::time::timeout(Duration::from_secs(90), c.simple_query(&sql)).await {
-                Ok(Ok(_)) => {
-                    acked.lock().unwrap().insert(id, (card, amount));
-                    break;
-                }
-                // In doubt: the same event again, through the next node.
-                _ => {
-                    client = None;
-                    at += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            let (port, c) = client.as_ref().unwrap();
+            let result = tokio::time::timeout(Duration::from_secs(45), c.simple_query(&sql)).await;
+            if let Ok(Ok(_)) = result {
+                load.acked.lock().unwrap().insert(id, (card, amount));
+                break;
             }
+            let dead = *load.killed.lock().unwrap() == Some(*port);
+            assert!(
+                dead,
+                "event {id}: the live node on port {port} failed the statement: {result:?}"
+            );
+            // In doubt: the same event again, through the next node.
+            client = None;
+            at += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
 
-/// Writes `ids` split over three writers, one starting at each node.
-async fn write_all(ports: &Arc<Mutex<Vec<u16>>>, ids: std::ops::Range<i64>, acked: &Acked) {
-    let mut writers = Vec::new();
-    for w in 0..3 {
-        let mine: Vec<i64> = ids.clone().filter(|i| i % 3 == w).collect();
-        writers.push(tokio::spawn(write(
-            ports.clone(),
-            w as usize,
-            mine,
-            acked.clone(),
-        )));
-    }
+/// Starts three writers, one beginning at each node.
+fn start_writers(load: &Arc<Load>) -> Vec<tokio::task::JoinHandle<()>> {
+    load.stop.store(false, Ordering::Release);
+    (0..3)
+        .map(|w| tokio::spawn(write(load.clone(), w)))
+        .collect()
+}
+
+async fn stop_writers(load: &Arc<Load>, writers: Vec<tokio::task::JoinHandle<()>>) {
+    load.stop.store(true, Ordering::Release);
     for w in writers {
         w.await.unwrap();
     }
@@ -181,9 +195,7 @@ async fn check_every_node(ports: &[u16], acked: &Acked) {
                 .map(|m| {
                     m.iter()
                         .filter_map(|m| match m {
-                            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                                Some(common::text_row(r))
-                            }
+                            tokio_postgres::SimpleQueryMessage::Row(r) => Some(common::text_row(r)),
                             _ => None,
                         })
                         .collect::<Vec<_>>()
@@ -226,44 +238,60 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
             if simple_rows(&c, "SHOW METRICS").await.len() == 1 {
                 break;
             }
-            assert!(Instant::now() < deadline, "{} never learned the metric", n.id);
+            assert!(
+                Instant::now() < deadline,
+                "{} never learned the metric",
+                n.id
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     await_members(nodes[0].port, &["n1", "n2", "n3"]).await;
 
-    let ports = Arc::new(Mutex::new(nodes.iter().map(|n| n.port).collect::<Vec<_>>()));
-    let acked: Acked = Arc::default();
+    let load = Arc::new(Load::default());
+    *load.ports.lock().unwrap() = nodes.iter().map(|n| n.port).collect();
     let seed = rand::rng().random::<u64>();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     eprintln!("cluster test seed {seed}");
 
-    // Load through all three nodes; n2 dies with kill -9 at a random moment.
-    let kill_after = Duration::from_millis(rng.random_range(200..1500));
-    let load = {
-        let (ports, acked) = (ports.clone(), acked.clone());
-        tokio::spawn(async move { write_all(&ports, 0..600, &acked).await })
-    };
-    tokio::time::sleep(kill_after).await;
+    // Load through all three nodes; n2 dies with kill -9 at a random moment, and the load
+    // goes on past the session timeout, through the failover.
+    let writers = start_writers(&load);
+    tokio::time::sleep(Duration::from_millis(rng.random_range(300..2000))).await;
+    *load.killed.lock().unwrap() = Some(nodes[1].port);
     let mut killed = nodes[1].eddy.take().unwrap();
     killed.0.kill().unwrap();
     let _ = killed.0.wait();
-    load.await.unwrap();
+    let before = load.acked.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop_writers(&load, writers).await;
+    let during = load.acked.lock().unwrap().len() - before;
+    eprintln!("acknowledged: {before} before the kill, {during} after");
+    assert!(during > 0, "nothing was acknowledged after the kill");
     await_members(nodes[0].port, &["n1", "n3"]).await;
-    check_every_node(&[nodes[0].port, nodes[2].port], &acked).await;
+    check_every_node(&[nodes[0].port, nodes[2].port], &load.acked).await;
 
-    // n2 comes back on its stale data directory, then a fresh n4 joins.
+    // n2 comes back on its stale data directory, then a fresh n4 joins, under load.
     let dir = std::mem::replace(&mut nodes[1].dir, temp_dir("cluster-n2-unused"));
     nodes[1] = start_node(&cluster, "n2", dir);
+    *load.killed.lock().unwrap() = None;
+    *load.ports.lock().unwrap() = nodes.iter().map(|n| n.port).collect();
+    let writers = start_writers(&load);
     await_members(nodes[0].port, &["n1", "n2", "n3"]).await;
     nodes.push(start_node(&cluster, "n4", temp_dir("cluster-n4")));
-    *ports.lock().unwrap() = nodes.iter().map(|n| n.port).collect();
-    write_all(&ports, 600..900, &acked).await;
+    *load.ports.lock().unwrap() = nodes.iter().map(|n| n.port).collect();
     await_members(nodes[0].port, &["n1", "n2", "n3", "n4"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_writers(&load, writers).await;
 
     let all: Vec<u16> = nodes.iter().map(|n| n.port).collect();
-    check_every_node(&all, &acked).await;
-    assert_eq!(acked.lock().unwrap().len(), 900);
+    check_every_node(&all, &load.acked).await;
+    let issued = load.next.load(Ordering::Acquire) as usize;
+    assert_eq!(
+        load.acked.lock().unwrap().len(),
+        issued,
+        "every event was acknowledged"
+    );
     // Each task has two copies on two hosts.
     let client = connect_port(nodes[3].port).await;
     for row in simple_rows(&client, "SHOW TASKS").await {

@@ -51,12 +51,35 @@ impl Drop for Proc {
 }
 
 /// Starts a node and returns it with its PostgreSQL port, once it listens.
-fn node(a: &Args, kafka: &str, cluster: &str, id: &str, dir: &std::path::Path) -> Result<(Proc, u16)> {
+fn node(
+    a: &Args,
+    kafka: &str,
+    cluster: &str,
+    id: &str,
+    dir: &std::path::Path,
+) -> Result<(Proc, u16)> {
     let mut child = Command::new(a.bin_dir.join("eddy"))
-        .args(["serve", "--pg-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--shards", "1"])
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--shards",
+            "1",
+        ])
         .arg("--data-dir")
         .arg(dir)
-        .args(["--kafka", kafka, "--cluster", cluster, "--node-id", id, "--replicas", "2"])
+        .args([
+            "--kafka",
+            kafka,
+            "--cluster",
+            cluster,
+            "--node-id",
+            id,
+            "--replicas",
+            "2",
+        ])
         .args(["--host-id", &format!("host-{id}")])
         .args(["--session-timeout", &a.session_timeout.to_string()])
         .stderr(Stdio::piped())
@@ -108,7 +131,11 @@ async fn main() -> Result<()> {
     let work = std::env::temp_dir().join(format!("eddy-takeover-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let mut own_broker = None;
-    let kafka = match a.kafka.clone().or_else(|| std::env::var("EDDY_TEST_KAFKA").ok()) {
+    let kafka = match a
+        .kafka
+        .clone()
+        .or_else(|| std::env::var("EDDY_TEST_KAFKA").ok())
+    {
         Some(k) => k,
         None => {
             let dir = work.join("kafka");

@@ -69,7 +69,10 @@ impl ClusterPlan {
                 if p.active == node {
                     Some((t.clone(), true))
                 } else {
-                    p.replicas.iter().any(|r| r == node).then(|| (t.clone(), false))
+                    p.replicas
+                        .iter()
+                        .any(|r| r == node)
+                        .then(|| (t.clone(), false))
                 }
             })
             .collect()

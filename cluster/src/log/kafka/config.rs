@@ -158,7 +158,7 @@ impl KafkaConfig {
         let session = self.session_timeout.as_millis().max(1000);
         let mut c = self.consumer(&self.members_group());
         c.set("session.timeout.ms", session.to_string())
-            .set("heartbeat.interval.ms", (session / 6).max(100).to_string());
+            .set("heartbeat.interval.ms", (session / 12).max(100).to_string());
         self.with_properties(c)
     }
 }

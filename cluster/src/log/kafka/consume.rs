@@ -77,8 +77,11 @@ impl Role {
                 .map(|(i, _)| answers[*i].take().expect("one answer per event"))
                 .collect()
         });
-        let asks: Vec<(usize, ReplyTo)> =
-            asks.into_iter().enumerate().map(|(j, (_, r))| (j, r)).collect();
+        let asks: Vec<(usize, ReplyTo)> = asks
+            .into_iter()
+            .enumerate()
+            .map(|(j, (_, r))| (j, r))
+            .collect();
         s.unsent_events += asks.len();
         s.unsent.push_back((Instant::now(), asks, result));
         while s
@@ -195,8 +198,7 @@ impl Kafka {
         };
         let changed = {
             let mut held = self.tasks.held.lock().expect("held lock");
-            let changed =
-                held.len() != roles.len() || roles.keys().any(|t| !held.contains_key(t));
+            let changed = held.len() != roles.len() || roles.keys().any(|t| !held.contains_key(t));
             held.retain(|t, _| roles.contains_key(t));
             for (task, active) in roles {
                 let role = held.entry(task).or_default().clone();
@@ -240,7 +242,10 @@ impl Kafka {
     pub(crate) fn start_tasks(self: &Arc<Self>, shards: Shards) -> Result<()> {
         let consumer: BaseConsumer = self
             .config
-            .consumer(&format!("{}-tasks.{}", self.config.cluster, self.config.node))
+            .consumer(&format!(
+                "{}-tasks.{}",
+                self.config.cluster, self.config.node
+            ))
             .create()
             .map_err(|e| kafka_error("creating the task consumer", e))?;
         self.tasks.consuming.store(true, Ordering::Release);
@@ -284,8 +289,11 @@ impl Kafka {
             consumer.unassign()
         } else {
             // Fresh metadata first: a topic created a moment ago must not look unknown.
-            let topics: std::collections::BTreeSet<String> =
-                tpl.elements().iter().map(|e| e.topic().to_string()).collect();
+            let topics: std::collections::BTreeSet<String> = tpl
+                .elements()
+                .iter()
+                .map(|e| e.topic().to_string())
+                .collect();
             for topic in topics {
                 let _ = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
             }
@@ -362,7 +370,13 @@ impl Kafka {
                     partitioner,
                     partition: partition as u32,
                 };
-                let role = self.tasks.held.lock().expect("held lock").get(&task).cloned();
+                let role = self
+                    .tasks
+                    .held
+                    .lock()
+                    .expect("held lock")
+                    .get(&task)
+                    .cloned();
                 let Some(role) = role else {
                     continue; // no longer held: a later plan took it away
                 };

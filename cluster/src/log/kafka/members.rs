@@ -24,7 +24,7 @@ use crate::node::shards::tasks_of;
 use crate::route::TaskId;
 
 /// How often the group is described and, on the leader, the plan checked.
-const DESCRIBE_EVERY: Duration = Duration::from_millis(300);
+const DESCRIBE_EVERY: Duration = Duration::from_millis(100);
 /// A plan published but not read back within this is published again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(5);
 
@@ -62,8 +62,7 @@ impl Kafka {
 
     /// Returns once the newest plan places this node and exactly the tasks of `catalog`.
     pub(super) async fn await_plan(&self, catalog: &Catalog) -> Result<()> {
-        let tasks: std::collections::BTreeSet<TaskId> =
-            tasks_of(catalog).map(|(_, t)| t).collect();
+        let tasks: std::collections::BTreeSet<TaskId> = tasks_of(catalog).map(|(_, t)| t).collect();
         let me = self.config.node.clone();
         let covered = || {
             Ok(self
@@ -169,12 +168,18 @@ impl Kafka {
                 continue;
             }
             described = Instant::now();
-            let Some(alive) = describe(&group, &self.config.members_group()) else {
+            let Some((stable, listed)) = describe(&group, &self.config.members_group()) else {
                 continue;
             };
             let next = {
                 let mut view = self.members.view.write().expect("view lock");
-                view.alive = alive;
+                if stable {
+                    view.alive = listed;
+                } else {
+                    // While the group rebalances, only departures count: a member whose
+                    // session expired is gone at once, a joining one waits for stability.
+                    view.alive.retain(|m| listed.binary_search(m).is_ok());
+                }
                 view.next_plan(&self.config.node, self.config.replicas)
             };
             let Some(plan) = next else {
@@ -225,14 +230,14 @@ impl Kafka {
     }
 }
 
-/// The live members of the group, when it is stable: node ids from the `eddy-<node>`
-/// client ids, sorted.
-fn describe(group: &BaseConsumer, name: &str) -> Option<Vec<String>> {
+/// The members of the group (node ids from the `eddy-<node>` client ids, sorted), and
+/// whether the group is stable.
+fn describe(group: &BaseConsumer, name: &str) -> Option<(bool, Vec<String>)> {
     let list = group
         .fetch_group_list(Some(name), Duration::from_secs(2))
         .ok()?;
     let g = list.groups().iter().find(|g| g.name() == name)?;
-    if g.state() != "Stable" {
+    if g.members().is_empty() {
         return None;
     }
     let mut alive: Vec<String> = g
@@ -242,5 +247,5 @@ fn describe(group: &BaseConsumer, name: &str) -> Option<Vec<String>> {
         .collect();
     alive.sort();
     alive.dedup();
-    Some(alive)
+    Some((g.state() == "Stable", alive))
 }

@@ -161,7 +161,10 @@ impl Kafka {
 
     /// The peer service's socket, once: whoever serves it takes it.
     pub fn take_peer_listener(&self) -> Option<std::net::TcpListener> {
-        self.peer_listener.lock().expect("peer listener lock").take()
+        self.peer_listener
+            .lock()
+            .expect("peer listener lock")
+            .take()
     }
 
     /// The end of a topic partition (the offset its next record will get).
