@@ -193,7 +193,6 @@ impl Db {
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
         });
-        crate::cluster::follow_catalog(&db);
         let weak = Arc::downgrade(&db);
         tokio::spawn(async move {
             loop {

@@ -45,6 +45,7 @@ impl Server {
             config.kafka.clone(),
         )
         .await?;
+        crate::cluster::follow_catalog(&db);
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
         let http = match config.http_addr {
