@@ -1,14 +1,18 @@
-//! Failover of a real cluster on loopback: three `eddy serve --kafka` processes (three host
-//! ids, two copies of every task) and one client scoring events one per round trip
-//! (`INSERT … RETURNING`) through node n1. Node n2 is killed with SIGKILL partway. Prints one
-//! JSON object:
+//! A real cluster on loopback: `eddy serve --kafka` processes, one per host id, two copies
+//! of every task. Prints one JSON object.
+//!
+//! `--mode takeover` (three nodes): one client scores events one per round trip
+//! (`INSERT … RETURNING`) through node n1, and node n2 is killed with SIGKILL partway:
 //! - `takeover_ms`: from the kill to the first reply for a task n2 held active;
 //! - the latency of every statement across the run (p50 … max), and how many failed.
+//!
+//! `--mode throughput --nodes N`: three clients per node insert 100-row statements through
+//! every node for `--after` seconds; events acknowledged per second.
 //!
 //! Needs a broker: `--kafka ADDR`, or `EDDY_TEST_KAFKA`, or it starts one with
 //! `.ci/kafka start` (and stops it).
 //!
-//! `cargo run --release -p eddy-bench --bin takeover -- --bin-dir target/release`
+//! `cargo run --release -p eddy-bench --bin cluster -- --bin-dir target/release --mode takeover`
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -24,6 +28,12 @@ use eddy_planner::types::Value;
 
 #[derive(clap::Parser)]
 struct Args {
+    /// `takeover` or `throughput`.
+    #[arg(long, default_value = "takeover")]
+    mode: String,
+    /// Nodes, for `throughput`.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
     /// Where the `eddy` binary is.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
@@ -157,6 +167,101 @@ async fn main() -> Result<()> {
 }
 
 async fn run(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
+    match a.mode.as_str() {
+        "takeover" => takeover(a, kafka, work).await,
+        "throughput" => throughput(a, kafka, work).await,
+        other => bail!("unknown --mode {other}: takeover or throughput"),
+    }
+}
+
+async fn throughput(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
+    let cluster = format!("throughput{}", std::process::id());
+    let mut nodes = Vec::new();
+    for n in 1..=a.nodes {
+        let id = format!("n{n}");
+        nodes.push(node(a, kafka, &cluster, &id, &work.join(&id))?);
+    }
+    let client = connect(nodes[0].1).await?;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 12); \
+             CREATE METRIC spend AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
+             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;",
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let alive = rows(&client, "SHOW CLUSTER").await?;
+        let placed = rows(&client, "SHOW TASKS").await?;
+        let on: BTreeSet<&str> = placed.iter().map(|r| r[3].as_str()).collect();
+        if alive.iter().filter(|r| r[4] == "t").count() == a.nodes && on.len() == a.nodes {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the cluster did not settle: {alive:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every node has learned the DDL (within moments, from the catalog topic).
+    for (_, port) in &nodes {
+        let c = connect(*port).await?;
+        while rows(&c, "SHOW METRICS").await?.is_empty() {
+            if Instant::now() > deadline {
+                bail!("a node did not learn the catalog");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let run_for = Duration::from_secs_f64(a.after);
+    let mut writers = Vec::new();
+    for (w, (_, port)) in nodes
+        .iter()
+        .flat_map(|n| std::iter::repeat_n(n, 3))
+        .enumerate()
+    {
+        let port = *port;
+        writers.push(tokio::spawn(async move {
+            let client = connect(port).await?;
+            let started = Instant::now();
+            let mut events = 0u64;
+            while started.elapsed() < run_for {
+                let now = chrono::Utc::now()
+                    .naive_utc()
+                    .format("%Y-%m-%d %H:%M:%S%.3f");
+                let values: Vec<String> = (0..100)
+                    .map(|i| {
+                        format!(
+                            "('{now}', 'c{}', 1)",
+                            (w as u64 * 7919 + events + i) % 10_000
+                        )
+                    })
+                    .collect();
+                client
+                    .batch_execute(&format!("INSERT INTO pay VALUES {}", values.join(",")))
+                    .await?;
+                events += 100;
+            }
+            anyhow::Ok((events, started.elapsed()))
+        }));
+    }
+    let (mut events, mut longest) = (0u64, Duration::ZERO);
+    for w in writers {
+        let (n, took) = w.await??;
+        events += n;
+        longest = longest.max(took);
+    }
+    Ok(serde_json::json!({
+        "mode": "throughput",
+        "nodes": a.nodes,
+        "clients": a.nodes * 3,
+        "rows_per_statement": 100,
+        "events": events,
+        "events_per_sec": (events as f64 / longest.as_secs_f64()).round(),
+    }))
+}
+
+async fn takeover(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
     let cluster = format!("takeover{}", std::process::id());
     let mut nodes = Vec::new();
     for id in ["n1", "n2", "n3"] {
@@ -229,6 +334,7 @@ async fn run(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json
     }
     let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
     Ok(serde_json::json!({
+        "mode": "takeover",
         "nodes": 3,
         "replicas": 2,
         "session_timeout_s": a.session_timeout,
