@@ -48,19 +48,13 @@ pub(crate) fn follow_catalog(db: &Arc<Db>) {
     });
 }
 
-/// Reads the catalog topic and, if it differs from this node's catalog, installs it.
+/// Takes the catalog topic as the cluster reader has read it and, if it differs from this node's catalog, installs it.
 async fn adopt(db: &Arc<Db>) -> Result<()> {
     let _guard = db.ddl.lock().await;
-    let reader = db.clone();
-    let statements = tokio::task::spawn_blocking(move || {
-        reader
-            .engine()
-            .log_as::<Kafka>()
-            .map(|k| k.read_catalog())
-            .unwrap_or_else(|| Ok(Vec::new()))
-    })
-    .await
-    .map_err(|e| eddy_planner::Error::internal(e.to_string()))??;
+    let statements = match db.engine().log_as::<Kafka>() {
+        Some(kafka) => kafka.followed_catalog(),
+        None => return Ok(()),
+    };
     let next = catalog_of(&statements)?;
     let current = db.catalog();
     if same(&current, &next) {

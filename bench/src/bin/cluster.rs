@@ -174,32 +174,44 @@ async fn run(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json
     }
 }
 
-async fn throughput(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
-    let cluster = format!("throughput{}", std::process::id());
+/// Starts `count` nodes (n1, n2, …, each its own host), creates the stream (with
+/// `partitions` tasks) and its metric through n1, and returns once every node is alive,
+/// every task has its copies, and every node has learned the catalog.
+async fn start_cluster(
+    a: &Args,
+    kafka: &str,
+    work: &std::path::Path,
+    name: &str,
+    count: usize,
+    partitions: u32,
+) -> Result<(Vec<(Proc, u16)>, tokio_postgres::Client)> {
+    let cluster = format!("{name}{}", std::process::id());
     let mut nodes = Vec::new();
-    for n in 1..=a.nodes {
+    for n in 1..=count {
         let id = format!("n{n}");
         nodes.push(node(a, kafka, &cluster, &id, &work.join(&id))?);
     }
     let client = connect(nodes[0].1).await?;
     client
-        .batch_execute(
+        .batch_execute(&format!(
             "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
-             WITH (event_time = 'ts', partition_by = 'card', partitions = 12); \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}); \
              CREATE METRIC spend AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
-             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;",
-        )
+             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;"
+        ))
         .await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let alive = rows(&client, "SHOW CLUSTER").await?;
-        let placed = rows(&client, "SHOW TASKS").await?;
-        let on: BTreeSet<&str> = placed.iter().map(|r| r[3].as_str()).collect();
-        if alive.iter().filter(|r| r[4] == "t").count() == a.nodes && on.len() == a.nodes {
+        let tasks = rows(&client, "SHOW TASKS").await?;
+        let live = alive.iter().filter(|r| r[4] == "t").count();
+        let on: BTreeSet<&str> = tasks.iter().map(|r| r[3].as_str()).collect();
+        let copies = count == 1 || tasks.iter().all(|r| !r[4].is_empty());
+        if live == count && on.len() == count && copies {
             break;
         }
         if Instant::now() > deadline {
-            bail!("the cluster did not settle: {alive:?}");
+            bail!("the cluster did not settle: {alive:?} {tasks:?}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -213,6 +225,11 @@ async fn throughput(a: &Args, kafka: &str, work: &std::path::Path) -> Result<ser
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    Ok((nodes, client))
+}
+
+async fn throughput(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
+    let (nodes, _client) = start_cluster(a, kafka, work, "throughput", a.nodes, 12).await?;
     let run_for = Duration::from_secs_f64(a.after);
     let mut writers = Vec::new();
     for (w, (_, port)) in nodes
@@ -262,40 +279,13 @@ async fn throughput(a: &Args, kafka: &str, work: &std::path::Path) -> Result<ser
 }
 
 async fn takeover(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
-    let cluster = format!("takeover{}", std::process::id());
-    let mut nodes = Vec::new();
-    for id in ["n1", "n2", "n3"] {
-        let dir = work.join(id);
-        nodes.push(node(a, kafka, &cluster, id, &dir)?);
-    }
-    let client = connect(nodes[0].1).await?;
-    client
-        .batch_execute(
-            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
-             WITH (event_time = 'ts', partition_by = 'card', partitions = 6); \
-             CREATE METRIC spend AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
-             WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;",
-        )
-        .await?;
-    // Wait for three live nodes and tasks placed on all of them.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let n2_tasks: BTreeSet<u32> = loop {
-        let alive = rows(&client, "SHOW CLUSTER").await?;
-        let tasks = rows(&client, "SHOW TASKS").await?;
-        let live = alive.iter().filter(|r| r[4] == "t").count();
-        let on_n2: BTreeSet<u32> = tasks
-            .iter()
-            .filter(|r| r[3] == "n2")
-            .map(|r| r[2].parse().unwrap_or(0))
-            .collect();
-        if live == 3 && !on_n2.is_empty() && tasks.iter().all(|r| !r[4].is_empty()) {
-            break on_n2;
-        }
-        if Instant::now() > deadline {
-            bail!("the cluster did not settle: {alive:?} {tasks:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (mut nodes, client) = start_cluster(a, kafka, work, "takeover", 3, 6).await?;
+    let n2_tasks: BTreeSet<u32> = rows(&client, "SHOW TASKS")
+        .await?
+        .iter()
+        .filter(|r| r[3] == "n2")
+        .map(|r| r[2].parse().unwrap_or(0))
+        .collect();
     let insert = client
         .prepare("INSERT INTO pay VALUES ($1, $2, $3) RETURNING spend.n")
         .await?;

@@ -162,12 +162,6 @@ impl View {
             tasks,
         })
     }
-
-    /// The facts of the node a task is active on, if the plan places it.
-    pub fn active_of(&self, task: &TaskId) -> Option<&NodeFacts> {
-        let p = self.plan.placement(task)?;
-        self.facts.get(&p.active)
-    }
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ impl Kafka {
             .map_err(|e| kafka_error("creating the catalog reader", e))?;
         let catalog = self.config.catalog_topic();
         let (low, high) = watermarks(consumer.client(), &catalog, 0)?;
-        let mut latest: HashMap<String, (i64, Option<String>)> = HashMap::new();
+        let mut latest = Latest::new();
         if high > low {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(&catalog, 0, Offset::Beginning)
@@ -91,11 +91,22 @@ impl Kafka {
                 latest.insert(key, (m.offset(), sql));
             }
         }
-        let mut live: Vec<(bool, i64, String)> = latest
-            .into_iter()
-            .filter_map(|(key, (offset, sql))| Some((!key.starts_with("stream/"), offset, sql?)))
-            .collect();
-        live.sort();
-        Ok(live.into_iter().map(|(_, _, sql)| sql).collect())
+        Ok(live_statements(&latest))
     }
+}
+
+/// The catalog topic's last record per key: (offset, statement, or `None` once dropped).
+pub(super) type Latest = HashMap<String, (i64, Option<String>)>;
+
+/// The statements of the live objects, streams first, each kind in the order it was last
+/// written.
+pub(super) fn live_statements(latest: &Latest) -> Vec<String> {
+    let mut live: Vec<(bool, i64, &String)> = latest
+        .iter()
+        .filter_map(|(key, (offset, sql))| {
+            Some((!key.starts_with("stream/"), *offset, sql.as_ref()?))
+        })
+        .collect();
+    live.sort();
+    live.into_iter().map(|(_, _, sql)| sql.clone()).collect()
 }

@@ -6,7 +6,7 @@
 //! topic, so the leader and every other node apply plans in one order.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -17,6 +17,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::{Error, Result};
 
+use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
 use super::Kafka;
 use crate::membership::{ClusterPlan, NodeFacts, View};
@@ -34,6 +35,8 @@ pub(super) struct Members {
     pub(super) view: Arc<RwLock<View>>,
     /// Catalog records read since start: another node's DDL shows up here.
     pub(super) catalog_records: Arc<AtomicU64>,
+    /// The catalog topic as read so far: its last record per key.
+    catalog: Mutex<Latest>,
     /// Whether the membership thread runs.
     pub(super) started: std::sync::atomic::AtomicBool,
 }
@@ -52,6 +55,12 @@ impl Kafka {
     /// Catalog records read since start; it changes when any node's DDL does.
     pub fn catalog_records(&self) -> u64 {
         self.members.catalog_records.load(Ordering::Acquire)
+    }
+
+    /// The catalog's statements as the cluster reader has read its topic so far (as
+    /// `read_catalog` returns them, without reading the topic again).
+    pub fn followed_catalog(&self) -> Vec<String> {
+        live_statements(&self.members.catalog.lock().expect("catalog lock"))
     }
 
     /// The tasks of a new catalog, for the plans this node makes while it leads.
@@ -156,6 +165,11 @@ impl Kafka {
             while let Some(Ok(m)) = tail.poll(wait) {
                 wait = Duration::ZERO;
                 if m.topic() == catalog {
+                    let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                    let sql = m.payload().map(|p| String::from_utf8_lossy(p).into_owned());
+                    let mut latest = self.members.catalog.lock().expect("catalog lock");
+                    latest.insert(key, (m.offset(), sql));
+                    drop(latest);
                     self.members.catalog_records.fetch_add(1, Ordering::AcqRel);
                     continue;
                 }
