@@ -18,6 +18,7 @@ use crate::exec::groups::CacheStats;
 use crate::exec::task::{MetricValues, PendingRecord};
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::node::durable::TaskMeta;
+use crate::node::transfer::Staged;
 use crate::route::TaskId;
 
 /// Per-task counters for SHOW STREAMS.
@@ -105,6 +106,13 @@ pub(crate) enum Command {
         /// Only these partitions (of partitioner 0); `None`: all.
         partitions: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<Vec<Row>>>,
+    },
+    /// Replace a task with a checkpoint received from a peer; answers the log offset
+    /// it resumes from.
+    Install {
+        task: TaskId,
+        staged: Staged,
+        reply: oneshot::Sender<Result<u64>>,
     },
     Report(oneshot::Sender<Vec<TaskReport>>),
     Watch {

@@ -24,6 +24,7 @@ use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::log::{EventLog, LogFuture};
 use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
+use crate::node::transfer::Staged;
 use crate::route::{partition_for, route, shard_of, TaskId};
 
 /// The reply for one inserted event: each partitioner's outcome, and the values of every
@@ -240,6 +241,22 @@ impl Engine {
         c.total_micros_total
             .fetch_add(total.as_micros() as u64, Ordering::Relaxed);
         Ok((sync, total))
+    }
+
+    /// Replaces a task with a checkpoint received from a peer (`node::transfer`), on
+    /// the task's shard, between checkpoints (the store must not be held meanwhile).
+    /// Returns the log offset the task resumes from.
+    pub async fn install_task(&self, task: &TaskId, staged: Staged) -> Result<u64> {
+        let _one = self.checkpointing.lock().await;
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let shard = shard_of(task, self.shards());
+        let cmd = Command::Install {
+            task: task.clone(),
+            staged,
+            reply,
+        };
+        self.shards.send(shard, cmd).await?;
+        rx.await.map_err(|_| engine_gone())?
     }
 
     /// The node's log.

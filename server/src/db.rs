@@ -778,6 +778,41 @@ impl Db {
             "Group states written to RocksDB (evictions and checkpoint flushes).",
             all(&|r| r.cache.writes),
         );
+        if let Some(storage) = self.engine.storage() {
+            let t = &storage.transfers;
+            let load = |a: &std::sync::atomic::AtomicU64| {
+                a.load(std::sync::atomic::Ordering::Relaxed) as f64
+            };
+            for (name, help, counter) in [
+                (
+                    "eddy_transfer_sent_bytes_total",
+                    "Bytes of task checkpoints sent to peers.",
+                    &t.sent_bytes,
+                ),
+                (
+                    "eddy_transfer_received_bytes_total",
+                    "Bytes of task checkpoints received from peers.",
+                    &t.received_bytes,
+                ),
+                (
+                    "eddy_transfer_reused_bytes_total",
+                    "Bytes of segment files a recovering task already had, not sent again.",
+                    &t.reused_bytes,
+                ),
+                (
+                    "eddy_transfers_installed_total",
+                    "Task checkpoints received from peers and installed.",
+                    &t.installed,
+                ),
+                (
+                    "eddy_transfers_rejected_total",
+                    "Checkpoint transfers rejected (a checksum, order, or a transfer cut short).",
+                    &t.rejected,
+                ),
+            ] {
+                family(name, "counter", help, vec![(String::new(), load(counter))]);
+            }
+        }
         let c = &self.engine.checkpoints;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         family(
@@ -877,6 +912,26 @@ impl Db {
                 roles
                     .keys()
                     .filter_map(|t| offsets.get(t).map(|o| (task_label(t), *o as f64)))
+                    .collect(),
+            );
+            let engine = self.engine.clone();
+            let progress = tokio::task::spawn_blocking(move || {
+                engine
+                    .log_as::<eddy_cluster::log::Kafka>()
+                    .map(|k| k.progress())
+                    .unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default();
+            family(
+                "eddy_task_lag",
+                "gauge",
+                "Records of each held task's partition not applied yet.",
+                progress
+                    .iter()
+                    .filter_map(|(t, (at, high))| {
+                        Some((task_label(t), (high.as_ref()? - at).max(0) as f64))
+                    })
                     .collect(),
             );
             family(

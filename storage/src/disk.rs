@@ -215,6 +215,53 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, ReservoirError> {
     Ok(out)
 }
 
+/// The segment files a reservoir checkpoint `mark` needs, each with the bytes of it
+/// the mark covers, oldest first: what a peer recovering the task must receive. The
+/// segments the checkpoint left for retention to delete are not among them.
+pub fn checkpoint_files(dir: &Path, mark: &[u8]) -> Result<Vec<(PathBuf, u64)>, ReservoirError> {
+    let mark = Mark::decode(mark)
+        .ok_or_else(|| err(format!("{}: unreadable reservoir checkpoint mark", dir.display())))?;
+    if mark.next_chunk == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (id, path) in list_segments(dir)? {
+        if id > mark.last_segment {
+            continue;
+        }
+        let len = if id == mark.last_segment {
+            mark.last_segment_bytes
+        } else {
+            fs::metadata(&path).map_err(|e| io_err(&path, e))?.len()
+        };
+        // A segment whose newest chunk is at or below the floor holds nothing live.
+        if id < mark.last_segment && last_key_of(&path, len)?.is_some_and(|t| t <= mark.floor) {
+            continue;
+        }
+        out.push((path, len));
+    }
+    Ok(out)
+}
+
+/// The event time of the last chunk in the first `limit` bytes of a segment.
+fn last_key_of(path: &Path, limit: u64) -> Result<Option<i64>, ReservoirError> {
+    let mut file = File::open(path).map_err(|e| io_err(path, e))?;
+    let mut header = [0u8; HEADER_BYTES];
+    let (mut offset, mut last) = (0u64, None);
+    while offset < limit {
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|e| io_err(path, e))?;
+        let h = file
+            .read_exact(&mut header)
+            .ok()
+            .and_then(|_| ChunkHeader::decode(&header))
+            .ok_or_else(|| err(format!("{}: no valid chunk header at byte {offset}", path.display())))?;
+        last = Some(h.last.0);
+        offset += HEADER_BYTES as u64 + h.payload_len as u64;
+    }
+    Ok(last)
+}
+
 /// Reads and checks one chunk's payload, then decodes it.
 fn read_chunk<E>(
     path: &Path,

@@ -222,6 +222,63 @@ fn batch_of(overlay: &Overlay) -> impl Iterator<Item = Put<'_>> {
         .map(|((f, k), v)| (*f, k.as_slice(), v.as_deref()))
 }
 
+/// The smallest key above every key that starts with `prefix`; `None` when there is
+/// none (all 0xFF).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// A committed checkpoint of a `RocksStore`, opened read-only: what a node sends a peer
+/// that recovers a task from it.
+pub struct FrozenStore {
+    db: rocksdb::DB,
+}
+
+impl FrozenStore {
+    pub fn open(path: &Path) -> Result<FrozenStore, StateError> {
+        let options = rocksdb::Options::default();
+        let names = Family::ALL.iter().map(|f| f.name());
+        let db = rocksdb::DB::open_cf_for_read_only(&options, path, names, false)
+            .map_err(rocks_error)?;
+        Ok(FrozenStore { db })
+    }
+
+    fn cf(&self, family: Family) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(family.name())
+            .expect("every family is in a checkpoint")
+    }
+
+    pub fn get(&self, family: Family, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db.get_cf(self.cf(family), key).map_err(rocks_error)
+    }
+
+    /// Calls `f` with every entry of `family` under `prefix`, in key order, one at a
+    /// time (memory stays bounded), until it returns false.
+    pub fn for_prefix(
+        &self,
+        family: Family,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StateError> {
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        for entry in self.db.iterator_cf(self.cf(family), mode) {
+            let (k, v) = entry.map_err(rocks_error)?;
+            if !k.starts_with(prefix) || !f(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn rocks_error(e: rocksdb::Error) -> StateError {
     StateError(e.into_string())
 }
@@ -278,6 +335,49 @@ impl RocksStore {
             db,
             held: RwLock::new(None),
         })
+    }
+
+    /// Replaces every entry under `prefix` in `families` with the batches `next` gives
+    /// (until it gives `None`), straight in the database; returns how many entries were
+    /// written. For a task given a checkpoint from elsewhere, while no writer touches its
+    /// keys. Fails while the store is held: a checkpoint would see half of it.
+    pub fn replace_prefix(
+        &self,
+        families: &[Family],
+        prefix: &[u8],
+        next: &mut dyn FnMut() -> Result<Option<Vec<OwnedPut>>, StateError>,
+    ) -> Result<u64, StateError> {
+        let held = self.held.read().expect("hold lock");
+        if held.is_some() {
+            return Err(StateError("the store is held by a checkpoint".into()));
+        }
+        for family in families {
+            let cf = self.cf(*family);
+            match successor(prefix) {
+                Some(end) => self
+                    .db
+                    .delete_range_cf(cf, prefix, &end)
+                    .map_err(rocks_error)?,
+                None => {
+                    let keys: Vec<Box<[u8]>> = self
+                        .db
+                        .prefix_iterator_cf(cf, prefix)
+                        .map_while(|r| r.ok())
+                        .take_while(|(k, _)| k.starts_with(prefix))
+                        .map(|(k, _)| k)
+                        .collect();
+                    for k in keys {
+                        self.db.delete_cf(cf, k).map_err(rocks_error)?;
+                    }
+                }
+            }
+        }
+        let mut written = 0;
+        while let Some(batch) = next()? {
+            written += batch.len() as u64;
+            self.write_db(&puts(&batch))?;
+        }
+        Ok(written)
     }
 
     /// Writer `id`'s handle on the store: reads and writes go through writers.

@@ -796,6 +796,17 @@ impl Task {
         self.rebind_watches();
     }
 
+    /// Detaches every subscription, to attach them to the task that replaces this one.
+    pub fn take_watches(&mut self) -> Vec<(WatchId, WatchTarget, Arc<dyn Watcher>)> {
+        let taken = self
+            .watches
+            .drain(..)
+            .map(|w| (w.id, w.target, w.watcher))
+            .collect();
+        self.rebind_watches();
+        taken
+    }
+
     /// Ends every subscription attached to this task (the task goes away).
     pub fn end_watches(&mut self, error: &Error) {
         for w in self.watches.drain(..) {

@@ -25,6 +25,7 @@ const STATE_DIR: &str = "state";
 const RESERVOIR_DIR: &str = "reservoir";
 const CHECKPOINT_DIR: &str = "checkpoints";
 const CURRENT: &str = "CURRENT";
+const TRANSFERS_DIR: &str = "transfers";
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| Error::internal(format!("{}: {e}", path.display()))
@@ -78,6 +79,8 @@ pub struct NodeStorage {
     pub config: StorageConfig,
     /// The number of the last committed checkpoint.
     current: std::sync::Mutex<Option<u64>>,
+    /// Checkpoints sent to and received from peers.
+    pub transfers: super::transfer::TransferStats,
 }
 
 impl std::fmt::Debug for NodeStorage {
@@ -88,7 +91,7 @@ impl std::fmt::Debug for NodeStorage {
     }
 }
 
-fn copy_checkpoint(from: &Path, to: &Path) -> Result<()> {
+pub(super) fn copy_checkpoint(from: &Path, to: &Path) -> Result<()> {
     if to.exists() {
         fs::remove_dir_all(to).map_err(io(to))?;
     }
@@ -131,6 +134,11 @@ impl NodeStorage {
                 }
             }
         }
+        // Transfers that never finished.
+        let transfers = root.join(TRANSFERS_DIR);
+        if transfers.exists() {
+            fs::remove_dir_all(&transfers).map_err(io(&transfers))?;
+        }
         // Checkpoints that never got committed.
         for entry in fs::read_dir(&checkpoints).map_err(io(&checkpoints))? {
             let path = entry.map_err(io(&checkpoints))?.path();
@@ -149,6 +157,7 @@ impl NodeStorage {
             io: IoThread::start("eddy-io"),
             config,
             current: std::sync::Mutex::new(current),
+            transfers: Default::default(),
         })
     }
 
@@ -164,7 +173,35 @@ impl NodeStorage {
         }
     }
 
-    fn reservoir_dir(&self, task: &TaskId) -> PathBuf {
+    /// Where transfers of checkpoints between nodes are staged.
+    pub(super) fn transfers_dir(&self) -> PathBuf {
+        self.root.join(TRANSFERS_DIR)
+    }
+
+    /// The number of the last committed checkpoint, locked: no commit happens meanwhile.
+    pub(super) fn current_lock(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.current.lock().expect("checkpoint lock")
+    }
+
+    pub(super) fn checkpoint_path(&self, n: u64) -> PathBuf {
+        checkpoint_dir(&self.root, n)
+    }
+
+    /// Makes `staged` (a directory of segment files) the task's reservoir directory.
+    pub fn replace_reservoir(&self, task: &TaskId, staged: &Path) -> Result<()> {
+        let dir = self.reservoir_dir(task);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&dir)(e)),
+        }
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        fs::rename(staged, &dir).map_err(io(&dir))
+    }
+
+    pub(super) fn reservoir_dir(&self, task: &TaskId) -> PathBuf {
         self.root
             .join(RESERVOIR_DIR)
             .join(dir_name(&task.stream))

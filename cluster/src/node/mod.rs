@@ -4,3 +4,4 @@
 
 pub mod durable;
 pub mod shards;
+pub mod transfer;

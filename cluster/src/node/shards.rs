@@ -19,7 +19,8 @@ use crate::command::{
 };
 use crate::exec::events::Row;
 use crate::exec::task::Task;
-use crate::node::durable::{task_meta_key, NodeStorage, TaskMeta};
+use crate::node::durable::{task_meta_key, task_prefix, NodeStorage, TaskMeta};
+use crate::node::transfer::{Staged, STATE_FAMILIES};
 use crate::route::{shard_of, TaskId};
 
 /// Commands waiting per shard before senders wait.
@@ -189,6 +190,8 @@ struct Shard {
     storage: Option<Arc<NodeStorage>>,
     /// The first catalog installed restores tasks from the last checkpoint.
     restored: bool,
+    /// The catalog installed last.
+    catalog: Arc<Catalog>,
 }
 
 impl Shard {
@@ -199,6 +202,7 @@ impl Shard {
             tasks: BTreeMap::new(),
             storage,
             restored: false,
+            catalog: Arc::default(),
         }
     }
 
@@ -236,7 +240,6 @@ impl Shard {
         let Some(storage) = &self.storage else {
             return Ok(Task::new(stream.clone(), p));
         };
-        let task_storage = storage.task_storage(id, self.index);
         let meta = if self.restored {
             None
         } else {
@@ -247,13 +250,37 @@ impl Shard {
                 .map_err(|e| Error::internal(e.to_string()))?
                 .pop()
                 .flatten()
-                .map(|bytes| {
-                    TaskMeta::decode(&bytes).ok_or_else(|| {
-                        Error::internal(format!("unreadable checkpoint record of task {id:?}"))
-                    })
-                })
-                .transpose()?
         };
+        match self.open_from(id, stream, p, meta.as_deref()) {
+            Ok(task) => Ok(task),
+            // Its files do not match its record (a crash during a transfer from a peer):
+            // the task starts empty, and its log (or a peer) brings it back.
+            Err(e) if meta.is_some() => {
+                eprintln!("eddy: task {id:?} starts empty: {e}");
+                self.open_from(id, stream, p, None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A task on disk, as the checkpoint record `meta` left it (with its state already
+    /// in the store and its segment files in place), or empty.
+    fn open_from(
+        &self,
+        id: &TaskId,
+        stream: &Arc<StreamDef>,
+        p: usize,
+        meta: Option<&[u8]>,
+    ) -> Result<Task> {
+        let storage = self.storage.as_ref().expect("a task on disk");
+        let task_storage = storage.task_storage(id, self.index);
+        let meta = meta
+            .map(|bytes| {
+                TaskMeta::decode(bytes).ok_or_else(|| {
+                    Error::internal(format!("unreadable checkpoint record of task {id:?}"))
+                })
+            })
+            .transpose()?;
         let Some(meta) = meta else {
             return Task::open(stream.clone(), p, task_storage, None);
         };
@@ -274,6 +301,48 @@ impl Shard {
             task_storage,
             Some((&meta.checkpoint, &metrics)),
         )
+    }
+
+    /// Replaces a task with a checkpoint received from a peer: its group states, its
+    /// segment files, then the task as the record left it, running the current metrics,
+    /// with its subscriptions moved over. Returns the log offset it resumes from; after
+    /// a failure once the old state was removed, the task is empty and that is 0.
+    fn install(&mut self, id: &TaskId, staged: Staged) -> Result<u64> {
+        let storage = self.storage.clone().ok_or_else(|| Error::internal("no storage"))?;
+        let catalog = self.catalog.clone();
+        let stream = catalog
+            .stream(&id.stream)
+            .filter(|_| self.tasks.contains_key(id))
+            .cloned()
+            .ok_or_else(|| Error::internal(format!("task {id:?} is not on this shard")))?;
+        let mut batches = staged.batches()?;
+        let mut old = self.tasks.remove(id).expect("checked");
+        let watches = old.take_watches();
+        drop(old);
+        let installed = (|| {
+            storage
+                .store
+                .replace_prefix(&STATE_FAMILIES, &task_prefix(id), &mut batches)
+                .map_err(|e| Error::internal(e.to_string()))?;
+            storage.replace_reservoir(id, &staged.reservoir())?;
+            self.open_from(id, &stream, id.partitioner, Some(&staged.meta))
+        })();
+        let mut task = match installed {
+            Ok(task) => task,
+            Err(e) => {
+                eprintln!("eddy: installing a checkpoint of task {id:?} failed, it starts empty: {e}");
+                let _ = storage.store.replace_prefix(&STATE_FAMILIES, &task_prefix(id), &mut || Ok(None));
+                self.open_from(id, &stream, id.partitioner, None)?
+            }
+        };
+        task.set_stream(stream.clone());
+        task.set_metrics(&catalog.metrics_of(&stream.name))?;
+        for (wid, target, watcher) in watches {
+            task.watch(wid, target, watcher);
+        }
+        let end = task.log_end;
+        self.tasks.insert(id.clone(), task);
+        Ok(end)
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
@@ -302,6 +371,13 @@ impl Shard {
                         ))),
                     };
                     reply(result);
+                }
+                Command::Install {
+                    task,
+                    staged,
+                    reply,
+                } => {
+                    let _ = reply.send(self.install(&task, staged));
                 }
                 Command::Checkpoint { reply } => {
                     let _ = reply.send(self.checkpoint());
@@ -379,7 +455,7 @@ impl Shard {
         }
     }
 
-    fn apply_catalog(&mut self, catalog: &Catalog) -> Result<()> {
+    fn apply_catalog(&mut self, catalog: &Arc<Catalog>) -> Result<()> {
         // Tasks of dropped (or re-created) streams go away with their state.
         let gone: Vec<TaskId> = self
             .tasks
@@ -419,6 +495,7 @@ impl Shard {
             task.set_metrics(&catalog.metrics_of(&stream.name))?;
         }
         self.restored = true;
+        self.catalog = catalog.clone();
         Ok(())
     }
 }

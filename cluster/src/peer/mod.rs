@@ -2,6 +2,12 @@
 //! another. A read of a task that another node holds active goes there: a point lookup
 //! to the one task's active node, a full scan to every node with active tasks.
 //!
+//! A node given a task it lacks (or holds only a stale copy of) asks the task's other
+//! holders for their last checkpoint of it (`node::transfer`), replicas first, and
+//! installs the first complete, checked one that is newer than its own; the partition
+//! then replays from the checkpoint's offset. When no peer has one, or every transfer
+//! failed, the partition replays from the node's own offset.
+//!
 //! Invariant: a node answers a peer only from its own tasks, never by asking a further
 //! peer, so a read crosses at most one hop and cannot loop.
 
@@ -29,7 +35,10 @@ pub mod proto {
 
 use proto::peer_client::PeerClient;
 use proto::peer_server::{Peer, PeerServer};
-use proto::{MetricRowsRequest, Rows, StreamRowsRequest};
+use proto::{CheckpointRequest, MetricRowsRequest, Rows, StreamRowsRequest};
+
+use crate::log::kafka::Recover;
+use crate::node::transfer::{family_of, Fault, Have, Piece};
 
 /// How long a peer has to answer a read.
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,8 +56,12 @@ pub fn start(engine: &Arc<Engine>) -> Result<()> {
     listener.set_nonblocking(true).map_err(io)?;
     let listener = tokio::net::TcpListener::from_std(listener).map_err(io)?;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let fault = std::env::var("EDDY_TRANSFER_FAULT")
+        .ok()
+        .and_then(|f| Fault::parse(&f));
     let service = PeerServer::new(Service {
         engine: Arc::downgrade(engine),
+        fault,
     })
     .max_decoding_message_size(64 << 20)
     .max_encoding_message_size(1 << 30);
@@ -62,16 +75,26 @@ pub fn start(engine: &Arc<Engine>) -> Result<()> {
             eprintln!("eddy: the peer service stopped: {e}");
         }
     });
-    engine.set_remote(Arc::new(Peers {
+    let peers = Arc::new(Peers {
         me: kafka.config().node.clone(),
         view: kafka.view_handle(),
         clients: Mutex::default(),
-    }));
+    });
+    engine.set_remote(peers.clone());
+    if engine.storage().is_some() && std::env::var("EDDY_PEER_RECOVERY").as_deref() != Ok("off") {
+        kafka.set_recovery(Arc::new(Recovery {
+            peers,
+            engine: Arc::downgrade(engine),
+            runtime: tokio::runtime::Handle::current(),
+        }));
+    }
     Ok(())
 }
 
 struct Service {
     engine: Weak<Engine>,
+    /// A fault to inject into checkpoints sent (`EDDY_TRANSFER_FAULT`, for tests).
+    fault: Option<Fault>,
 }
 
 impl Service {
@@ -86,8 +109,119 @@ fn status(e: Error) -> Status {
     Status::failed_precondition(e.to_string())
 }
 
+type PieceStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<proto::Piece, Status>> + Send>>;
+
+fn to_proto(piece: Piece) -> proto::Piece {
+    use proto::piece::Piece as P;
+    let piece = match piece {
+        Piece::Header { meta, log_end } => P::Header(proto::Header { meta, log_end }),
+        Piece::Entries { family, pairs } => P::Entries(proto::Entries {
+            family: eddy_storage::Family::ALL
+                .iter()
+                .position(|f| *f == family)
+                .unwrap_or(0) as u32,
+            pairs,
+        }),
+        Piece::StateEnd { entries, crc } => P::StateEnd(proto::StateEnd { entries, crc }),
+        Piece::Data {
+            name,
+            offset,
+            bytes,
+        } => P::Data(proto::FileData {
+            name,
+            offset,
+            bytes,
+        }),
+        Piece::FileEnd { name, len, crc } => P::FileEnd(proto::FileEnd { name, len, crc }),
+        Piece::Done { files } => P::Done(proto::Done { files }),
+    };
+    proto::Piece { piece: Some(piece) }
+}
+
+fn from_proto(piece: proto::Piece) -> Option<Piece> {
+    use proto::piece::Piece as P;
+    Some(match piece.piece? {
+        P::Header(h) => Piece::Header {
+            meta: h.meta,
+            log_end: h.log_end,
+        },
+        P::Entries(e) => Piece::Entries {
+            family: family_of(u8::try_from(e.family).ok()?)?,
+            pairs: e.pairs,
+        },
+        P::StateEnd(e) => Piece::StateEnd {
+            entries: e.entries,
+            crc: e.crc,
+        },
+        P::Data(d) => Piece::Data {
+            name: d.name,
+            offset: d.offset,
+            bytes: d.bytes,
+        },
+        P::FileEnd(f) => Piece::FileEnd {
+            name: f.name,
+            len: f.len,
+            crc: f.crc,
+        },
+        P::Done(d) => Piece::Done { files: d.files },
+    })
+}
+
 #[tonic::async_trait]
 impl Peer for Service {
+    type CheckpointStream = PieceStream;
+
+    async fn checkpoint(
+        &self,
+        request: Request<CheckpointRequest>,
+    ) -> std::result::Result<Response<PieceStream>, Status> {
+        let r = request.into_inner();
+        let engine = self.engine()?;
+        let storage = engine
+            .storage()
+            .cloned()
+            .ok_or_else(|| Status::failed_precondition("this node keeps no checkpoints"))?;
+        let task = TaskId {
+            stream: r.stream,
+            partitioner: r.partitioner as usize,
+            partition: r.partition,
+        };
+        let have: Vec<Have> = r
+            .have
+            .into_iter()
+            .map(|h| Have {
+                name: h.name,
+                len: h.len,
+                crc: h.crc,
+            })
+            .collect();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let fault = self.fault;
+        tokio::task::spawn_blocking(move || {
+            let export = match storage.export(&task) {
+                Ok(Some(export)) if export.log_end() > r.after => export,
+                // Nothing newer than what the asker has: an empty answer.
+                Ok(_) => return,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                    return;
+                }
+            };
+            let sent = &storage.transfers.sent_bytes;
+            let result = export.send(&have, fault, &mut |piece| {
+                sent.fetch_add(piece.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+                tx.blocking_send(Ok(to_proto(piece))).is_ok()
+            });
+            if let Err(e) = result {
+                let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn metric_rows(
         &self,
         request: Request<MetricRowsRequest>,
@@ -255,4 +389,147 @@ impl Remote for Peers {
                 .collect())
         })
     }
+}
+
+/// How long a transfer may wait for its next piece.
+const PIECE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Recovers tasks new to this node from the checkpoints of their other holders.
+struct Recovery {
+    peers: Arc<Peers>,
+    engine: Weak<Engine>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Recover for Recovery {
+    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>) {
+        let (peers, engine) = (self.peers.clone(), self.engine.clone());
+        self.runtime.spawn(async move {
+            let end = match engine.upgrade() {
+                Some(engine) => recover_task(&peers, &engine, &task, after).await,
+                None => None,
+            };
+            done(end);
+        });
+    }
+}
+
+/// The nodes that may have a checkpoint of `task`, best first: its replicas, its active
+/// copy, then the nodes that announced a stale copy; live ones only, without this node.
+fn holders(peers: &Peers, task: &TaskId) -> Vec<(String, String)> {
+    let view = peers.view.read().expect("view lock");
+    let mut nodes: Vec<&String> = Vec::new();
+    if let Some(p) = view.plan.placement(task) {
+        nodes.extend(&p.replicas);
+        nodes.push(&p.active);
+    }
+    for (node, facts) in &view.facts {
+        if facts.stale.contains(task) {
+            nodes.push(node);
+        }
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for node in nodes {
+        if *node == peers.me || !view.alive.contains(node) || out.iter().any(|(n, _)| n == node) {
+            continue;
+        }
+        if let Some(f) = view.facts.get(node).filter(|f| !f.peer_addr.is_empty()) {
+            out.push((node.clone(), f.peer_addr.clone()));
+        }
+    }
+    out
+}
+
+async fn recover_task(peers: &Peers, engine: &Arc<Engine>, task: &TaskId, after: u64) -> Option<u64> {
+    let storage = engine.storage()?.clone();
+    let stats = &storage.transfers;
+    for (node, addr) in holders(peers, task) {
+        let staged = match fetch(peers, &storage, &addr, task, after).await {
+            Ok(Some(staged)) => staged,
+            Ok(None) => continue,
+            Err(e) => {
+                stats.rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                eprintln!("eddy: recovering task {task:?} from node {node}: {e}");
+                continue;
+            }
+        };
+        let (received, reused) = (staged.received, staged.reused);
+        match engine.install_task(task, staged).await {
+            Ok(end) => {
+                stats.installed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                eprintln!(
+                    "eddy: task {}/{}/{} recovered from node {node}: offset {end}, {received} bytes received, {reused} kept",
+                    task.stream, task.partitioner, task.partition
+                );
+                return Some(end);
+            }
+            Err(e) => eprintln!("eddy: installing task {task:?} from node {node}: {e}"),
+        }
+    }
+    None
+}
+
+/// Receives a peer's checkpoint of `task` if it is newer than `after`, staged and
+/// checked; `None` when the peer has nothing newer.
+async fn fetch(
+    peers: &Peers,
+    storage: &Arc<crate::node::durable::NodeStorage>,
+    addr: &str,
+    task: &TaskId,
+    after: u64,
+) -> Result<Option<crate::node::transfer::Staged>> {
+    let have = {
+        let (storage, task) = (storage.clone(), task.clone());
+        tokio::task::spawn_blocking(move || storage.have(&task))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+    };
+    let request = CheckpointRequest {
+        stream: task.stream.clone(),
+        partitioner: task.partitioner as u32,
+        partition: task.partition,
+        after,
+        have: have
+            .into_iter()
+            .map(|h| proto::FileHave {
+                name: h.name,
+                len: h.len,
+                crc: h.crc,
+            })
+            .collect(),
+    };
+    let mut stream = peers
+        .client(addr)?
+        .checkpoint(request)
+        .await
+        .map_err(|e| Error::internal(format!("the peer at {addr}: {}", e.message())))?
+        .into_inner();
+    let mut import: Option<crate::node::transfer::Import> = None;
+    let received = &storage.transfers.received_bytes;
+    loop {
+        let next = tokio::time::timeout(PIECE_TIMEOUT, stream.message())
+            .await
+            .map_err(|_| Error::internal(format!("the peer at {addr} stopped sending")))?
+            .map_err(|e| Error::internal(format!("the peer at {addr}: {}", e.message())))?;
+        let Some(piece) = next else {
+            break;
+        };
+        let piece = from_proto(piece).ok_or_else(|| Error::internal("an unreadable piece"))?;
+        received.fetch_add(piece.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
+        let import = match &mut import {
+            Some(i) => i,
+            None => import.insert(storage.import(task)?),
+        };
+        import.accept(piece)?;
+    }
+    let Some(import) = import else {
+        return Ok(None);
+    };
+    let reused = import.reused;
+    let staged = import.finish()?;
+    storage
+        .transfers
+        .reused_bytes
+        .fetch_add(reused, std::sync::atomic::Ordering::Relaxed);
+    Ok(Some(staged))
 }

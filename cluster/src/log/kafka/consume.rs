@@ -9,7 +9,7 @@
 //! starts at the task's checkpointed log end and only moves forward. Records of a task
 //! this node does not hold are not applied, and its position stays.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -113,6 +113,14 @@ impl Role {
     }
 }
 
+/// How a node given a task it lacks gets the task's checkpoint from a peer (`peer`).
+pub trait Recover: Send + Sync {
+    /// Brings `task`, which resumes at offset `after` here, up to a newer checkpoint of a
+    /// peer if there is one, then calls `done` with the offset it resumes from: `Some`
+    /// after an install, `None` to replay the partition from `after`.
+    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>);
+}
+
 /// Where the task consumer stands: the routes of the current catalog, each partition's
 /// next offset, and the tasks this node holds.
 #[derive(Default)]
@@ -127,6 +135,10 @@ pub(super) struct TaskConsumer {
     reassigns_made: Arc<AtomicU64>,
     /// Whether the task consumer runs (it starts after recovery).
     consuming: AtomicBool,
+    /// Held tasks waiting for a peer's checkpoint: their partitions are not read yet.
+    recovering: Mutex<HashSet<TaskId>>,
+    /// How tasks new to this node are recovered from peers (none: replayed).
+    recovery: RwLock<Option<Arc<dyn Recover>>>,
 }
 
 impl TaskConsumer {
@@ -189,27 +201,107 @@ impl Kafka {
         }
     }
 
+    /// Sets how tasks new to this node are recovered from peers.
+    pub fn set_recovery(&self, recovery: Arc<dyn Recover>) {
+        *self.tasks.recovery.write().expect("recovery lock") = Some(recovery);
+    }
+
     /// Takes the roles the newest plan gives this node: tasks it no longer holds stop,
-    /// new ones start from their positions, and a promoted replica sends what it kept.
-    pub(super) fn apply_plan(&self, plan: &ClusterPlan) {
+    /// new ones start from their positions (after a peer's newer checkpoint, if one
+    /// has it), and a promoted replica sends what it kept.
+    pub(super) fn apply_plan(self: &Arc<Self>, plan: &ClusterPlan) {
         let roles = plan.roles_of(&self.config.node);
         let send = |(_, asks, result): Unsent| {
             send_replies(&self.publisher.replier, &self.stats, asks, result)
         };
+        let recovery = self.tasks.recovery.read().expect("recovery lock").clone();
+        let mut new = Vec::new();
         let changed = {
             let mut held = self.tasks.held.lock().expect("held lock");
             let changed = held.len() != roles.len() || roles.keys().any(|t| !held.contains_key(t));
             held.retain(|t, _| roles.contains_key(t));
             for (task, active) in roles {
+                if !held.contains_key(&task) {
+                    new.push(task.clone());
+                }
                 let role = held.entry(task).or_default().clone();
                 role.set_active(active, send);
             }
             changed
         };
+        if let Some(recovery) = recovery {
+            for task in new {
+                let Some(topic) = self.topic_of_task(&task) else {
+                    continue;
+                };
+                let key = (topic, task.partition as i32);
+                let after = {
+                    let positions = self.tasks.positions.lock().expect("positions lock");
+                    positions.get(&key).copied().unwrap_or(0).max(0) as u64
+                };
+                if !self
+                    .tasks
+                    .recovering
+                    .lock()
+                    .expect("recovering lock")
+                    .insert(task.clone())
+                {
+                    continue;
+                }
+                let me = self.clone();
+                let id = task.clone();
+                recovery.recover(
+                    task,
+                    after,
+                    Box::new(move |end| me.recovered(&id, key, end)),
+                );
+            }
+        }
         // Only a change of the tasks held moves the consumer; a change of roles does not.
         if changed {
             self.tasks.reassign();
         }
+    }
+
+    /// A task's recovery from a peer ended: it resumes from `end` (after an install)
+    /// or from where it was.
+    fn recovered(&self, task: &TaskId, key: (String, i32), end: Option<u64>) {
+        if let Some(end) = end {
+            self.tasks
+                .positions
+                .lock()
+                .expect("positions lock")
+                .insert(key, end as i64);
+        }
+        self.tasks
+            .recovering
+            .lock()
+            .expect("recovering lock")
+            .remove(task);
+        self.tasks.reassign();
+    }
+
+    /// The topic of a task under the current catalog.
+    fn topic_of_task(&self, task: &TaskId) -> Option<String> {
+        let routes = self.tasks.routes.read().expect("routes lock");
+        routes
+            .iter()
+            .find(|(_, (stream, p))| *stream == task.stream && *p == task.partitioner)
+            .map(|(topic, _)| topic.clone())
+    }
+
+    /// Each held task's next offset and its partition's end (one request to the
+    /// broker per task; its lag is the difference).
+    pub fn progress(&self) -> BTreeMap<TaskId, (i64, Option<i64>)> {
+        let held: Vec<TaskId> = self.tasks.held.lock().expect("held lock").keys().cloned().collect();
+        let positions = self.positions();
+        held.into_iter()
+            .filter_map(|task| {
+                let key = (self.topic_of_task(&task)?, task.partition as i32);
+                let at = positions.get(&key).copied().unwrap_or(0);
+                Some((task, (at, self.high_watermark(&key.0, key.1).ok())))
+            })
+            .collect()
     }
 
     /// The tasks this node holds now, each with whether it is active.
@@ -266,13 +358,13 @@ impl Kafka {
         let mut tpl = TopicPartitionList::new();
         {
             let held = self.tasks.held.lock().expect("held lock");
+            let recovering = self.tasks.recovering.lock().expect("recovering lock");
             let positions = self.tasks.positions.lock().expect("positions lock");
             let routes = self.tasks.routes.read().expect("routes lock");
             for (topic, (stream, partitioner)) in routes.iter() {
-                for task in held
-                    .keys()
-                    .filter(|t| &t.stream == stream && t.partitioner == *partitioner)
-                {
+                for task in held.keys().filter(|t| {
+                    &t.stream == stream && t.partitioner == *partitioner && !recovering.contains(t)
+                }) {
                     let partition = task.partition as i32;
                     // Offset 0 rather than `Beginning`, which costs one ListOffsets round
                     // trip per partition; where retention removed it,
@@ -380,6 +472,15 @@ impl Kafka {
                 let Some(role) = role else {
                     continue; // no longer held: a later plan took it away
                 };
+                if self
+                    .tasks
+                    .recovering
+                    .lock()
+                    .expect("recovering lock")
+                    .contains(&task)
+                {
+                    continue; // a peer's checkpoint comes first
+                }
                 let next = positions.entry((topic.clone(), partition)).or_insert(0);
                 for m in &msgs {
                     if m.offset() < *next {

@@ -224,7 +224,7 @@ impl Kafka {
     }
 
     /// A record of the cluster topic: a node's facts, or a plan to apply.
-    fn cluster_record(&self, key: &[u8], body: &[u8]) {
+    fn cluster_record(self: &Arc<Self>, key: &[u8], body: &[u8]) {
         if let Some(node) = key.strip_prefix(b"member/") {
             if let Ok(facts) = serde_json::from_slice::<NodeFacts>(body) {
                 let node = String::from_utf8_lossy(node).into_owned();

@@ -54,6 +54,7 @@ use produce::Publisher;
 use sources::Sources;
 
 pub use config::KafkaConfig;
+pub use consume::Recover;
 pub use produce::reply_headers;
 
 /// Records dispatched to tasks per consumer round.
