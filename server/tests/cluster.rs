@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use common::{connect_port, kafka_addr, simple_rows, spawn_eddy_with, temp_dir, TempDir};
+use common::{connect_port, kafka_addr, simple_rows, spawn_eddy_env, temp_dir, TempDir};
 
 /// A node of the test cluster: its process, port and data directory.
 struct Node {
@@ -24,9 +24,13 @@ struct Node {
 }
 
 fn start_node(cluster: &str, id: &str, dir: TempDir) -> Node {
+    start_node_env(cluster, id, dir, &[])
+}
+
+fn start_node_env(cluster: &str, id: &str, dir: TempDir, env: &[(&str, &str)]) -> Node {
     let kafka = kafka_addr();
     let host = format!("host-{id}");
-    let (eddy, port) = spawn_eddy_with(
+    let (eddy, port) = spawn_eddy_env(
         &dir,
         &[
             "--kafka",
@@ -40,6 +44,7 @@ fn start_node(cluster: &str, id: &str, dir: TempDir) -> Node {
             "--replicas",
             "2",
         ],
+        env,
     );
     Node {
         eddy: Some(eddy),
@@ -212,26 +217,21 @@ async fn check_every_node(ports: &[u16], acked: &Acked) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
-    let cluster = format!("failover{}", std::process::id());
-    let mut nodes: Vec<Node> = ["n1", "n2", "n3"]
-        .iter()
-        .map(|id| start_node(&cluster, id, temp_dir(&format!("cluster-{id}"))))
-        .collect();
+/// Creates the test's stream and metric through the first node, and waits until every
+/// node learned them (DDL made on one node reaches the others while they run).
+async fn create_and_learn(nodes: &[Node]) {
     let client = connect_port(nodes[0].port).await;
     client
         .batch_execute(
             "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
              amount BIGINT) WITH (event_time = 'ts', event_id = 'id', partition_by = 'card', \
-             partitions = 6); \
+             partitions = 12); \
              CREATE METRIC total AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
              WINDOW INFINITE GROUP BY card;",
         )
         .await
         .unwrap();
-    // DDL made on one node reaches the others while they run.
-    for n in &nodes {
+    for n in nodes {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let c = connect_port(n.port).await;
@@ -246,6 +246,66 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Two nodes that send corrupt checkpoints (one flips a byte, one cuts the transfer
+/// short); a third joins and recovers its tasks from them. Every transfer is rejected,
+/// the partitions replay from Kafka instead, and once a faulty node is killed, the new
+/// node's copies answer exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_or_cut_transfers_are_rejected_and_recovery_still_succeeds() {
+    let cluster = format!("faults{}", std::process::id());
+    let mut nodes = vec![
+        start_node_env(&cluster, "n1", temp_dir("faults-n1"), &[("EDDY_TRANSFER_FAULT", "flip")]),
+        start_node_env(&cluster, "n2", temp_dir("faults-n2"), &[("EDDY_TRANSFER_FAULT", "cut")]),
+    ];
+    create_and_learn(&nodes).await;
+    await_members(nodes[0].port, &["n1", "n2"]).await;
+    let load = Arc::new(Load::default());
+    *load.ports.lock().unwrap() = nodes.iter().map(|n| n.port).collect();
+    let writers = start_writers(&load);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_writers(&load, writers).await;
+    // Checkpoints every 0.2 s: both nodes have the events in one by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    nodes.push(start_node(&cluster, "n3", temp_dir("faults-n3")));
+    await_members(nodes[0].port, &["n1", "n2", "n3"]).await;
+    let all: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    check_every_node(&all, &load.acked).await;
+    let said = nodes[2].eddy.as_ref().unwrap().output().join("\n");
+    assert!(said.contains("checksum does not match"), "n3 did not reject a flipped byte:\n{said}");
+    assert!(said.contains("ended early"), "n3 did not reject a cut transfer:\n{said}");
+    assert!(!said.contains("recovered from node"), "n3 installed a faulty transfer:\n{said}");
+
+    // n1 dies: its tasks go to their other copies, some of them n3's replayed ones.
+    let mut killed = nodes[0].eddy.take().unwrap();
+    killed.0.kill().unwrap();
+    let _ = killed.0.wait();
+    await_members(nodes[1].port, &["n2", "n3"]).await;
+    check_every_node(&all[1..], &load.acked).await;
+    let client = connect_port(nodes[2].port).await;
+    let active_on_n3 = simple_rows(&client, "SHOW TASKS")
+        .await
+        .iter()
+        .filter(|r| r[3].as_deref() == Some("n3"))
+        .count();
+    assert!(active_on_n3 > 0, "n3 took over nothing");
+    for n in nodes.into_iter().skip(1) {
+        if let Some(e) = n.eddy {
+            e.terminate();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
+    let cluster = format!("failover{}", std::process::id());
+    let mut nodes: Vec<Node> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| start_node(&cluster, id, temp_dir(&format!("cluster-{id}"))))
+        .collect();
+    create_and_learn(&nodes).await;
     await_members(nodes[0].port, &["n1", "n2", "n3"]).await;
 
     let load = Arc::new(Load::default());
@@ -286,6 +346,16 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
 
     let all: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     check_every_node(&all, &load.acked).await;
+    // n4 got its tasks' checkpoints from peers (with nothing of its own to start from).
+    let said = nodes[3].eddy.as_ref().unwrap().output();
+    let recovered: Vec<&String> = said.iter().filter(|l| l.contains("recovered from node")).collect();
+    eprintln!("n4: {}", recovered.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n"));
+    assert!(!recovered.is_empty(), "n4 recovered nothing from a peer:\n{}", said.join("\n"));
+    for line in nodes[1].eddy.as_ref().unwrap().output() {
+        if line.contains("recovered from node") {
+            eprintln!("n2: {line}");
+        }
+    }
     let issued = load.next.load(Ordering::Acquire) as usize;
     assert_eq!(
         load.acked.lock().unwrap().len(),

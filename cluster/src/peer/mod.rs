@@ -416,6 +416,7 @@ impl Recover for Recovery {
 
 /// The nodes that may have a checkpoint of `task`, best first: its replicas, its active
 /// copy, then the nodes that announced a stale copy; live ones only, without this node.
+/// A node with nothing newer answers with nothing, at the cost of one call.
 fn holders(peers: &Peers, task: &TaskId) -> Vec<(String, String)> {
     let view = peers.view.read().expect("view lock");
     let mut nodes: Vec<&String> = Vec::new();
@@ -430,7 +431,10 @@ fn holders(peers: &Peers, task: &TaskId) -> Vec<(String, String)> {
     }
     let mut out: Vec<(String, String)> = Vec::new();
     for node in nodes {
-        if *node == peers.me || !view.alive.contains(node) || out.iter().any(|(n, _)| n == node) {
+        // Live as the plan's leader saw them (a node that just started may not have
+        // described the group itself yet).
+        let live = view.plan.members.contains(node) || view.alive.contains(node);
+        if *node == peers.me || !live || out.iter().any(|(n, _)| n == node) {
             continue;
         }
         if let Some(f) = view.facts.get(node).filter(|f| !f.peer_addr.is_empty()) {

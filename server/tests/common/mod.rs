@@ -106,6 +106,11 @@ pub struct Eddy(pub Child, Arc<Mutex<Vec<String>>>);
 
 #[allow(dead_code)]
 impl Eddy {
+    /// What the server wrote to stderr so far.
+    pub fn output(&self) -> Vec<String> {
+        self.1.lock().unwrap().clone()
+    }
+
     /// Stops the server with SIGTERM (a clean shutdown) and waits for it.
     pub fn terminate(mut self) {
         let pid = self.0.id().to_string();
@@ -137,7 +142,14 @@ pub fn spawn_eddy(dir: &std::path::Path) -> (Eddy, u16) {
 /// `spawn_eddy` with more arguments (`--kafka …`).
 #[allow(dead_code)]
 pub fn spawn_eddy_with(dir: &std::path::Path, args: &[&str]) -> (Eddy, u16) {
+    spawn_eddy_env(dir, args, &[])
+}
+
+/// `spawn_eddy_with` with more environment variables.
+#[allow(dead_code)]
+pub fn spawn_eddy_env(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Eddy, u16) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
+    command.envs(env.iter().copied());
     command
         .args([
             "serve",
