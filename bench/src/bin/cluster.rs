@@ -9,6 +9,13 @@
 //! `--mode throughput --nodes N`: three clients per node insert 100-row statements through
 //! every node for `--after` seconds; events acknowledged per second.
 //!
+//! `--mode recovery --mb M`: one node holds one task with about M MB of reservoir and
+//! state (7-day window, events loaded by COPY, checkpointed). A fresh node joins and
+//! gets the task's checkpoint from it over gRPC, then the rest of the partition; then
+//! that node leaves and another fresh node joins with peer recovery off
+//! (`EDDY_PEER_RECOVERY=off`) and replays the partition from offset 0. Each is timed
+//! from its start to its copy having caught up with the partition's end.
+//!
 //! Needs a broker: `--kafka ADDR`, or `EDDY_TEST_KAFKA`, or it starts one with
 //! `.ci/kafka start` (and stops it).
 //!
@@ -45,6 +52,9 @@ struct Args {
     before: f64,
     #[arg(long, default_value_t = 15.0)]
     after: f64,
+    /// Megabytes of reservoir to load, for `recovery`.
+    #[arg(long, default_value_t = 200)]
+    mb: u64,
     /// Session timeout of the nodes, in seconds.
     #[arg(long, default_value_t = 6.0)]
     session_timeout: f64,
@@ -68,7 +78,20 @@ fn node(
     id: &str,
     dir: &std::path::Path,
 ) -> Result<(Proc, u16)> {
+    node_env(a, kafka, cluster, id, dir, &[])
+}
+
+/// `node` with more environment variables.
+fn node_env(
+    a: &Args,
+    kafka: &str,
+    cluster: &str,
+    id: &str,
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Result<(Proc, u16)> {
     let mut child = Command::new(a.bin_dir.join("eddy"))
+        .envs(env.iter().copied())
         .args([
             "serve",
             "--pg-addr",
@@ -170,7 +193,8 @@ async fn run(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json
     match a.mode.as_str() {
         "takeover" => takeover(a, kafka, work).await,
         "throughput" => throughput(a, kafka, work).await,
-        other => bail!("unknown --mode {other}: takeover or throughput"),
+        "recovery" => recovery(a, kafka, work).await,
+        other => bail!("unknown --mode {other}: takeover, throughput or recovery"),
     }
 }
 
@@ -332,5 +356,121 @@ async fn takeover(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde
         "statements": h.len(),
         "failed": failed,
         "p50_ms": q(0.5), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
+    }))
+}
+
+/// Bytes of files under `dir`.
+fn du(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => du(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until node `port` holds a copy of the one task and has applied its whole
+/// partition (`SHOW TASKS`: offset known, lag 0).
+async fn caught_up(port: u16, id: &str, started: Instant) -> Result<Duration> {
+    let deadline = started + Duration::from_secs(3600);
+    loop {
+        if let Ok(c) = connect(port).await {
+            if let Ok(tasks) = rows(&c, "SHOW TASKS").await {
+                let holds = tasks.iter().any(|r| {
+                    (r[3] == id || r[4].split(',').any(|x| x == id)) && r[6] == "0" && !r[5].is_empty()
+                });
+                if holds {
+                    return Ok(started.elapsed());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{id} did not catch up");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn recovery(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde_json::Value> {
+    let cluster = format!("recovery{}", std::process::id());
+    let fast = [("EDDY_CHECKPOINT_INTERVAL", "2")];
+    let n1 = node_env(a, kafka, &cluster, "n1", &work.join("n1"), &fast)?;
+    let client = connect(n1.1).await?;
+    client
+        .batch_execute(
+            "CREATE STREAM big (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             amount BIGINT, note TEXT) WITH (event_time = 'ts', event_id = 'id', \
+             partition_by = 'card', partitions = 1); \
+             CREATE METRIC week AS SELECT card, COUNT(*) AS n, SUM(amount) AS s, \
+             COUNT(DISTINCT amount) AS d FROM big WINDOW SLIDING (SIZE 7 DAYS) GROUP BY card;",
+        )
+        .await?;
+    // Load by COPY until the node's reservoir holds the asked size.
+    let target = a.mb << 20;
+    let reservoir = work.join("n1").join("reservoir");
+    let (mut next, load_started) = (0u64, Instant::now());
+    let base = chrono::NaiveDate::from_ymd_opt(2026, 11, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .context("a date")?;
+    let mut noise = 0x9E37_79B9_7F4A_7C15u64;
+    while du(&reservoir) < target {
+        let mut text = String::with_capacity(64 << 20);
+        for _ in 0..200_000 {
+            let ts = base + chrono::Duration::milliseconds((next * 3) as i64);
+            let mut note = String::with_capacity(96);
+            for _ in 0..6 {
+                noise ^= noise << 13;
+                noise ^= noise >> 7;
+                noise ^= noise << 17;
+                note.push_str(&format!("{noise:016x}"));
+            }
+            text.push_str(&format!(
+                "{next}\t{}\tc{}\t{}\t{note}\n",
+                ts.format("%Y-%m-%d %H:%M:%S%.3f"),
+                next % 100_000,
+                next % 1000
+            ));
+            next += 1;
+        }
+        let sink = client.copy_in("COPY big FROM STDIN").await?;
+        futures::pin_mut!(sink);
+        for chunk in text.as_bytes().chunks(256 * 1024) {
+            futures::SinkExt::send(&mut sink, bytes::Bytes::copy_from_slice(chunk)).await?;
+        }
+        sink.finish().await?;
+    }
+    let load_s = load_started.elapsed().as_secs_f64();
+    // A checkpoint covers the load (every 2 s).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let reservoir_bytes = du(&reservoir);
+    let state_bytes = du(&work.join("n1").join("state"));
+
+    // A fresh node recovers the task from n1's checkpoint.
+    let started = Instant::now();
+    let n2 = node_env(a, kafka, &cluster, "n2", &work.join("n2"), &fast)?;
+    let by_peer = caught_up(n2.1, "n2", started).await?;
+    drop(n2);
+    // n2 leaves (its session expires); a fresh node with peer recovery off replays.
+    tokio::time::sleep(Duration::from_secs_f64(a.session_timeout + 3.0)).await;
+    let started = Instant::now();
+    let off = [("EDDY_CHECKPOINT_INTERVAL", "2"), ("EDDY_PEER_RECOVERY", "off")];
+    let n3 = node_env(a, kafka, &cluster, "n3", &work.join("n3"), &off)?;
+    let by_replay = caught_up(n3.1, "n3", started).await?;
+    drop(n3);
+    drop(n1);
+    Ok(serde_json::json!({
+        "mode": "recovery",
+        "events": next,
+        "load_s": load_s,
+        "reservoir_mb": reservoir_bytes as f64 / 1048576.0,
+        "state_mb": state_bytes as f64 / 1048576.0,
+        "peer_recovery_s": by_peer.as_secs_f64(),
+        "replay_s": by_replay.as_secs_f64(),
+        "speedup": by_replay.as_secs_f64() / by_peer.as_secs_f64(),
     }))
 }
