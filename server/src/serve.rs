@@ -100,6 +100,18 @@ impl Server {
     /// checkpoint, stops the shards and closes the state store. When it returns, nothing
     /// of this server touches its data directory any more.
     pub async fn stop(self) {
+        // In a cluster, the node's tasks move to their replicas while it still answers.
+        if let Some(kafka) = self.db.engine().log_as::<eddy_cluster::Kafka>() {
+            let started = std::time::Instant::now();
+            match kafka.hand_over().await {
+                Ok(0) => {}
+                Ok(n) => eprintln!(
+                    "eddy: handed over {n} tasks to their replicas in {} ms",
+                    started.elapsed().as_millis()
+                ),
+                Err(e) => eprintln!("eddy: handing over the tasks: {e}"),
+            }
+        }
         let _ = self.stop.send(true);
         let _ = self.task.await;
         if let Err(e) = self.db.engine().last_checkpoint().await {

@@ -40,6 +40,10 @@ pub struct NodeFacts {
     pub peer_addr: String,
     /// Tasks it has a checkpoint of: the assignor prefers it for them.
     pub stale: Vec<TaskId>,
+    /// Set by a node stopping with SIGTERM: plans give it nothing, so its tasks move to
+    /// their replicas before it leaves.
+    #[serde(default)]
+    pub leaving: bool,
 }
 
 /// The leader's plan: where each task's active copy and replicas run.
@@ -110,13 +114,18 @@ impl View {
         let mut members = Vec::with_capacity(self.alive.len());
         for id in &self.alive {
             let f = self.facts.get(id)?;
+            if f.leaving {
+                continue;
+            }
             members.push(Member {
                 id: id.clone(),
                 host: f.host.clone(),
                 processors: f.processors,
             });
         }
-        let live = |m: &String| self.alive.binary_search(m).is_ok();
+        let live = |m: &String| {
+            self.alive.binary_search(m).is_ok() && !self.facts.get(m).is_some_and(|f| f.leaving)
+        };
         let mut held: BTreeMap<TaskId, Held> = BTreeMap::new();
         for (t, p) in &self.plan.tasks {
             held.insert(
@@ -128,7 +137,7 @@ impl View {
                 },
             );
         }
-        for id in &self.alive {
+        for id in self.alive.iter().filter(|id| live(id)) {
             for t in &self.facts[id].stale {
                 let h = held.entry(t.clone()).or_default();
                 if h.active.as_ref() != Some(id) && !h.replicas.contains(id) {
@@ -184,6 +193,7 @@ mod tests {
             pg_addr: String::new(),
             peer_addr: String::new(),
             stale,
+            leaving: false,
         }
     }
 
@@ -237,6 +247,23 @@ mod tests {
             }
             assert!(new.copies().all(|m| m != "b"));
         }
+    }
+
+    #[test]
+    fn a_leaving_member_hands_its_tasks_to_their_replicas() {
+        let mut v = view(&["a", "b", "c"], 6);
+        let before = v.next_plan("a", 2).unwrap();
+        v.plan = Arc::new(before.clone());
+        // The leader itself leaves: it still plans, for the others.
+        v.facts.get_mut("a").unwrap().leaving = true;
+        let after = v.next_plan("a", 2).unwrap();
+        for ((t, old), (_, new)) in before.tasks.iter().zip(&after.tasks) {
+            assert!(new.copies().all(|m| m != "a"), "{t:?}: {new:?}");
+            if old.active == "a" {
+                assert_eq!(new.active, old.replicas[0], "{t:?}: the replica takes over");
+            }
+        }
+        assert!(after.roles_of("a").is_empty());
     }
 
     #[test]

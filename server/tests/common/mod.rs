@@ -111,8 +111,9 @@ impl Eddy {
         self.1.lock().unwrap().clone()
     }
 
-    /// Stops the server with SIGTERM (a clean shutdown) and waits for it.
-    pub fn terminate(mut self) {
+    /// Stops the server with SIGTERM (a clean shutdown) and waits for it; returns what
+    /// it wrote to stderr.
+    pub fn terminate(mut self) -> Vec<String> {
         let pid = self.0.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
@@ -123,6 +124,7 @@ impl Eddy {
             "eddy exited with {status}:\n{}",
             self.1.lock().unwrap().join("\n")
         );
+        self.output()
     }
 }
 

@@ -39,6 +39,8 @@ pub(super) struct Members {
     catalog: Mutex<Latest>,
     /// Whether the membership thread runs.
     pub(super) started: std::sync::atomic::AtomicBool,
+    /// What this node announced about itself.
+    announced: Mutex<Option<NodeFacts>>,
 }
 
 impl Kafka {
@@ -91,6 +93,39 @@ impl Kafka {
         wait_until(60, covered, late).await
     }
 
+    /// Before a clean stop: announces that this node leaves, and waits (at most three
+    /// session timeouts) until the plan gives it no task, so its active tasks move to
+    /// their replicas while it still answers. Returns how many tasks it handed over.
+    pub async fn hand_over(&self) -> Result<usize> {
+        let Some(mut facts) = self.members.announced.lock().expect("announced lock").clone() else {
+            return Ok(0);
+        };
+        let view = self.view();
+        let held = view.plan.roles_of(&self.config.node).len();
+        let others = view.alive.iter().filter(|n| **n != self.config.node).count();
+        if held == 0 || others == 0 {
+            return Ok(0);
+        }
+        facts.leaving = true;
+        let producer: ThreadedProducer<DefaultProducerContext> = self
+            .config
+            .producer()
+            .create()
+            .map_err(|e| kafka_error("creating the membership producer", e))?;
+        let topic = self.config.cluster_topic();
+        tokio::task::block_in_place(|| announce(&producer, &topic, &facts))?;
+        let me = self.config.node.clone();
+        let view = self.members.view.clone();
+        let done = || {
+            let v = view.read().expect("view lock");
+            Ok(v.plan.roles_of(&me).is_empty())
+        };
+        let secs = (self.config.session_timeout.as_secs() * 3).max(10);
+        let late = || Error::internal("the cluster did not take over this node's tasks");
+        wait_until(secs, done, late).await?;
+        Ok(held)
+    }
+
     /// Announces this node on the cluster topic, joins the live-node group and starts the
     /// thread that follows the cluster. `stale`: the tasks it has checkpoints of.
     pub(super) fn start_members(self: &Arc<Self>, stale: Vec<TaskId>) -> Result<()> {
@@ -107,15 +142,10 @@ impl Kafka {
             pg_addr: self.config.pg_addr.clone(),
             peer_addr: self.peer_addr().to_string(),
             stale,
+            leaving: false,
         };
-        let body = serde_json::to_vec(&facts).map_err(|e| Error::internal(e.to_string()))?;
-        let key = format!("member/{}", facts.node);
-        producer
-            .send(BaseRecord::to(&topic).key(&key).payload(&body))
-            .map_err(|(e, _)| kafka_error("announcing the node", e))?;
-        producer
-            .flush(Duration::from_secs(30))
-            .map_err(|e| kafka_error("announcing the node", e))?;
+        announce(&producer, &topic, &facts)?;
+        *self.members.announced.lock().expect("announced lock") = Some(facts);
 
         let tail: BaseConsumer = self
             .config
@@ -262,4 +292,20 @@ fn describe(group: &BaseConsumer, name: &str) -> Option<(bool, Vec<String>)> {
     alive.sort();
     alive.dedup();
     Some((g.state() == "Stable", alive))
+}
+
+/// Publishes a node's facts on the cluster topic and waits until Kafka has them.
+fn announce(
+    producer: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    facts: &NodeFacts,
+) -> Result<()> {
+    let body = serde_json::to_vec(facts).map_err(|e| Error::internal(e.to_string()))?;
+    let key = format!("member/{}", facts.node);
+    producer
+        .send(BaseRecord::to(topic).key(&key).payload(&body))
+        .map_err(|(e, _)| kafka_error("announcing the node", e))?;
+    producer
+        .flush(Duration::from_secs(30))
+        .map_err(|e| kafka_error("announcing the node", e))
 }
