@@ -150,7 +150,11 @@ async fn a_task_moves_with_its_checkpoint_and_faults_are_rejected() {
     assert!(cut.to_string().contains("ended early"), "{cut}");
     // Out of order: file data before the state.
     let mut import = b.storage.import(&task()).expect("import");
-    let export = a.storage.export(&task()).expect("export").expect("checkpoint");
+    let export = a
+        .storage
+        .export(&task())
+        .expect("export")
+        .expect("checkpoint");
     let mut first = Vec::new();
     export
         .send(&[], None, &mut |p| {
@@ -162,19 +166,18 @@ async fn a_task_moves_with_its_checkpoint_and_faults_are_rejected() {
     // A name that would leave the staging directory.
     let mut import = b.storage.import(&task()).expect("import");
     import.accept(first.remove(0)).expect("header");
-    assert!(import
-        .accept(Piece::StateEnd {
-            entries: 0,
-            crc: 0
-        })
-        .is_err()
-        || import
-            .accept(Piece::Data {
-                name: "../../x.seg".into(),
-                offset: 0,
-                bytes: vec![1],
-            })
-            .is_err());
+    assert!(
+        import
+            .accept(Piece::StateEnd { entries: 0, crc: 0 })
+            .is_err()
+            || import
+                .accept(Piece::Data {
+                    name: "../../x.seg".into(),
+                    offset: 0,
+                    bytes: vec![1],
+                })
+                .is_err()
+    );
     // Nothing changed on b.
     assert!(rows(&b).await.is_empty());
 
@@ -183,7 +186,10 @@ async fn a_task_moves_with_its_checkpoint_and_faults_are_rejected() {
     assert_eq!(staged.reused, 0);
     let full = staged.received;
     assert!(full > 16 << 10, "several segments travel: {full} bytes");
-    b.engine.install_task(&task(), staged).await.expect("install");
+    b.engine
+        .install_task(&task(), staged)
+        .await
+        .expect("install");
     assert_eq!(rows(&b).await, at_checkpoint);
 
     // b takes the same later events as a, and stays equal.
@@ -199,8 +205,15 @@ async fn a_task_moves_with_its_checkpoint_and_faults_are_rejected() {
     assert!(!have.is_empty());
     let staged = transfer(&a, &b, &have, None).expect("a delta transfer");
     assert!(staged.reused > 0, "nothing was reused");
-    assert!(staged.received < full, "{} of {full} bytes sent again", staged.received);
-    b.engine.install_task(&task(), staged).await.expect("install");
+    assert!(
+        staged.received < full,
+        "{} of {full} bytes sent again",
+        staged.received
+    );
+    b.engine
+        .install_task(&task(), staged)
+        .await
+        .expect("install");
     assert_eq!(rows(&b).await, expected);
 
     // A flipped byte in a delta is rejected too.

@@ -256,8 +256,18 @@ async fn create_and_learn(nodes: &[Node]) {
 async fn corrupt_or_cut_transfers_are_rejected_and_recovery_still_succeeds() {
     let cluster = format!("faults{}", std::process::id());
     let mut nodes = vec![
-        start_node_env(&cluster, "n1", temp_dir("faults-n1"), &[("EDDY_TRANSFER_FAULT", "flip")]),
-        start_node_env(&cluster, "n2", temp_dir("faults-n2"), &[("EDDY_TRANSFER_FAULT", "cut")]),
+        start_node_env(
+            &cluster,
+            "n1",
+            temp_dir("faults-n1"),
+            &[("EDDY_TRANSFER_FAULT", "flip")],
+        ),
+        start_node_env(
+            &cluster,
+            "n2",
+            temp_dir("faults-n2"),
+            &[("EDDY_TRANSFER_FAULT", "cut")],
+        ),
     ];
     create_and_learn(&nodes).await;
     await_members(nodes[0].port, &["n1", "n2"]).await;
@@ -274,9 +284,18 @@ async fn corrupt_or_cut_transfers_are_rejected_and_recovery_still_succeeds() {
     let all: Vec<u16> = nodes.iter().map(|n| n.port).collect();
     check_every_node(&all, &load.acked).await;
     let said = nodes[2].eddy.as_ref().unwrap().output().join("\n");
-    assert!(said.contains("checksum does not match"), "n3 did not reject a flipped byte:\n{said}");
-    assert!(said.contains("ended early"), "n3 did not reject a cut transfer:\n{said}");
-    assert!(!said.contains("recovered from node"), "n3 installed a faulty transfer:\n{said}");
+    assert!(
+        said.contains("checksum does not match"),
+        "n3 did not reject a flipped byte:\n{said}"
+    );
+    assert!(
+        said.contains("ended early"),
+        "n3 did not reject a cut transfer:\n{said}"
+    );
+    assert!(
+        !said.contains("recovered from node"),
+        "n3 installed a faulty transfer:\n{said}"
+    );
 
     // n1 dies: its tasks go to their other copies, some of them n3's replayed ones.
     let mut killed = nodes[0].eddy.take().unwrap();
@@ -346,7 +365,9 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
     // before it leaves. (Statements on its own connections may fail as it closes them.)
     *load.killed.lock().unwrap() = Some(nodes[0].port);
     let n1 = nodes[0].eddy.take().unwrap();
-    let said = tokio::task::spawn_blocking(move || n1.terminate()).await.unwrap();
+    let said = tokio::task::spawn_blocking(move || n1.terminate())
+        .await
+        .unwrap();
     assert!(
         said.iter().any(|l| l.contains("handed over")),
         "n1 did not hand its tasks over:\n{}",
@@ -361,9 +382,23 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
     check_every_node(&all, &load.acked).await;
     // n4 got its tasks' checkpoints from peers (with nothing of its own to start from).
     let said = nodes[3].eddy.as_ref().unwrap().output();
-    let recovered: Vec<&String> = said.iter().filter(|l| l.contains("recovered from node")).collect();
-    eprintln!("n4: {}", recovered.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n"));
-    assert!(!recovered.is_empty(), "n4 recovered nothing from a peer:\n{}", said.join("\n"));
+    let recovered: Vec<&String> = said
+        .iter()
+        .filter(|l| l.contains("recovered from node"))
+        .collect();
+    eprintln!(
+        "n4: {}",
+        recovered
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        !recovered.is_empty(),
+        "n4 recovered nothing from a peer:\n{}",
+        said.join("\n")
+    );
     for line in nodes[1].eddy.as_ref().unwrap().output() {
         if line.contains("recovered from node") {
             eprintln!("n2: {line}");

@@ -219,8 +219,12 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, ReservoirError> {
 /// the mark covers, oldest first: what a peer recovering the task must receive. The
 /// segments the checkpoint left for retention to delete are not among them.
 pub fn checkpoint_files(dir: &Path, mark: &[u8]) -> Result<Vec<(PathBuf, u64)>, ReservoirError> {
-    let mark = Mark::decode(mark)
-        .ok_or_else(|| err(format!("{}: unreadable reservoir checkpoint mark", dir.display())))?;
+    let mark = Mark::decode(mark).ok_or_else(|| {
+        err(format!(
+            "{}: unreadable reservoir checkpoint mark",
+            dir.display()
+        ))
+    })?;
     if mark.next_chunk == 0 {
         return Ok(Vec::new());
     }
@@ -255,7 +259,12 @@ fn last_key_of(path: &Path, limit: u64) -> Result<Option<i64>, ReservoirError> {
             .read_exact(&mut header)
             .ok()
             .and_then(|_| ChunkHeader::decode(&header))
-            .ok_or_else(|| err(format!("{}: no valid chunk header at byte {offset}", path.display())))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "{}: no valid chunk header at byte {offset}",
+                    path.display()
+                ))
+            })?;
         last = Some(h.last.0);
         offset += HEADER_BYTES as u64 + h.payload_len as u64;
     }

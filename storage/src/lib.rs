@@ -17,5 +17,6 @@ pub use reservoir::{
     ChunkCodec, MemReservoir, PendingMark, Reservoir, ReservoirError, ReservoirStats, Timed,
 };
 pub use state::{
-    Family, FrozenStore, MemStateStore, OwnedPut, RocksConfig, RocksStore, StateError, StateStore, StoreWriter,
+    Family, FrozenStore, MemStateStore, OwnedPut, RocksConfig, RocksStore, StateError, StateStore,
+    StoreWriter,
 };

@@ -382,7 +382,9 @@ async fn caught_up(port: u16, id: &str, started: Instant) -> Result<Duration> {
         if let Ok(c) = connect(port).await {
             if let Ok(tasks) = rows(&c, "SHOW TASKS").await {
                 let holds = tasks.iter().any(|r| {
-                    (r[3] == id || r[4].split(',').any(|x| x == id)) && r[6] == "0" && !r[5].is_empty()
+                    (r[3] == id || r[4].split(',').any(|x| x == id))
+                        && r[6] == "0"
+                        && !r[5].is_empty()
                 });
                 if holds {
                     return Ok(started.elapsed());
@@ -458,7 +460,10 @@ async fn recovery(a: &Args, kafka: &str, work: &std::path::Path) -> Result<serde
     // n2 leaves (its session expires); a fresh node with peer recovery off replays.
     tokio::time::sleep(Duration::from_secs_f64(a.session_timeout + 3.0)).await;
     let started = Instant::now();
-    let off = [("EDDY_CHECKPOINT_INTERVAL", "2"), ("EDDY_PEER_RECOVERY", "off")];
+    let off = [
+        ("EDDY_CHECKPOINT_INTERVAL", "2"),
+        ("EDDY_PEER_RECOVERY", "off"),
+    ];
     let n3 = node_env(a, kafka, &cluster, "n3", &work.join("n3"), &off)?;
     let by_replay = caught_up(n3.1, "n3", started).await?;
     drop(n3);

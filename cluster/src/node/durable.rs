@@ -72,6 +72,19 @@ impl StorageConfig {
     }
 }
 
+/// A node's transfer counters, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct TransferStats {
+    /// Bytes of checkpoints sent to peers.
+    pub sent_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes received from peers, and bytes of files the node had and kept.
+    pub received_bytes: std::sync::atomic::AtomicU64,
+    pub reused_bytes: std::sync::atomic::AtomicU64,
+    /// Checkpoints installed, and transfers rejected (checksum, order, or cut short).
+    pub installed: std::sync::atomic::AtomicU64,
+    pub rejected: std::sync::atomic::AtomicU64,
+}
+
 pub struct NodeStorage {
     root: PathBuf,
     pub store: Arc<RocksStore>,
@@ -80,7 +93,7 @@ pub struct NodeStorage {
     /// The number of the last committed checkpoint.
     current: std::sync::Mutex<Option<u64>>,
     /// Checkpoints sent to and received from peers.
-    pub transfers: super::transfer::TransferStats,
+    pub transfers: TransferStats,
 }
 
 impl std::fmt::Debug for NodeStorage {

@@ -308,7 +308,10 @@ impl Shard {
     /// with its subscriptions moved over. Returns the log offset it resumes from; after
     /// a failure once the old state was removed, the task is empty and that is 0.
     fn install(&mut self, id: &TaskId, staged: Staged) -> Result<u64> {
-        let storage = self.storage.clone().ok_or_else(|| Error::internal("no storage"))?;
+        let storage = self
+            .storage
+            .clone()
+            .ok_or_else(|| Error::internal("no storage"))?;
         let catalog = self.catalog.clone();
         let stream = catalog
             .stream(&id.stream)
@@ -330,8 +333,13 @@ impl Shard {
         let mut task = match installed {
             Ok(task) => task,
             Err(e) => {
-                eprintln!("eddy: installing a checkpoint of task {id:?} failed, it starts empty: {e}");
-                let _ = storage.store.replace_prefix(&STATE_FAMILIES, &task_prefix(id), &mut || Ok(None));
+                eprintln!(
+                    "eddy: installing a checkpoint of task {id:?} failed, it starts empty: {e}"
+                );
+                let _ =
+                    storage
+                        .store
+                        .replace_prefix(&STATE_FAMILIES, &task_prefix(id), &mut || Ok(None));
                 self.open_from(id, &stream, id.partitioner, None)?
             }
         };

@@ -31,19 +31,6 @@ pub const PIECE_BYTES: usize = 1 << 20;
 /// The families that hold a task's group states.
 pub const STATE_FAMILIES: [Family; 3] = [Family::Aggregates, Family::Distinct, Family::Extremes];
 
-/// A node's transfer counters, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct TransferStats {
-    /// Bytes of checkpoints sent to peers.
-    pub sent_bytes: AtomicU64,
-    /// Bytes received from peers, and bytes of files the node had and kept.
-    pub received_bytes: AtomicU64,
-    pub reused_bytes: AtomicU64,
-    /// Checkpoints installed, and transfers rejected (checksum, order, or cut short).
-    pub installed: AtomicU64,
-    pub rejected: AtomicU64,
-}
-
 /// One message of a transfer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Piece {
@@ -127,9 +114,7 @@ pub fn family_of(b: u8) -> Option<Family> {
 
 /// A segment file's name, as the reservoir writes it: twenty digits and `.seg`.
 fn valid_name(name: &str) -> bool {
-    name.len() == 24
-        && name.ends_with(".seg")
-        && name[..20].bytes().all(|b| b.is_ascii_digit())
+    name.len() == 24 && name.ends_with(".seg") && name[..20].bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The CRC-32 of the first `len` bytes of a file.
@@ -536,7 +521,10 @@ impl Import {
                     }
                 };
                 if offset != file.len {
-                    return Err(rejected(format!("{name}: data at {offset}, expected {}", file.len)));
+                    return Err(rejected(format!(
+                        "{name}: data at {offset}, expected {}",
+                        file.len
+                    )));
                 }
                 file.crc.update(&bytes);
                 file.len += bytes.len() as u64;
@@ -552,7 +540,10 @@ impl Import {
                     return Err(rejected(format!("{name}: the checksum does not match")));
                 }
                 let path = self.scratch.0.join("reservoir").join(&name);
-                let mut out = file.out.into_inner().map_err(|e| io(&path)(e.into_error()))?;
+                let mut out = file
+                    .out
+                    .into_inner()
+                    .map_err(|e| io(&path)(e.into_error()))?;
                 out.flush().map_err(io(&path))?;
                 self.files += 1;
             }
@@ -645,7 +636,9 @@ impl Staged {
     }
 
     /// The staged store entries, in batches of about `PIECE_BYTES`.
-    pub fn batches(&self) -> Result<impl FnMut() -> std::result::Result<Option<Vec<OwnedPut>>, StateError>> {
+    pub fn batches(
+        &self,
+    ) -> Result<impl FnMut() -> std::result::Result<Option<Vec<OwnedPut>>, StateError>> {
         let path = self.scratch.0.join("state.bin");
         let mut file = BufReader::with_capacity(PIECE_BYTES, File::open(&path).map_err(io(&path))?);
         Ok(move || {

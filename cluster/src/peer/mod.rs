@@ -109,8 +109,9 @@ fn status(e: Error) -> Status {
     Status::failed_precondition(e.to_string())
 }
 
-type PieceStream =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<proto::Piece, Status>> + Send>>;
+type PieceStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = std::result::Result<proto::Piece, Status>> + Send>,
+>;
 
 fn to_proto(piece: Piece) -> proto::Piece {
     use proto::piece::Piece as P;
@@ -444,7 +445,12 @@ fn holders(peers: &Peers, task: &TaskId) -> Vec<(String, String)> {
     out
 }
 
-async fn recover_task(peers: &Peers, engine: &Arc<Engine>, task: &TaskId, after: u64) -> Option<u64> {
+async fn recover_task(
+    peers: &Peers,
+    engine: &Arc<Engine>,
+    task: &TaskId,
+    after: u64,
+) -> Option<u64> {
     let storage = engine.storage()?.clone();
     let stats = &storage.transfers;
     for (node, addr) in holders(peers, task) {
@@ -452,7 +458,9 @@ async fn recover_task(peers: &Peers, engine: &Arc<Engine>, task: &TaskId, after:
             Ok(Some(staged)) => staged,
             Ok(None) => continue,
             Err(e) => {
-                stats.rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .rejected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 eprintln!("eddy: recovering task {task:?} from node {node}: {e}");
                 continue;
             }
@@ -460,7 +468,9 @@ async fn recover_task(peers: &Peers, engine: &Arc<Engine>, task: &TaskId, after:
         let (received, reused) = (staged.received, staged.reused);
         match engine.install_task(task, staged).await {
             Ok(end) => {
-                stats.installed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .installed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 eprintln!(
                     "eddy: task {}/{}/{} recovered from node {node}: offset {end}, {received} bytes received, {reused} kept",
                     task.stream, task.partitioner, task.partition

@@ -293,7 +293,14 @@ impl Kafka {
     /// Each held task's next offset and its partition's end (one request to the
     /// broker per task; its lag is the difference).
     pub fn progress(&self) -> BTreeMap<TaskId, (i64, Option<i64>)> {
-        let held: Vec<TaskId> = self.tasks.held.lock().expect("held lock").keys().cloned().collect();
+        let held: Vec<TaskId> = self
+            .tasks
+            .held
+            .lock()
+            .expect("held lock")
+            .keys()
+            .cloned()
+            .collect();
         let positions = self.positions();
         held.into_iter()
             .filter_map(|task| {

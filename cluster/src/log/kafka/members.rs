@@ -97,12 +97,22 @@ impl Kafka {
     /// session timeouts) until the plan gives it no task, so its active tasks move to
     /// their replicas while it still answers. Returns how many tasks it handed over.
     pub async fn hand_over(&self) -> Result<usize> {
-        let Some(mut facts) = self.members.announced.lock().expect("announced lock").clone() else {
+        let Some(mut facts) = self
+            .members
+            .announced
+            .lock()
+            .expect("announced lock")
+            .clone()
+        else {
             return Ok(0);
         };
         let view = self.view();
         let held = view.plan.roles_of(&self.config.node).len();
-        let others = view.alive.iter().filter(|n| **n != self.config.node).count();
+        let others = view
+            .alive
+            .iter()
+            .filter(|n| **n != self.config.node)
+            .count();
         if held == 0 || others == 0 {
             return Ok(0);
         }
