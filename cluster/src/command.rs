@@ -118,6 +118,10 @@ pub(crate) enum Command {
     Watch {
         stream: String,
         partitioner: usize,
+        /// Only these partitions (`None`: all); and those whose current rows are not
+        /// sent first (tasks this node holds no copy of: a peer sends theirs).
+        only: Option<Vec<u32>>,
+        quiet: Vec<u32>,
         id: WatchId,
         target: WatchTarget,
         watcher: Arc<dyn Watcher>,

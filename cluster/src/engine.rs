@@ -69,6 +69,20 @@ pub trait Remote: Send + Sync {
         stream: &'a str,
         partitions: Vec<u32>,
     ) -> LogFuture<'a, Vec<Row>>;
+
+    /// Whether this node holds a copy (active or replica) of `task`.
+    fn holds(&self, task: &TaskId) -> bool;
+
+    /// Feeds `watcher` the changes of a metric's tasks this node holds no copy of, from
+    /// the nodes they are active on, following the plan, until it is aborted or the
+    /// watcher goes away.
+    fn watch(
+        &self,
+        stream: String,
+        partitioner: usize,
+        metric: String,
+        watcher: Arc<dyn Watcher>,
+    ) -> tokio::task::AbortHandle;
 }
 
 pub struct Engine {
@@ -84,6 +98,10 @@ pub struct Engine {
     /// Set by the last checkpoint (at shutdown): no other runs after it.
     closed: std::sync::atomic::AtomicBool,
     pub checkpoints: CheckpointStats,
+    /// The catalog installed last.
+    catalog: std::sync::Mutex<Arc<Catalog>>,
+    /// Feeds of subscriptions from tasks active on other nodes (cluster mode).
+    remote_watches: std::sync::Mutex<std::collections::HashMap<WatchId, tokio::task::AbortHandle>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -113,6 +131,8 @@ impl Engine {
             checkpointing: tokio::sync::Mutex::new(()),
             closed: Default::default(),
             checkpoints: CheckpointStats::default(),
+            catalog: Default::default(),
+            remote_watches: Default::default(),
         }
     }
 
@@ -296,7 +316,9 @@ impl Engine {
             .shards
             .ask_all(|reply| Command::Catalog(catalog.clone(), reply))
             .await?;
-        replies.into_iter().collect()
+        replies.into_iter().collect::<Result<()>>()?;
+        *self.catalog.lock().expect("catalog lock") = catalog;
+        Ok(())
     }
 
     /// Routes events to the tasks of every partitioner and gathers the replies per event.
@@ -490,10 +512,72 @@ impl Engine {
         id: WatchId,
         watcher: Arc<dyn Watcher>,
     ) -> Result<()> {
+        // In a cluster, tasks this node holds no copy of change elsewhere: a peer sends
+        // their current rows and changes instead.
+        let remote = self
+            .remote
+            .get()
+            .filter(|_| matches!(target, WatchTarget::Metric(_)));
+        let quiet: Vec<u32> = match remote {
+            Some(r) => (0..self.partition_count(stream, partitioner))
+                .filter(|&partition| {
+                    !r.holds(&TaskId {
+                        stream: stream.to_string(),
+                        partitioner,
+                        partition,
+                    })
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        self.watch_partitions(
+            stream,
+            partitioner,
+            None,
+            quiet,
+            target.clone(),
+            id,
+            watcher.clone(),
+        )
+        .await?;
+        if let (Some(remote), WatchTarget::Metric(metric)) = (remote, target) {
+            let feed = remote.watch(stream.to_string(), partitioner, metric, watcher);
+            self.remote_watches
+                .lock()
+                .expect("remote watches lock")
+                .insert(id, feed);
+        }
+        Ok(())
+    }
+
+    /// The tasks of one partitioner of a stream, as the installed catalog has them.
+    fn partition_count(&self, stream: &str, partitioner: usize) -> u32 {
+        let catalog = self.catalog.lock().expect("catalog lock").clone();
+        catalog
+            .stream(stream)
+            .filter(|s| partitioner < s.partitioner_count())
+            .map_or(0, |s| s.tasks_per_partitioner())
+    }
+
+    /// Attaches a watcher to some tasks of this node only (`only`: these partitions, or
+    /// all), without the current rows of the `quiet` ones.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn watch_partitions(
+        &self,
+        stream: &str,
+        partitioner: usize,
+        only: Option<Vec<u32>>,
+        quiet: Vec<u32>,
+        target: WatchTarget,
+        id: WatchId,
+        watcher: Arc<dyn Watcher>,
+    ) -> Result<()> {
         self.shards
             .ask_all(|reply| Command::Watch {
                 stream: stream.to_string(),
                 partitioner,
+                only: only.clone(),
+                quiet: quiet.clone(),
                 id,
                 target: target.clone(),
                 watcher: watcher.clone(),
@@ -505,6 +589,14 @@ impl Engine {
 
     /// Detaches a subscription from every task.
     pub async fn unwatch(&self, id: WatchId) {
+        if let Some(feed) = self
+            .remote_watches
+            .lock()
+            .expect("remote watches lock")
+            .remove(&id)
+        {
+            feed.abort();
+        }
         for shard in 0..self.shards() {
             let _ = self.send(shard, Command::Unwatch(id)).await;
         }

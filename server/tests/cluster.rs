@@ -178,18 +178,43 @@ async fn stop_writers(load: &Arc<Load>, writers: Vec<tokio::task::JoinHandle<()>
     }
 }
 
-/// Every node answers every group exactly as the acknowledged events say.
-async fn check_every_node(ports: &[u16], acked: &Acked) {
+/// The metric's rows the acknowledged events make: (card, n, s), by card.
+fn model(acked: &Acked) -> Vec<Vec<Option<String>>> {
     let mut want: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     for (card, amount) in acked.lock().unwrap().values() {
         let e = want.entry(card.clone()).or_default();
         e.0 += 1;
         e.1 += amount;
     }
-    let want: Vec<Vec<Option<String>>> = want
-        .into_iter()
+    want.into_iter()
         .map(|(card, (n, s))| vec![Some(card), Some(n.to_string()), Some(s.to_string())])
-        .collect();
+        .collect()
+}
+
+/// The next `n` rows of a subscription.
+async fn next_rows(
+    stream: &mut std::pin::Pin<Box<tokio_postgres::SimpleQueryStream>>,
+    n: usize,
+) -> Vec<Vec<Option<String>>> {
+    use futures::StreamExt;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let msg = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {n} rows arrived: {out:?}", out.len()))
+            .expect("the subscription ended")
+            .expect("the subscription failed");
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = msg {
+            // The columns asked for; `changed_at` follows them.
+            out.push(common::text_row(&r)[..3].to_vec());
+        }
+    }
+    out
+}
+
+/// Every node answers every group exactly as the acknowledged events say.
+async fn check_every_node(ports: &[u16], acked: &Acked) {
+    let want = model(acked);
     for &port in ports {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -380,6 +405,37 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
 
     let all: Vec<u16> = nodes[1..].iter().map(|n| n.port).collect();
     check_every_node(&all, &load.acked).await;
+
+    // A subscription through n4, which holds a copy of only some tasks, sees every group
+    // once: the other tasks' rows and changes come from the nodes they are active on.
+    let sub = connect_port(nodes[3].port).await;
+    let mut changes = Box::pin(
+        sub.simple_query_raw("SELECT card, n, s FROM total EMIT CHANGES")
+            .await
+            .unwrap(),
+    );
+    let want = model(&load.acked);
+    let mut snapshot = next_rows(&mut changes, want.len()).await;
+    snapshot.sort();
+    assert_eq!(snapshot, want, "the subscription's first rows");
+    let writer = connect_port(nodes[1].port).await;
+    for card in want.iter().map(|r| r[0].clone().unwrap()) {
+        let id = load.next.fetch_add(1, Ordering::AcqRel);
+        writer
+            .simple_query(&format!(
+                "INSERT INTO pay VALUES ({id}, '2026-01-01 10:00:00', '{card}', 1)"
+            ))
+            .await
+            .unwrap();
+        load.acked.lock().unwrap().insert(id, (card, 1));
+    }
+    let mut changed = next_rows(&mut changes, want.len()).await;
+    changed.sort();
+    assert_eq!(
+        changed,
+        model(&load.acked),
+        "one change per group, with its new values"
+    );
     // n4 got its tasks' checkpoints from peers (with nothing of its own to start from).
     let said = nodes[3].eddy.as_ref().unwrap().output();
     let recovered: Vec<&String> = said

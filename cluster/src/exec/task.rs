@@ -758,6 +758,17 @@ impl Task {
     /// Attaches a subscription. A metric watch first receives every current row of the
     /// metric in this task, stamped with the task's stream time.
     pub fn watch(&mut self, id: WatchId, target: WatchTarget, watcher: Arc<dyn Watcher>) {
+        self.watch_as(id, target, watcher, true)
+    }
+
+    /// `watch`, with or without the current rows first.
+    pub fn watch_as(
+        &mut self,
+        id: WatchId,
+        target: WatchTarget,
+        watcher: Arc<dyn Watcher>,
+        snapshot: bool,
+    ) {
         let slot = match &target {
             WatchTarget::Metric(name) => match self.metrics.iter().position(|m| &m.name == name) {
                 Some(slot) => slot,
@@ -765,7 +776,7 @@ impl Task {
             },
             WatchTarget::Stream => 0,
         };
-        if let (WatchTarget::Metric(_), Some(t)) = (&target, self.time) {
+        if let (WatchTarget::Metric(_), Some(t), true) = (&target, self.time, snapshot) {
             let m = &self.metrics[slot];
             let w = &mut self.windows[m.window];
             let epoch = w.epoch;

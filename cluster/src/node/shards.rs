@@ -424,17 +424,23 @@ impl Shard {
                 Command::Watch {
                     stream,
                     partitioner,
+                    only,
+                    quiet,
                     id,
                     target,
                     watcher,
                     reply,
                 } => {
-                    for (_, task) in self
-                        .tasks
-                        .iter_mut()
-                        .filter(|(t, _)| t.stream == stream && t.partitioner == partitioner)
-                    {
-                        task.watch(id, target.clone(), watcher.clone());
+                    let wanted = |p: u32| only.as_ref().is_none_or(|ps| ps.contains(&p));
+                    for (t, task) in self.tasks.iter_mut().filter(|(t, _)| {
+                        t.stream == stream && t.partitioner == partitioner && wanted(t.partition)
+                    }) {
+                        task.watch_as(
+                            id,
+                            target.clone(),
+                            watcher.clone(),
+                            !quiet.contains(&t.partition),
+                        );
                     }
                     let _ = reply.send(());
                 }

@@ -11,7 +11,7 @@
 //! Invariant: a node answers a peer only from its own tasks, never by asking a further
 //! peer, so a read crosses at most one hop and cannot loop.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -35,7 +35,9 @@ pub mod proto {
 
 use proto::peer_client::PeerClient;
 use proto::peer_server::{Peer, PeerServer};
-use proto::{CheckpointRequest, MetricRowsRequest, Rows, StreamRowsRequest};
+use proto::{CheckpointRequest, MetricRowsRequest, Rows, StreamRowsRequest, WatchRequest};
+
+use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 use crate::log::kafka::Recover;
 use crate::node::transfer::{family_of, Fault, Have, Piece};
@@ -169,9 +171,105 @@ fn from_proto(piece: proto::Piece) -> Option<Piece> {
     })
 }
 
+type ChangeStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = std::result::Result<proto::Changes, Status>> + Send>,
+>;
+
+/// Changes a remote watch has not sent yet, at most (in messages); a reader further
+/// behind is cut off and subscribes again.
+const WATCH_BACKLOG: usize = 256;
+
+/// Forwards a task's changes to a peer's subscription; never blocks the shard.
+struct Forward {
+    tx: tokio::sync::mpsc::Sender<std::result::Result<proto::Changes, Status>>,
+}
+
+impl Watcher for Forward {
+    fn deliver(&self, changes: &[Change]) -> bool {
+        self.tx
+            .try_send(Ok(proto::Changes {
+                changes: encode_changes(changes),
+            }))
+            .is_ok()
+    }
+
+    fn end(&self, error: Error) {
+        let _ = self
+            .tx
+            .try_send(Err(Status::failed_precondition(error.to_string())));
+    }
+}
+
+fn encode_changes(changes: &[Change]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(changes.len() as u32).to_le_bytes());
+    for c in changes {
+        out.extend_from_slice(&(c.key.len() as u32).to_le_bytes());
+        out.extend_from_slice(&c.key);
+        codec::encode_row(&c.row, &mut out);
+    }
+    out
+}
+
+fn decode_changes(bytes: &[u8]) -> Option<Vec<Change>> {
+    let mut r = Reader(bytes);
+    let n = r.u32()? as usize;
+    let mut out = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let k = r.u32()? as usize;
+        let key = r.take(k)?.to_vec().into_boxed_slice();
+        out.push(Change {
+            key,
+            row: codec::read_row(&mut r)?,
+        });
+    }
+    Some(out)
+}
+
+/// Ids of watches peers open here: the top bit set, apart from local subscriptions'.
+fn remote_watch_id() -> WatchId {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    (1 << 63) | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 #[tonic::async_trait]
 impl Peer for Service {
     type CheckpointStream = PieceStream;
+    type WatchStream = ChangeStream;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> std::result::Result<Response<ChangeStream>, Status> {
+        let r = request.into_inner();
+        let engine = self.engine()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BACKLOG);
+        let id = remote_watch_id();
+        let forward = Arc::new(Forward { tx: tx.clone() });
+        engine
+            .watch_partitions(
+                &r.stream,
+                r.partitioner as usize,
+                Some(r.partitions),
+                Vec::new(),
+                WatchTarget::Metric(r.metric),
+                id,
+                forward,
+            )
+            .await
+            .map_err(status)?;
+        // Detached once the asker goes (or was cut off).
+        let weak = Arc::downgrade(&engine);
+        tokio::spawn(async move {
+            tx.closed().await;
+            if let Some(engine) = weak.upgrade() {
+                engine.unwatch(id).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 
     async fn checkpoint(
         &self,
@@ -323,7 +421,132 @@ impl Peers {
     }
 }
 
+/// A task that is aborted when dropped.
+struct Feed(tokio::task::JoinHandle<()>);
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Peers {
+    /// A channel for long-lived streams (no request timeout).
+    fn stream_client(&self, addr: &str) -> Result<PeerClient<Channel>> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| Error::internal(format!("peer address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true);
+        Ok(PeerClient::new(endpoint.connect_lazy()).max_decoding_message_size(64 << 20))
+    }
+
+    /// Where each of a metric's tasks that this node holds no copy of is active: peer
+    /// address → partitions.
+    fn sources(&self, stream: &str, partitioner: usize) -> BTreeMap<String, Vec<u32>> {
+        let view = self.view.read().expect("view lock");
+        let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (t, p) in &view.plan.tasks {
+            if t.stream != stream
+                || t.partitioner != partitioner
+                || p.copies().any(|m| *m == self.me)
+            {
+                continue;
+            }
+            if let Some(f) = view
+                .facts
+                .get(&p.active)
+                .filter(|f| !f.peer_addr.is_empty())
+            {
+                out.entry(f.peer_addr.clone())
+                    .or_default()
+                    .push(t.partition);
+            }
+        }
+        out
+    }
+}
+
+/// Reads one peer's changes into `watcher` until the stream ends; false once the
+/// watcher is gone.
+async fn read_feed(
+    client: Result<PeerClient<Channel>>,
+    request: WatchRequest,
+    watcher: Arc<dyn Watcher>,
+) -> bool {
+    let Ok(mut client) = client else {
+        return true;
+    };
+    let Ok(response) = client.watch(request).await else {
+        return true;
+    };
+    let mut stream = response.into_inner();
+    while let Ok(Some(message)) = stream.message().await {
+        let Some(changes) = decode_changes(&message.changes) else {
+            return true;
+        };
+        if !watcher.deliver(&changes) {
+            return false;
+        }
+    }
+    true
+}
+
+/// How often a subscription's feeds follow the plan.
+const FEED_EVERY: Duration = Duration::from_millis(200);
+
 impl Remote for Peers {
+    fn holds(&self, task: &TaskId) -> bool {
+        let view = self.view.read().expect("view lock");
+        view.plan
+            .placement(task)
+            .is_some_and(|p| p.copies().any(|m| *m == self.me))
+    }
+
+    fn watch(
+        &self,
+        stream: String,
+        partitioner: usize,
+        metric: String,
+        watcher: Arc<dyn Watcher>,
+    ) -> tokio::task::AbortHandle {
+        let me = Peers {
+            me: self.me.clone(),
+            view: self.view.clone(),
+            clients: Mutex::default(),
+        };
+        let task = tokio::spawn(async move {
+            let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut feeds: HashMap<String, (Vec<u32>, Feed)> = HashMap::new();
+            while !gone.load(std::sync::atomic::Ordering::Acquire) {
+                let wanted = me.sources(&stream, partitioner);
+                feeds.retain(|addr, (parts, feed)| {
+                    wanted.get(addr) == Some(parts) && !feed.0.is_finished()
+                });
+                for (addr, parts) in wanted {
+                    if feeds.contains_key(&addr) {
+                        continue;
+                    }
+                    let request = WatchRequest {
+                        stream: stream.clone(),
+                        partitioner: partitioner as u32,
+                        partitions: parts.clone(),
+                        metric: metric.clone(),
+                    };
+                    let (client, watcher, gone) =
+                        (me.stream_client(&addr), watcher.clone(), gone.clone());
+                    let feed = tokio::spawn(async move {
+                        if !read_feed(client, request, watcher).await {
+                            gone.store(true, std::sync::atomic::Ordering::Release);
+                        }
+                    });
+                    feeds.insert(addr, (parts, Feed(feed)));
+                }
+                tokio::time::sleep(FEED_EVERY).await;
+            }
+        });
+        task.abort_handle()
+    }
+
     fn elsewhere(&self, task: &TaskId) -> Option<String> {
         let view = self.view.read().expect("view lock");
         let placement = view.plan.placement(task)?;
