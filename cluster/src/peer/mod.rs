@@ -626,7 +626,10 @@ struct Recovery {
 }
 
 impl Recover for Recovery {
-    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>) {
+    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>) -> bool {
+        if holders(&self.peers, &task).is_empty() {
+            return false;
+        }
         let (peers, engine) = (self.peers.clone(), self.engine.clone());
         self.runtime.spawn(async move {
             let end = match engine.upgrade() {
@@ -635,6 +638,7 @@ impl Recover for Recovery {
             };
             done(end);
         });
+        true
     }
 }
 

@@ -117,8 +117,9 @@ impl Role {
 pub trait Recover: Send + Sync {
     /// Brings `task`, which resumes at offset `after` here, up to a newer checkpoint of a
     /// peer if there is one, then calls `done` with the offset it resumes from: `Some`
-    /// after an install, `None` to replay the partition from `after`.
-    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>);
+    /// after an install, `None` to replay the partition from `after`. Returns false, and
+    /// drops `done`, when no other node may have a checkpoint of it.
+    fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>) -> bool;
 }
 
 /// Where the task consumer stands: the routes of the current catalog, each partition's
@@ -250,11 +251,18 @@ impl Kafka {
                 }
                 let me = self.clone();
                 let id = task.clone();
-                recovery.recover(
-                    task,
+                let asked = recovery.recover(
+                    task.clone(),
                     after,
                     Box::new(move |end| me.recovered(&id, key, end)),
                 );
+                if !asked {
+                    self.tasks
+                        .recovering
+                        .lock()
+                        .expect("recovering lock")
+                        .remove(&task);
+                }
             }
         }
         // Only a change of the tasks held moves the consumer; a change of roles does not.
