@@ -698,6 +698,7 @@ mod tests {
     fn table_matches_the_model_across_evictions_rewrites_and_reboots() {
         let store = Arc::new(MemStateStore::default());
         let mut t = table(&store);
+        let mut seen = CacheStats::default();
         let mut model: StdMap<Vec<u8>, GroupState> = StdMap::new();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut layout_changes = 0;
@@ -758,14 +759,19 @@ mod tests {
                     assert_eq!(stored(&store, Family::Aggregates), model.len());
                     assert_eq!(stored(&store, Family::Distinct), aux(Family::Distinct));
                     assert_eq!(stored(&store, Family::Extremes), aux(Family::Extremes));
+                    seen += t.stats();
                     t = table(&store);
                 }
             }
             assert_eq!(t.take_failure(), None, "step {step}");
         }
         assert!(layout_changes > 100);
-        let stats = t.stats();
-        assert!(stats.l2_hits > 0 && stats.misses > 0 && stats.writes > 0);
+        // Over every table the reboots opened (one alone may be too short-lived).
+        seen += t.stats();
+        assert!(
+            seen.l2_hits > 0 && seen.misses > 0 && seen.writes > 0,
+            "{seen:?}"
+        );
         t.clear();
         for f in [Family::Aggregates, Family::Distinct, Family::Extremes] {
             assert_eq!(stored(&store, f), 0, "{f:?}");
