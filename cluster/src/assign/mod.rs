@@ -6,6 +6,11 @@
 //! - no member holds more than `budget × processors` copies, where the budget per processor
 //!   is ⌈tasks × replicas / processors of all members⌉.
 //!
+//! Each member is held to its fair share, ⌈copies × its processors / all processors⌉,
+//! which is within the budget; only where the hosts make that impossible (fewer copies
+//! would be placed) does the plan use the whole budget. So a member that joins takes its
+//! share, and the plan says which caps it kept (`Plan::caps`).
+//!
 //! Within them it moves as little as it can. In order:
 //! 1. a task's active copy stays where it is, while its member has budget;
 //! 2. a replica stays where it is, while its member has budget;
@@ -72,6 +77,8 @@ pub struct Plan {
     pub tasks: BTreeMap<TaskId, Placement>,
     /// Copies that neither hosts nor budgets allowed, by task.
     pub missing: BTreeMap<TaskId, usize>,
+    /// The most copies each member could take: its share, or its whole budget.
+    pub caps: BTreeMap<String, usize>,
 }
 
 impl Plan {
@@ -107,6 +114,27 @@ pub fn budgets(facts: &Facts) -> BTreeMap<&str, usize> {
                 m.id.as_str(),
                 (per_processor * m.processors.max(1) as u64) as usize,
             )
+        })
+        .collect()
+}
+
+/// Each member's fair share of the copies the hosts allow: ⌈copies × its processors /
+/// all processors⌉, never above its budget.
+pub fn shares(facts: &Facts) -> BTreeMap<&str, usize> {
+    let hosts: BTreeSet<&str> = facts.members.iter().map(|m| m.host.as_str()).collect();
+    let copies = (facts.tasks.len() * facts.replicas.max(1).min(hosts.len())) as u64;
+    let processors: u64 = facts
+        .members
+        .iter()
+        .map(|m| m.processors.max(1) as u64)
+        .sum();
+    let budget = budgets(facts);
+    facts
+        .members
+        .iter()
+        .map(|m| {
+            let share = (copies * m.processors.max(1) as u64).div_ceil(processors.max(1));
+            (m.id.as_str(), (share as usize).min(budget[m.id.as_str()]))
         })
         .collect()
 }
@@ -162,13 +190,28 @@ impl<'a> Ledger<'a> {
 
 /// The plan for `facts`. See the module docs for what it keeps and prefers.
 pub fn assign(facts: &Facts) -> Plan {
+    let fair = assign_within(facts, shares(facts));
+    let short = |p: &Plan| p.missing.values().sum::<usize>();
+    if fair.missing.is_empty() {
+        return fair;
+    }
+    let full = assign_within(facts, budgets(facts));
+    if short(&full) < short(&fair) {
+        full
+    } else {
+        fair
+    }
+}
+
+/// The plan that holds each member to `caps` copies.
+fn assign_within<'a>(facts: &'a Facts, caps: BTreeMap<&'a str, usize>) -> Plan {
     let mut ledger = Ledger {
         host: facts
             .members
             .iter()
             .map(|m| (m.id.as_str(), m.host.as_str()))
             .collect(),
-        budget: budgets(facts),
+        budget: caps,
         load: facts.members.iter().map(|m| (m.id.as_str(), 0)).collect(),
     };
     let hosts: BTreeSet<&str> = facts.members.iter().map(|m| m.host.as_str()).collect();
@@ -191,6 +234,7 @@ pub fn assign(facts: &Facts) -> Plan {
         return Plan {
             tasks: BTreeMap::new(),
             missing: tasks.iter().map(|t| ((*t).clone(), wanted)).collect(),
+            caps: BTreeMap::new(),
         };
     }
     // 1. Active copies stay.
@@ -255,7 +299,14 @@ pub fn assign(facts: &Facts) -> Plan {
             }
         }
     }
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        caps: ledger
+            .budget
+            .iter()
+            .map(|(m, c)| (m.to_string(), *c))
+            .collect(),
+        ..Plan::default()
+    };
     for &t in &tasks {
         let kept = replicas.remove(t).unwrap_or_default();
         let copies = active.contains_key(t) as usize + kept.len();

@@ -50,8 +50,16 @@ fn check(facts: &Facts, plan: &Plan) -> Result<(), String> {
             facts.tasks.len()
         ));
     }
-    let budget = budgets(facts);
+    let budget: BTreeMap<&str, usize> = plan.caps.iter().map(|(m, c)| (m.as_str(), *c)).collect();
     let load = plan.load();
+    // The invariant: no processor holds more than ⌈copies / processors⌉; the caps the
+    // plan kept are within it.
+    let full_budget = budgets(facts);
+    for (m, c) in &budget {
+        if *c > full_budget[m] {
+            return Err(format!("{m}: cap {c} over the budget {}", full_budget[m]));
+        }
+    }
     for (m, n) in &load {
         if *n > budget[m] {
             return Err(format!(
@@ -102,7 +110,7 @@ fn check(facts: &Facts, plan: &Plan) -> Result<(), String> {
 /// and whatever is missing, must be made somewhere.
 fn moves(facts: &Facts, before: &Plan, plan: &Plan) -> (usize, usize) {
     let alive: BTreeSet<&str> = facts.members.iter().map(|m| m.id.as_str()).collect();
-    let budget = budgets(facts);
+    let budget: BTreeMap<&str, usize> = plan.caps.iter().map(|(m, c)| (m.as_str(), *c)).collect();
     let mut held: BTreeMap<&str, usize> = BTreeMap::new();
     let (mut moved, mut kept_total, mut final_total, mut short) = (0, 0, 0, 0);
     for t in &facts.tasks {
@@ -128,6 +136,36 @@ fn moves(facts: &Facts, before: &Plan, plan: &Plan) -> (usize, usize) {
     let excess: usize = held.iter().map(|(m, n)| n.saturating_sub(budget[m])).sum();
     let fewest = (final_total + excess).saturating_sub(kept_total).max(short);
     (moved, fewest)
+}
+
+#[test]
+fn a_member_that_joins_takes_its_share_and_no_more_moves() {
+    // 6 tasks × 2 copies on 3 members of 2 processors: 4 each. The budget per processor
+    // (⌈12 / 8⌉ = 2) would let the three keep all 12 when a fourth joins; its share is 3.
+    let mut f = facts(
+        vec![
+            member("a", "ha", 2),
+            member("b", "hb", 2),
+            member("c", "hc", 2),
+        ],
+        6,
+        2,
+    );
+    let before = assign(&f);
+    check(&f, &before).unwrap();
+    f.held = held_after(&before, &BTreeMap::new());
+    f.members.push(member("d", "hd", 2));
+    let after = assign(&f);
+    check(&f, &after).unwrap();
+    let load = after.load();
+    assert_eq!(load.get("d"), Some(&3), "{load:?}");
+    assert!(load.values().all(|n| *n == 3), "{load:?}");
+    let (moved, fewest) = moves(&f, &before, &after);
+    assert_eq!((moved, fewest), (3, 3));
+    // Active copies stay where they were.
+    for (t, p) in &after.tasks {
+        assert_eq!(p.active, before.tasks[t].active, "{t:?}");
+    }
 }
 
 #[test]
