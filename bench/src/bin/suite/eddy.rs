@@ -154,22 +154,7 @@ async fn run_one(
         let t = std::time::Instant::now();
         let rows = client.query(&*stmt, &refs).await?;
         let took = t.elapsed();
-        let answers: Vec<Answer> = rows
-            .iter()
-            .map(|r| -> Result<Answer> {
-                Ok(Answer {
-                    n: r.try_get(0)?,
-                    sum: r.try_get(1)?,
-                    avg: r.try_get(2)?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        anyhow::ensure!(
-            answers.len() == chunk.len(),
-            "{} rows for {} events",
-            answers.len(),
-            chunk.len()
-        );
+        let answers = Answer::of_rows(&rows, chunk.len())?;
         tally.record(took, &answers, expected)?;
         bar.inc(chunk.len() as u64);
     }

@@ -149,14 +149,6 @@ pub fn run_all(
     Ok(runs)
 }
 
-fn answer(row: &tokio_postgres::Row) -> Result<Answer> {
-    Ok(Answer {
-        n: row.try_get(0)?,
-        sum: row.try_get(1)?,
-        avg: row.try_get(2)?,
-    })
-}
-
 async fn run_one(
     client: &Client,
     plan: &Plan,
@@ -200,13 +192,7 @@ async fn run_one(
             client.query(&stmt, &[&ids, &ts, &cards, &amounts]).await?
         };
         let took = t.elapsed();
-        let answers: Vec<Answer> = rows.iter().map(answer).collect::<Result<_>>()?;
-        anyhow::ensure!(
-            answers.len() == chunk.len(),
-            "{} rows for {} events",
-            answers.len(),
-            chunk.len()
-        );
+        let answers = Answer::of_rows(&rows, chunk.len())?;
         tally.record(took, &answers, expected)?;
         bar.inc(chunk.len() as u64);
     }

@@ -115,6 +115,21 @@ fn close(got: Option<f64>, want: f64) -> bool {
 }
 
 impl Answer {
+    /// The answer in a row of (n, sum, avg), as Eddy and PostgreSQL return it.
+    pub fn of_row(row: &tokio_postgres::Row) -> Result<Answer> {
+        Ok(Answer {
+            n: row.try_get(0)?,
+            sum: row.try_get(1)?,
+            avg: row.try_get(2)?,
+        })
+    }
+
+    /// The answers of one round trip that sent `sent` events.
+    pub fn of_rows(rows: &[tokio_postgres::Row], sent: usize) -> Result<Vec<Answer>> {
+        anyhow::ensure!(rows.len() == sent, "{} rows for {sent} events", rows.len());
+        rows.iter().map(Answer::of_row).collect()
+    }
+
     /// Whether it is the exact answer (sums and averages to 1e-9, relative).
     pub fn matches(&self, want: &Expected) -> bool {
         let sum = want.sum_cents as f64 / 100.0;
