@@ -648,25 +648,6 @@ async fn in_background<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'sta
 mod tests {
     use super::*;
 
-    /// A stream's partitions spread evenly over the shards, whatever its name.
-    #[test]
-    fn a_streams_tasks_spread_over_every_shard() {
-        for (stream, partitions, shards) in [("a", 2, 2), ("lat_1", 2, 2), ("s", 5, 2), ("x", 7, 3)]
-        {
-            let mut per_shard = vec![0; shards];
-            for partition in 0..partitions {
-                let task = TaskId {
-                    stream: stream.into(),
-                    partitioner: 0,
-                    partition,
-                };
-                per_shard[shard_of(&task, shards)] += 1;
-            }
-            let (min, max) = (per_shard.iter().min(), per_shard.iter().max());
-            assert!(max.unwrap() - min.unwrap() <= 1, "{stream}: {per_shard:?}");
-        }
-    }
-
     /// A checkpoint's background work runs at nice 10, below the shards.
     #[tokio::test]
     async fn background_work_yields_to_the_shards() {
