@@ -17,7 +17,7 @@ cargo build --release -q -p eddy-bench --bin engine
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/task" --collect-atstart=no \
-  --toggle-collect='eddy_cluster::task::Task::ingest' \
+  --toggle-collect='eddy_cluster::exec::task::Task::ingest' \
   "$CARGO_TARGET_DIR/release/engine" --mode task --events "$events" --cards "$cards" \
   --rate "$rate" --aggs "$aggs" >/dev/null 2>"$out/log"
 total=$(awk '/^summary:/ {print $2}' "$out/task")

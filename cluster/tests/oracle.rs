@@ -956,7 +956,7 @@ impl Model {
                     }
                 }
             }
-            (F::Sum, Some(Col::Qty)) if acc.qty_n > 0 => exact(Value::Numeric(acc.qty_sum)),
+            (F::Sum, Some(Col::Qty)) if acc.qty_n > 0 => exact(Value::Numeric(acc.qty_sum.into())),
             (F::Avg, Some(Col::Qty)) if acc.qty_n > 0 => {
                 let value = acc.qty_sum as f64 / acc.qty_n as f64;
                 Exp::Near {

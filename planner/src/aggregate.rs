@@ -12,7 +12,7 @@ use hashbrown::HashMap;
 
 use crate::codec::{decode_value, encode_value, Reader};
 pub use crate::exact::ExactSum;
-use crate::types::{ColumnType, Value};
+use crate::types::{ColumnType, Value, I128};
 
 /// The aggregate functions of the dialect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -115,7 +115,10 @@ impl AggFunc {
         match self {
             AggFunc::CountStar | AggFunc::Count => AggState::Count(0),
             AggFunc::Sum | AggFunc::Avg if arg.is_some_and(|t| t.is_integer()) => {
-                AggState::SumInt { sum: 0, n: 0 }
+                AggState::SumInt {
+                    sum: I128::default(),
+                    n: 0,
+                }
             }
             AggFunc::Sum | AggFunc::Avg => AggState::SumFloat {
                 sum: ExactSum::default(),
@@ -239,7 +242,7 @@ fn add_term(s1: &mut ExactSum, s2: &mut ExactSum, term: MomentTerm, sign: f64) {
 pub enum AggState {
     Count(i64),
     SumInt {
-        sum: i128,
+        sum: I128,
         n: i64,
     },
     SumFloat {
@@ -253,8 +256,9 @@ pub enum AggState {
     },
     Extreme(BTreeMap<OrdValue, u32>),
     Distinct(HashMap<Value, u32>),
-    /// The newest event's value with its (event time, arrival sequence).
-    Last(Option<(i64, u64, Value)>),
+    /// The newest event's value with its (event time, arrival sequence), boxed: it is
+    /// rare, and every state is as large as the largest.
+    Last(Option<Box<(i64, u64, Value)>>),
 }
 
 const STATE_COUNT: u8 = 1;
@@ -275,7 +279,7 @@ impl AggState {
             }
             AggState::SumInt { sum, n } => {
                 out.push(STATE_SUM_INT);
-                out.extend_from_slice(&sum.to_le_bytes());
+                out.extend_from_slice(&sum.get().to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
             }
             AggState::SumFloat { sum, n } => {
@@ -307,7 +311,7 @@ impl AggState {
             }
             AggState::Last(last) => {
                 out.push(STATE_LAST);
-                match last {
+                match last.as_deref() {
                     None => out.push(0),
                     Some((ts, seq, v)) => {
                         out.push(1);
@@ -326,7 +330,7 @@ impl AggState {
         let state = match r.u8()? {
             STATE_COUNT => AggState::Count(r.i64()?),
             STATE_SUM_INT => AggState::SumInt {
-                sum: r.i128()?,
+                sum: r.i128()?.into(),
                 n: r.i64()?,
             },
             STATE_SUM_FLOAT => AggState::SumFloat {
@@ -357,7 +361,7 @@ impl AggState {
             }
             STATE_LAST => match r.u8()? {
                 0 => AggState::Last(None),
-                1 => AggState::Last(Some((r.i64()?, r.u64()?, decode_value(&mut r)?))),
+                1 => AggState::Last(Some(Box::new((r.i64()?, r.u64()?, decode_value(&mut r)?)))),
                 _ => return None,
             },
             _ => return None,
@@ -377,12 +381,12 @@ impl AggState {
         }
         if func == AggFunc::LastValue {
             if let AggState::Last(last) = self {
-                let newer = match last {
+                let newer = match last.as_deref() {
                     Some((lts, lseq, _)) => (ts, seq) > (*lts, *lseq),
                     None => true,
                 };
                 if newer {
-                    *last = Some((ts, seq, v.clone()));
+                    *last = Some(Box::new((ts, seq, v.clone())));
                 }
             }
             return;
@@ -394,7 +398,7 @@ impl AggState {
             AggState::Count(n) => *n += 1,
             AggState::SumInt { sum, n } => {
                 if let Value::Int(x) = v {
-                    *sum += *x as i128;
+                    *sum = (sum.get() + *x as i128).into();
                     *n += 1;
                 }
             }
@@ -434,7 +438,7 @@ impl AggState {
             AggState::Count(n) => *n -= 1,
             AggState::SumInt { sum, n } => {
                 if let Value::Int(x) = v {
-                    *sum -= *x as i128;
+                    *sum = (sum.get() - *x as i128).into();
                     *n -= 1;
                 }
             }
@@ -465,7 +469,7 @@ impl AggState {
                 Value::Null
             }
             (AggState::SumInt { sum, .. }, AggFunc::Sum) => Value::Numeric(*sum),
-            (AggState::SumInt { sum, n }, _) => Value::Float(*sum as f64 / *n as f64),
+            (AggState::SumInt { sum, n }, _) => Value::Float(sum.get() as f64 / *n as f64),
             (AggState::SumFloat { sum, .. }, AggFunc::Sum) => Value::Float(sum.value()),
             (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
             (AggState::Moments { s, n }, _) => moments_result(func, &s[0], &s[1], *n),
@@ -688,7 +692,7 @@ mod tests {
         st.insert(AggFunc::Sum, &Value::Int(i64::MAX), 0, 1);
         assert_eq!(
             st.result(AggFunc::Sum),
-            Value::Numeric(2 * i64::MAX as i128)
+            Value::Numeric((2 * i64::MAX as i128).into())
         );
         st.insert(AggFunc::Sum, &Value::Null, 0, 2);
         st.remove(AggFunc::Sum, &Value::Int(i64::MAX));

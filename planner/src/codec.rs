@@ -77,7 +77,7 @@ pub fn encode_value(v: &Value, out: &mut Vec<u8>) {
         }
         Value::Numeric(n) => {
             out.push(NUMERIC);
-            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(&n.get().to_le_bytes());
         }
         Value::Float(f) => {
             out.push(FLOAT);
@@ -102,7 +102,7 @@ pub fn decode_value(r: &mut Reader<'_>) -> Option<Value> {
         FALSE => Value::Bool(false),
         TRUE => Value::Bool(true),
         INT => Value::Int(r.i64()?),
-        NUMERIC => Value::Numeric(r.i128()?),
+        NUMERIC => Value::Numeric(r.i128()?.into()),
         FLOAT => Value::Float(r.f64()?),
         TEXT => {
             let len = r.u32()? as usize;
@@ -150,7 +150,7 @@ mod tests {
             Value::Bool(true),
             Value::Bool(false),
             Value::Int(-7),
-            Value::Numeric(-(1i128 << 100)),
+            Value::Numeric((-(1i128 << 100)).into()),
             Value::Float(-0.0),
             Value::Float(f64::NAN),
             Value::Text("héllo".into()),

@@ -12,6 +12,7 @@
 //! A sum moves from fixed to wide the first time a value does not fit, and stays wide.
 
 use crate::codec::Reader;
+use crate::types::I128;
 
 /// Fractional bits of the fixed form: the sum is `fixed × 2^-FIX_BITS`.
 const FIX_BITS: i32 = 64;
@@ -24,7 +25,7 @@ const UNIT: f64 = 1.0 / 18_446_744_073_709_551_616.0;
 #[derive(Clone, Debug, Default)]
 pub struct ExactSum {
     /// The sum in 2^-64 units, while `wide` is `None` (0 once it is not).
-    fixed: i128,
+    fixed: I128,
     wide: Option<Box<Wide>>,
 }
 
@@ -171,17 +172,20 @@ impl ExactSum {
     fn put(&mut self, x: f64, sign: i32) {
         if self.wide.is_none() {
             if let Some(units) = to_fixed(x) {
+                let fixed = self.fixed.get();
                 let next = if sign > 0 {
-                    self.fixed.checked_add(units)
+                    fixed.checked_add(units)
                 } else {
-                    self.fixed.checked_sub(units)
+                    fixed.checked_sub(units)
                 };
                 if let Some(next) = next.filter(|v| fits(*v)) {
-                    self.fixed = next;
+                    self.fixed = next.into();
                     return;
                 }
             }
-            self.wide = Some(Box::new(Wide::of_fixed(std::mem::take(&mut self.fixed))));
+            self.wide = Some(Box::new(Wide::of_fixed(
+                std::mem::take(&mut self.fixed).get(),
+            )));
         }
         self.wide.as_mut().expect("made wide above").put(x, sign);
     }
@@ -197,7 +201,7 @@ impl ExactSum {
         let Some(w) = &self.wide else {
             // An integer to a double rounds to nearest, ties to even; scaling by a power
             // of two is then exact (the result is a normal double or zero).
-            return self.fixed as f64 * UNIT;
+            return self.fixed.get() as f64 * UNIT;
         };
         if w.nan > 0 || (w.pos_inf > 0 && w.neg_inf > 0) {
             return f64::NAN;
@@ -215,7 +219,7 @@ impl ExactSum {
     pub fn partials(&self) -> Vec<f64> {
         match &self.wide {
             Some(w) => w.partials.clone(),
-            None => Wide::of_fixed(self.fixed).partials,
+            None => Wide::of_fixed(self.fixed.get()).partials,
         }
     }
 
@@ -249,11 +253,14 @@ impl ExactSum {
                 acc.checked_add(to_fixed(p)?).filter(|v| fits(*v))
             });
             if let Some(fixed) = fixed {
-                return Some(ExactSum { fixed, wide: None });
+                return Some(ExactSum {
+                    fixed: fixed.into(),
+                    wide: None,
+                });
             }
         }
         Some(ExactSum {
-            fixed: 0,
+            fixed: I128::default(),
             wide: Some(Box::new(Wide {
                 partials,
                 nan,

@@ -198,7 +198,7 @@ fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: u
             let mut b = Decimal128Builder::with_capacity(n);
             for v in values {
                 match v {
-                    Value::Numeric(x) => b.append_value(*x),
+                    Value::Numeric(x) => b.append_value(x.get()),
                     Value::Int(x) => b.append_value(*x as i128),
                     _ => b.append_null(),
                 }

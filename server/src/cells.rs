@@ -100,7 +100,7 @@ pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
         (Value::Int(i), ResultType::Column(ColumnType::Int32)) => Cell::I32(*i as i32),
         (Value::Int(i), ResultType::Numeric) => Cell::Numeric(*i as i128, 0),
         (Value::Int(i), _) => Cell::I64(*i),
-        (Value::Numeric(n), _) => Cell::Numeric(*n, 0),
+        (Value::Numeric(n), _) => Cell::Numeric(n.get(), 0),
         (Value::Float(f), ResultType::Column(ColumnType::Float32)) => Cell::F32(*f as f32),
         (Value::Float(f), _) => Cell::F64(*f),
         (Value::Text(s), _) => Cell::Text(s.to_string()),

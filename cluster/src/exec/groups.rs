@@ -30,7 +30,7 @@ const PENDING_MAX: usize = 1024;
 
 /// Aggregate states kept inside a group's table entry; a node with more spills them to
 /// the heap.
-pub const INLINE_STATES: usize = 3;
+pub const INLINE_STATES: usize = 2;
 
 /// A group's aggregate states, one per slot, inline up to `INLINE_STATES`: an event
 /// touches its group's entry and nothing behind a pointer.
@@ -263,11 +263,12 @@ impl Backing {
 }
 
 /// An L1 entry: a state, or a known absence (`None`); dirty ones differ from the store.
-/// `stored` lists the auxiliary entries the store holds for the key.
+/// `stored` lists the auxiliary entries the store holds for the key (boxed, not a `Vec`:
+/// an entry's every byte is paid for in cache misses).
 struct Slot {
     state: Option<GroupState>,
     dirty: bool,
-    stored: Vec<AuxSlot>,
+    stored: Box<[AuxSlot]>,
 }
 
 pub struct GroupTable {
@@ -447,7 +448,7 @@ impl GroupTable {
             }
         };
         self.make_room();
-        let stored = state.as_ref().map(aux_slots).unwrap_or_default();
+        let stored = state.as_ref().map(aux_slots).unwrap_or_default().into();
         self.l1.insert(
             PackedKey::new(key),
             Slot {
@@ -599,12 +600,14 @@ impl GroupTable {
         let mut written = 0;
         for (k, slot) in self.l1.iter_mut().filter(|(_, s)| s.dirty) {
             slot.dirty = false;
-            slot.stored = b.queue(
-                &mut self.pending,
-                k.as_bytes(),
-                slot.state.as_ref(),
-                &slot.stored,
-            );
+            slot.stored = b
+                .queue(
+                    &mut self.pending,
+                    k.as_bytes(),
+                    slot.state.as_ref(),
+                    &slot.stored,
+                )
+                .into();
             written += 1;
         }
         self.write_pending();
@@ -617,7 +620,7 @@ impl Slot {
         Slot {
             state: None,
             dirty: false,
-            stored: Vec::new(),
+            stored: Box::default(),
         }
     }
 }
@@ -642,6 +645,23 @@ mod tests {
             self.0 ^= self.0 << 17;
             self.0 % n
         }
+    }
+
+    /// An event's cost is mostly the cache misses on its group's entry: keep the entry
+    /// (key, count, epoch and the inline states) within a few cache lines.
+    #[test]
+    fn group_entries_stay_small() {
+        use std::mem::size_of;
+        println!(
+            "AggState {} B, Value {} B, GroupState {} B, entry {} B",
+            size_of::<AggState>(),
+            size_of::<Value>(),
+            size_of::<GroupState>(),
+            size_of::<(PackedKey, Slot)>()
+        );
+        assert!(size_of::<Value>() <= 24);
+        assert!(size_of::<AggState>() <= 48);
+        assert!(size_of::<(PackedKey, Slot)>() <= 192);
     }
 
     fn table(store: &Arc<MemStateStore>) -> GroupTable {

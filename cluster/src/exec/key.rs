@@ -100,7 +100,7 @@ pub fn pack(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
             }
             Value::Numeric(v) => {
                 buf.push(NUMERIC);
-                buf.extend_from_slice(&v.to_le_bytes());
+                buf.extend_from_slice(&v.get().to_le_bytes());
             }
         }
     }
@@ -134,9 +134,9 @@ pub fn unpack(mut bytes: &[u8]) -> Vec<Value> {
             TIMESTAMP => Value::Timestamp(i64::from_le_bytes(
                 take(&mut bytes, 8).try_into().expect("8 bytes"),
             )),
-            NUMERIC => Value::Numeric(i128::from_le_bytes(
-                take(&mut bytes, 16).try_into().expect("16 bytes"),
-            )),
+            NUMERIC => Value::Numeric(
+                i128::from_le_bytes(take(&mut bytes, 16).try_into().expect("16 bytes")).into(),
+            ),
             other => panic!("corrupt packed key tag {other}"),
         };
         out.push(v);

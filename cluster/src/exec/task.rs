@@ -130,9 +130,10 @@ struct MetricSlot {
     window: usize,
     filter: usize,
     group: usize,
-    /// Per aggregate of the metric: its state's slot in the group node, and its function
-    /// (which may read a state another function keeps, e.g. AVG a SUM's).
-    aggs: Vec<usize>,
+    /// Per aggregate of the metric: its state's slot in the group node (`None`: COUNT(*),
+    /// which reads the group's event count), and its function (which may read a state
+    /// another function keeps, e.g. AVG a SUM's).
+    aggs: Vec<Option<usize>>,
     funcs: Vec<AggFunc>,
 }
 
@@ -473,13 +474,19 @@ impl Task {
             .collect();
         let wanted_aggs: HashSet<AggKey> = metrics
             .iter()
-            .flat_map(|m| (0..m.aggregates.len()).map(|i| AggKey::of(m, i).state()))
+            .flat_map(|m| (0..m.aggregates.len()).filter_map(|i| state_key(m, i)))
             .collect();
+        let wanted_groups: HashSet<GroupKey> = metrics.iter().map(|m| GroupKey::of(m)).collect();
         // Drop what no metric uses any more, from the leaves up.
         let filters_before = self.used_bits;
         for w in &mut self.windows {
             for f in &mut w.filters {
                 for g in &mut f.groups {
+                    if !wanted_groups.contains(&g.key) {
+                        g.aggs.clear();
+                        g.table.clear();
+                        continue;
+                    }
                     let keep: Vec<bool> = g
                         .aggs
                         .iter()
@@ -493,19 +500,15 @@ impl Task {
                         i += 1;
                         keep[i - 1]
                     });
-                    if g.aggs.is_empty() {
-                        g.table.clear();
-                    } else {
-                        g.table.rewrite(&mut |state| {
-                            let mut j = 0;
-                            state.states.retain(|_| {
-                                j += 1;
-                                keep[j - 1]
-                            });
+                    g.table.rewrite(&mut |state| {
+                        let mut j = 0;
+                        state.states.retain(|_| {
+                            j += 1;
+                            keep[j - 1]
                         });
-                    }
+                    });
                 }
-                f.groups.retain(|g| !g.aggs.is_empty());
+                f.groups.retain(|g| wanted_groups.contains(&g.key));
             }
             let used_bits = &mut self.used_bits;
             w.filters.retain(|f| {
@@ -591,7 +594,7 @@ impl Task {
             };
             let g = &mut f.groups[gi];
             for i in 0..m.aggregates.len() {
-                let ak = AggKey::of(m, i).state();
+                let Some(ak) = state_key(m, i) else { continue };
                 if g.aggs.iter().any(|a| a.key == ak) {
                     continue;
                 }
@@ -652,12 +655,9 @@ impl Task {
                     .expect("group added");
                 let aggs = (0..m.aggregates.len())
                     .map(|i| {
-                        let ak = AggKey::of(m, i).state();
-                        g.groups[gi]
-                            .aggs
-                            .iter()
-                            .position(|a| a.key == ak)
-                            .expect("aggregate added")
+                        let ak = state_key(m, i)?;
+                        let slot = g.groups[gi].aggs.iter().position(|a| a.key == ak);
+                        Some(slot.expect("aggregate added"))
                     })
                     .collect();
                 MetricSlot {
@@ -681,8 +681,7 @@ impl Task {
         let mut order: HashMap<GroupKey, Vec<AggKey>> = HashMap::new();
         for m in metrics {
             let slots = order.entry(GroupKey::of(m)).or_default();
-            for i in 0..m.aggregates.len() {
-                let ak = AggKey::of(m, i).state();
+            for ak in (0..m.aggregates.len()).filter_map(|i| state_key(m, i)) {
                 if !slots.contains(&ak) {
                     slots.push(ak);
                 }
@@ -1215,13 +1214,20 @@ fn change_row(m: &MetricSlot, key: &[u8], state: Option<&GroupState>, t: i64) ->
     }
 }
 
+/// The key of the state aggregate `i` of `m` reads; `None` for COUNT(*), which is the
+/// group's event count and needs no state of its own.
+fn state_key(m: &MetricDef, i: usize) -> Option<AggKey> {
+    (m.aggregates[i].func != AggFunc::CountStar).then(|| AggKey::of(m, i).state())
+}
+
 fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
     m.aggs
         .iter()
         .zip(&m.funcs)
-        .map(|(&a, &func)| match state {
-            Some(s) => s.states[a].result(func),
-            None => match func {
+        .map(|(&a, &func)| match (state, a) {
+            (Some(s), Some(a)) => s.states[a].result(func),
+            (Some(s), None) => Value::Int(s.count),
+            (None, _) => match func {
                 AggFunc::CountStar | AggFunc::Count | AggFunc::CountDistinct => Value::Int(0),
                 _ => Value::Null,
             },
