@@ -18,7 +18,10 @@
 //!    takes a member with a stale copy (the least loaded), else the member with the most
 //!    free budget;
 //! 4. missing replicas go, one round over all tasks at a time, to members with a stale
-//!    copy, then to the members with the most free budget.
+//!    copy, then to the members with the most free budget;
+//! 5. a replica that still has no place, because every member with room shares a host
+//!    with a copy of its task, takes the place of another task's replica on a full member,
+//!    and that replica moves to a member with room.
 //!
 //! A task gets `replicas` copies where the hosts and budgets allow, and fewer otherwise:
 //! the shortfall is in `Plan::missing`, never a broken invariant. Ties go to the lower
@@ -153,13 +156,17 @@ impl<'a> Ledger<'a> {
 
     /// Whether `member` may take a copy of a task whose copies are on `taken`.
     fn fits(&self, member: &str, taken: &[&'a str]) -> bool {
+        self.has_room(member) && self.apart(member, taken)
+    }
+
+    /// Whether `member` is on another host than every copy on `taken`.
+    fn apart(&self, member: &str, taken: &[&'a str]) -> bool {
         let Some(host) = self.host.get(member) else {
             return false;
         };
-        self.has_room(member)
-            && taken
-                .iter()
-                .all(|other| *other != member && self.host.get(other) != Some(host))
+        taken
+            .iter()
+            .all(|other| *other != member && self.host.get(other) != Some(host))
     }
 
     /// Load over budget, for "least loaded" (compared as fractions), then the id.
@@ -173,10 +180,15 @@ impl<'a> Ledger<'a> {
 
     /// The member with the most free budget that fits, ties to the lower id.
     fn most_free(&self, taken: &[&'a str]) -> Option<&'a str> {
+        self.most_free_but(taken, &[])
+    }
+
+    /// As `most_free`, never one of `not`.
+    fn most_free_but(&self, taken: &[&'a str], not: &[String]) -> Option<&'a str> {
         self.budget
             .keys()
             .copied()
-            .filter(|m| self.fits(m, taken))
+            .filter(|m| self.fits(m, taken) && !not.iter().any(|n| n == m))
             .max_by(|a, b| {
                 let free = |m: &str| self.budget[m] - self.load[m];
                 free(a).cmp(&free(b)).then(b.cmp(a))
@@ -296,6 +308,47 @@ fn assign_within<'a>(facts: &'a Facts, caps: BTreeMap<&'a str, usize>) -> Plan {
             if let Some(m) = chosen {
                 ledger.take(m);
                 kept.push(m);
+            }
+        }
+    }
+    // 5. A replica still missing because every member with room shares a host with a
+    //    copy of the task: a full member on another host hands one of its replicas of
+    //    another task to a member with room (where that task allows), and takes this one.
+    for &t in &tasks {
+        while replicas[t].len() + 1 < wanted {
+            let Some(&a) = active.get(t) else { break };
+            let mut taken = replicas[t].clone();
+            taken.push(a);
+            let mut swap = None;
+            'search: for &x in ledger.budget.keys().filter(|x| ledger.apart(x, &taken)) {
+                for &u in tasks.iter().filter(|u| **u != t) {
+                    let Some(at) = replicas[u].iter().position(|m| *m == x) else {
+                        continue;
+                    };
+                    let Some(&ua) = active.get(u) else { continue };
+                    let mut others: Vec<&str> =
+                        replicas[u].iter().copied().filter(|m| *m != x).collect();
+                    others.push(ua);
+                    // Not to a member that held a replica of `u` before: it would have
+                    // been kept, or promoted, ahead of the copies `u` has now.
+                    if let Some(y) = ledger.most_free_but(&others, &held(u).replicas) {
+                        swap = Some((x, u, at, y));
+                        break 'search;
+                    }
+                }
+            }
+            let Some((x, u, at, y)) = swap else { break };
+            ledger.take(y);
+            replicas.get_mut(u).expect("every task")[at] = y;
+            // A former replica of `t` comes before an active copy `t` had nowhere.
+            let before = held(t);
+            let fresh =
+                before.active.as_deref() != Some(a) && !before.replicas.iter().any(|r| r == a);
+            if fresh && before.replicas.iter().any(|r| r == x) {
+                active.insert(t, x);
+                replicas.get_mut(t).expect("every task").push(a);
+            } else {
+                replicas.get_mut(t).expect("every task").push(x);
             }
         }
     }

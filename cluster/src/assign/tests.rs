@@ -188,6 +188,36 @@ fn copies_of_a_task_go_to_distinct_hosts() {
     assert!(plan.missing.is_empty(), "{:?}", plan.missing);
 }
 
+/// Stickiness can leave the only member with room on the host of a task's copy; a
+/// replica of another task then makes room for it (seen in the failover test: a task
+/// kept one copy for good after a node came back).
+#[test]
+fn a_replica_with_no_place_takes_another_tasks_place() {
+    let mut f = facts(
+        vec![
+            member("n1", "h1", 1),
+            member("n2", "h2", 1),
+            member("n3", "h3", 1),
+        ],
+        3,
+        2,
+    );
+    let held = |active: &str, replicas: &[&str]| Held {
+        active: Some(active.into()),
+        replicas: replicas.iter().map(|r| r.to_string()).collect(),
+        stale: Vec::new(),
+    };
+    f.held.insert(task(0), held("n1", &["n2"]));
+    f.held.insert(task(1), held("n2", &["n1"]));
+    f.held.insert(task(2), held("n3", &[]));
+    let plan = assign(&f);
+    check(&f, &plan).unwrap();
+    assert!(plan.missing.is_empty(), "{plan:?}");
+    for p in plan.tasks.values() {
+        assert_eq!(p.copies().count(), 2, "{p:?}");
+    }
+}
+
 #[test]
 fn one_host_gets_one_copy_and_the_shortfall_is_reported() {
     let f = facts(vec![member("a1", "a", 1), member("a2", "a", 1)], 2, 2);

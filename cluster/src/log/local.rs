@@ -241,21 +241,25 @@ impl EventLog for LocalLog {
                 deliveries.push((task, rows, reply));
                 waits.push(rx);
             }
+            // The caller waits for the tasks' answers alone: a failed append answers each
+            // batch with its error, so no second wake-up says that the append is done.
             let shards = shards.clone();
-            let (done, appended) = oneshot::channel();
             self.append(
                 records,
                 durable,
-                Box::new(move |result| {
-                    if let Ok(ends) = &result {
+                Box::new(move |result| match result {
+                    Ok(ends) => {
                         for ((task, rows, reply), end) in deliveries.into_iter().zip(ends) {
-                            shards.deliver(task, rows, values, *end, reply);
+                            shards.deliver(task, rows, values, end, reply);
                         }
                     }
-                    let _ = done.send(result.map(|_| ()));
+                    Err(e) => {
+                        for (_, _, reply) in deliveries {
+                            reply(Err(e.clone()));
+                        }
+                    }
                 }),
             );
-            appended.await.map_err(|_| Self::closed())??;
             Shards::answers(waits).await
         })
     }
