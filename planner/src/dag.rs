@@ -49,12 +49,13 @@ impl AggKey {
     }
 
     /// The key of the state the aggregate reads (`AggFunc::state_func`): aggregates of
-    /// one group node with equal state keys share one state.
-    pub fn state(&self) -> AggKey {
-        AggKey {
+    /// one group node with equal state keys share one state. `None` for COUNT(*): it is
+    /// the group's event count, which a group node keeps for every group anyway.
+    pub fn state(&self) -> Option<AggKey> {
+        (self.func != AggFunc::CountStar).then(|| AggKey {
             func: self.func.state_func(),
             ..self.clone()
-        }
+        })
     }
 }
 

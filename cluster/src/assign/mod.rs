@@ -319,24 +319,24 @@ fn assign_within<'a>(facts: &'a Facts, caps: BTreeMap<&'a str, usize>) -> Plan {
             let Some(&a) = active.get(t) else { break };
             let mut taken = replicas[t].clone();
             taken.push(a);
-            let mut swap = None;
-            'search: for &x in ledger.budget.keys().filter(|x| ledger.apart(x, &taken)) {
-                for &u in tasks.iter().filter(|u| **u != t) {
-                    let Some(at) = replicas[u].iter().position(|m| *m == x) else {
-                        continue;
-                    };
-                    let Some(&ua) = active.get(u) else { continue };
-                    let mut others: Vec<&str> =
-                        replicas[u].iter().copied().filter(|m| *m != x).collect();
-                    others.push(ua);
-                    // Not to a member that held a replica of `u` before: it would have
-                    // been kept, or promoted, ahead of the copies `u` has now.
-                    if let Some(y) = ledger.most_free_but(&others, &held(u).replicas) {
-                        swap = Some((x, u, at, y));
-                        break 'search;
-                    }
-                }
-            }
+            // `x`, on another host, is full (step 4 found no room): it gives up its
+            // replica of a task `u` to `y`, which has room, is apart from `u`'s other
+            // copies, and held no replica of `u` before (it would have been kept).
+            let swap = ledger
+                .budget
+                .keys()
+                .copied()
+                .filter(|x| ledger.apart(x, &taken))
+                .find_map(|x| {
+                    tasks.iter().copied().filter(|u| *u != t).find_map(|u| {
+                        let at = replicas[u].iter().position(|m| *m == x)?;
+                        let mut others: Vec<&str> =
+                            replicas[u].iter().copied().filter(|m| *m != x).collect();
+                        others.push(active.get(u)?);
+                        let y = ledger.most_free_but(&others, &held(u).replicas)?;
+                        Some((x, u, at, y))
+                    })
+                });
             let Some((x, u, at, y)) = swap else { break };
             ledger.take(y);
             replicas.get_mut(u).expect("every task")[at] = y;

@@ -474,7 +474,7 @@ impl Task {
             .collect();
         let wanted_aggs: HashSet<AggKey> = metrics
             .iter()
-            .flat_map(|m| (0..m.aggregates.len()).filter_map(|i| state_key(m, i)))
+            .flat_map(|m| (0..m.aggregates.len()).filter_map(|i| AggKey::of(m, i).state()))
             .collect();
         let wanted_groups: HashSet<GroupKey> = metrics.iter().map(|m| GroupKey::of(m)).collect();
         // Drop what no metric uses any more, from the leaves up.
@@ -594,7 +594,9 @@ impl Task {
             };
             let g = &mut f.groups[gi];
             for i in 0..m.aggregates.len() {
-                let Some(ak) = state_key(m, i) else { continue };
+                let Some(ak) = AggKey::of(m, i).state() else {
+                    continue;
+                };
                 if g.aggs.iter().any(|a| a.key == ak) {
                     continue;
                 }
@@ -655,7 +657,7 @@ impl Task {
                     .expect("group added");
                 let aggs = (0..m.aggregates.len())
                     .map(|i| {
-                        let ak = state_key(m, i)?;
+                        let ak = AggKey::of(m, i).state()?;
                         let slot = g.groups[gi].aggs.iter().position(|a| a.key == ak);
                         Some(slot.expect("aggregate added"))
                     })
@@ -681,7 +683,7 @@ impl Task {
         let mut order: HashMap<GroupKey, Vec<AggKey>> = HashMap::new();
         for m in metrics {
             let slots = order.entry(GroupKey::of(m)).or_default();
-            for ak in (0..m.aggregates.len()).filter_map(|i| state_key(m, i)) {
+            for ak in (0..m.aggregates.len()).filter_map(|i| AggKey::of(m, i).state()) {
                 if !slots.contains(&ak) {
                     slots.push(ak);
                 }
@@ -1212,12 +1214,6 @@ fn change_row(m: &MetricSlot, key: &[u8], state: Option<&GroupState>, t: i64) ->
         key: key.into(),
         row,
     }
-}
-
-/// The key of the state aggregate `i` of `m` reads; `None` for COUNT(*), which is the
-/// group's event count and needs no state of its own.
-fn state_key(m: &MetricDef, i: usize) -> Option<AggKey> {
-    (m.aggregates[i].func != AggFunc::CountStar).then(|| AggKey::of(m, i).state())
 }
 
 fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
