@@ -22,7 +22,7 @@ fi
 python3 -c 'import psycopg' 2>/dev/null || python3 -m pip install -q "psycopg[binary]" 2>/dev/null \
   || python3 -m pip install -q --break-system-packages "psycopg[binary]"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
-cargo build --release -q -p eddy-server --bin eddy
+cargo build --release -q --workspace --bins  # the warm target's feature set: -p would rebuild rocksdb
 
 work=$(mktemp -d)
 chmod 755 "$work"

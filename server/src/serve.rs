@@ -219,3 +219,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Threads for the network and SQL runtime when none are asked for: the cores the shards
+/// leave, and at least one. Measured on 2 cores with 2 shards (`frontdoor`), one thread
+/// instead of two gave 18% more single-row statements and 33% more COPY rows per second:
+/// a second runtime thread only takes turns with the shards, and its wake-ups cost more
+/// than it adds.
+pub fn io_threads_for(shards: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(shards).max(1)
+}

@@ -15,6 +15,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Bytes of a record's header: length and CRC.
 const HEADER_BYTES: usize = 8;
@@ -52,7 +53,8 @@ struct Segment {
 pub struct TaskLog {
     dir: PathBuf,
     segments: Vec<Segment>,
-    active: File,
+    /// Shared with `Unsynced` handles, which fsync it outside the writer's lock.
+    active: Arc<File>,
     active_bytes: u64,
     next: u64,
     segment_bytes_max: u64,
@@ -114,6 +116,19 @@ fn scan(path: &Path, mut each: impl FnMut(Vec<u8>)) -> Result<SegmentScan, LogEr
         records,
         bad: None,
     })
+}
+
+/// The active segment of a log with records written but not yet durable (earlier
+/// segments were synced when the log rolled past them).
+pub struct Unsynced {
+    file: Arc<File>,
+    path: PathBuf,
+}
+
+impl Unsynced {
+    pub fn sync(self) -> Result<(), LogError> {
+        self.file.sync_data().map_err(io_err(&self.path))
+    }
 }
 
 impl TaskLog {
@@ -178,7 +193,7 @@ impl TaskLog {
         Ok(TaskLog {
             dir: dir.to_path_buf(),
             segments,
-            active,
+            active: Arc::new(active),
             active_bytes,
             next,
             segment_bytes_max,
@@ -218,7 +233,7 @@ impl TaskLog {
             return Ok(());
         }
         let path = &self.segments.last().expect("one segment").path;
-        self.active.write_all(buf).map_err(io_err(path))?;
+        (&*self.active).write_all(buf).map_err(io_err(path))?;
         self.active_bytes += buf.len() as u64;
         self.dirty = true;
         Ok(())
@@ -228,11 +243,13 @@ impl TaskLog {
     fn roll(&mut self) -> Result<(), LogError> {
         self.sync()?;
         let path = self.dir.join(segment_name(self.next));
-        self.active = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        self.active = Arc::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(io_err(&path))?,
+        );
         sync_dir(&self.dir)?;
         self.segments.push(Segment {
             base: self.next,
@@ -244,12 +261,24 @@ impl TaskLog {
 
     /// Makes every appended record durable.
     pub fn sync(&mut self) -> Result<(), LogError> {
-        if self.dirty {
-            let path = &self.segments.last().expect("one segment").path;
-            self.active.sync_data().map_err(io_err(path))?;
-            self.dirty = false;
+        match self.unsynced() {
+            Some(u) => u.sync(),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// What `sync` would make durable, as a handle that can do it later and on another
+    /// thread (so appends need not wait for an fsync); `None` when nothing is. The log
+    /// counts as synced from here on: the caller owns the fsync, and its error.
+    pub fn unsynced(&mut self) -> Option<Unsynced> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        Some(Unsynced {
+            file: self.active.clone(),
+            path: self.segments.last().expect("one segment").path.clone(),
+        })
     }
 
     /// Calls `f` with every record from `offset` on, in order.

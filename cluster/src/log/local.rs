@@ -1,31 +1,32 @@
 //! The event log tasks read from. `LocalLog` is the embedded default: one `TaskLog` per
-//! task under `DATA_DIR/log/`, written by one thread that commits in groups — every
-//! statement waiting when an fsync starts shares it. Kafka plays the same role in cluster
-//! mode.
+//! task under `DATA_DIR/log/`. Callers write their records themselves, under the log's
+//! lock; one committer thread makes them durable in groups — every statement waiting
+//! when an fsync starts shares it. Kafka plays the same role in cluster mode.
 //!
-//! An append is either durable (`synchronous_commit = on`: its continuation runs after
-//! the fsync that covers it) or written (`off`: its continuation runs once its records are
-//! in the files' OS buffers, and an fsync follows within the commit delay).
+//! An append is either durable (`synchronous_commit = on`: its continuation runs on the
+//! committer after the fsync that covers it) or written (`off`: its continuation runs at
+//! once, on the caller, and an fsync follows within the commit delay). A written append
+//! that finds continuations still queued waits behind them, so it takes no thread hop
+//! unless an earlier one needs one.
 //!
-//! Invariants: continuations run on the writer thread in append order — so whatever they
-//! hand to the tasks reaches them in log order — and a durable append's continuation runs
-//! only once every record it was given is durable; a task's log replays exactly the
-//! records appended to it; `sync` returns once every record appended before it is
-//! durable (a checkpoint calls it before it commits, so it never covers a record a crash
-//! could still lose).
+//! Invariants: continuations run in append order — so whatever they hand to the tasks
+//! reaches them in log order — and a durable append's continuation runs only once every
+//! record it was given is durable; a task's log replays exactly the records appended to
+//! it; `sync` returns once every record appended before it is durable (a checkpoint
+//! calls it before it commits, so it never covers a record a crash could still lose).
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::log::{TaskLog, SEGMENT_BYTES_MAX};
+use eddy_storage::log::{TaskLog, Unsynced, SEGMENT_BYTES_MAX};
 
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::codec;
@@ -35,37 +36,18 @@ use crate::log::{Answers, EventLog, LogFuture, TaskBatch};
 use crate::node::shards::{tasks_of, Shards};
 use crate::route::{dir_name, TaskId};
 
-/// What runs after an append is durable (or failed), on the writer thread. It gets each
-/// batch's task log end: the offset after the batch's last record.
+/// What runs once an append is durable (or written, or failed). It gets each batch's
+/// task log end: the offset after the batch's last record.
 pub type AfterAppend = Box<dyn FnOnce(Result<Vec<u64>>) + Send>;
 
-enum Request {
-    Append {
-        batches: Vec<(TaskId, Vec<Vec<u8>>)>,
-        durable: bool,
-        after: AfterAppend,
-    },
-    Sync {
-        reply: oneshot::Sender<Result<()>>,
-    },
-    DropStream {
-        stream: String,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    Truncate {
-        task: TaskId,
-        before: u64,
-    },
-}
-
-/// Counters of the log writer, for SHOW STORAGE and /metrics.
+/// Counters of the log, for SHOW STORAGE and /metrics.
 #[derive(Debug, Default)]
 pub struct LogStats {
-    /// Statements (append calls) made durable.
+    /// Statements (append calls) written.
     pub appends: AtomicU64,
     pub records: AtomicU64,
     pub bytes: AtomicU64,
-    /// fsync rounds: each makes every append waiting at that moment durable.
+    /// fsync rounds: each makes every append written before it started durable.
     pub commits: AtomicU64,
     pub commit_micros: AtomicU64,
 }
@@ -73,15 +55,47 @@ pub struct LogStats {
 /// The embedded log of a node.
 pub struct LocalLog {
     dir: PathBuf,
-    stats: Arc<LogStats>,
-    requests: Option<mpsc::Sender<Request>>,
-    thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    committer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for LocalLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalLog").field("dir", &self.dir).finish()
     }
+}
+
+/// What callers and the committer share.
+struct Shared {
+    files: Mutex<Files>,
+    /// Wakes the committer: a continuation queued, or the log closing.
+    work: Condvar,
+    stats: LogStats,
+    commit_delay: Duration,
+}
+
+/// A continuation waiting for the committer, with its append's result.
+struct Waiting {
+    /// Runs only after an fsync that covers its records.
+    durable: bool,
+    after: AfterAppend,
+    result: Result<Vec<u64>>,
+}
+
+/// The open task logs, and what is written but not yet durable.
+struct Files {
+    root: PathBuf,
+    logs: HashMap<TaskId, TaskLog>,
+    /// Logs written since their last fsync.
+    dirty: Vec<TaskId>,
+    /// When the oldest write not yet durable was made.
+    owed_since: Option<Instant>,
+    /// Continuations for the committer, in append order.
+    waiting: VecDeque<Waiting>,
+    /// The committer is running continuations it took from `waiting`: appends wait
+    /// behind them.
+    running: bool,
+    closed: bool,
 }
 
 fn storage_error(e: eddy_storage::LogError) -> Error {
@@ -94,29 +108,41 @@ fn task_dir(root: &Path, task: &TaskId) -> PathBuf {
 }
 
 impl LocalLog {
-    /// Opens the log under `dir` and starts its writer thread. Appends that are not
+    /// Opens the log under `dir` and starts its committer thread. Appends that are not
     /// durable are fsynced at most `commit_delay` after they were written.
     pub fn open(dir: &Path, commit_delay: Duration) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::internal(format!("could not create {}: {e}", dir.display())))?;
-        let (tx, rx) = mpsc::channel();
-        let root = dir.to_path_buf();
-        let stats = Arc::new(LogStats::default());
-        let writer_stats = stats.clone();
-        let thread = std::thread::Builder::new()
-            .name("eddy-log".into())
-            .spawn(move || Writer::new(root, writer_stats, commit_delay).run(rx))
-            .map_err(|e| Error::internal(format!("could not start the log thread: {e}")))?;
+        let shared = Arc::new(Shared {
+            files: Mutex::new(Files {
+                root: dir.to_path_buf(),
+                logs: HashMap::new(),
+                dirty: Vec::new(),
+                owed_since: None,
+                waiting: VecDeque::new(),
+                running: false,
+                closed: false,
+            }),
+            work: Condvar::new(),
+            stats: LogStats::default(),
+            commit_delay,
+        });
+        let committer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("eddy-log".into())
+                .spawn(move || shared.commit_loop())
+                .map_err(|e| Error::internal(format!("could not start the log thread: {e}")))?
+        };
         Ok(LocalLog {
             dir: dir.to_path_buf(),
-            stats,
-            requests: Some(tx),
-            thread: Some(thread),
+            shared,
+            committer: Some(committer),
         })
     }
 
     pub fn stats(&self) -> &LogStats {
-        &self.stats
+        &self.shared.stats
     }
 
     /// Bytes of a stream's logs on disk.
@@ -141,53 +167,72 @@ impl LocalLog {
         Error::internal("the log is closed")
     }
 
-    /// Appends records to the logs of tasks; `after` runs on the writer thread once all
-    /// of them are durable (`durable`) or written, after the continuations of earlier
-    /// appends.
+    /// Writes records to the logs of tasks, on the calling thread. `after` runs once all
+    /// of them are durable (`durable`: on the committer thread) or written (at once, on
+    /// this thread, unless earlier continuations still wait), after the continuations of
+    /// earlier appends.
     pub fn append(&self, batches: Vec<(TaskId, Vec<Vec<u8>>)>, durable: bool, after: AfterAppend) {
-        let sent = self.requests.as_ref().map(|r| {
-            r.send(Request::Append {
-                batches,
-                durable,
-                after,
-            })
-        });
-        match sent {
-            Some(Ok(())) => {}
-            Some(Err(mpsc::SendError(Request::Append { after, .. }))) => after(Err(Self::closed())),
-            _ => {}
+        let mut files = self.shared.lock();
+        if files.closed {
+            drop(files);
+            return after(Err(Self::closed()));
         }
+        let first_owed = files.owed_since.is_none();
+        let result = files.write(batches, &self.shared.stats);
+        if !durable && files.waiting.is_empty() && !files.running {
+            // Under the lock: the next append's continuation cannot overtake this one.
+            after(result);
+            drop(files);
+            if first_owed {
+                // The committer sleeps without a deadline while nothing is owed.
+                self.shared.work.notify_one();
+            }
+            return;
+        }
+        files.waiting.push_back(Waiting {
+            durable,
+            after,
+            result,
+        });
+        drop(files);
+        self.shared.work.notify_one();
     }
 
     /// Returns once every record appended before the call is durable.
     pub async fn sync(&self) -> Result<()> {
         let (reply, rx) = oneshot::channel();
-        self.requests
-            .as_ref()
-            .and_then(|r| r.send(Request::Sync { reply }).ok())
-            .ok_or_else(Self::closed)?;
+        self.append(
+            Vec::new(),
+            true,
+            Box::new(move |r| {
+                let _ = reply.send(r.map(|_| ()));
+            }),
+        );
         rx.await.map_err(|_| Self::closed())?
     }
 
     /// Deletes every task log of a stream (after DROP STREAM).
     pub async fn drop_stream(&self, stream: &str) -> Result<()> {
-        let (reply, rx) = oneshot::channel();
-        let stream = stream.to_string();
-        self.requests
-            .as_ref()
-            .and_then(|r| r.send(Request::DropStream { stream, reply }).ok())
-            .ok_or_else(Self::closed)?;
-        rx.await.map_err(|_| Self::closed())?
+        let mut files = self.shared.lock();
+        files.logs.retain(|t, _| t.stream != stream);
+        files.dirty.retain(|t| t.stream != stream);
+        let dir = files.root.join(dir_name(stream));
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::internal(format!(
+                "could not remove {}: {e}",
+                dir.display()
+            ))),
+        }
     }
 
     /// Deletes a task's log segments that end before `before` (a committed checkpoint
     /// covers them).
     pub fn truncate(&self, task: &TaskId, before: u64) {
-        if let Some(r) = &self.requests {
-            let _ = r.send(Request::Truncate {
-                task: task.clone(),
-                before,
-            });
+        // A failure leaves the files; the next checkpoint tries again.
+        if let Ok(log) = self.shared.lock().log(task) {
+            let _ = log.truncate_before(before);
         }
     }
 
@@ -336,38 +381,15 @@ impl EventLog for LocalLog {
 
 impl Drop for LocalLog {
     fn drop(&mut self) {
-        drop(self.requests.take());
-        if let Some(t) = self.thread.take() {
+        self.shared.lock().closed = true;
+        self.shared.work.notify_one();
+        if let Some(t) = self.committer.take() {
             let _ = t.join();
         }
     }
 }
 
-/// The writer thread's state: the open task logs, and what is written but not yet
-/// durable.
-struct Writer {
-    root: PathBuf,
-    logs: HashMap<TaskId, TaskLog>,
-    stats: Arc<LogStats>,
-    commit_delay: Duration,
-    /// Logs written since their last fsync.
-    dirty: Vec<TaskId>,
-    /// When the oldest write not yet durable was made.
-    owed_since: Option<Instant>,
-}
-
-impl Writer {
-    fn new(root: PathBuf, stats: Arc<LogStats>, commit_delay: Duration) -> Writer {
-        Writer {
-            root,
-            logs: HashMap::new(),
-            stats,
-            commit_delay,
-            dirty: Vec::new(),
-            owed_since: None,
-        }
-    }
-
+impl Files {
     fn log(&mut self, task: &TaskId) -> Result<&mut TaskLog> {
         if !self.logs.contains_key(task) {
             let log = TaskLog::open(&task_dir(&self.root, task), SEGMENT_BYTES_MAX)
@@ -378,14 +400,21 @@ impl Writer {
     }
 
     /// Writes one append's records; the task log end after each batch.
-    fn write(&mut self, batches: Vec<(TaskId, Vec<Vec<u8>>)>) -> Result<Vec<u64>> {
-        self.stats.appends.fetch_add(1, Ordering::Relaxed);
+    fn write(
+        &mut self,
+        batches: Vec<(TaskId, Vec<Vec<u8>>)>,
+        stats: &LogStats,
+    ) -> Result<Vec<u64>> {
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        stats.appends.fetch_add(1, Ordering::Relaxed);
         let mut ends = Vec::with_capacity(batches.len());
         for (task, records) in batches {
-            self.stats
+            stats
                 .records
                 .fetch_add(records.len() as u64, Ordering::Relaxed);
-            self.stats.bytes.fetch_add(
+            stats.bytes.fetch_add(
                 records.iter().map(|r| r.len() as u64 + 8).sum(),
                 Ordering::Relaxed,
             );
@@ -400,123 +429,97 @@ impl Writer {
         Ok(ends)
     }
 
-    /// fsyncs every log written since the last sync.
-    fn sync(&mut self) -> Result<()> {
-        if self.dirty.is_empty() {
-            return Ok(());
-        }
+    /// What an fsync must cover to make every record written so far durable.
+    fn unsynced(&mut self) -> Vec<Unsynced> {
+        self.owed_since = None;
+        std::mem::take(&mut self.dirty)
+            .iter()
+            .filter_map(|task| self.logs.get_mut(task)?.unsynced())
+            .collect()
+    }
+
+    /// How long the committer may sleep before written records are owed an fsync.
+    fn owed_in(&self, delay: Duration) -> Option<Duration> {
+        self.owed_since
+            .map(|since| delay.saturating_sub(since.elapsed()))
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Files> {
+        // A panic under the lock leaves files the next append still checks as it writes.
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// fsyncs what was taken from the files, outside the lock.
+    fn commit(&self, unsynced: Vec<Unsynced>) -> Result<()> {
         let started = Instant::now();
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let mut synced = Ok(());
-        for task in std::mem::take(&mut self.dirty) {
-            if let Some(log) = self.logs.get_mut(&task) {
-                if let Err(e) = log.sync() {
-                    synced = Err(storage_error(e));
-                }
+        for u in unsynced {
+            if let Err(e) = u.sync() {
+                synced = Err(storage_error(e));
             }
         }
-        self.owed_since = None;
         self.stats
             .commit_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         synced
     }
 
-    /// The next request, or `None` when the commit delay of a written append ran out
-    /// (`Err` once every sender is gone).
-    fn next(&self, rx: &mpsc::Receiver<Request>) -> std::result::Result<Option<Request>, ()> {
-        match self.owed_since {
-            None => rx.recv().map(Some).map_err(|_| ()),
-            Some(since) => {
-                let left = self.commit_delay.saturating_sub(since.elapsed());
-                match rx.recv_timeout(left) {
-                    Ok(r) => Ok(Some(r)),
-                    Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
-                }
-            }
-        }
-    }
-
-    fn run(mut self, rx: mpsc::Receiver<Request>) {
+    /// The committer: fsyncs what continuations wait for (group commit: one fsync for
+    /// every append written before it starts) or what the commit delay owes, then runs
+    /// the continuations in order.
+    fn commit_loop(&self) {
+        let mut files = self.lock();
         loop {
-            let first = match self.next(&rx) {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    // The commit delay ran out: what was written becomes durable. A
-                    // failure here is met again by the next durable append or sync.
-                    let _ = self.sync();
-                    continue;
+            let owed = files.owed_in(self.commit_delay);
+            if files.waiting.is_empty() && owed != Some(Duration::ZERO) {
+                if files.closed {
+                    break;
                 }
-                Err(()) => break,
-            };
-            // Group commit: everything that queued up while the last fsync ran.
-            let mut batch = vec![first];
-            while let Ok(more) = rx.try_recv() {
-                batch.push(more);
-            }
-            // Continuations wait here, in order, once one of them needs the fsync.
-            let mut waiting: Vec<(AfterAppend, Result<Vec<u64>>)> = Vec::new();
-            let mut syncs = Vec::new();
-            for req in batch {
-                match req {
-                    Request::Append {
-                        batches,
-                        durable,
-                        after,
-                    } => {
-                        let result = self.write(batches);
-                        if durable || !waiting.is_empty() || !syncs.is_empty() {
-                            waiting.push((after, result));
-                        } else {
-                            after(result);
-                        }
+                files = match owed {
+                    None => self.work.wait(files).unwrap_or_else(|e| e.into_inner()),
+                    Some(left) => {
+                        self.work
+                            .wait_timeout(files, left)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
                     }
-                    Request::Sync { reply } => syncs.push(reply),
-                    Request::DropStream { stream, reply } => {
-                        self.logs.retain(|t, _| t.stream != stream);
-                        self.dirty.retain(|t| t.stream != stream);
-                        let dir = self.root.join(dir_name(&stream));
-                        let result = match std::fs::remove_dir_all(&dir) {
-                            Ok(()) => Ok(()),
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                            Err(e) => Err(Error::internal(format!(
-                                "could not remove {}: {e}",
-                                dir.display()
-                            ))),
-                        };
-                        let _ = reply.send(result);
-                    }
-                    Request::Truncate { task, before } => {
-                        // A failure leaves the files; the next checkpoint tries again.
-                        if let Ok(log) = self.log(&task) {
-                            let _ = log.truncate_before(before);
-                        }
-                    }
-                }
-            }
-            let past_delay = self
-                .owed_since
-                .is_some_and(|since| since.elapsed() >= self.commit_delay);
-            if waiting.is_empty() && syncs.is_empty() && !past_delay {
+                };
                 continue;
             }
-            let synced = self.sync();
-            for (after, result) in waiting {
-                after(synced.clone().and(result));
+            let waiting = std::mem::take(&mut files.waiting);
+            let needs_fsync = owed == Some(Duration::ZERO) || waiting.iter().any(|w| w.durable);
+            let unsynced = if needs_fsync {
+                files.unsynced()
+            } else {
+                Vec::new()
+            };
+            files.running = true;
+            drop(files);
+            let synced = if needs_fsync {
+                self.commit(unsynced)
+            } else {
+                Ok(())
+            };
+            for w in waiting {
+                (w.after)(synced.clone().and(w.result));
             }
-            for reply in syncs {
-                let _ = reply.send(synced.clone());
-            }
+            files = self.lock();
+            files.running = false;
         }
         // The last writes become durable before the thread ends.
-        let _ = self.sync();
+        let unsynced = files.unsynced();
+        drop(files);
+        let _ = self.commit(unsynced);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
 
     fn task(partition: u32) -> TaskId {
         TaskId {
@@ -537,8 +540,8 @@ mod tests {
     fn append(log: &LocalLog, partition: u32, records: &[&str], durable: bool) -> (Vec<u64>, u64) {
         let (tx, rx) = mpsc::channel();
         let stats_commits = {
-            let stats = log.stats.clone();
-            move || stats.commits.load(Ordering::SeqCst)
+            let shared = log.shared.clone();
+            move || shared.stats.commits.load(Ordering::SeqCst)
         };
         log.append(
             vec![(
@@ -578,7 +581,7 @@ mod tests {
             .unwrap()
             .block_on(log.sync())
             .unwrap();
-        assert_eq!(log.stats.commits.load(Ordering::SeqCst), 2);
+        assert_eq!(log.stats().commits.load(Ordering::SeqCst), 2);
         drop(log);
 
         // With a short delay the clock makes written appends durable on its own.
@@ -589,10 +592,56 @@ mod tests {
         assert_eq!(seen, [b"a", b"b", b"d", b"c", b"e"].map(|r| r.to_vec()));
         append(&log, 0, &["f"], false);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while log.stats.commits.load(Ordering::SeqCst) == 0 {
+        while log.stats().commits.load(Ordering::SeqCst) == 0 {
             assert!(Instant::now() < deadline, "no fsync after the commit delay");
             std::thread::sleep(Duration::from_millis(1));
         }
+        drop(log);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn written_appends_continue_on_the_caller_unless_earlier_continuations_wait() {
+        let dir = temp("order");
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let record = |name: &'static str, pause: Duration| -> AfterAppend {
+            let ran = ran.clone();
+            Box::new(move |r| {
+                std::thread::sleep(pause);
+                ran.lock()
+                    .unwrap()
+                    .push((name, std::thread::current().id(), r.unwrap()));
+            })
+        };
+        let rec = |r: &str| vec![(task(0), vec![r.as_bytes().to_vec()])];
+        let caller = std::thread::current().id();
+        // A durable append whose continuation is slow, then a written one: the written one
+        // waits its turn, so the tasks would see them in log order.
+        log.append(rec("a"), true, record("durable", Duration::from_millis(50)));
+        log.append(rec("b"), false, record("behind", Duration::ZERO));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ran.lock().unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "the continuations never ran");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Nothing waits now: a written append continues at once, on this thread.
+        log.append(rec("c"), false, record("alone", Duration::ZERO));
+        let ran = ran.lock().unwrap().clone();
+        let order: Vec<_> = ran.iter().map(|(n, _, ends)| (*n, ends.clone())).collect();
+        assert_eq!(
+            order,
+            [
+                ("durable", vec![1]),
+                ("behind", vec![2]),
+                ("alone", vec![3])
+            ]
+        );
+        assert_ne!(
+            ran[0].1, caller,
+            "a durable continuation runs on the committer"
+        );
+        assert_eq!(ran[2].1, caller, "a written append takes no thread hop");
         drop(log);
         let _ = std::fs::remove_dir_all(&dir);
     }

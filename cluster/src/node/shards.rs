@@ -111,8 +111,10 @@ impl Shards {
         Ok(rx)
     }
 
-    /// As `ingest`, from a log's own thread (not async): waits while the shard's queue is
-    /// full. Returns false once the shards are gone.
+    /// As `ingest`, but not async: for a log delivering in log order, from its own
+    /// thread or from a caller's under its lock. Waits while the shard's queue is full
+    /// (on a runtime thread, handing that thread's other work on first). Returns false
+    /// once the shards are gone.
     pub(crate) fn deliver(
         &self,
         task: TaskId,
@@ -121,7 +123,9 @@ impl Shards {
         log_end: u64,
         reply: Reply,
     ) -> bool {
-        let shard = shard_of(&task, self.count());
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        use tokio::sync::mpsc::error::TrySendError;
+        let queue = &self.queues[shard_of(&task, self.count())];
         let cmd = Command::Ingest {
             task,
             rows,
@@ -129,7 +133,23 @@ impl Shards {
             log_end: Some(log_end),
             reply,
         };
-        self.queues[shard].blocking_send(cmd).is_ok()
+        let cmd = match queue.try_send(cmd) {
+            Ok(()) => return true,
+            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Full(cmd)) => cmd,
+        };
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Err(_) => queue.blocking_send(cmd).is_ok(),
+            Ok(RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| queue.blocking_send(cmd).is_ok())
+            }
+            // A single-threaded runtime cannot give its thread away: wait on another.
+            Ok(_) => std::thread::scope(|s| {
+                s.spawn(|| queue.blocking_send(cmd).is_ok())
+                    .join()
+                    .unwrap_or(false)
+            }),
+        }
     }
 
     /// The tasks' answers to batches handed over with `ingest`, in the same order.
