@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use eddy_cluster::KafkaConfig;
-use eddy_server::serve::{io_threads_for, run, Config};
+use eddy_server::serve::{default_io_threads, run, Config};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
 /// decodes, the shards drop), where glibc's arenas spent about a sixth of eddy's CPU.
@@ -40,9 +40,8 @@ enum Command {
         /// Shard threads (default: the number of cores).
         #[arg(long, env = "EDDY_SHARDS")]
         shards: Option<usize>,
-        /// Threads of the network and SQL runtime (default: the cores the shards leave,
-        /// at least one). Each one more than the free cores costs a thread hop per
-        /// statement, as they contend with the shards.
+        /// Threads of the network and SQL runtime: sessions, SQL, point reads and the log
+        /// writes of `synchronous_commit = off` statements (default: one per core).
         #[arg(long, env = "EDDY_IO_THREADS")]
         io_threads: Option<usize>,
         /// Seconds between checkpoints (state flushed, log truncated).
@@ -138,7 +137,7 @@ fn main() -> anyhow::Result<()> {
                 None => None,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(io_threads.unwrap_or_else(|| io_threads_for(shards)).max(1))
+                .worker_threads(io_threads.unwrap_or_else(default_io_threads).max(1))
                 .enable_all()
                 .thread_name("eddy-io")
                 .build()?;

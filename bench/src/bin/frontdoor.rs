@@ -16,7 +16,7 @@ use futures::SinkExt;
 use hdrhistogram::Histogram;
 use tokio_postgres::Client;
 
-use eddy_server::serve::{io_threads_for, Config, Server};
+use eddy_server::serve::{default_io_threads, Config, Server};
 
 /// The allocator of the `eddy` binary, so the in-process server runs as it would there.
 #[global_allocator]
@@ -38,6 +38,9 @@ struct Args {
     copy_rows: u64,
     #[arg(long, default_value_t = 2)]
     shards: usize,
+    /// Threads of the server's runtime (default: as `eddy serve`, one per core).
+    #[arg(long, env = "EDDY_IO_THREADS")]
+    io_threads: Option<usize>,
     /// Run one mode: single_on, single_off, batch, copy or lookup.
     #[arg(long)]
     only: Option<String>,
@@ -193,7 +196,7 @@ fn main() -> Result<()> {
     // its connection on it, as a psycopg or JDBC client process would be, so the figures
     // carry no thread hop inside the client.
     let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(io_threads_for(a.shards))
+        .worker_threads(a.io_threads.unwrap_or_else(default_io_threads).max(1))
         .enable_all()
         .build()?;
     let dir = std::env::temp_dir().join(format!("eddy-bench-frontdoor-{}", std::process::id()));

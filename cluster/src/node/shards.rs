@@ -1,16 +1,21 @@
 //! The shards: one thread each, owning its tasks, and `Shards`, the handle that reaches
 //! them through bounded queues.
 //!
-//! Invariants: a task lives on exactly one shard (`shard_of`), and only that shard's
-//! thread touches it, so the event path takes no lock. Every queue is bounded
-//! (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing memory.
+//! Invariants: a task lives on exactly one shard (`shard_of`). A shard's thread holds the
+//! shard's lock while it works through its queue, so the event path takes one lock per
+//! wake-up, never contended by another writer; the only other taker is a point read
+//! (`Shards::read_group`), which borrows an idle shard with `try_lock` instead of
+//! queueing, to spare two thread hops — and queues when the shard is busy. Every queue
+//! is bounded (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing
+//! memory.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 
 use tokio::sync::{mpsc, oneshot};
 
 use eddy_planner::catalog::{Catalog, StreamDef};
+use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 use eddy_storage::{Family, StateStore};
 
@@ -32,9 +37,19 @@ pub(crate) fn engine_gone() -> Error {
 
 /// The queues of a node's shards: how the engine, and a log delivering events, reach a
 /// task's shard.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Shards {
     queues: Vec<mpsc::Sender<Command>>,
+    /// The shards themselves, for reads that borrow an idle one.
+    pub(crate) cells: Vec<Arc<Mutex<Shard>>>,
+}
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("count", &self.count())
+            .finish()
+    }
 }
 
 impl Shards {
@@ -45,18 +60,20 @@ impl Shards {
     ) -> (Shards, Vec<std::thread::JoinHandle<()>>) {
         assert!(count > 0);
         let mut queues = Vec::with_capacity(count);
+        let mut cells = Vec::with_capacity(count);
         let mut threads = Vec::with_capacity(count);
         for index in 0..count {
             let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
             queues.push(tx);
-            let shard = Shard::new(index, count, storage.clone());
+            let cell = Arc::new(Mutex::new(Shard::new(index, count, storage.clone())));
+            cells.push(cell.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("eddy-shard-{index}"))
-                .spawn(move || shard.run(rx))
+                .spawn(move || Shard::run(&cell, rx))
                 .expect("spawn shard thread");
             threads.push(thread);
         }
-        (Shards { queues }, threads)
+        (Shards { queues, cells }, threads)
     }
 
     pub fn count(&self) -> usize {
@@ -163,6 +180,23 @@ impl Shards {
         Ok(out)
     }
 
+    /// The row of one group of a metric in a task, read on the calling thread when the
+    /// task's shard is idle; `None` when it is busy (send `Command::MetricRows` then).
+    /// The read sees every statement acknowledged so far: a shard answers a statement
+    /// only after applying it.
+    pub(crate) fn read_group(
+        &self,
+        task: &TaskId,
+        metric: &str,
+        key: &[Value],
+    ) -> Option<Vec<Vec<Value>>> {
+        let mut shard = match self.cells[shard_of(task, self.count())].try_lock() {
+            Ok(shard) => shard,
+            Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return None,
+        };
+        Some(shard.metric_rows(task, metric, Some(key)))
+    }
+
     /// Counters of every task, in task order.
     pub async fn report(&self) -> Result<Vec<TaskReport>> {
         let mut out: Vec<TaskReport> = self
@@ -203,7 +237,7 @@ pub fn tasks_of(catalog: &Catalog) -> impl Iterator<Item = (&Arc<StreamDef>, Tas
 }
 
 /// One shard thread's state: the tasks it owns.
-struct Shard {
+pub(crate) struct Shard {
     index: usize,
     shards: usize,
     tasks: BTreeMap<TaskId, Task>,
@@ -373,118 +407,141 @@ impl Shard {
         Ok(end)
     }
 
-    fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(cmd) = rx.blocking_recv() {
-            match cmd {
-                Command::Catalog(catalog, reply) => {
-                    let _ = reply.send(self.apply_catalog(&catalog));
+    /// Commands one wake-up handles under the lock before it lets a reader in.
+    const COMMANDS_PER_LOCK: usize = 64;
+
+    fn run(cell: &Mutex<Shard>, mut rx: mpsc::Receiver<Command>) {
+        while let Some(first) = rx.blocking_recv() {
+            // A panic under the lock ends the shard: readers then see it poisoned and
+            // queue, and find the queue gone.
+            let mut shard = cell.lock().expect("a shard panicked");
+            shard.handle(first);
+            for _ in 1..Self::COMMANDS_PER_LOCK {
+                match rx.try_recv() {
+                    Ok(cmd) => shard.handle(cmd),
+                    Err(_) => break,
                 }
-                Command::Ingest {
-                    task,
-                    rows,
-                    values,
-                    log_end,
-                    reply,
-                } => {
-                    let result = match self.tasks.get_mut(&task) {
-                        Some(t) => {
-                            let result = t.ingest(&rows, values);
-                            if let (Ok(_), Some(end)) = (&result, log_end) {
-                                t.log_end = end;
-                            }
-                            result
+            }
+        }
+    }
+
+    fn metric_rows(
+        &mut self,
+        task: &TaskId,
+        metric: &str,
+        key: Option<&[Value]>,
+    ) -> Vec<Vec<Value>> {
+        self.tasks
+            .get_mut(task)
+            .map(|t| t.metric_rows(metric, key))
+            .unwrap_or_default()
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Catalog(catalog, reply) => {
+                let _ = reply.send(self.apply_catalog(&catalog));
+            }
+            Command::Ingest {
+                task,
+                rows,
+                values,
+                log_end,
+                reply,
+            } => {
+                let result = match self.tasks.get_mut(&task) {
+                    Some(t) => {
+                        let result = t.ingest(&rows, values);
+                        if let (Ok(_), Some(end)) = (&result, log_end) {
+                            t.log_end = end;
                         }
-                        None => Err(Error::internal(format!(
-                            "task {task:?} is not on this shard"
-                        ))),
-                    };
-                    reply(result);
-                }
-                Command::Install {
-                    task,
-                    staged,
-                    reply,
-                } => {
-                    let _ = reply.send(self.install(&task, staged));
-                }
-                Command::Checkpoint { reply } => {
-                    let _ = reply.send(self.checkpoint());
-                }
-                Command::MetricRows {
-                    task,
-                    metric,
-                    key,
-                    reply,
-                } => {
-                    let rows = self
-                        .tasks
-                        .get_mut(&task)
-                        .map(|t| t.metric_rows(&metric, key.as_deref()))
-                        .unwrap_or_default();
-                    let _ = reply.send(rows);
-                }
-                Command::StreamRows {
-                    stream,
-                    partitions,
-                    reply,
-                } => {
-                    let mut rows = Ok(Vec::new());
-                    let wanted = |p: u32| partitions.as_ref().is_none_or(|ps| ps.contains(&p));
-                    for (_, t) in self.tasks.iter_mut().filter(|(id, _)| {
-                        id.stream == stream && id.partitioner == 0 && wanted(id.partition)
-                    }) {
-                        match (t.events(), &mut rows) {
-                            (Ok(events), Ok(rows)) => rows.extend(events),
-                            (Err(e), _) => rows = Err(e),
-                            _ => {}
-                        }
+                        result
                     }
-                    let _ = reply.send(rows);
-                }
-                Command::Watch {
-                    stream,
-                    partitioner,
-                    only,
-                    quiet,
-                    id,
-                    target,
-                    watcher,
-                    reply,
-                } => {
-                    let wanted = |p: u32| only.as_ref().is_none_or(|ps| ps.contains(&p));
-                    for (t, task) in self.tasks.iter_mut().filter(|(t, _)| {
-                        t.stream == stream && t.partitioner == partitioner && wanted(t.partition)
-                    }) {
-                        task.watch_as(
-                            id,
-                            target.clone(),
-                            watcher.clone(),
-                            !quiet.contains(&t.partition),
-                        );
-                    }
-                    let _ = reply.send(());
-                }
-                Command::Unwatch(id) => {
-                    for task in self.tasks.values_mut() {
-                        task.unwatch(id);
+                    None => Err(Error::internal(format!(
+                        "task {task:?} is not on this shard"
+                    ))),
+                };
+                reply(result);
+            }
+            Command::Install {
+                task,
+                staged,
+                reply,
+            } => {
+                let _ = reply.send(self.install(&task, staged));
+            }
+            Command::Checkpoint { reply } => {
+                let _ = reply.send(self.checkpoint());
+            }
+            Command::MetricRows {
+                task,
+                metric,
+                key,
+                reply,
+            } => {
+                let _ = reply.send(self.metric_rows(&task, &metric, key.as_deref()));
+            }
+            Command::StreamRows {
+                stream,
+                partitions,
+                reply,
+            } => {
+                let mut rows = Ok(Vec::new());
+                let wanted = |p: u32| partitions.as_ref().is_none_or(|ps| ps.contains(&p));
+                for (_, t) in self.tasks.iter_mut().filter(|(id, _)| {
+                    id.stream == stream && id.partitioner == 0 && wanted(id.partition)
+                }) {
+                    match (t.events(), &mut rows) {
+                        (Ok(events), Ok(rows)) => rows.extend(events),
+                        (Err(e), _) => rows = Err(e),
+                        _ => {}
                     }
                 }
-                Command::Report(reply) => {
-                    let report = self
-                        .tasks
-                        .iter()
-                        .map(|(id, t)| TaskReport {
-                            task: id.clone(),
-                            stats: t.stats,
-                            stored_events: t.stored_events(),
-                            time: t.time(),
-                            reservoir: t.reservoir_stats(),
-                            cache: t.cache_stats(),
-                            log_end: t.log_end,
-                        })
-                        .collect();
-                    let _ = reply.send(report);
+                let _ = reply.send(rows);
+            }
+            Command::Watch {
+                stream,
+                partitioner,
+                only,
+                quiet,
+                id,
+                target,
+                watcher,
+                reply,
+            } => {
+                let wanted = |p: u32| only.as_ref().is_none_or(|ps| ps.contains(&p));
+                for (t, task) in self.tasks.iter_mut().filter(|(t, _)| {
+                    t.stream == stream && t.partitioner == partitioner && wanted(t.partition)
+                }) {
+                    task.watch_as(
+                        id,
+                        target.clone(),
+                        watcher.clone(),
+                        !quiet.contains(&t.partition),
+                    );
                 }
+                let _ = reply.send(());
+            }
+            Command::Unwatch(id) => {
+                for task in self.tasks.values_mut() {
+                    task.unwatch(id);
+                }
+            }
+            Command::Report(reply) => {
+                let report = self
+                    .tasks
+                    .iter()
+                    .map(|(id, t)| TaskReport {
+                        task: id.clone(),
+                        stats: t.stats,
+                        stored_events: t.stored_events(),
+                        time: t.time(),
+                        reservoir: t.reservoir_stats(),
+                        cache: t.cache_stats(),
+                        log_end: t.log_end,
+                    })
+                    .collect();
+                let _ = reply.send(report);
             }
         }
     }
