@@ -86,8 +86,6 @@ struct Waiting {
 struct Files {
     root: PathBuf,
     logs: HashMap<TaskId, TaskLog>,
-    /// Logs written since their last fsync.
-    dirty: Vec<TaskId>,
     /// When the oldest write not yet durable was made.
     owed_since: Option<Instant>,
     /// Continuations for the committer, in append order.
@@ -117,7 +115,6 @@ impl LocalLog {
             files: Mutex::new(Files {
                 root: dir.to_path_buf(),
                 logs: HashMap::new(),
-                dirty: Vec::new(),
                 owed_since: None,
                 waiting: VecDeque::new(),
                 running: false,
@@ -212,10 +209,9 @@ impl LocalLog {
     }
 
     /// Deletes every task log of a stream (after DROP STREAM).
-    pub async fn drop_stream(&self, stream: &str) -> Result<()> {
+    pub fn drop_stream(&self, stream: &str) -> Result<()> {
         let mut files = self.shared.lock();
         files.logs.retain(|t, _| t.stream != stream);
-        files.dirty.retain(|t| t.stream != stream);
         let dir = files.root.join(dir_name(stream));
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
@@ -354,12 +350,12 @@ impl EventLog for LocalLog {
         Box::pin(async move {
             for (name, stream) in &current.streams {
                 if !next.stream(name).is_some_and(|s| s.same_as(stream)) {
-                    self.drop_stream(name).await?;
+                    self.drop_stream(name)?;
                 }
             }
             for name in next.streams.keys() {
                 if current.stream(name).is_none() {
-                    self.drop_stream(name).await?;
+                    self.drop_stream(name)?;
                 }
             }
             Ok(())
@@ -421,20 +417,18 @@ impl Files {
             let log = self.log(&task)?;
             log.append(&records).map_err(storage_error)?;
             ends.push(log.next_offset());
-            if !self.dirty.contains(&task) {
-                self.dirty.push(task);
-            }
             self.owed_since.get_or_insert_with(Instant::now);
         }
         Ok(ends)
     }
 
-    /// What an fsync must cover to make every record written so far durable.
+    /// What an fsync must cover to make every record written so far durable (each
+    /// `TaskLog` knows whether it holds writes not yet synced).
     fn unsynced(&mut self) -> Vec<Unsynced> {
         self.owed_since = None;
-        std::mem::take(&mut self.dirty)
-            .iter()
-            .filter_map(|task| self.logs.get_mut(task)?.unsynced())
+        self.logs
+            .values_mut()
+            .filter_map(TaskLog::unsynced)
             .collect()
     }
 
@@ -451,8 +445,11 @@ impl Shared {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// fsyncs what was taken from the files, outside the lock.
+    /// fsyncs what was taken from the files, outside the lock (nothing: no commit).
     fn commit(&self, unsynced: Vec<Unsynced>) -> Result<()> {
+        if unsynced.is_empty() {
+            return Ok(());
+        }
         let started = Instant::now();
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let mut synced = Ok(());
@@ -498,11 +495,7 @@ impl Shared {
             };
             files.running = true;
             drop(files);
-            let synced = if needs_fsync {
-                self.commit(unsynced)
-            } else {
-                Ok(())
-            };
+            let synced = self.commit(unsynced);
             for w in waiting {
                 (w.after)(synced.clone().and(w.result));
             }

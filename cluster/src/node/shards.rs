@@ -10,7 +10,7 @@
 //! memory.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -190,10 +190,8 @@ impl Shards {
         metric: &str,
         key: &[Value],
     ) -> Option<Vec<Vec<Value>>> {
-        let mut shard = match self.cells[shard_of(task, self.count())].try_lock() {
-            Ok(shard) => shard,
-            Err(TryLockError::WouldBlock | TryLockError::Poisoned(_)) => return None,
-        };
+        // Busy (or poisoned: its thread is gone, and the queue says so).
+        let mut shard = self.cells[shard_of(task, self.count())].try_lock().ok()?;
         Some(shard.metric_rows(task, metric, Some(key)))
     }
 
