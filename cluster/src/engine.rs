@@ -710,8 +710,18 @@ mod tests {
         for (i, n, total) in [(1, 1, 1), (2, 2, 3)] {
             let rows = vec![event(i, "a"), event(i, "b")];
             engine.ingest(stream, rows, false, true).await.unwrap();
-            let read = engine.shards.read_group(&task, "m", &key);
-            assert_eq!(read, Some(row(n, total)), "read on the caller, up to date");
+            // The shard answers before it lets go of its lock: wait until it is idle.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let read = loop {
+                match engine.shards.read_group(&task, "m", &key) {
+                    Some(read) => break read,
+                    None if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(1))
+                    }
+                    None => panic!("the shard stayed busy with nothing to do"),
+                }
+            };
+            assert_eq!(read, row(n, total), "read on the caller, up to date");
         }
         {
             let _busy = engine.shards.cells[0].lock().unwrap();
