@@ -136,8 +136,9 @@ fn main() -> anyhow::Result<()> {
                 }),
                 None => None,
             };
+            let io_threads = io_threads.unwrap_or_else(default_io_threads).max(1);
             let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(io_threads.unwrap_or_else(default_io_threads).max(1))
+                .worker_threads(io_threads)
                 .enable_all()
                 .thread_name("eddy-io")
                 .build()?;
@@ -151,6 +152,7 @@ fn main() -> anyhow::Result<()> {
                 ),
                 commit_delay: std::time::Duration::from_millis(commit_delay),
                 kafka,
+                session_threads: io_threads,
             }))
         }
     }

