@@ -816,10 +816,11 @@ impl Session {
             Statement::Query(q) => {
                 let ctx = self.db.query_context()?;
                 let (plan, columns, params) = query::describe(&ctx, q).await?;
-                let fast = match query::PointLookup::recognise(&plan, &catalog, &params, &ctx.state()) {
-                    Some(lookup) => Fast::Lookup(Arc::new(lookup)),
-                    None => Fast::General,
-                };
+                let fast =
+                    match query::PointLookup::recognise(&plan, &catalog, &params, &ctx.state()) {
+                        Some(lookup) => Fast::Lookup(Arc::new(lookup)),
+                        None => Fast::General,
+                    };
                 ((pg_types(&params), columns), fast)
             }
             other => {

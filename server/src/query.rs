@@ -398,7 +398,9 @@ impl PointLookup {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    let ty = t.clone().unwrap_or(datafusion::arrow::datatypes::DataType::Utf8);
+                    let ty = t
+                        .clone()
+                        .unwrap_or(datafusion::arrow::datatypes::DataType::Utf8);
                     Field::new(format!("${}", i + 1), ty, true)
                 })
                 .collect::<Vec<_>>(),
@@ -549,7 +551,11 @@ impl KeySource {
         use datafusion::logical_expr::Volatility;
         use eddy_planner::types::ColumnType;
         let param = |id: &str| {
-            let n = id.trim_start_matches('$').parse::<usize>().ok()?.checked_sub(1)?;
+            let n = id
+                .trim_start_matches('$')
+                .parse::<usize>()
+                .ok()?
+                .checked_sub(1)?;
             (n < params.fields().len()).then_some(n)
         };
         if let Expr::Placeholder(p) = &e {
