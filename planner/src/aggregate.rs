@@ -2,13 +2,11 @@
 //!
 //! Invariants: every state is exact under any interleaving of `insert` and `remove`
 //! (float sums are `exact::ExactSum`s, variance comes from exact moments), and
-//! no single update costs more than O(log window): MIN/MAX keep a value→count ordered
-//! multiset, COUNT DISTINCT a value→count map.
+//! no single update costs more than O(log window): MIN/MAX and COUNT DISTINCT keep a
+//! value→count ordered multiset (`Counts`).
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
-
-use hashbrown::HashMap;
 
 use crate::codec::{decode_value, encode_value, Reader};
 pub use crate::exact::ExactSum;
@@ -130,8 +128,8 @@ impl AggFunc {
                     n: 0,
                 }
             }
-            AggFunc::Min | AggFunc::Max => AggState::Extreme(BTreeMap::new()),
-            AggFunc::CountDistinct => AggState::Distinct(HashMap::new()),
+            AggFunc::Min | AggFunc::Max => AggState::Extreme(Counts::default()),
+            AggFunc::CountDistinct => AggState::Distinct(Counts::default()),
             AggFunc::LastValue => AggState::Last(None),
         }
     }
@@ -150,19 +148,32 @@ pub struct OrdValue(pub Value);
 
 impl Ord for OrdValue {
     fn cmp(&self, other: &Self) -> Ordering {
-        match (&self.0, &other.0) {
-            (Value::Int(a), Value::Int(b)) => a.cmp(b),
-            (Value::Float(a), Value::Float(b)) => {
-                let a = if *a == 0.0 { 0.0 } else { *a };
-                let b = if *b == 0.0 { 0.0 } else { *b };
-                a.total_cmp(&b)
-            }
-            (Value::Text(a), Value::Text(b)) => a.cmp(b),
-            (Value::Timestamp(a), Value::Timestamp(b)) => a.cmp(b),
-            (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
-            (Value::Numeric(a), Value::Numeric(b)) => a.cmp(b),
-            (a, b) => rank(a).cmp(&rank(b)),
+        cmp_values(&self.0, &other.0)
+    }
+}
+
+/// `OrdValue`'s order: equal exactly when `Value`'s equality says so (-0 is 0, and every
+/// NaN is one NaN, above every number).
+fn cmp_values(a: &Value, b: &Value) -> Ordering {
+    match (a, b) {
+        (Value::Int(a), Value::Int(b)) => a.cmp(b),
+        (Value::Float(a), Value::Float(b)) => {
+            let canonical = |x: f64| {
+                if x == 0.0 {
+                    0.0
+                } else if x.is_nan() {
+                    f64::NAN
+                } else {
+                    x
+                }
+            };
+            canonical(*a).total_cmp(&canonical(*b))
         }
+        (Value::Text(a), Value::Text(b)) => a.cmp(b),
+        (Value::Timestamp(a), Value::Timestamp(b)) => a.cmp(b),
+        (Value::Bool(a), Value::Bool(b)) => a.cmp(b),
+        (Value::Numeric(a), Value::Numeric(b)) => a.cmp(b),
+        (a, b) => rank(a).cmp(&rank(b)),
     }
 }
 
@@ -254,8 +265,8 @@ pub enum AggState {
         s: Box<[ExactSum; 2]>,
         n: i64,
     },
-    Extreme(BTreeMap<OrdValue, u32>),
-    Distinct(HashMap<Value, u32>),
+    Extreme(Counts),
+    Distinct(Counts),
     /// The newest event's value with its (event time, arrival sequence), boxed: it is
     /// rare, and every state is as large as the largest.
     Last(Option<Box<(i64, u64, Value)>>),
@@ -293,18 +304,13 @@ impl AggState {
                 s[1].encode(out);
                 out.extend_from_slice(&n.to_le_bytes());
             }
-            AggState::Extreme(map) => {
-                out.push(STATE_EXTREME);
-                out.extend_from_slice(&(map.len() as u32).to_le_bytes());
-                for (v, c) in map {
-                    encode_value(&v.0, out);
-                    out.extend_from_slice(&c.to_le_bytes());
-                }
-            }
-            AggState::Distinct(map) => {
-                out.push(STATE_DISTINCT);
-                out.extend_from_slice(&(map.len() as u32).to_le_bytes());
-                for (v, c) in map {
+            AggState::Extreme(counts) | AggState::Distinct(counts) => {
+                out.push(match self {
+                    AggState::Extreme(_) => STATE_EXTREME,
+                    _ => STATE_DISTINCT,
+                });
+                out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
+                for (v, c) in counts.iter() {
                     encode_value(v, out);
                     out.extend_from_slice(&c.to_le_bytes());
                 }
@@ -341,23 +347,18 @@ impl AggState {
                 s: Box::new([ExactSum::decode(&mut r)?, ExactSum::decode(&mut r)?]),
                 n: r.i64()?,
             },
-            STATE_EXTREME => {
+            tag @ (STATE_EXTREME | STATE_DISTINCT) => {
                 let n = r.u32()?;
-                let mut map = BTreeMap::new();
+                let mut counts = Counts::default();
                 for _ in 0..n {
                     let v = decode_value(&mut r)?;
-                    map.insert(OrdValue(v), r.u32()?);
+                    counts.add(&v, r.u32()?);
                 }
-                AggState::Extreme(map)
-            }
-            STATE_DISTINCT => {
-                let n = r.u32()?;
-                let mut map = HashMap::with_capacity((n as usize).min(1 << 16));
-                for _ in 0..n {
-                    let v = decode_value(&mut r)?;
-                    map.insert(v, r.u32()?);
+                if tag == STATE_EXTREME {
+                    AggState::Extreme(counts)
+                } else {
+                    AggState::Distinct(counts)
                 }
-                AggState::Distinct(map)
             }
             STATE_LAST => match r.u8()? {
                 0 => AggState::Last(None),
@@ -415,8 +416,7 @@ impl AggState {
                 }
                 *n += 1;
             }
-            AggState::Extreme(map) => *map.entry(OrdValue(v.clone())).or_insert(0) += 1,
-            AggState::Distinct(map) => *map.entry(v.clone()).or_insert(0) += 1,
+            AggState::Extreme(counts) | AggState::Distinct(counts) => counts.add(v, 1),
             AggState::Last(_) => {}
         }
     }
@@ -455,8 +455,7 @@ impl AggState {
                 }
                 *n -= 1;
             }
-            AggState::Extreme(map) => map.decrement(&OrdValue(v.clone())),
-            AggState::Distinct(map) => map.decrement(v),
+            AggState::Extreme(counts) | AggState::Distinct(counts) => counts.decrement(v),
             AggState::Last(_) => {}
         }
     }
@@ -473,39 +472,117 @@ impl AggState {
             (AggState::SumFloat { sum, .. }, AggFunc::Sum) => Value::Float(sum.value()),
             (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
             (AggState::Moments { s, n }, _) => moments_result(func, &s[0], &s[1], *n),
-            (AggState::Extreme(map), AggFunc::Min) => {
-                map.keys().next().map_or(Value::Null, |v| v.0.clone())
+            (AggState::Extreme(counts), AggFunc::Min) => {
+                counts.first().map_or(Value::Null, Value::clone)
             }
-            (AggState::Extreme(map), _) => {
-                map.keys().next_back().map_or(Value::Null, |v| v.0.clone())
-            }
-            (AggState::Distinct(map), _) => Value::Int(map.len() as i64),
+            (AggState::Extreme(counts), _) => counts.last().map_or(Value::Null, Value::clone),
+            (AggState::Distinct(counts), _) => Value::Int(counts.len() as i64),
             (AggState::Last(last), _) => last.as_ref().map_or(Value::Null, |l| l.2.clone()),
         }
     }
 }
 
-/// A multiset as value → count: removing the last copy removes the key.
-trait CountMap<K> {
-    fn decrement(&mut self, key: &K);
+/// A multiset of values as value → count, in `OrdValue` order (which agrees with
+/// `Value`'s equality): a sorted vector while small, a B-tree once large. A group's
+/// multiset usually holds a few values, and then one allocation and a binary search
+/// over it cost a cache miss or two, where a B-tree's node and a hash table's buckets
+/// cost several. Removing the last copy of a value removes the value.
+#[derive(Clone, Debug)]
+pub enum Counts {
+    Small(Vec<(OrdValue, u32)>),
+    Large(BTreeMap<OrdValue, u32>),
 }
 
-impl<K: Ord> CountMap<K> for BTreeMap<K, u32> {
-    fn decrement(&mut self, key: &K) {
-        let count = self.get_mut(key).expect("removed value was inserted");
-        *count -= 1;
-        if *count == 0 {
-            self.remove(key);
-        }
+/// Values a `Counts` holds in its vector; past this it becomes a B-tree, and back below
+/// half of it (so a multiset at the edge does not convert at every event).
+const COUNTS_SMALL_MAX: usize = 64;
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts::Small(Vec::new())
     }
 }
 
-impl<K: std::hash::Hash + Eq> CountMap<K> for HashMap<K, u32> {
-    fn decrement(&mut self, key: &K) {
-        let count = self.get_mut(key).expect("removed value was inserted");
-        *count -= 1;
-        if *count == 0 {
-            self.remove(key);
+impl PartialEq for Counts {
+    fn eq(&self, other: &Counts) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Counts {
+    /// Distinct values held.
+    pub fn len(&self) -> usize {
+        match self {
+            Counts::Small(v) => v.len(),
+            Counts::Large(m) => m.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values with their counts, in order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&Value, u32)> + '_> {
+        match self {
+            Counts::Small(v) => Box::new(v.iter().map(|(k, c)| (&k.0, *c))),
+            Counts::Large(m) => Box::new(m.iter().map(|(k, c)| (&k.0, *c))),
+        }
+    }
+
+    pub fn first(&self) -> Option<&Value> {
+        match self {
+            Counts::Small(v) => v.first().map(|(k, _)| &k.0),
+            Counts::Large(m) => m.keys().next().map(|k| &k.0),
+        }
+    }
+
+    pub fn last(&self) -> Option<&Value> {
+        match self {
+            Counts::Small(v) => v.last().map(|(k, _)| &k.0),
+            Counts::Large(m) => m.keys().next_back().map(|k| &k.0),
+        }
+    }
+
+    /// Adds `n` copies of `v`.
+    pub fn add(&mut self, v: &Value, n: u32) {
+        match self {
+            Counts::Small(vec) => match vec.binary_search_by(|(k, _)| cmp_values(&k.0, v)) {
+                Ok(i) => vec[i].1 += n,
+                Err(i) if vec.len() < COUNTS_SMALL_MAX => vec.insert(i, (OrdValue(v.clone()), n)),
+                Err(_) => {
+                    let mut m: BTreeMap<OrdValue, u32> = std::mem::take(vec).into_iter().collect();
+                    m.insert(OrdValue(v.clone()), n);
+                    *self = Counts::Large(m);
+                }
+            },
+            Counts::Large(m) => *m.entry(OrdValue(v.clone())).or_insert(0) += n,
+        }
+    }
+
+    /// Removes one copy of `v`, which was added.
+    pub fn decrement(&mut self, v: &Value) {
+        match self {
+            Counts::Small(vec) => {
+                let i = vec
+                    .binary_search_by(|(k, _)| cmp_values(&k.0, v))
+                    .expect("removed value was inserted");
+                vec[i].1 -= 1;
+                if vec[i].1 == 0 {
+                    vec.remove(i);
+                }
+            }
+            Counts::Large(m) => {
+                let key = OrdValue(v.clone());
+                let count = m.get_mut(&key).expect("removed value was inserted");
+                *count -= 1;
+                if *count == 0 {
+                    m.remove(&key);
+                    if m.len() < COUNTS_SMALL_MAX / 2 {
+                        *self = Counts::Small(std::mem::take(m).into_iter().collect());
+                    }
+                }
+            }
         }
     }
 }
@@ -549,6 +626,71 @@ fn moments_result(func: AggFunc, s1: &ExactSum, s2: &ExactSum, n: i64) -> Value 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A multiset that grows past its vector and shrinks back agrees with a B-tree model
+    /// at every step: counts, order, first and last, and equality across the two forms.
+    /// Floats include -0/0 and NaNs of other bits, which are one value each.
+    #[test]
+    fn counts_agree_with_a_model_across_both_forms() {
+        let mut model: BTreeMap<OrdValue, u32> = BTreeMap::new();
+        let mut counts = Counts::default();
+        let mut seed = 0x0dd_ba11_u64;
+        let mut rand = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let odd_nan = f64::from_bits(f64::NAN.to_bits() | 1);
+        let mut was_large = false;
+        for step in 0..40_000 {
+            // Grow for a while, then shrink, so both conversions happen.
+            let growing = (step / 5_000) % 2 == 0;
+            let v = match rand(200) {
+                0 => Value::Float(-0.0),
+                1 => Value::Float(0.0),
+                2 => Value::Float(odd_nan),
+                3 => Value::Float(f64::NAN),
+                x => Value::Float(x as f64 - 100.0),
+            };
+            let present = model.get(&OrdValue(v.clone())).is_some();
+            if growing || !present {
+                if !growing {
+                    continue;
+                }
+                counts.add(&v, 1);
+                *model.entry(OrdValue(v)).or_insert(0) += 1;
+            } else {
+                counts.decrement(&v);
+                let k = OrdValue(v);
+                *model.get_mut(&k).unwrap() -= 1;
+                if model[&k] == 0 {
+                    model.remove(&k);
+                }
+                // Shrink faster than random picks would.
+                if let Some(first) = model.keys().next().cloned() {
+                    counts.decrement(&first.0);
+                    *model.get_mut(&first).unwrap() -= 1;
+                    if model[&first] == 0 {
+                        model.remove(&first);
+                    }
+                }
+            }
+            was_large |= matches!(counts, Counts::Large(_));
+            let expected: Vec<(&Value, u32)> = model.iter().map(|(k, c)| (&k.0, *c)).collect();
+            assert_eq!(counts.iter().collect::<Vec<_>>(), expected, "step {step}");
+            assert_eq!(counts.len(), model.len());
+            assert_eq!(counts.first(), model.keys().next().map(|k| &k.0));
+            assert_eq!(counts.last(), model.keys().next_back().map(|k| &k.0));
+            let other = match &counts {
+                Counts::Small(v) => Counts::Large(v.iter().cloned().collect()),
+                Counts::Large(m) => Counts::Small(m.clone().into_iter().collect()),
+            };
+            assert_eq!(counts, other);
+        }
+        assert!(was_large, "the multiset never left its vector");
+        assert!(matches!(counts, Counts::Small(_)) || counts.len() >= COUNTS_SMALL_MAX / 2);
+    }
 
     /// Every state, encoded and decoded at random points of a random insert/remove
     /// history, answers exactly as the original from then on.

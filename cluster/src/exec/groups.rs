@@ -627,9 +627,8 @@ impl Slot {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, HashMap as StdMap};
+    use std::collections::HashMap as StdMap;
 
-    use eddy_planner::aggregate::OrdValue;
     use eddy_planner::types::Value;
     use eddy_storage::state::Put;
     use eddy_storage::MemStateStore;
@@ -682,7 +681,7 @@ mod tests {
             states: smallvec::smallvec![
                 AggState::Count(0),
                 AggState::Distinct(Default::default()),
-                AggState::Extreme(BTreeMap::new()),
+                AggState::Extreme(Default::default()),
             ],
         }
     }
@@ -694,8 +693,8 @@ mod tests {
         for state in &mut s.states {
             match state {
                 AggState::Count(n) => *n += v,
-                AggState::Distinct(m) => *m.entry(Value::Int(v % 7)).or_insert(0) += 1,
-                AggState::Extreme(m) => *m.entry(OrdValue(Value::Int(v))).or_insert(0) += 1,
+                AggState::Distinct(m) => m.add(&Value::Int(v % 7), 1),
+                AggState::Extreme(m) => m.add(&Value::Int(v), 1),
                 _ => {}
             }
         }
@@ -735,7 +734,7 @@ mod tests {
                             *st = match st {
                                 AggState::Count(_) => AggState::Count(0),
                                 AggState::Distinct(_) => AggState::Distinct(Default::default()),
-                                _ => AggState::Extreme(BTreeMap::new()),
+                                _ => AggState::Extreme(Default::default()),
                             };
                         }
                         s
