@@ -669,6 +669,86 @@ mod tests {
         assert_eq!(nice, 10, "{stat}");
     }
 
+    /// A small delivery in log order is applied on the caller's thread when its shard is
+    /// idle with nothing pending; one that meets a busy shard queues, and a later one
+    /// queues behind it (it must not overtake), so the task applies them in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_small_delivery_borrows_an_idle_shard_and_never_overtakes() {
+        let mut catalog = Catalog::default();
+        for sql in [
+            "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partitions = 1)",
+            "CREATE METRIC m AS SELECT card, LAST_VALUE(amount) AS last FROM p \
+             WINDOW INFINITE GROUP BY card",
+        ] {
+            let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
+            catalog = eddy_planner::ddl::apply(&catalog, &stmt).unwrap().0;
+        }
+        let catalog = Arc::new(catalog);
+        let engine = Engine::start(1, Arc::new(crate::MemoryLog), None);
+        engine.apply_catalog(catalog.clone()).await.unwrap();
+        let task = TaskId {
+            stream: "p".into(),
+            partitioner: 0,
+            partition: 0,
+        };
+        let event = |i: i64| {
+            Row::from(vec![
+                Value::Timestamp(1_790_000_000_000_000),
+                Value::Text("a".to_string().into()),
+                Value::Int(i),
+            ])
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let deliver = |i: i64| {
+            let tx = tx.clone();
+            let reply: crate::command::Reply = Box::new(move |r| {
+                let _ = tx.send((i, std::thread::current().id(), r.is_ok()));
+            });
+            assert!(engine
+                .shards
+                .deliver(task.clone(), vec![event(i)], false, i as u64, reply));
+        };
+        // Idle (once the shard let go of its lock after the catalog): here, at once.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while engine.shards.cells[0].try_lock().is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shard stayed busy"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        deliver(1);
+        let (i, thread, ok) = rx.try_recv().expect("applied before deliver returned");
+        assert_eq!((i, thread, ok), (1, std::thread::current().id(), true));
+        // Busy: 2 queues; 3 finds the shard idle a moment later but 2 pending, so it
+        // queues too; both are applied on the shard's thread, in order.
+        {
+            let _busy = engine.shards.cells[0].lock().unwrap();
+            deliver(2);
+            assert!(rx.try_recv().is_err(), "applied while the shard was held");
+        }
+        deliver(3);
+        let mut order = Vec::new();
+        for _ in 0..2 {
+            let (i, thread, ok) = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+            assert!(ok);
+            if i == 2 {
+                assert_ne!(thread, std::thread::current().id());
+            }
+            order.push(i);
+        }
+        assert_eq!(order, vec![2, 3]);
+        let key = [Value::Text("a".to_string().into())];
+        let stream = catalog.stream("p").unwrap();
+        let metric = catalog.metric("m").unwrap();
+        let rows = engine
+            .metric_rows(stream, metric, Some(key.to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(rows, vec![vec![key[0].clone(), Value::Int(3)]]);
+    }
+
     /// A point read borrows the task's shard when it is idle, sees every acknowledged
     /// statement, and declines (so the lookup queues) while the shard is at work.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]

@@ -5,11 +5,14 @@
 //! shard's lock while it works through its queue, so the event path takes one lock per
 //! wake-up, never contended by another writer; the only other taker is a point read
 //! (`Shards::read_group`), which borrows an idle shard with `try_lock` instead of
-//! queueing, to spare two thread hops — and queues when the shard is busy. Every queue
+//! queueing, to spare two thread hops — and queues when the shard is busy. A small
+//! delivery in log order (`Shards::deliver`) borrows it the same way, when nothing sent
+//! earlier is still pending (`Shards::pending`), so it cannot overtake. Every queue
 //! is bounded (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing
 //! memory.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
@@ -40,9 +43,17 @@ pub(crate) fn engine_gone() -> Error {
 #[derive(Clone)]
 pub struct Shards {
     queues: Vec<mpsc::Sender<Command>>,
+    /// Per shard, commands sent and not yet handled: counted up before a command is
+    /// queued and down by the shard once it handled it, under its lock. Zero under the
+    /// lock means nothing sent earlier is still to come.
+    pending: Vec<Arc<AtomicUsize>>,
     /// The shards themselves, for reads that borrow an idle one.
     pub(crate) cells: Vec<Arc<Mutex<Shard>>>,
 }
+
+/// Rows a delivery may apply on the deliverer's thread when the shard is idle; larger
+/// batches go to the shard, so that the caller goes on parsing while shards apply.
+const DELIVER_INLINE_ROWS_MAX: usize = 16;
 
 impl std::fmt::Debug for Shards {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,18 +73,28 @@ impl Shards {
         let mut queues = Vec::with_capacity(count);
         let mut cells = Vec::with_capacity(count);
         let mut threads = Vec::with_capacity(count);
+        let mut pending = Vec::with_capacity(count);
         for index in 0..count {
             let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
             queues.push(tx);
             let cell = Arc::new(Mutex::new(Shard::new(index, count, storage.clone())));
             cells.push(cell.clone());
+            let sent = Arc::new(AtomicUsize::new(0));
+            pending.push(sent.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("eddy-shard-{index}"))
-                .spawn(move || Shard::run(&cell, rx))
+                .spawn(move || Shard::run(&cell, rx, &sent))
                 .expect("spawn shard thread");
             threads.push(thread);
         }
-        (Shards { queues, cells }, threads)
+        (
+            Shards {
+                queues,
+                pending,
+                cells,
+            },
+            threads,
+        )
     }
 
     pub fn count(&self) -> usize {
@@ -81,10 +102,12 @@ impl Shards {
     }
 
     pub(crate) async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
-        self.queues[shard]
-            .send(cmd)
-            .await
-            .map_err(|_| engine_gone())
+        self.pending[shard].fetch_add(1, Ordering::AcqRel);
+        let sent = self.queues[shard].send(cmd).await;
+        if sent.is_err() {
+            self.pending[shard].fetch_sub(1, Ordering::AcqRel);
+        }
+        sent.map_err(|_| engine_gone())
     }
 
     /// Sends a command to every shard, each with its own reply channel, and gathers the
@@ -142,7 +165,8 @@ impl Shards {
     ) -> bool {
         use tokio::runtime::{Handle, RuntimeFlavor};
         use tokio::sync::mpsc::error::TrySendError;
-        let queue = &self.queues[shard_of(&task, self.count())];
+        let shard = shard_of(&task, self.count());
+        let inline = rows.len() <= DELIVER_INLINE_ROWS_MAX;
         let cmd = Command::Ingest {
             task,
             rows,
@@ -150,12 +174,28 @@ impl Shards {
             log_end: Some(log_end),
             reply,
         };
+        // An idle shard with nothing sent before this is applied here, on the caller's
+        // thread: the answer is ready when the caller looks, and no thread woke.
+        if inline {
+            if let Ok(mut idle) = self.cells[shard].try_lock() {
+                if self.pending[shard].load(Ordering::Acquire) == 0 {
+                    idle.handle(cmd);
+                    return true;
+                }
+            }
+        }
+        let queue = &self.queues[shard];
+        let pending = &self.pending[shard];
+        pending.fetch_add(1, Ordering::AcqRel);
         let cmd = match queue.try_send(cmd) {
             Ok(()) => return true,
-            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Closed(_)) => {
+                pending.fetch_sub(1, Ordering::AcqRel);
+                return false;
+            }
             Err(TrySendError::Full(cmd)) => cmd,
         };
-        match Handle::try_current().map(|h| h.runtime_flavor()) {
+        let sent = match Handle::try_current().map(|h| h.runtime_flavor()) {
             Err(_) => queue.blocking_send(cmd).is_ok(),
             Ok(RuntimeFlavor::MultiThread) => {
                 tokio::task::block_in_place(|| queue.blocking_send(cmd).is_ok())
@@ -166,7 +206,11 @@ impl Shards {
                     .join()
                     .unwrap_or(false)
             }),
+        };
+        if !sent {
+            pending.fetch_sub(1, Ordering::AcqRel);
         }
+        sent
     }
 
     /// The tasks' answers to batches handed over with `ingest`, in the same order.
@@ -408,15 +452,19 @@ impl Shard {
     /// Commands one wake-up handles under the lock before it lets a reader in.
     const COMMANDS_PER_LOCK: usize = 64;
 
-    fn run(cell: &Mutex<Shard>, mut rx: mpsc::Receiver<Command>) {
+    fn run(cell: &Mutex<Shard>, mut rx: mpsc::Receiver<Command>, pending: &AtomicUsize) {
         while let Some(first) = rx.blocking_recv() {
             // A panic under the lock ends the shard: readers then see it poisoned and
             // queue, and find the queue gone.
             let mut shard = cell.lock().expect("a shard panicked");
             shard.handle(first);
+            pending.fetch_sub(1, Ordering::AcqRel);
             for _ in 1..Self::COMMANDS_PER_LOCK {
                 match rx.try_recv() {
-                    Ok(cmd) => shard.handle(cmd),
+                    Ok(cmd) => {
+                        shard.handle(cmd);
+                        pending.fetch_sub(1, Ordering::AcqRel);
+                    }
                     Err(_) => break,
                 }
             }
