@@ -653,7 +653,7 @@ mod tests {
                 3 => Value::Float(f64::NAN),
                 x => Value::Float(x as f64 - 100.0),
             };
-            let present = model.get(&OrdValue(v.clone())).is_some();
+            let present = model.contains_key(&OrdValue(v.clone()));
             if growing || !present {
                 if !growing {
                     continue;
