@@ -309,9 +309,10 @@ pub fn encode_rows(
         .collect()
 }
 
-/// Microseconds since the Unix epoch from a binary TIMESTAMP parameter.
+/// Microseconds since the Unix epoch from a binary TIMESTAMP parameter (saturating:
+/// PostgreSQL's `infinity` is `i64::MAX`, and no reader accepts either end).
 pub fn timestamp_from_pg_binary(us_since_2000: i64) -> i64 {
-    us_since_2000 + epoch_2000_us()
+    us_since_2000.saturating_add(epoch_2000_us())
 }
 
 #[cfg(test)]

@@ -964,9 +964,18 @@ impl Session {
             let bound = self.bind(prepared).await?;
             match &bound.fast {
                 Fast::Insert(template) => {
-                    let texts = self.parameter_texts(portal).await?;
-                    let plan = template.bind(&mut |i, col| match texts.get(i) {
-                        Some(Some(t)) => eddy_planner::bind::value_from_text(t, col),
+                    let types = self.parameter_types(portal).await?;
+                    let plan = template.bind(&mut |i, col| match portal.parameters.get(i) {
+                        Some(Some(bytes)) => {
+                            let binary = portal.parameter_format.is_binary(i);
+                            match binary.then(|| param_value(&types[i], bytes, col)).flatten() {
+                                Some(value) => Ok(value),
+                                None => eddy_planner::bind::value_from_text(
+                                    &param_text(&types[i], bytes, binary)?.0,
+                                    col,
+                                ),
+                            }
+                        }
                         Some(None) => Ok(eddy_planner::types::Value::Null),
                         None => Err(Error::new(
                             ErrorKind::InvalidParameter,
@@ -1010,6 +1019,48 @@ fn parameter_type(declared: &[Option<Type>], inferred: &[Type], i: usize) -> Typ
 
 /// A parameter's value as text, with whether it may stand in SQL unquoted (a number or
 /// a boolean). Text-format parameters are their text; binary ones are decoded by type.
+/// A binary parameter read straight into the value of a column of its own type, as the
+/// text path (`param_text`, then the column's input) would read it; `None` for every
+/// other pairing, and for values the text path may refuse (an INT8 out of an INTEGER's
+/// range, a float that is not finite, a timestamp outside years 1–9999), which then
+/// take the text path and its error.
+fn param_value(
+    ty: &Type,
+    bytes: &[u8],
+    col: &eddy_planner::catalog::ColumnDef,
+) -> Option<eddy_planner::types::Value> {
+    use eddy_planner::types::{ColumnType, Value};
+    // 0001-01-01 and 10000-01-01, in microseconds since 1970.
+    const TIMESTAMP_US: std::ops::Range<i64> = -62_135_596_800_000_000..253_402_300_800_000_000;
+    let int = match (ty, bytes.len()) {
+        (&Type::INT2, 2) => Some(i16::from_be_bytes(bytes.try_into().ok()?) as i64),
+        (&Type::INT4, 4) => Some(i32::from_be_bytes(bytes.try_into().ok()?) as i64),
+        (&Type::INT8, 8) => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
+        _ => None,
+    };
+    match col.ty {
+        ColumnType::Int64 => int.map(Value::Int),
+        ColumnType::Int32 => int.filter(|v| i32::try_from(*v).is_ok()).map(Value::Int),
+        ColumnType::Float64 if *ty == Type::FLOAT8 && bytes.len() == 8 => {
+            let v = f64::from_be_bytes(bytes.try_into().ok()?);
+            v.is_finite().then_some(Value::Float(v))
+        }
+        ColumnType::Timestamp
+            if (*ty == Type::TIMESTAMP || *ty == Type::TIMESTAMPTZ) && bytes.len() == 8 =>
+        {
+            let us = timestamp_from_pg_binary(i64::from_be_bytes(bytes.try_into().ok()?));
+            TIMESTAMP_US.contains(&us).then_some(Value::Timestamp(us))
+        }
+        ColumnType::Boolean if *ty == Type::BOOL && bytes.len() == 1 => {
+            Some(Value::Bool(bytes[0] == 1))
+        }
+        ColumnType::Text if *ty == Type::TEXT || *ty == Type::VARCHAR => std::str::from_utf8(bytes)
+            .ok()
+            .map(|t| Value::Text(t.into())),
+        _ => None,
+    }
+}
+
 fn param_text(ty: &Type, bytes: &[u8], binary: bool) -> eddy_planner::Result<(String, bool)> {
     if !binary {
         let text = std::str::from_utf8(bytes)
@@ -1415,5 +1466,120 @@ impl CopyHandler for Session {
             "57014".to_string(),
             format!("COPY from stdin failed: {}", fail.message),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_planner::catalog::ColumnDef;
+    use eddy_planner::types::ColumnType;
+
+    /// A binary parameter read straight into a column's value gives exactly what the
+    /// text path gives, and declines whatever the text path might refuse or read
+    /// otherwise.
+    #[test]
+    fn binary_parameters_read_as_the_text_path_reads_them() {
+        let col = |ty| ColumnDef {
+            name: "c".into(),
+            ty,
+            not_null: false,
+        };
+        let pg_2000 = |unix_us: i64| (unix_us - timestamp_from_pg_binary(0)).to_be_bytes();
+        let cases: Vec<(Type, Vec<u8>, ColumnType, bool)> = vec![
+            (
+                Type::INT2,
+                (-7i16).to_be_bytes().to_vec(),
+                ColumnType::Int32,
+                true,
+            ),
+            (
+                Type::INT4,
+                i32::MIN.to_be_bytes().to_vec(),
+                ColumnType::Int64,
+                true,
+            ),
+            (
+                Type::INT8,
+                i64::MAX.to_be_bytes().to_vec(),
+                ColumnType::Int64,
+                true,
+            ),
+            (
+                Type::INT8,
+                (1i64 << 40).to_be_bytes().to_vec(),
+                ColumnType::Int32,
+                false,
+            ),
+            (
+                Type::INT8,
+                12i64.to_be_bytes().to_vec(),
+                ColumnType::Int32,
+                true,
+            ),
+            (
+                Type::FLOAT8,
+                (-0.0f64).to_be_bytes().to_vec(),
+                ColumnType::Float64,
+                true,
+            ),
+            (
+                Type::FLOAT8,
+                0.1f64.to_be_bytes().to_vec(),
+                ColumnType::Float64,
+                true,
+            ),
+            (
+                Type::FLOAT8,
+                f64::NAN.to_be_bytes().to_vec(),
+                ColumnType::Float64,
+                false,
+            ),
+            (
+                Type::FLOAT8,
+                2.5f64.to_be_bytes().to_vec(),
+                ColumnType::Int64,
+                false,
+            ),
+            (Type::BOOL, vec![1], ColumnType::Boolean, true),
+            (Type::BOOL, vec![0], ColumnType::Boolean, true),
+            (Type::TEXT, b"caf\xc3\xa9".to_vec(), ColumnType::Text, true),
+            (Type::TEXT, vec![0xff], ColumnType::Text, false),
+            (Type::TEXT, b"12".to_vec(), ColumnType::Int64, false),
+            (
+                Type::TIMESTAMP,
+                pg_2000(1_800_000_000_123_456).to_vec(),
+                ColumnType::Timestamp,
+                true,
+            ),
+            (
+                Type::TIMESTAMP,
+                pg_2000(-62_135_596_800_000_000).to_vec(),
+                ColumnType::Timestamp,
+                true,
+            ),
+            (
+                Type::TIMESTAMPTZ,
+                pg_2000(0).to_vec(),
+                ColumnType::Timestamp,
+                true,
+            ),
+            (
+                Type::TIMESTAMP,
+                i64::MAX.to_be_bytes().to_vec(),
+                ColumnType::Timestamp,
+                false,
+            ),
+        ];
+        for (ty, bytes, column, direct) in cases {
+            let c = col(column);
+            let fast = param_value(&ty, &bytes, &c);
+            assert_eq!(fast.is_some(), direct, "{ty} into {column:?}");
+            if let Some(fast) = fast {
+                let (text, _) = param_text(&ty, &bytes, true).unwrap();
+                let slow = eddy_planner::bind::value_from_text(&text, &c).unwrap();
+                assert_eq!(fast, slow, "{ty} into {column:?}: {text}");
+            }
+        }
     }
 }
