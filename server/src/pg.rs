@@ -968,7 +968,17 @@ impl Session {
                     let plan = template.bind(&mut |i, col| match portal.parameters.get(i) {
                         Some(Some(bytes)) => {
                             let binary = portal.parameter_format.is_binary(i);
-                            match binary.then(|| param_value(&types[i], bytes, col)).flatten() {
+                            if !binary {
+                                // Text as sent: read in place.
+                                let text = std::str::from_utf8(bytes).map_err(|_| {
+                                    Error::new(
+                                        ErrorKind::InvalidText,
+                                        "parameter is not valid UTF-8",
+                                    )
+                                })?;
+                                return eddy_planner::bind::value_from_text(text, col);
+                            }
+                            match param_value(&types[i], bytes, col) {
                                 Some(value) => Ok(value),
                                 None => eddy_planner::bind::value_from_text(
                                     &param_text(&types[i], bytes, binary)?.0,
