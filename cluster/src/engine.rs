@@ -656,6 +656,48 @@ async fn in_background<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'sta
 mod tests {
     use super::*;
 
+    /// An engine of one shard with stream `p` (one task, returned) and one metric over it:
+    /// `CREATE METRIC m AS SELECT card, {aggregates} FROM p WINDOW INFINITE GROUP BY card`.
+    async fn one_task(aggregates: &str) -> (Arc<Catalog>, Engine, TaskId) {
+        let mut catalog = Catalog::default();
+        for sql in [
+            "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partitions = 1)"
+                .to_string(),
+            format!(
+                "CREATE METRIC m AS SELECT card, {aggregates} FROM p WINDOW INFINITE GROUP BY card"
+            ),
+        ] {
+            let stmt = eddy_planner::sql::parse_statement(&sql).unwrap();
+            catalog = eddy_planner::ddl::apply(&catalog, &stmt).unwrap().0;
+        }
+        let catalog = Arc::new(catalog);
+        let engine = Engine::start(1, Arc::new(crate::MemoryLog), None);
+        engine.apply_catalog(catalog.clone()).await.unwrap();
+        let task = TaskId {
+            stream: "p".into(),
+            partitioner: 0,
+            partition: 0,
+        };
+        (catalog, engine, task)
+    }
+
+    /// Runs `attempt` until it gives a value: a shard answers before it lets go of its
+    /// lock, so right after an answer it may still hold it for a moment.
+    fn once_idle<T>(mut attempt: impl FnMut() -> Option<T>) -> T {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(v) = attempt() {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the shard stayed busy with nothing to do"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// A checkpoint's background work runs at nice 10, below the shards.
     #[tokio::test]
     async fn background_work_yields_to_the_shards() {
@@ -674,24 +716,7 @@ mod tests {
     /// queues behind it (it must not overtake), so the task applies them in order.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_small_delivery_borrows_an_idle_shard_and_never_overtakes() {
-        let mut catalog = Catalog::default();
-        for sql in [
-            "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
-             WITH (event_time = 'ts', partitions = 1)",
-            "CREATE METRIC m AS SELECT card, LAST_VALUE(amount) AS last FROM p \
-             WINDOW INFINITE GROUP BY card",
-        ] {
-            let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
-            catalog = eddy_planner::ddl::apply(&catalog, &stmt).unwrap().0;
-        }
-        let catalog = Arc::new(catalog);
-        let engine = Engine::start(1, Arc::new(crate::MemoryLog), None);
-        engine.apply_catalog(catalog.clone()).await.unwrap();
-        let task = TaskId {
-            stream: "p".into(),
-            partitioner: 0,
-            partition: 0,
-        };
+        let (catalog, engine, task) = one_task("LAST_VALUE(amount) AS last").await;
         let event = |i: i64| {
             Row::from(vec![
                 Value::Timestamp(1_790_000_000_000_000),
@@ -710,14 +735,7 @@ mod tests {
                 .deliver(task.clone(), vec![event(i)], false, i as u64, reply));
         };
         // Idle (once the shard let go of its lock after the catalog): here, at once.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while engine.shards.cells[0].try_lock().is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the shard stayed busy"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        once_idle(|| engine.shards.cells[0].try_lock().ok().map(drop));
         deliver(1);
         let (i, thread, ok) = rx.try_recv().expect("applied before deliver returned");
         assert_eq!((i, thread, ok), (1, std::thread::current().id(), true));
@@ -753,19 +771,7 @@ mod tests {
     /// statement, and declines (so the lookup queues) while the shard is at work.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_point_read_borrows_an_idle_shard() {
-        let mut catalog = Catalog::default();
-        for sql in [
-            "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
-             WITH (event_time = 'ts', partitions = 1)",
-            "CREATE METRIC m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total FROM p \
-             WINDOW INFINITE GROUP BY card",
-        ] {
-            let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
-            catalog = eddy_planner::ddl::apply(&catalog, &stmt).unwrap().0;
-        }
-        let catalog = Arc::new(catalog);
-        let engine = Engine::start(1, Arc::new(crate::MemoryLog), None);
-        engine.apply_catalog(catalog.clone()).await.unwrap();
+        let (catalog, engine, task) = one_task("COUNT(*) AS n, SUM(amount) AS total").await;
         let stream = catalog.stream("p").unwrap();
         let event = |i: i64, card: &str| {
             Row::from(vec![
@@ -773,11 +779,6 @@ mod tests {
                 Value::Text(card.to_string().into()),
                 Value::Int(i),
             ])
-        };
-        let task = TaskId {
-            stream: "p".into(),
-            partitioner: 0,
-            partition: 0,
         };
         let key = [Value::Text("a".to_string().into())];
         let row = |n: i64, total: i128| {
@@ -790,17 +791,7 @@ mod tests {
         for (i, n, total) in [(1, 1, 1), (2, 2, 3)] {
             let rows = vec![event(i, "a"), event(i, "b")];
             engine.ingest(stream, rows, false, true).await.unwrap();
-            // The shard answers before it lets go of its lock: wait until it is idle.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            let read = loop {
-                match engine.shards.read_group(&task, "m", &key) {
-                    Some(read) => break read,
-                    None if std::time::Instant::now() < deadline => {
-                        std::thread::sleep(std::time::Duration::from_millis(1))
-                    }
-                    None => panic!("the shard stayed busy with nothing to do"),
-                }
-            };
+            let read = once_idle(|| engine.shards.read_group(&task, "m", &key));
             assert_eq!(read, row(n, total), "read on the caller, up to date");
         }
         {

@@ -627,6 +627,16 @@ fn moments_result(func: AggFunc, s1: &ExactSum, s2: &ExactSum, n: i64) -> Value 
 mod tests {
     use super::*;
 
+    /// Numbers below `n`, from a xorshift generator seeded with `seed`.
+    fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
     /// A multiset that grows past its vector and shrinks back agrees with a B-tree model
     /// at every step: counts, order, first and last, and equality across the two forms.
     /// Floats include -0/0 and NaNs of other bits, which are one value each.
@@ -634,13 +644,7 @@ mod tests {
     fn counts_agree_with_a_model_across_both_forms() {
         let mut model: BTreeMap<OrdValue, u32> = BTreeMap::new();
         let mut counts = Counts::default();
-        let mut seed = 0x0dd_ba11_u64;
-        let mut rand = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rand = below(0x0dd_ba11_u64);
         let odd_nan = f64::from_bits(f64::NAN.to_bits() | 1);
         let mut was_large = false;
         for step in 0..40_000 {
@@ -708,13 +712,7 @@ mod tests {
             AggFunc::CountDistinct,
             AggFunc::LastValue,
         ];
-        let mut seed = 0x5eed_1234_u64;
-        let mut rand = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rand = below(0x5eed_1234_u64);
         for ty in [ColumnType::Int64, ColumnType::Float64, ColumnType::Text] {
             for func in funcs {
                 let numeric_only = !matches!(

@@ -40,8 +40,9 @@ enum Command {
         /// Shard threads (default: the number of cores).
         #[arg(long, env = "EDDY_SHARDS")]
         shards: Option<usize>,
-        /// Threads of the network and SQL runtime: sessions, SQL, point reads and the log
-        /// writes of `synchronous_commit = off` statements (default: one per core).
+        /// Session threads, each a single-threaded runtime that runs its sessions' SQL,
+        /// point reads and log writes; the background runtime gets as many (default: one
+        /// per core).
         #[arg(long, env = "EDDY_IO_THREADS")]
         io_threads: Option<usize>,
         /// Seconds between checkpoints (state flushed, log truncated).

@@ -968,23 +968,7 @@ impl Session {
                     let plan = template.bind(&mut |i, col| match portal.parameters.get(i) {
                         Some(Some(bytes)) => {
                             let binary = portal.parameter_format.is_binary(i);
-                            if !binary {
-                                // Text as sent: read in place.
-                                let text = std::str::from_utf8(bytes).map_err(|_| {
-                                    Error::new(
-                                        ErrorKind::InvalidText,
-                                        "parameter is not valid UTF-8",
-                                    )
-                                })?;
-                                return eddy_planner::bind::value_from_text(text, col);
-                            }
-                            match param_value(&types[i], bytes, col) {
-                                Some(value) => Ok(value),
-                                None => eddy_planner::bind::value_from_text(
-                                    &param_text(&types[i], bytes, binary)?.0,
-                                    col,
-                                ),
-                            }
+                            param_into(&types[i], bytes, binary, col)
                         }
                         Some(None) => Ok(eddy_planner::types::Value::Null),
                         None => Err(Error::new(
@@ -1027,8 +1011,29 @@ fn parameter_type(declared: &[Option<Type>], inferred: &[Type], i: usize) -> Typ
         .unwrap_or(Type::TEXT)
 }
 
-/// A parameter's value as text, with whether it may stand in SQL unquoted (a number or
-/// a boolean). Text-format parameters are their text; binary ones are decoded by type.
+/// A parameter as the value of the column it fills: text as sent is the column's input,
+/// read in place; a binary one of the column's own type is read straight into the value
+/// (`param_value`); any other goes through its text (`param_text`), as in SQL.
+fn param_into(
+    ty: &Type,
+    bytes: &[u8],
+    binary: bool,
+    col: &eddy_planner::catalog::ColumnDef,
+) -> eddy_planner::Result<eddy_planner::types::Value> {
+    if !binary {
+        return eddy_planner::bind::value_from_text(utf8_param(bytes)?, col);
+    }
+    match param_value(ty, bytes, col) {
+        Some(value) => Ok(value),
+        None => eddy_planner::bind::value_from_text(&param_text(ty, bytes, true)?.0, col),
+    }
+}
+
+fn utf8_param(bytes: &[u8]) -> eddy_planner::Result<&str> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| Error::new(ErrorKind::InvalidText, "parameter is not valid UTF-8"))
+}
+
 /// A binary parameter read straight into the value of a column of its own type, as the
 /// text path (`param_text`, then the column's input) would read it; `None` for every
 /// other pairing, and for values the text path may refuse (an INT8 out of an INTEGER's
@@ -1071,11 +1076,11 @@ fn param_value(
     }
 }
 
+/// A parameter's value as text, with whether it may stand in SQL unquoted (a number or
+/// a boolean). Text-format parameters are their text; binary ones are decoded by type.
 fn param_text(ty: &Type, bytes: &[u8], binary: bool) -> eddy_planner::Result<(String, bool)> {
     if !binary {
-        let text = std::str::from_utf8(bytes)
-            .map_err(|_| Error::new(ErrorKind::InvalidText, "parameter is not valid UTF-8"))?;
-        return Ok((text.to_string(), false));
+        return Ok((utf8_param(bytes)?.to_string(), false));
     }
     let bad = |what: &str| {
         Error::new(

@@ -393,6 +393,21 @@ impl PointLookup {
             keys[col] = Some(value.clone());
         }
         let keys: Vec<Expr> = keys.into_iter().collect::<Option<_>>()?;
+        // Float keys compare as numbers (-0 = 0), not as the stored bytes: not a lookup.
+        if metric.group_by.iter().any(|c| {
+            matches!(
+                stream.columns[*c].ty,
+                eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
+            )
+        }) {
+            return None;
+        }
+        let projection = projection
+            .expr
+            .iter()
+            .map(position)
+            .collect::<Option<Vec<usize>>>()?;
+        // Compiled last: only a query that is a lookup pays for it.
         let param_schema = Arc::new(Schema::new(
             params
                 .iter()
@@ -412,20 +427,6 @@ impl PointLookup {
                 KeySource::of(e, &stream.columns[metric.group_by[i]], &param_schema, state)
             })
             .collect::<Option<_>>()?;
-        // Float keys compare as numbers (-0 = 0), not as the stored bytes: not a lookup.
-        if metric.group_by.iter().any(|c| {
-            matches!(
-                stream.columns[*c].ty,
-                eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
-            )
-        }) {
-            return None;
-        }
-        let projection = projection
-            .expr
-            .iter()
-            .map(position)
-            .collect::<Option<Vec<usize>>>()?;
         Some(PointLookup {
             arrow: cols.iter().map(|(_, t)| result_arrow_type(*t)).collect(),
             types: cols.into_iter().map(|(_, t)| t).collect(),
@@ -577,25 +578,20 @@ impl KeySource {
         if changing {
             return None;
         }
-        let mut missing = false;
         let e = e
             .transform(|e| match &e {
-                Expr::Placeholder(p) => match param(&p.id) {
-                    Some(n) => Ok(Transformed::yes(Expr::Column(
+                Expr::Placeholder(p) => {
+                    let n = param(&p.id).ok_or_else(|| {
+                        datafusion::error::DataFusionError::Plan(format!("no parameter {}", p.id))
+                    })?;
+                    Ok(Transformed::yes(Expr::Column(
                         datafusion::common::Column::from_name(params.field(n).name()),
-                    ))),
-                    None => {
-                        missing = true;
-                        Ok(Transformed::no(e))
-                    }
-                },
+                    )))
+                }
                 _ => Ok(Transformed::no(e)),
             })
             .ok()?
             .data;
-        if missing {
-            return None;
-        }
         let schema = datafusion::common::DFSchema::try_from(params.as_ref().clone()).ok()?;
         state
             .create_physical_expr(e, &schema)
