@@ -110,7 +110,17 @@ pub struct MetricAst {
     pub if_not_exists: bool,
     pub window: WindowSpec,
     pub select: Box<ast::Select>,
+    /// The defining `SELECT … WINDOW …` as written, after `AS`.
+    pub definition: String,
     pub sql: String,
+}
+
+/// The defining SELECT of a `CREATE METRIC … AS SELECT …` statement, as written.
+pub fn metric_definition(sql: &str) -> Option<String> {
+    match parse_statement(sql) {
+        Ok(Statement::CreateMetric(m)) => Some(m.definition),
+        _ => None,
+    }
 }
 
 /// Lower-cases unquoted identifiers, as PostgreSQL does.
@@ -694,6 +704,7 @@ fn parse_create_metric(tokens: &[Token], sql: &str) -> Result<Statement> {
         if_not_exists,
         window,
         select,
+        definition: tokens_to_sql(body).trim().to_string(),
         sql: sql.trim().to_string(),
     })))
 }

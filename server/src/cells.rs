@@ -141,6 +141,16 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
             let scale = (*scale).max(0) as u32;
             prim!(Decimal128Array, |v: i128| Cell::Numeric(v, scale))
         }
+        DataType::List(_) => {
+            let a = array.as_list::<i32>();
+            for i in 0..n {
+                out.push(if a.is_null(i) {
+                    Cell::Null
+                } else {
+                    Cell::Text(array_text(&a.value(i)))
+                });
+            }
+        }
         DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64 => {
             let is_date = !matches!(array.data_type(), DataType::Timestamp(_, _));
             let target = if is_date {
@@ -187,6 +197,28 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         }
     }
     out
+}
+
+/// PostgreSQL's text form of an array: `{a,b}`, an element quoted when it is empty,
+/// holds a delimiter, quote, backslash or space, or reads as NULL.
+fn array_text(values: &ArrayRef) -> String {
+    let items: Vec<String> = cells_of_array(values)
+        .iter()
+        .map(|c| match c.to_text() {
+            None => "NULL".to_string(),
+            Some(t) => {
+                let plain = !t.is_empty()
+                    && !t.eq_ignore_ascii_case("null")
+                    && !t.chars().any(|ch| "{},\"\\ \t\n".contains(ch));
+                if plain {
+                    t
+                } else {
+                    format!("\"{}\"", t.replace('\\', "\\\\").replace('"', "\\\""))
+                }
+            }
+        })
+        .collect();
+    format!("{{{}}}", items.join(","))
 }
 
 /// Rows of cells from Arrow batches.

@@ -200,6 +200,7 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
         .with_information_schema(true)
         .with_default_catalog_and_schema("eddy", "public")
         .set_str("datafusion.sql_parser.dialect", "PostgreSQL");
+    let config = pg_catalog::configure(config, Arc::new(pg_catalog::Snapshot::of(catalog)?));
     let ctx = SessionContext::new_with_config(config);
     for stream in catalog.streams.values() {
         let table = StreamTable {
@@ -218,14 +219,17 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
         ctx.register_table(TableReference::bare(metric.name.as_str()), Arc::new(table))
             .map_err(datafusion_error)?;
     }
-    pg_catalog::register(&ctx, catalog)?;
+    pg_catalog::register(&ctx)?;
     Ok(ctx)
 }
 
 /// Runs a SELECT (or any query DataFusion plans) and returns its columns and rows.
 pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
-    let sql = pg_catalog::rewrite(sql);
-    let df = ctx.sql(&sql).await.map_err(unwrap_external)?;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(unwrap_external)?;
+    let df = ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(unwrap_external)?;
     let schema = df.schema().as_arrow().clone();
     let batches = df.collect().await.map_err(unwrap_external)?;
     let columns = schema
@@ -246,12 +250,7 @@ pub async fn describe(
     Vec<Column>,
     Vec<Option<datafusion::arrow::datatypes::DataType>>,
 )> {
-    let sql = pg_catalog::rewrite(sql);
-    let plan = ctx
-        .state()
-        .create_logical_plan(&sql)
-        .await
-        .map_err(unwrap_external)?;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(unwrap_external)?;
     let columns = plan
         .schema()
         .fields()

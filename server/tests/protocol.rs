@@ -9,12 +9,14 @@ mod common;
 
 use common::{connect, repo, simple_rows, start, temp_dir};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn psql_session_matches_expected_output() {
-    let dir = temp_dir("psql");
+/// Runs `clients/psql/NAME.sql` with psql against a fresh server and compares what psql
+/// prints with `NAME.expected` (`EDDY_BLESS=1` rewrites the expectation).
+async fn psql_script_matches_expected_output(name: &str) {
+    let dir = temp_dir(&format!("psql-{name}"));
     let server = start(&dir).await;
     let script_dir = repo().join("clients/psql");
     let port = server.addr.port().to_string();
+    let script = format!("{name}.sql");
     let output = tokio::task::spawn_blocking(move || {
         Command::new("psql")
             .args([
@@ -29,7 +31,7 @@ async fn psql_session_matches_expected_output() {
                 "eddy",
                 "-f",
             ])
-            .arg("tour.sql")
+            .arg(script)
             .current_dir(&script_dir)
             .env("PGAPPNAME", "psql")
             .output()
@@ -42,7 +44,7 @@ async fn psql_session_matches_expected_output() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    let expected_path = repo().join("clients/psql/tour.expected");
+    let expected_path = repo().join(format!("clients/psql/{name}.expected"));
     if std::env::var("EDDY_BLESS").is_ok() {
         std::fs::write(&expected_path, &got).unwrap();
     }
@@ -54,6 +56,16 @@ async fn psql_session_matches_expected_output() {
         expected_path.display()
     );
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_session_matches_expected_output() {
+    psql_script_matches_expected_output("tour").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_describe_commands_match_expected_output() {
+    psql_script_matches_expected_output("describe").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.sql.Connection;
+import java.sql.DatabaseMetaData;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -195,7 +196,7 @@ class EddyJdbcTest {
                 }
             }
             assertEquals("TABLE", types.get("jdbc_pay3"), "stream type in getTables: " + types);
-            assertEquals("MATERIALIZED VIEW", types.get("jdbc_card3"), "metric type in getTables: " + types);
+            assertEquals("VIEW", types.get("jdbc_card3"), "metric type in getTables: " + types);
 
             List<String> columns = new ArrayList<>();
             try (ResultSet rs = c.getMetaData().getColumns(null, null, "jdbc_pay3", null)) {
@@ -204,6 +205,31 @@ class EddyJdbcTest {
                 }
             }
             assertEquals(List.of("id", "ts", "card", "amount"), columns);
+
+            List<String> described = new ArrayList<>();
+            try (ResultSet rs = c.getMetaData().getColumns(null, null, "jdbc_card3", null)) {
+                while (rs.next()) {
+                    described.add(rs.getString("COLUMN_NAME") + " " + rs.getString("TYPE_NAME")
+                            + " " + rs.getInt("NULLABLE"));
+                }
+            }
+            assertTrue(described.contains("card text 1"), "metric columns: " + described);
+            try (ResultSet rs = c.getMetaData().getColumns(null, null, "jdbc_pay3", "card")) {
+                assertTrue(rs.next(), "getColumns for one column");
+                assertEquals(DatabaseMetaData.columnNoNulls, rs.getInt("NULLABLE"), "card is NOT NULL");
+            }
+
+            // Streams and metrics have no primary key; the driver's catalog query runs.
+            try (ResultSet rs = c.getMetaData().getPrimaryKeys(null, null, "jdbc_pay3")) {
+                assertFalse(rs.next(), "no primary key");
+            }
+            try (ResultSet rs = c.getMetaData().getSchemas()) {
+                List<String> schemas = new ArrayList<>();
+                while (rs.next()) {
+                    schemas.add(rs.getString("TABLE_SCHEM"));
+                }
+                assertTrue(schemas.contains("public"), "schemas: " + schemas);
+            }
         }
     }
 

@@ -1,0 +1,282 @@
+//! The functions catalog queries call, each answered from the snapshot: names of owners
+//! and types, a metric's definition, visibility and privileges (everything is visible and
+//! allowed until roles exist). Functions about objects Eddy has none of (defaults, rules,
+//! indexes, triggers, comments) return NULL, as PostgreSQL does for an unknown oid.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{new_empty_array, Array};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::scalar::ScalarStructBuilder;
+use datafusion::common::ScalarValue;
+use datafusion::error::Result;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility,
+};
+use datafusion::prelude::SessionContext;
+
+use super::{Snapshot, ROLE_NAME, ROLE_OID, TYPES};
+
+type Eval = Arc<dyn Fn(&[ScalarValue]) -> ScalarValue + Send + Sync>;
+
+/// A catalog function evaluated row by row over scalars; callable with or without the
+/// `pg_catalog.` qualifier.
+struct CatalogFunction {
+    name: &'static str,
+    aliases: Vec<String>,
+    signature: Signature,
+    returns: DataType,
+    eval: Eval,
+}
+
+impl fmt::Debug for CatalogFunction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CatalogFunction")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl PartialEq for CatalogFunction {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for CatalogFunction {}
+
+impl Hash for CatalogFunction {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name.hash(state)
+    }
+}
+
+impl ScalarUDFImpl for CatalogFunction {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(self.returns.clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        if args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)))
+        {
+            let scalars: Vec<ScalarValue> = args
+                .args
+                .iter()
+                .map(|a| match a {
+                    ColumnarValue::Scalar(s) => s.clone(),
+                    ColumnarValue::Array(_) => unreachable!("all scalars"),
+                })
+                .collect();
+            return Ok(ColumnarValue::Scalar((self.eval)(&scalars)));
+        }
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let mut out = Vec::with_capacity(args.number_rows);
+        for row in 0..args.number_rows {
+            let scalars = arrays
+                .iter()
+                .map(|a| ScalarValue::try_from_array(a, row))
+                .collect::<Result<Vec<_>>>()?;
+            out.push((self.eval)(&scalars));
+        }
+        if out.is_empty() {
+            return Ok(ColumnarValue::Array(new_empty_array(&self.returns)));
+        }
+        Ok(ColumnarValue::Array(ScalarValue::iter_to_array(out)?))
+    }
+}
+
+/// An oid argument as PostgreSQL reads one: an integer, or its text.
+fn oid(v: &ScalarValue) -> Option<i32> {
+    match v {
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) => s.trim().parse().ok(),
+        v if v.is_null() => None,
+        v => v.cast_to(&DataType::Int32).ok().and_then(|v| match v {
+            ScalarValue::Int32(i) => i,
+            _ => None,
+        }),
+    }
+}
+
+fn text(s: Option<String>) -> ScalarValue {
+    ScalarValue::Utf8(s)
+}
+
+fn function(
+    name: &'static str,
+    arities: &[usize],
+    returns: DataType,
+    eval: impl Fn(&[ScalarValue]) -> ScalarValue + Send + Sync + 'static,
+) -> ScalarUDF {
+    let signatures = arities
+        .iter()
+        .map(|n| match n {
+            0 => TypeSignature::Nullary,
+            n => TypeSignature::Any(*n),
+        })
+        .collect();
+    ScalarUDF::new_from_impl(CatalogFunction {
+        name,
+        aliases: vec![format!("pg_catalog.{name}")],
+        signature: Signature::one_of(signatures, Volatility::Stable),
+        returns,
+        eval: Arc::new(eval),
+    })
+}
+
+/// Registers every catalog function over `snapshot`.
+pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
+    use DataType::{Boolean, Int32, Utf8};
+    let null_text = |_: &[ScalarValue]| text(None);
+    let yes = |_: &[ScalarValue]| ScalarValue::Boolean(Some(true));
+    let s = snapshot.clone();
+    let viewdef = move |a: &[ScalarValue]| {
+        text(
+            a.first()
+                .and_then(oid)
+                .and_then(|o| s.relation(o))
+                .and_then(|r| r.definition.clone()),
+        )
+    };
+    let s = snapshot.clone();
+    let regclass =
+        move |a: &[ScalarValue]| text(a.first().and_then(oid).map(|o| s.regclass_name(o)));
+    let schemas = DataType::List(Arc::new(Field::new_list_field(Utf8, true)));
+    let key_fields = vec![
+        Arc::new(Field::new("x", DataType::Int16, true)),
+        Arc::new(Field::new("n", Int32, true)),
+    ];
+    let key_type = DataType::Struct(key_fields.clone().into());
+    let keys_type = DataType::List(Arc::new(Field::new_list_field(key_type.clone(), true)));
+    // information_schema._pg_expandarray(a): the elements of `a` with their 1-based
+    // positions, as a list of (x, n) the rewrite unnests.
+    let expand = move |a: &[ScalarValue]| {
+        let items: Vec<ScalarValue> = match a.first() {
+            Some(ScalarValue::List(l)) if !l.is_null(0) => {
+                let values = l.value(0);
+                (0..values.len())
+                    .filter_map(|i| {
+                        let x = ScalarValue::try_from_array(&values, i).ok()?;
+                        ScalarStructBuilder::new()
+                            .with_scalar(key_fields[0].clone(), x.cast_to(&DataType::Int16).ok()?)
+                            .with_scalar(
+                                key_fields[1].clone(),
+                                ScalarValue::Int32(Some(i as i32 + 1)),
+                            )
+                            .build()
+                            .ok()
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        ScalarValue::List(ScalarValue::new_list_nullable(&items, &key_type))
+    };
+    let udfs = vec![
+        function("current_database", &[0], Utf8, |_| {
+            text(Some("eddy".into()))
+        }),
+        function("current_schema", &[0], Utf8, |_| {
+            text(Some("public".into()))
+        }),
+        function("current_schemas", &[1], schemas, |_| {
+            ScalarValue::List(ScalarValue::new_list_nullable(
+                &[text(Some("pg_catalog".into())), text(Some("public".into()))],
+                &Utf8,
+            ))
+        }),
+        function("version", &[0], Utf8, |_| {
+            text(Some(format!(
+                "PostgreSQL 16.6 (Eddy {}) on Linux",
+                env!("CARGO_PKG_VERSION")
+            )))
+        }),
+        function("pg_get_userbyid", &[1], Utf8, |a| {
+            text(a.first().and_then(oid).map(|o| {
+                if o == ROLE_OID {
+                    ROLE_NAME.to_string()
+                } else {
+                    format!("unknown (OID={o})")
+                }
+            }))
+        }),
+        function("format_type", &[1, 2], Utf8, |a| {
+            text(a.first().and_then(oid).map(|o| {
+                TYPES
+                    .iter()
+                    .find(|t| t.oid == o)
+                    .map_or("???".to_string(), |t| t.display.to_string())
+            }))
+        }),
+        function("regclassout", &[1], Utf8, regclass),
+        function("regnamespaceout", &[1], Utf8, |a| {
+            text(a.first().and_then(oid).map(|o| match o {
+                super::NAMESPACE_PG_CATALOG => "pg_catalog".to_string(),
+                super::NAMESPACE_PUBLIC => "public".to_string(),
+                super::NAMESPACE_INFORMATION_SCHEMA => "information_schema".to_string(),
+                o => o.to_string(),
+            }))
+        }),
+        function("pg_get_viewdef", &[1, 2], Utf8, viewdef),
+        function("_pg_expandarray", &[1], keys_type, expand),
+        function("pg_encoding_to_char", &[1], Utf8, |a| {
+            text(Some(
+                if a.first().and_then(oid) == Some(6) {
+                    "UTF8"
+                } else {
+                    ""
+                }
+                .into(),
+            ))
+        }),
+        function("array_upper", &[2], Int32, |a| match a.first() {
+            Some(ScalarValue::List(l)) if !l.is_null(0) && !l.value(0).is_empty() => {
+                ScalarValue::Int32(Some(l.value(0).len() as i32))
+            }
+            _ => ScalarValue::Int32(None),
+        }),
+        function("pg_relation_is_publishable", &[1], Boolean, |_| {
+            ScalarValue::Boolean(Some(false))
+        }),
+        function("pg_table_is_visible", &[1], Boolean, yes),
+        function("pg_type_is_visible", &[1], Boolean, yes),
+        function("pg_function_is_visible", &[1], Boolean, yes),
+        function("has_table_privilege", &[2, 3], Boolean, yes),
+        function("has_schema_privilege", &[2, 3], Boolean, yes),
+        function("has_database_privilege", &[2, 3], Boolean, yes),
+        function("has_column_privilege", &[3, 4], Boolean, yes),
+        function("has_any_column_privilege", &[2, 3], Boolean, yes),
+        function("pg_get_expr", &[2, 3], Utf8, null_text),
+        function("pg_get_ruledef", &[1, 2], Utf8, null_text),
+        function("pg_get_indexdef", &[1, 3], Utf8, null_text),
+        function("pg_get_constraintdef", &[1, 2], Utf8, null_text),
+        function("pg_get_triggerdef", &[1, 2], Utf8, null_text),
+        function("pg_get_statisticsobjdef_columns", &[1], Utf8, null_text),
+        function("pg_get_function_result", &[1], Utf8, null_text),
+        function("pg_get_function_arguments", &[1], Utf8, null_text),
+        function("pg_get_function_identity_arguments", &[1], Utf8, null_text),
+        function("col_description", &[2], Utf8, null_text),
+        function("obj_description", &[1, 2], Utf8, null_text),
+        function("shobj_description", &[2], Utf8, null_text),
+    ];
+    for udf in udfs {
+        ctx.register_udf(udf);
+    }
+}

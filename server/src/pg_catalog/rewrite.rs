@@ -1,0 +1,708 @@
+//! PostgreSQL-only syntax in a parsed statement, rewritten into what DataFusion plans with
+//! the same meaning. Catalog queries from psql, pgjdbc and GUI tools use it freely:
+//!
+//! - `pg_catalog.f(…)` calls `f`; an unqualified `pg_class` is `pg_catalog.pg_class`
+//!   (pg_catalog is always on PostgreSQL's search path).
+//! - `'name'::regclass` is the relation's oid; `oid::regclass` its name, as PostgreSQL
+//!   prints one; likewise `regtype` and `regnamespace`. `::oid` is an integer.
+//! - `pg_catalog.text`, `name`, `int2[]` are the standard types.
+//! - `x COLLATE c` is `x` (Eddy compares text by code point, PostgreSQL's "C").
+//! - `OPERATOR(pg_catalog.~)` is `~`.
+//! - `ARRAY(SELECT e FROM …)` is `(SELECT array_agg(e) FROM …)`, or
+//!   `array_transform(a, x -> e)` over `unnest(a) x`.
+//! - `(record).field` is `get_field(record, 'field')`; `information_schema._pg_expandarray`
+//!   returns one row per element.
+//! - A correlated scalar subquery over catalog tables alone takes the max of its column
+//!   (they select one row by key), with outer columns bound by `inner = outer`
+//!   substituted into its other conditions, which is what DataFusion decorrelates.
+//! - A SELECT that inner-joins a catalog table with no rows returns no rows, so
+//!   subqueries in its select list are never evaluated: they become NULL. This is how
+//!   queries about features Eddy has none of (policies, publications, inheritance) plan.
+//! - Unnamed select items that would repeat a column name get distinct names.
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionState;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{
+    self, BinaryOperator, DataType, Expr, FunctionArguments, Ident, ObjectName, ObjectNamePart,
+    Query, Select, SelectItem, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
+};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+
+use super::{
+    Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, TYPES,
+};
+
+/// Rewrites `statement` in place.
+pub(super) fn statement(
+    statement: &mut DFStatement,
+    snapshot: &Snapshot,
+    state: &SessionState,
+) -> Result<()> {
+    let target = match statement {
+        DFStatement::Statement(s) => s.as_mut(),
+        DFStatement::Explain(e) => match e.statement.as_mut() {
+            DFStatement::Statement(s) => s.as_mut(),
+            _ => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    let mut rewriter = Rewriter { snapshot, state };
+    match target.visit(&mut rewriter) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(e) => Err(e),
+    }
+}
+
+struct Rewriter<'a> {
+    snapshot: &'a Snapshot,
+    state: &'a SessionState,
+}
+
+fn parse_expr(sql: &str) -> Result<Expr> {
+    Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}")))
+}
+
+fn ident_name(i: &Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_lowercase()
+    }
+}
+
+/// The parts of a name, case-folded as PostgreSQL does.
+fn parts(name: &ObjectName) -> Vec<String> {
+    name.0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(i) => ident_name(i),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// `pg_catalog.x` as `x`.
+fn unqualify(name: &mut ObjectName) {
+    if name.0.len() == 2 && parts(name)[0] == "pg_catalog" {
+        name.0.remove(0);
+    }
+}
+
+/// A type name's last part, if it is one of PostgreSQL's own that needs rewriting.
+fn pg_type_name(ty: &DataType) -> Option<String> {
+    match ty {
+        DataType::Regclass => Some("regclass".into()),
+        DataType::Custom(name, modifiers) if modifiers.is_empty() => {
+            let p = parts(name);
+            match p.as_slice() {
+                [n] => Some(n.clone()),
+                [schema, n] if schema == "pg_catalog" => Some(n.clone()),
+                _ => None,
+            }
+        }
+        DataType::Text => None,
+        _ => None,
+    }
+}
+
+/// The standard type for a PostgreSQL type name, for the ones that are plain types.
+fn standard_type(name: &str) -> Option<DataType> {
+    Some(match name {
+        "text" | "name" | "varchar" | "char" | "bpchar" => DataType::Text,
+        "int2" | "smallint" => DataType::SmallInt(None),
+        "int4" | "int" | "integer" | "oid" | "xid" | "cid" => DataType::Int(None),
+        "int8" | "bigint" => DataType::BigInt(None),
+        "bool" | "boolean" => DataType::Boolean,
+        "float4" | "real" => DataType::Real,
+        "float8" => DataType::DoublePrecision,
+        "numeric" => DataType::Numeric(ast::ExactNumberInfo::None),
+        "timestamp" => DataType::Timestamp(None, ast::TimezoneInfo::None),
+        _ => return None,
+    })
+}
+
+fn string_literal(e: &Expr) -> Option<&str> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => Some(s),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn number(n: i32) -> Expr {
+    Expr::value(Value::Number(n.to_string(), false))
+}
+
+fn undefined(kind: &str, name: &str) -> DataFusionError {
+    DataFusionError::Plan(format!("{kind} \"{name}\" does not exist"))
+}
+
+impl Rewriter<'_> {
+    /// `expr::type` for PostgreSQL's own types; `None` leaves the cast alone.
+    fn cast(&self, expr: &Expr, type_name: &str) -> Result<Option<Expr>> {
+        let literal = string_literal(expr);
+        Ok(Some(match (type_name, literal) {
+            ("regclass", Some(s)) => number(
+                self.snapshot
+                    .regclass(s)
+                    .ok_or_else(|| undefined("relation", s))?,
+            ),
+            ("regclass", None) => call("regclassout", vec![expr.clone()]),
+            ("regtype", Some(s)) => {
+                let name = s.trim_start_matches("pg_catalog.");
+                let t = TYPES
+                    .iter()
+                    .find(|t| t.name == name || t.display == name)
+                    .ok_or_else(|| undefined("type", s))?;
+                number(t.oid)
+            }
+            ("regtype", None) => call("format_type", vec![expr.clone(), Expr::value(Value::Null)]),
+            ("regnamespace", Some(s)) => number(match s {
+                "pg_catalog" => NAMESPACE_PG_CATALOG,
+                "public" => NAMESPACE_PUBLIC,
+                "information_schema" => NAMESPACE_INFORMATION_SCHEMA,
+                other => return Err(undefined("schema", other)),
+            }),
+            ("regnamespace", None) => call("regnamespaceout", vec![expr.clone()]),
+            // Functions are named by text (`pg_type.typinput` holds the name).
+            ("regproc" | "regprocedure", Some(s)) => Expr::value(Value::SingleQuotedString(
+                s.trim_start_matches("pg_catalog.").into(),
+            )),
+            ("regproc" | "regprocedure" | "regrole" | "regoper", None) => expr.clone(),
+            (other, _) => match standard_type(other) {
+                Some(ty) => Expr::Cast {
+                    kind: ast::CastKind::Cast,
+                    expr: Box::new(expr.clone()),
+                    data_type: ty,
+                    array: false,
+                    format: None,
+                },
+                None => return Ok(None),
+            },
+        }))
+    }
+
+    fn is_empty_table(&self, factor: &TableFactor) -> bool {
+        match factor {
+            TableFactor::Table {
+                name, args: None, ..
+            } => match parts(name).as_slice() {
+                [schema, table] if schema == "pg_catalog" => {
+                    self.snapshot.empty_tables.contains(table.as_str())
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Whether `select` returns no rows whatever its select list holds: it inner-joins
+    /// an empty catalog table and aggregates nothing.
+    fn returns_nothing(&self, select: &Select) -> bool {
+        let grouped = match &select.group_by {
+            ast::GroupByExpr::Expressions(exprs, _) => !exprs.is_empty(),
+            ast::GroupByExpr::All(_) => true,
+        };
+        if grouped || select.having.is_some() || self.aggregates(&select.projection) {
+            return false;
+        }
+        select.from.iter().any(|from| {
+            self.is_empty_table(&from.relation)
+                || from.joins.iter().any(|j| {
+                    matches!(
+                        j.join_operator,
+                        ast::JoinOperator::Join(_)
+                            | ast::JoinOperator::Inner(_)
+                            | ast::JoinOperator::CrossJoin(_)
+                    ) && self.is_empty_table(&j.relation)
+                })
+        })
+    }
+
+    /// Whether any item calls an aggregate or window function (outside subqueries).
+    fn aggregates(&self, items: &[SelectItem]) -> bool {
+        struct Find<'a>(&'a SessionState, bool, usize);
+        impl ast::Visitor for Find<'_> {
+            type Break = ();
+            fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+                self.2 += 1;
+                ControlFlow::Continue(())
+            }
+            fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+                self.2 -= 1;
+                ControlFlow::Continue(())
+            }
+            fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+                if let (Expr::Function(f), 0) = (e, self.2) {
+                    let name = parts(&f.name).pop().unwrap_or_default();
+                    if self.0.aggregate_functions().contains_key(&name) || f.over.is_some() {
+                        self.1 = true;
+                        return ControlFlow::Break(());
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+        }
+        let mut find = Find(self.state, false, 0);
+        for item in items {
+            let _ = ast::Visit::visit(item, &mut find);
+        }
+        find.1
+    }
+
+    /// `ARRAY(SELECT e FROM … [ORDER BY …])` as a scalar subquery aggregating `e`.
+    fn array_subquery(&self, query: &Query) -> Result<Expr> {
+        let select = match query.body.as_ref() {
+            SetExpr::Select(s) if s.projection.len() == 1 => s,
+            _ => {
+                return Err(DataFusionError::NotImplemented(
+                    "ARRAY(subquery) of anything but one column of a plain SELECT".into(),
+                ))
+            }
+        };
+        if self.returns_nothing(select) {
+            return Ok(call("make_array", vec![]));
+        }
+        let item = match &select.projection[0] {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e.clone(),
+            _ => {
+                return Err(DataFusionError::NotImplemented(
+                    "ARRAY(SELECT *) is not supported".into(),
+                ))
+            }
+        };
+        if let Some(mapped) = array_map(select, &item) {
+            return Ok(mapped);
+        }
+        let order = match &query.order_by {
+            Some(ast::OrderBy {
+                kind: ast::OrderByKind::Expressions(exprs),
+                ..
+            }) if !exprs.is_empty() => {
+                let keys: Vec<String> = exprs
+                    .iter()
+                    .map(|o| {
+                        let key = match &o.expr {
+                            Expr::Value(v) if matches!(&v.value, Value::Number(n, _) if n == "1") => {
+                                item.clone()
+                            }
+                            e => e.clone(),
+                        };
+                        format!("{key}{}", o.options)
+                    })
+                    .collect();
+                format!(" ORDER BY {}", keys.join(", "))
+            }
+            _ => String::new(),
+        };
+        let mut inner = query.clone();
+        inner.order_by = None;
+        if let SetExpr::Select(s) = inner.body.as_mut() {
+            s.projection = vec![SelectItem::UnnamedExpr(parse_expr(&format!(
+                "array_agg({item}{order})"
+            ))?)];
+        }
+        Ok(Expr::Subquery(Box::new(inner)))
+    }
+
+    /// A scalar subquery that returns no rows is NULL. One over catalog tables alone
+    /// that does not aggregate takes the max of its one column: catalog queries select
+    /// at most one row by key, which DataFusion cannot know when they are correlated.
+    fn scalar_subquery(&self, query: &mut Query) -> Option<Result<Expr>> {
+        let SetExpr::Select(select) = query.body.as_mut() else {
+            return None;
+        };
+        if self.returns_nothing(select) {
+            return Some(Ok(Expr::value(Value::Null)));
+        }
+        let grouped =
+            !matches!(&select.group_by, ast::GroupByExpr::Expressions(e, _) if e.is_empty());
+        let catalog_only = !select.from.is_empty()
+            && select.from.iter().all(|f| {
+                std::iter::once(&f.relation)
+                    .chain(f.joins.iter().map(|j| &j.relation))
+                    .all(|t| self.is_catalog_table(t))
+            });
+        if grouped || !catalog_only || self.aggregates(&select.projection) {
+            return None;
+        }
+        // DataFusion decorrelates `inner = outer` conditions only; in the others, an
+        // outer column equated to an inner expression is replaced by that expression.
+        let inner = inner_names(select);
+        if let Some(w) = select.selection.take() {
+            let conditions = conjuncts(w);
+            let mut bound = Vec::new();
+            for c in &conditions {
+                if let Expr::BinaryOp {
+                    op: BinaryOperator::Eq,
+                    left,
+                    right,
+                } = c
+                {
+                    match (
+                        references_outer(left, &inner),
+                        references_outer(right, &inner),
+                    ) {
+                        (false, true) if matches!(**right, Expr::CompoundIdentifier(_)) => {
+                            bound.push((right.to_string(), left.as_ref().clone()))
+                        }
+                        (true, false) if matches!(**left, Expr::CompoundIdentifier(_)) => {
+                            bound.push((left.to_string(), right.as_ref().clone()))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let conditions = conditions.into_iter().map(|mut c| {
+                let is_binding = bound.iter().any(|(outer, _)| {
+                    matches!(&c, Expr::BinaryOp { op: BinaryOperator::Eq, left, right }
+                        if &left.to_string() == outer || &right.to_string() == outer)
+                });
+                if !is_binding {
+                    substitute(&mut c, &bound);
+                }
+                c
+            });
+            select.selection = conditions.reduce(|a, b| Expr::BinaryOp {
+                left: Box::new(a),
+                op: BinaryOperator::And,
+                right: Box::new(b),
+            });
+        }
+        if let [SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }] =
+            select.projection.as_mut_slice()
+        {
+            *e = call("max", vec![e.clone()]);
+        }
+        None
+    }
+
+    fn is_catalog_table(&self, factor: &TableFactor) -> bool {
+        match factor {
+            TableFactor::Table {
+                name, args: None, ..
+            } => matches!(parts(name).as_slice(), [schema, table]
+                if schema == "pg_catalog" && self.snapshot.tables.contains_key(table.as_str())),
+            _ => false,
+        }
+    }
+
+    fn select(&self, select: &mut Select) {
+        if self.returns_nothing(select) {
+            for (i, item) in select.projection.iter_mut().enumerate() {
+                let (expr, alias) = match item {
+                    SelectItem::UnnamedExpr(e) => (e, None),
+                    SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.clone())),
+                    _ => continue,
+                };
+                if has_subquery(expr) {
+                    *item = SelectItem::ExprWithAlias {
+                        expr: Expr::value(Value::Null),
+                        alias: alias.unwrap_or_else(|| Ident::new(format!("column{}", i + 1))),
+                    };
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        for (i, item) in select.projection.iter_mut().enumerate() {
+            let name = match item {
+                SelectItem::UnnamedExpr(e) => e.to_string(),
+                SelectItem::ExprWithAlias { alias, .. } => ident_name(alias),
+                _ => continue,
+            };
+            if !seen.insert(name.clone()) {
+                if let SelectItem::UnnamedExpr(e) = item {
+                    *item = SelectItem::ExprWithAlias {
+                        expr: e.clone(),
+                        alias: Ident::new(format!("{name}_{}", i + 1)),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn call(name: &str, args: Vec<Expr>) -> Expr {
+    Expr::Function(ast::Function {
+        name: ObjectName::from(vec![Ident::new(name)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|a| ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(a)))
+                .collect(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
+/// `ARRAY(SELECT e FROM unnest(a) x)` maps `e` over the elements of `a`:
+/// `array_transform(a, x -> e)`, an empty array when `a` is NULL.
+fn array_map(select: &Select, item: &Expr) -> Option<Expr> {
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    if !from.joins.is_empty() || select.selection.is_some() {
+        return None;
+    }
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        alias: Some(alias),
+        ..
+    } = &from.relation
+    else {
+        return None;
+    };
+    let [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(array))] = args.args.as_slice()
+    else {
+        return None;
+    };
+    if parts(name) != ["unnest"] {
+        return None;
+    }
+    let param = alias
+        .columns
+        .first()
+        .map_or(alias.name.clone(), |c| c.name.clone());
+    let lambda = Expr::Lambda(ast::LambdaFunction {
+        params: ast::OneOrManyWithParens::One(ast::LambdaFunctionParameter {
+            name: param,
+            data_type: None,
+        }),
+        body: Box::new(item.clone()),
+        syntax: ast::LambdaSyntax::Arrow,
+    });
+    Some(call(
+        "coalesce",
+        vec![
+            call("array_transform", vec![array.clone(), lambda]),
+            call("make_array", vec![]),
+        ],
+    ))
+}
+
+/// Replaces each column named in `bound` by its expression.
+fn substitute(e: &mut Expr, bound: &[(String, Expr)]) {
+    struct Replace<'a>(&'a [(String, Expr)]);
+    impl VisitorMut for Replace<'_> {
+        type Break = ();
+        fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            if let Expr::CompoundIdentifier(_) = e {
+                let name = e.to_string();
+                if let Some((_, inner)) = self.0.iter().find(|(outer, _)| *outer == name) {
+                    *e = inner.clone();
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let _ = e.visit(&mut Replace(bound));
+}
+
+/// `a AND b AND c` as `[a, b, c]`.
+fn conjuncts(e: Expr) -> Vec<Expr> {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            let mut out = conjuncts(*left);
+            out.extend(conjuncts(*right));
+            out
+        }
+        Expr::Nested(inner) => conjuncts(*inner),
+        e => vec![e],
+    }
+}
+
+/// The names a SELECT's own FROM clause binds: aliases, or table names.
+fn inner_names(select: &Select) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for from in &select.from {
+        for factor in std::iter::once(&from.relation).chain(from.joins.iter().map(|j| &j.relation))
+        {
+            if let TableFactor::Table { name, alias, .. } = factor {
+                match alias {
+                    Some(a) => names.insert(ident_name(&a.name)),
+                    None => names.insert(parts(name).pop().unwrap_or_default()),
+                };
+            }
+        }
+    }
+    names
+}
+
+/// Whether `e` names a column qualified by something `inner` does not bind.
+fn references_outer(e: &Expr, inner: &HashSet<String>) -> bool {
+    struct Find<'a>(&'a HashSet<String>, bool);
+    impl ast::Visitor for Find<'_> {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+            if let Expr::CompoundIdentifier(idents) = e {
+                if idents.len() >= 2 && !self.0.contains(&ident_name(&idents[idents.len() - 2])) {
+                    self.1 = true;
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut find = Find(inner, false);
+    let _ = ast::Visit::visit(e, &mut find);
+    find.1
+}
+
+fn has_subquery(e: &Expr) -> bool {
+    struct Find(bool);
+    impl ast::Visitor for Find {
+        type Break = ();
+        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+            self.0 = true;
+            ControlFlow::Break(())
+        }
+    }
+    let mut find = Find(false);
+    let _ = ast::Visit::visit(e, &mut find);
+    find.0
+}
+
+fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
+    match body {
+        SetExpr::Select(s) => f(s),
+        SetExpr::SetOperation { left, right, .. } => {
+            selects_mut(left, f);
+            selects_mut(right, f);
+        }
+        _ => {}
+    }
+}
+
+impl VisitorMut for Rewriter<'_> {
+    type Break = DataFusionError;
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<Self::Break> {
+        if let TableFactor::Table { name, args, .. } = factor {
+            if args.is_some() {
+                unqualify(name);
+            } else if let [table] = parts(name).as_slice() {
+                let user = self.snapshot.relations.iter().any(|r| &r.name == table);
+                if !user && self.snapshot.tables.contains_key(table.as_str()) {
+                    name.0
+                        .insert(0, ObjectNamePart::Identifier(Ident::new("pg_catalog")));
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<Self::Break> {
+        selects_mut(&mut query.body, &mut |s| self.select(s));
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<Self::Break> {
+        let replacement = match expr {
+            Expr::Function(f) => {
+                unqualify(&mut f.name);
+                match &f.args {
+                    FunctionArguments::Subquery(q) if parts(&f.name) == ["array"] => {
+                        Some(self.array_subquery(q))
+                    }
+                    // A set-returning function: one row per element.
+                    _ if parts(&f.name) == ["information_schema", "_pg_expandarray"] => {
+                        f.name.0.remove(0);
+                        Some(Ok(call("unnest", vec![expr.clone()])))
+                    }
+                    _ => None,
+                }
+            }
+            Expr::Cast {
+                expr: inner,
+                data_type,
+                ..
+            } => match data_type {
+                DataType::Array(ast::ArrayElemTypeDef::SquareBracket(elem, size)) => {
+                    if let Some(ty) = pg_type_name(elem).and_then(|n| standard_type(&n)) {
+                        *elem = Box::new(ty);
+                        let _ = size;
+                    }
+                    None
+                }
+                ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
+            },
+            Expr::Collate { expr: inner, .. } => Some(Ok(inner.as_ref().clone())),
+            Expr::Subquery(q) => self.scalar_subquery(q),
+            // `(record).field` reads a field of a composite value.
+            Expr::CompoundFieldAccess { root, access_chain }
+                if access_chain
+                    .iter()
+                    .all(|a| matches!(a, ast::AccessExpr::Dot(Expr::Identifier(_)))) =>
+            {
+                let mut e = root.as_ref().clone();
+                for access in access_chain.iter() {
+                    if let ast::AccessExpr::Dot(Expr::Identifier(field)) = access {
+                        let name = Value::SingleQuotedString(ident_name(field));
+                        e = call("get_field", vec![e, Expr::value(name)]);
+                    }
+                }
+                Some(Ok(e))
+            }
+            Expr::BinaryOp { left, op, right } => match op {
+                BinaryOperator::PGCustomBinaryOperator(p)
+                    if p.len() == 2 && p[0] == "pg_catalog" =>
+                {
+                    let op = match p[1].as_str() {
+                        "~" => Some(BinaryOperator::PGRegexMatch),
+                        "~*" => Some(BinaryOperator::PGRegexIMatch),
+                        "!~" => Some(BinaryOperator::PGRegexNotMatch),
+                        "!~*" => Some(BinaryOperator::PGRegexNotIMatch),
+                        "~~" => Some(BinaryOperator::PGLikeMatch),
+                        "=" => Some(BinaryOperator::Eq),
+                        "<>" => Some(BinaryOperator::NotEq),
+                        "<" => Some(BinaryOperator::Lt),
+                        "<=" => Some(BinaryOperator::LtEq),
+                        ">" => Some(BinaryOperator::Gt),
+                        ">=" => Some(BinaryOperator::GtEq),
+                        "||" => Some(BinaryOperator::StringConcat),
+                        _ => None,
+                    };
+                    op.map(|op| {
+                        Ok(Expr::BinaryOp {
+                            left: left.clone(),
+                            op,
+                            right: right.clone(),
+                        })
+                    })
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        match replacement {
+            Some(Ok(e)) => {
+                *expr = e;
+                ControlFlow::Continue(())
+            }
+            Some(Err(e)) => ControlFlow::Break(e),
+            None => ControlFlow::Continue(()),
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! The `pg_catalog` tables, built from a catalog snapshot: the columns psql's `\d` family,
+//! pgjdbc's `DatabaseMetaData` and GUI tools read, with PostgreSQL's names and meanings.
+//! Catalogs of features Eddy does not have (policies, publications, inheritance, rules,
+//! extended statistics) exist and hold no rows.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Float32Array, Int16Array, Int32Array, ListBuilder, StringArray,
+    StringBuilder,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+
+use eddy_planner::filter::datafusion_error;
+use eddy_planner::{Error, Result};
+
+use super::{
+    Relation, Snapshot, DATABASE_OID, DEFAULT_COLLATION, NAMESPACE_INFORMATION_SCHEMA,
+    NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, ROLE_NAME, ROLE_OID, TYPES,
+};
+
+/// The access methods: a stream is stored as `heap` says it is to psql.
+const AM_HEAP: i32 = 2;
+
+/// One table under construction, column by column.
+struct Table {
+    name: &'static str,
+    rows: usize,
+    fields: Vec<Field>,
+    columns: Vec<ArrayRef>,
+}
+
+fn text_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true)))
+}
+
+fn small_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Int16, true)))
+}
+
+fn int_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)))
+}
+
+impl Table {
+    fn new(name: &'static str, rows: usize) -> Table {
+        Table {
+            name,
+            rows,
+            fields: Vec::new(),
+            columns: Vec::new(),
+        }
+    }
+
+    fn column(mut self, name: &str, array: ArrayRef) -> Table {
+        self.fields
+            .push(Field::new(name, array.data_type().clone(), true));
+        self.columns.push(array);
+        self
+    }
+
+    fn int(self, name: &str, v: impl IntoIterator<Item = i32>) -> Table {
+        self.column(name, Arc::new(Int32Array::from_iter_values(v)))
+    }
+
+    fn small(self, name: &str, v: impl IntoIterator<Item = i16>) -> Table {
+        self.column(name, Arc::new(Int16Array::from_iter_values(v)))
+    }
+
+    fn float(self, name: &str, v: impl IntoIterator<Item = f32>) -> Table {
+        self.column(name, Arc::new(Float32Array::from_iter_values(v)))
+    }
+
+    fn boolean(self, name: &str, v: impl IntoIterator<Item = bool>) -> Table {
+        self.column(
+            name,
+            Arc::new(v.into_iter().map(Some).collect::<BooleanArray>()),
+        )
+    }
+
+    fn text<S: AsRef<str>>(self, name: &str, v: impl IntoIterator<Item = S>) -> Table {
+        self.column(name, Arc::new(StringArray::from_iter_values(v)))
+    }
+
+    fn opt_text<S: AsRef<str>>(self, name: &str, v: impl IntoIterator<Item = Option<S>>) -> Table {
+        self.column(name, Arc::new(v.into_iter().collect::<StringArray>()))
+    }
+
+    fn text_list(self, name: &str, v: impl IntoIterator<Item = Option<Vec<String>>>) -> Table {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        for row in v {
+            match row {
+                Some(items) => {
+                    for item in items {
+                        b.values().append_value(item);
+                    }
+                    b.append(true);
+                }
+                None => b.append(false),
+            }
+        }
+        self.column(name, Arc::new(b.finish()))
+    }
+
+    /// A column of NULLs of `ty`.
+    fn nulls(self, name: &str, ty: DataType) -> Table {
+        let rows = self.rows;
+        self.column(name, datafusion::arrow::array::new_null_array(&ty, rows))
+    }
+
+    fn build(self) -> Result<(&'static str, usize, Arc<MemTable>)> {
+        let schema = Arc::new(Schema::new(self.fields));
+        let batch = RecordBatch::try_new(schema.clone(), self.columns)
+            .map_err(|e| Error::internal(format!("pg_catalog.{}: {e}", self.name)))?;
+        let table = MemTable::try_new(schema, vec![vec![batch]]).map_err(datafusion_error)?;
+        Ok((self.name, self.rows, Arc::new(table)))
+    }
+}
+
+/// A table that holds no rows, with its columns and types.
+fn empty(
+    name: &'static str,
+    columns: &[(&str, DataType)],
+) -> Result<(&'static str, usize, Arc<MemTable>)> {
+    columns
+        .iter()
+        .fold(Table::new(name, 0), |t, (n, ty)| t.nulls(n, ty.clone()))
+        .build()
+}
+
+fn repeat<T: Clone>(v: T, n: usize) -> std::iter::Take<std::iter::Repeat<T>> {
+    std::iter::repeat(v).take(n)
+}
+
+/// Every `pg_catalog` table with its row count.
+pub(super) fn build(relations: &[Relation]) -> Result<Vec<(&'static str, usize, Arc<MemTable>)>> {
+    use DataType::{Boolean, Int16, Int32, Utf8};
+    let n = relations.len();
+    let attributes: Vec<(&Relation, usize)> = relations
+        .iter()
+        .flat_map(|r| (0..r.columns.len()).map(move |i| (r, i)))
+        .collect();
+    let m = attributes.len();
+    let type_of = |oid: i32| TYPES.iter().find(|t| t.oid == oid);
+    let collation_of = |oid: i32| {
+        if type_of(oid).is_some_and(|t| t.collatable) {
+            DEFAULT_COLLATION
+        } else {
+            0
+        }
+    };
+    fn att<'a>((r, i): &(&'a Relation, usize)) -> &'a super::Attribute {
+        &r.columns[*i]
+    }
+    let t = TYPES.len();
+    Ok(vec![
+        Table::new("pg_namespace", 3)
+            .int(
+                "oid",
+                [
+                    NAMESPACE_PG_CATALOG,
+                    NAMESPACE_PUBLIC,
+                    NAMESPACE_INFORMATION_SCHEMA,
+                ],
+            )
+            .text("nspname", ["pg_catalog", "public", "information_schema"])
+            .int("nspowner", repeat(ROLE_OID, 3))
+            .nulls("nspacl", text_list_type())
+            .build()?,
+        Table::new("pg_class", n)
+            .int("oid", relations.iter().map(|r| r.oid))
+            .text("relname", relations.iter().map(|r| r.name.as_str()))
+            .int("relnamespace", repeat(NAMESPACE_PUBLIC, n))
+            .int("reltype", repeat(0, n))
+            .int("reloftype", repeat(0, n))
+            .int("relowner", repeat(ROLE_OID, n))
+            .int(
+                "relam",
+                relations
+                    .iter()
+                    .map(|r| if r.kind == "r" { AM_HEAP } else { 0 }),
+            )
+            .int("relfilenode", repeat(0, n))
+            .int("reltablespace", repeat(0, n))
+            .int("relpages", repeat(0, n))
+            .float("reltuples", repeat(-1.0, n))
+            .int("relallvisible", repeat(0, n))
+            .int("reltoastrelid", repeat(0, n))
+            .boolean("relhasindex", repeat(false, n))
+            .boolean("relisshared", repeat(false, n))
+            .text("relpersistence", repeat("p", n))
+            .text("relkind", relations.iter().map(|r| r.kind))
+            .small("relnatts", relations.iter().map(|r| r.columns.len() as i16))
+            .small("relchecks", repeat(0, n))
+            .boolean("relhasrules", repeat(false, n))
+            .boolean("relhastriggers", repeat(false, n))
+            .boolean("relhassubclass", repeat(false, n))
+            .boolean("relrowsecurity", repeat(false, n))
+            .boolean("relforcerowsecurity", repeat(false, n))
+            .boolean("relispopulated", repeat(true, n))
+            .text("relreplident", repeat("d", n))
+            .boolean("relispartition", repeat(false, n))
+            .int("relrewrite", repeat(0, n))
+            .nulls("relacl", text_list_type())
+            .text_list("reloptions", relations.iter().map(|r| r.options.clone()))
+            .nulls("relpartbound", Utf8)
+            .build()?,
+        Table::new("pg_attribute", m)
+            .int("attrelid", attributes.iter().map(|(r, _)| r.oid))
+            .text("attname", attributes.iter().map(|a| att(a).name.as_str()))
+            .int("atttypid", attributes.iter().map(|a| att(a).type_oid))
+            .small("attstattarget", repeat(-1, m))
+            .small(
+                "attlen",
+                attributes
+                    .iter()
+                    .map(|a| type_of(att(a).type_oid).map_or(-1, |t| t.len)),
+            )
+            .small("attnum", attributes.iter().map(|(_, i)| *i as i16 + 1))
+            .small("attndims", repeat(0, m))
+            .int("attcacheoff", repeat(-1, m))
+            .int("atttypmod", repeat(-1, m))
+            .boolean(
+                "attbyval",
+                attributes
+                    .iter()
+                    .map(|a| type_of(att(a).type_oid).is_some_and(|t| (1..=8).contains(&t.len))),
+            )
+            .text(
+                "attstorage",
+                attributes.iter().map(|a| {
+                    if type_of(att(a).type_oid).is_some_and(|t| t.len < 0) {
+                        "x"
+                    } else {
+                        "p"
+                    }
+                }),
+            )
+            .text("attcompression", repeat("", m))
+            .boolean("attnotnull", attributes.iter().map(|a| att(a).not_null))
+            .boolean("atthasdef", repeat(false, m))
+            .boolean("atthasmissing", repeat(false, m))
+            .text("attidentity", repeat("", m))
+            .text("attgenerated", repeat("", m))
+            .boolean("attisdropped", repeat(false, m))
+            .boolean("attislocal", repeat(true, m))
+            .int("attinhcount", repeat(0, m))
+            .int(
+                "attcollation",
+                attributes.iter().map(|a| collation_of(att(a).type_oid)),
+            )
+            .nulls("attacl", text_list_type())
+            .nulls("attoptions", text_list_type())
+            .nulls("attfdwoptions", text_list_type())
+            .build()?,
+        Table::new("pg_type", t)
+            .int("oid", TYPES.iter().map(|t| t.oid))
+            .text("typname", TYPES.iter().map(|t| t.name))
+            .int("typnamespace", repeat(NAMESPACE_PG_CATALOG, t))
+            .int("typowner", repeat(ROLE_OID, t))
+            .small("typlen", TYPES.iter().map(|t| t.len))
+            .boolean("typbyval", TYPES.iter().map(|t| (1..=8).contains(&t.len)))
+            .text("typtype", repeat("b", t))
+            .text(
+                "typcategory",
+                TYPES.iter().map(|t| match t.name {
+                    _ if t.elem != 0 => "A",
+                    "bool" => "B",
+                    "int2" | "int4" | "int8" | "float4" | "float8" | "numeric" | "oid" => "N",
+                    "date" | "timestamp" | "timestamptz" => "D",
+                    _ => "S",
+                }),
+            )
+            .boolean("typisdefined", repeat(true, t))
+            .text("typdelim", repeat(",", t))
+            .int("typrelid", repeat(0, t))
+            .int("typelem", TYPES.iter().map(|t| t.elem))
+            .int("typarray", TYPES.iter().map(|t| t.array))
+            .text(
+                "typinput",
+                TYPES.iter().map(|t| {
+                    if t.elem != 0 {
+                        "array_in".to_string()
+                    } else {
+                        format!("{}in", t.name)
+                    }
+                }),
+            )
+            .boolean("typnotnull", repeat(false, t))
+            .int("typbasetype", repeat(0, t))
+            .int("typtypmod", repeat(-1, t))
+            .int("typndims", repeat(0, t))
+            .int(
+                "typcollation",
+                TYPES
+                    .iter()
+                    .map(|t| if t.collatable { DEFAULT_COLLATION } else { 0 }),
+            )
+            .nulls("typdefault", Utf8)
+            .build()?,
+        Table::new("pg_am", 2)
+            .int("oid", [AM_HEAP, 403])
+            .text("amname", ["heap", "btree"])
+            .text("amtype", ["t", "i"])
+            .build()?,
+        Table::new("pg_collation", 2)
+            .int("oid", [DEFAULT_COLLATION, 950])
+            .text("collname", ["default", "C"])
+            .int("collnamespace", repeat(NAMESPACE_PG_CATALOG, 2))
+            .text("collprovider", ["d", "c"])
+            .build()?,
+        Table::new("pg_roles", 1)
+            .int("oid", [ROLE_OID])
+            .text("rolname", [ROLE_NAME])
+            .boolean("rolsuper", [true])
+            .boolean("rolinherit", [true])
+            .boolean("rolcreaterole", [true])
+            .boolean("rolcreatedb", [true])
+            .boolean("rolcanlogin", [true])
+            .boolean("rolreplication", [false])
+            .int("rolconnlimit", [-1])
+            .text("rolpassword", ["********"])
+            .nulls("rolvaliduntil", Utf8)
+            .boolean("rolbypassrls", [false])
+            .nulls("rolconfig", text_list_type())
+            .build()?,
+        Table::new("pg_database", 1)
+            .int("oid", [DATABASE_OID])
+            .text("datname", ["eddy"])
+            .int("datdba", [ROLE_OID])
+            .int("encoding", [6])
+            .text("datlocprovider", ["c"])
+            .boolean("datistemplate", [false])
+            .boolean("datallowconn", [true])
+            .int("datconnlimit", [-1])
+            .int("dattablespace", [1663])
+            .text("datcollate", ["C.UTF-8"])
+            .text("datctype", ["C.UTF-8"])
+            .opt_text("daticulocale", [None::<&str>])
+            .opt_text("datlocale", [None::<&str>])
+            .opt_text("daticurules", [None::<&str>])
+            .nulls("datacl", text_list_type())
+            .build()?,
+        Table::new("pg_tablespace", 2)
+            .int("oid", [1663, 1664])
+            .text("spcname", ["pg_default", "pg_global"])
+            .int("spcowner", repeat(ROLE_OID, 2))
+            .build()?,
+        empty(
+            "pg_description",
+            &[
+                ("objoid", Int32),
+                ("classoid", Int32),
+                ("objsubid", Int32),
+                ("description", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_shdescription",
+            &[
+                ("objoid", Int32),
+                ("classoid", Int32),
+                ("description", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_attrdef",
+            &[
+                ("oid", Int32),
+                ("adrelid", Int32),
+                ("adnum", Int16),
+                ("adbin", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_proc",
+            &[
+                ("oid", Int32),
+                ("proname", Utf8),
+                ("pronamespace", Int32),
+                ("proowner", Int32),
+                ("prokind", Utf8),
+                ("prorettype", Int32),
+                ("proretset", Boolean),
+                ("pronargs", Int16),
+                ("prosrc", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_index",
+            &[
+                ("indexrelid", Int32),
+                ("indrelid", Int32),
+                ("indnatts", Int16),
+                ("indisunique", Boolean),
+                ("indisprimary", Boolean),
+                ("indkey", small_list_type()),
+            ],
+        )?,
+        empty(
+            "pg_constraint",
+            &[
+                ("oid", Int32),
+                ("conname", Utf8),
+                ("connamespace", Int32),
+                ("contype", Utf8),
+                ("conrelid", Int32),
+                ("confrelid", Int32),
+                ("conkey", small_list_type()),
+                ("confkey", small_list_type()),
+            ],
+        )?,
+        empty(
+            "pg_trigger",
+            &[
+                ("oid", Int32),
+                ("tgrelid", Int32),
+                ("tgname", Utf8),
+                ("tgisinternal", Boolean),
+            ],
+        )?,
+        empty(
+            "pg_policy",
+            &[
+                ("oid", Int32),
+                ("polname", Utf8),
+                ("polrelid", Int32),
+                ("polcmd", Utf8),
+                ("polpermissive", Boolean),
+                ("polroles", int_list_type()),
+                ("polqual", Utf8),
+                ("polwithcheck", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_statistic_ext",
+            &[
+                ("oid", Int32),
+                ("stxrelid", Int32),
+                ("stxname", Utf8),
+                ("stxnamespace", Int32),
+                ("stxowner", Int32),
+                ("stxstattarget", Int32),
+                ("stxkeys", small_list_type()),
+                ("stxkind", text_list_type()),
+            ],
+        )?,
+        empty(
+            "pg_publication",
+            &[
+                ("oid", Int32),
+                ("pubname", Utf8),
+                ("pubowner", Int32),
+                ("puballtables", Boolean),
+            ],
+        )?,
+        empty(
+            "pg_publication_namespace",
+            &[("oid", Int32), ("pnpubid", Int32), ("pnnspid", Int32)],
+        )?,
+        empty(
+            "pg_publication_rel",
+            &[
+                ("oid", Int32),
+                ("prpubid", Int32),
+                ("prrelid", Int32),
+                ("prqual", Utf8),
+                ("prattrs", small_list_type()),
+            ],
+        )?,
+        empty(
+            "pg_inherits",
+            &[
+                ("inhrelid", Int32),
+                ("inhparent", Int32),
+                ("inhseqno", Int32),
+                ("inhdetachpending", Boolean),
+            ],
+        )?,
+        empty(
+            "pg_rewrite",
+            &[
+                ("oid", Int32),
+                ("rulename", Utf8),
+                ("ev_class", Int32),
+                ("ev_type", Utf8),
+                ("is_instead", Boolean),
+            ],
+        )?,
+        empty(
+            "pg_auth_members",
+            &[
+                ("oid", Int32),
+                ("roleid", Int32),
+                ("member", Int32),
+                ("grantor", Int32),
+                ("admin_option", Boolean),
+            ],
+        )?,
+        empty(
+            "pg_extension",
+            &[
+                ("oid", Int32),
+                ("extname", Utf8),
+                ("extowner", Int32),
+                ("extversion", Utf8),
+            ],
+        )?,
+    ])
+}
+
+/// Registers the snapshot's tables as the `pg_catalog` schema.
+pub(super) fn register(ctx: &SessionContext, snapshot: &Snapshot) -> Result<()> {
+    let schema = Arc::new(MemorySchemaProvider::new());
+    for (name, table) in &snapshot.tables {
+        schema
+            .register_table(name.to_string(), table.clone())
+            .map_err(datafusion_error)?;
+    }
+    let catalog = ctx
+        .catalog("eddy")
+        .ok_or_else(|| Error::internal("default catalog missing"))?;
+    catalog
+        .register_schema("pg_catalog", schema)
+        .map_err(datafusion_error)?;
+    Ok(())
+}
