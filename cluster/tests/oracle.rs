@@ -5,7 +5,7 @@
 //! lateness, duplicate ids carrying other values, NULLs, amounts of very different
 //! magnitudes, ties in event time, and events exactly on window and lateness edges, fed in
 //! random batch sizes. The metrics cover every window kind (sliding, sliding with delay,
-//! tumbling, infinite), every aggregate, WHERE filters, and GROUP BY of one, two and no
+//! tumbling, infinite), every aggregate (the percentiles too), WHERE filters, and GROUP BY of one, two and no
 //! columns.
 //!
 //! An independent brute-force model, written from docs/sql.md ("Windows", "Semantics that
@@ -334,6 +334,10 @@ enum F {
     StddevSamp,
     StddevPop,
     Last,
+    /// PERCENTILE_CONT with the fraction in thousandths (MEDIAN is 500).
+    PctCont(u32),
+    /// PERCENTILE_DISC with the fraction in thousandths.
+    PctDisc(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -352,8 +356,29 @@ impl Agg {
     }
 }
 
-/// An aggregate written as in SQL, e.g. `COUNT(DISTINCT tag)`; the model's own reading.
+/// An aggregate written as in SQL, e.g. `COUNT(DISTINCT tag)` or
+/// `PERCENTILE_DISC(0.25) WITHIN GROUP (ORDER BY qty)`; the model's own reading.
 fn agg(sql: &'static str) -> Agg {
+    if let Some((head, order)) = sql.split_once(" WITHIN GROUP (ORDER BY ") {
+        let (name, fraction) = head.split_once('(').expect("an aggregate call");
+        let fraction: f64 = fraction.trim_end_matches(')').parse().expect("a fraction");
+        let thousandths = (fraction * 1000.0).round() as u32;
+        let f = match name {
+            "PERCENTILE_CONT" => F::PctCont(thousandths),
+            "PERCENTILE_DISC" => F::PctDisc(thousandths),
+            _ => panic!("the model knows no ordered-set aggregate {sql}"),
+        };
+        let col = Col::parse(order.trim_end_matches(')'));
+        assert!(
+            matches!(f, F::PctDisc(_)) || col == Col::Amount,
+            "the model does not compute {sql}"
+        );
+        return Agg {
+            sql,
+            f,
+            col: Some(col),
+        };
+    }
     let (name, rest) = sql.split_once('(').expect("an aggregate call");
     let inner = rest.strip_suffix(')').expect("a closing parenthesis");
     if inner == "*" {
@@ -376,6 +401,7 @@ fn agg(sql: &'static str) -> Agg {
         ("STDDEV" | "STDDEV_SAMP", None) => (F::StddevSamp, inner),
         ("STDDEV_POP", None) => (F::StddevPop, inner),
         ("LAST_VALUE", None) => (F::Last, inner),
+        ("MEDIAN", None) => (F::PctCont(500), inner),
         _ => panic!("the model knows no aggregate {sql}"),
     };
     let col = Col::parse(arg);
@@ -473,6 +499,9 @@ fn main_metrics() -> Vec<MSpec> {
                 "STDDEV(amount)",
                 "VAR_POP(amount)",
                 "LAST_VALUE(amount)",
+                "MEDIAN(amount)",
+                "PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY amount)",
+                "PERCENTILE_DISC(0.25) WITHIN GROUP (ORDER BY qty)",
             ],
         ),
         metric(
@@ -520,6 +549,7 @@ fn main_metrics() -> Vec<MSpec> {
                 "COUNT(DISTINCT tag)",
                 "LAST_VALUE(tag)",
                 "AVG(amount)",
+                "PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY tag)",
             ],
         ),
         metric(
@@ -575,6 +605,8 @@ fn main_metrics() -> Vec<MSpec> {
                 "COUNT(DISTINCT tag)",
                 "LAST_VALUE(amount)",
                 "MIN(tag)",
+                "PERCENTILE_CONT(0.1) WITHIN GROUP (ORDER BY amount)",
+                "PERCENTILE_DISC(1) WITHIN GROUP (ORDER BY amount)",
             ],
         ),
         metric(
@@ -605,6 +637,7 @@ fn main_metrics() -> Vec<MSpec> {
                 "MAX(k)",
                 "LAST_VALUE(k)",
                 "AVG(qty)",
+                "PERCENTILE_DISC(0.75) WITHIN GROUP (ORDER BY k)",
             ],
         ),
         metric(
@@ -692,8 +725,13 @@ impl U256 {
 }
 
 /// Everything the model needs to answer any aggregate over a set of events.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Acc {
+    /// The values of each column, for the percentiles (unsorted).
+    amounts: Vec<f64>,
+    qtys: Vec<i64>,
+    tag_values: Vec<u8>,
+    key_values: Vec<u8>,
     n: i64,
     amount_n: i64,
     /// Σ amount, in units of 2^-70.
@@ -731,6 +769,10 @@ impl Acc {
 
     fn push(&mut self, e: &Ev, seq: usize) {
         self.n += 1;
+        self.amounts.extend(e.amount);
+        self.qtys.extend(e.qty);
+        self.tag_values.extend(e.tag);
+        self.key_values.push(e.k);
         if let Some(x) = e.amount {
             let s = fixed(x);
             self.amount_n += 1;
@@ -903,7 +945,7 @@ impl Model {
             return self
                 .infinite
                 .get(&(grp, filt, code))
-                .copied()
+                .cloned()
                 .unwrap_or_else(|| Acc::new(true));
         }
         let (after, upto) = win.range(t);
@@ -1012,6 +1054,51 @@ impl Model {
                     tol: 1e-9 * value,
                 }
             }
+            (F::PctCont(f), Some(Col::Amount)) => {
+                // PostgreSQL's percentile_cont: linear interpolation at f·(n − 1).
+                let mut xs = acc.amounts.clone();
+                if xs.is_empty() {
+                    return null;
+                }
+                xs.sort_by(f64::total_cmp);
+                let pos = f as f64 / 1000.0 * (xs.len() - 1) as f64;
+                let (lo, hi) = (pos.floor(), pos.ceil());
+                let (a, b) = (xs[lo as usize], xs[hi as usize]);
+                let value = a + (b - a) * (pos - lo);
+                Exp::Near {
+                    value,
+                    tol: 1e-9 * value.abs(),
+                }
+            }
+            (F::PctDisc(f), Some(c)) => {
+                // PostgreSQL's percentile_disc: the value at rank max(ceil(f·n), 1).
+                let rank = |n: usize| ((f as f64 / 1000.0 * n as f64).ceil() as usize).max(1) - 1;
+                let v = match c {
+                    Col::Amount => {
+                        let mut xs = acc.amounts.clone();
+                        xs.sort_by(f64::total_cmp);
+                        (!xs.is_empty()).then(|| Value::Float(xs[rank(xs.len())]))
+                    }
+                    Col::Qty => {
+                        let mut xs = acc.qtys.clone();
+                        xs.sort();
+                        (!xs.is_empty()).then(|| Value::Int(xs[rank(xs.len())]))
+                    }
+                    Col::Tag => {
+                        let mut xs: Vec<&str> =
+                            acc.tag_values.iter().map(|t| TAGS[*t as usize]).collect();
+                        xs.sort();
+                        (!xs.is_empty()).then(|| text(xs[rank(xs.len())]))
+                    }
+                    Col::K => {
+                        let mut xs: Vec<&str> =
+                            acc.key_values.iter().map(|k| KEYS[*k as usize]).collect();
+                        xs.sort();
+                        (!xs.is_empty()).then(|| text(xs[rank(xs.len())]))
+                    }
+                };
+                exact(v.unwrap_or(Value::Null))
+            }
             _ => panic!("the model does not compute {}", a.sql),
         }
     }
@@ -1023,8 +1110,8 @@ impl Model {
             .iter()
             .map(|m| {
                 let key = (m.win, m.grp, m.filt);
-                let acc = match memo.iter().find(|(k2, _)| *k2 == key) {
-                    Some((_, acc)) => *acc,
+                let at = match memo.iter().position(|(k2, _)| *k2 == key) {
+                    Some(i) => i,
                     None => {
                         let squares = metrics.iter().any(|m2| {
                             (m2.win, m2.grp, m2.filt) == key
@@ -1032,10 +1119,10 @@ impl Model {
                         });
                         let acc = self.acc(m.win, m.grp, m.filt, m.grp.code(k, tag), squares);
                         memo.push((key, acc));
-                        acc
+                        memo.len() - 1
                     }
                 };
-                m.aggs.iter().map(|a| self.expect(&acc, a)).collect()
+                m.aggs.iter().map(|a| self.expect(&memo[at].1, a)).collect()
             })
             .collect()
     }

@@ -2,14 +2,14 @@
 //!
 //! Invariants: every state is exact under any interleaving of `insert` and `remove`
 //! (float sums are `exact::ExactSum`s, variance comes from exact moments), and
-//! no single update costs more than O(log window): MIN/MAX and COUNT DISTINCT keep a
-//! value→count ordered multiset (`Counts`).
+//! no single update costs more than O(log window): MIN/MAX, the percentiles and COUNT
+//! DISTINCT keep a value→count ordered multiset with order statistics (`Counts`).
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 
 use crate::codec::{decode_value, encode_value, Reader};
 pub use crate::exact::ExactSum;
+use crate::ranked::Ranked;
 use crate::types::{ColumnType, Value, I128};
 
 /// The aggregate functions of the dialect.
@@ -27,6 +27,30 @@ pub enum AggFunc {
     VarPop,
     CountDistinct,
     LastValue,
+    /// `PERCENTILE_CONT(f) WITHIN GROUP (ORDER BY x)`; `MEDIAN(x)` is f = 0.5.
+    PercentileCont(Fraction),
+    /// `PERCENTILE_DISC(f) WITHIN GROUP (ORDER BY x)`.
+    PercentileDisc(Fraction),
+}
+
+/// A percentile's fraction, 0 ≤ f ≤ 1, ordered and hashed by its bits (which order
+/// non-negative doubles as numbers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fraction(u64);
+
+impl Fraction {
+    pub const HALF: Fraction = Fraction(0x3FE0_0000_0000_0000);
+
+    /// `f` if it lies in [0, 1] (-0 is 0).
+    pub fn new(f: f64) -> Option<Fraction> {
+        (0.0..=1.0)
+            .contains(&f)
+            .then(|| Fraction((f + 0.0).to_bits()))
+    }
+
+    pub fn get(self) -> f64 {
+        f64::from_bits(self.0)
+    }
 }
 
 impl AggFunc {
@@ -46,6 +70,7 @@ impl AggFunc {
             ("variance" | "var_samp", false, false) => AggFunc::VarSamp,
             ("var_pop", false, false) => AggFunc::VarPop,
             ("last_value", false, false) => AggFunc::LastValue,
+            ("median", false, false) => AggFunc::PercentileCont(Fraction::HALF),
             _ => return None,
         })
     }
@@ -63,6 +88,8 @@ impl AggFunc {
             AggFunc::VarPop => "VAR_POP",
             AggFunc::CountDistinct => "COUNT",
             AggFunc::LastValue => "LAST_VALUE",
+            AggFunc::PercentileCont(_) => "PERCENTILE_CONT",
+            AggFunc::PercentileDisc(_) => "PERCENTILE_DISC",
         }
     }
 
@@ -75,6 +102,7 @@ impl AggFunc {
                 | AggFunc::StddevPop
                 | AggFunc::VarSamp
                 | AggFunc::VarPop
+                | AggFunc::PercentileCont(_)
         )
     }
 
@@ -90,19 +118,21 @@ impl AggFunc {
             | AggFunc::StddevSamp
             | AggFunc::StddevPop
             | AggFunc::VarSamp
-            | AggFunc::VarPop => ResultType::Column(ColumnType::Float64),
-            AggFunc::Min | AggFunc::Max | AggFunc::LastValue => {
+            | AggFunc::VarPop
+            | AggFunc::PercentileCont(_) => ResultType::Column(ColumnType::Float64),
+            AggFunc::Min | AggFunc::Max | AggFunc::LastValue | AggFunc::PercentileDisc(_) => {
                 ResultType::Column(arg.unwrap_or(ColumnType::Int64))
             }
         }
     }
 
     /// The function whose state this one reads: SUM and AVG of a column share one exact
-    /// sum, MIN and MAX one ordered multiset, the variances one pair of moments.
+    /// sum, MIN, MAX and the percentiles one ordered multiset, the variances one pair of
+    /// moments.
     pub fn state_func(self) -> AggFunc {
         match self {
             AggFunc::Avg => AggFunc::Sum,
-            AggFunc::Max => AggFunc::Min,
+            AggFunc::Max | AggFunc::PercentileCont(_) | AggFunc::PercentileDisc(_) => AggFunc::Min,
             AggFunc::StddevPop | AggFunc::VarSamp | AggFunc::VarPop => AggFunc::StddevSamp,
             other => other,
         }
@@ -128,7 +158,10 @@ impl AggFunc {
                     n: 0,
                 }
             }
-            AggFunc::Min | AggFunc::Max => AggState::Extreme(Counts::default()),
+            AggFunc::Min
+            | AggFunc::Max
+            | AggFunc::PercentileCont(_)
+            | AggFunc::PercentileDisc(_) => AggState::Extreme(Counts::default()),
             AggFunc::CountDistinct => AggState::Distinct(Counts::default()),
             AggFunc::LastValue => AggState::Last(None),
         }
@@ -475,6 +508,8 @@ impl AggState {
             (AggState::Extreme(counts), AggFunc::Min) => {
                 counts.first().map_or(Value::Null, Value::clone)
             }
+            (AggState::Extreme(counts), AggFunc::PercentileCont(f)) => percentile_cont(counts, f),
+            (AggState::Extreme(counts), AggFunc::PercentileDisc(f)) => percentile_disc(counts, f),
             (AggState::Extreme(counts), _) => counts.last().map_or(Value::Null, Value::clone),
             (AggState::Distinct(counts), _) => Value::Int(counts.len() as i64),
             (AggState::Last(last), _) => last.as_ref().map_or(Value::Null, |l| l.2.clone()),
@@ -482,15 +517,49 @@ impl AggState {
     }
 }
 
+/// PostgreSQL's `percentile_cont`: the value at position f·(n − 1) of the n values in
+/// order, interpolated linearly between its neighbours; NULL when there are none.
+fn percentile_cont(counts: &Counts, f: Fraction) -> Value {
+    let n = counts.total();
+    if n == 0 {
+        return Value::Null;
+    }
+    let pos = f.get() * (n - 1) as f64;
+    let (lo, hi) = (pos.floor(), pos.ceil());
+    let value = |k: f64| counts.nth(k as u64).and_then(Value::as_f64);
+    match (value(lo), value(hi)) {
+        (Some(a), _) if lo == hi => Value::Float(a),
+        (Some(a), Some(b)) => Value::Float(a + (b - a) * (pos - lo)),
+        _ => Value::Null,
+    }
+}
+
+/// PostgreSQL's `percentile_disc`: the first value, in order, whose cumulative share of
+/// the n values reaches f; NULL when there are none.
+fn percentile_disc(counts: &Counts, f: Fraction) -> Value {
+    let n = counts.total();
+    if n == 0 {
+        return Value::Null;
+    }
+    let k = ((f.get() * n as f64).ceil() as u64).max(1);
+    counts.nth(k - 1).map_or(Value::Null, Value::clone)
+}
+
+impl Default for OrdValue {
+    fn default() -> OrdValue {
+        OrdValue(Value::Null)
+    }
+}
+
 /// A multiset of values as value → count, in `OrdValue` order (which agrees with
-/// `Value`'s equality): a sorted vector while small, a B-tree once large. A group's
-/// multiset usually holds a few values, and then one allocation and a binary search
-/// over it cost a cache miss or two, where a B-tree's node and a hash table's buckets
-/// cost several. Removing the last copy of a value removes the value.
+/// `Value`'s equality): a sorted vector while small, an order-statistic tree once
+/// large. A group's multiset usually holds a few values, and then one allocation and a
+/// binary search over it cost a cache miss or two, where a tree's nodes cost several.
+/// Removing the last copy of a value removes the value.
 #[derive(Clone, Debug)]
 pub enum Counts {
     Small(Vec<(OrdValue, u32)>),
-    Large(BTreeMap<OrdValue, u32>),
+    Large(Box<Ranked<OrdValue>>),
 }
 
 /// Values a `Counts` holds in its vector; past this it becomes a B-tree, and back below
@@ -522,25 +591,48 @@ impl Counts {
         self.len() == 0
     }
 
+    /// Copies held, over all values.
+    pub fn total(&self) -> u64 {
+        match self {
+            Counts::Small(v) => v.iter().map(|(_, c)| *c as u64).sum(),
+            Counts::Large(m) => m.total(),
+        }
+    }
+
+    /// The value at 0-based position `k` when every copy is listed in order.
+    pub fn nth(&self, mut k: u64) -> Option<&Value> {
+        match self {
+            Counts::Small(v) => v.iter().find_map(|(value, c)| {
+                if k < *c as u64 {
+                    Some(&value.0)
+                } else {
+                    k -= *c as u64;
+                    None
+                }
+            }),
+            Counts::Large(m) => m.nth(k).map(|k| &k.0),
+        }
+    }
+
     /// The values with their counts, in order.
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&Value, u32)> + '_> {
         match self {
             Counts::Small(v) => Box::new(v.iter().map(|(k, c)| (&k.0, *c))),
-            Counts::Large(m) => Box::new(m.iter().map(|(k, c)| (&k.0, *c))),
+            Counts::Large(m) => Box::new(m.iter().map(|(k, c)| (&k.0, c))),
         }
     }
 
     pub fn first(&self) -> Option<&Value> {
         match self {
             Counts::Small(v) => v.first().map(|(k, _)| &k.0),
-            Counts::Large(m) => m.keys().next().map(|k| &k.0),
+            Counts::Large(m) => m.first().map(|k| &k.0),
         }
     }
 
     pub fn last(&self) -> Option<&Value> {
         match self {
             Counts::Small(v) => v.last().map(|(k, _)| &k.0),
-            Counts::Large(m) => m.keys().next_back().map(|k| &k.0),
+            Counts::Large(m) => m.last().map(|k| &k.0),
         }
     }
 
@@ -551,12 +643,12 @@ impl Counts {
                 Ok(i) => vec[i].1 += n,
                 Err(i) if vec.len() < COUNTS_SMALL_MAX => vec.insert(i, (OrdValue(v.clone()), n)),
                 Err(_) => {
-                    let mut m: BTreeMap<OrdValue, u32> = std::mem::take(vec).into_iter().collect();
-                    m.insert(OrdValue(v.clone()), n);
-                    *self = Counts::Large(m);
+                    let mut m: Ranked<OrdValue> = std::mem::take(vec).into_iter().collect();
+                    m.add(OrdValue(v.clone()), n);
+                    *self = Counts::Large(Box::new(m));
                 }
             },
-            Counts::Large(m) => *m.entry(OrdValue(v.clone())).or_insert(0) += n,
+            Counts::Large(m) => m.add(OrdValue(v.clone()), n),
         }
     }
 
@@ -573,14 +665,11 @@ impl Counts {
                 }
             }
             Counts::Large(m) => {
-                let key = OrdValue(v.clone());
-                let count = m.get_mut(&key).expect("removed value was inserted");
-                *count -= 1;
-                if *count == 0 {
-                    m.remove(&key);
-                    if m.len() < COUNTS_SMALL_MAX / 2 {
-                        *self = Counts::Small(std::mem::take(m).into_iter().collect());
-                    }
+                let removed = m.decrement(&OrdValue(v.clone()));
+                assert!(removed, "removed value was inserted");
+                if m.len() < COUNTS_SMALL_MAX / 2 {
+                    let small = m.iter().map(|(k, c)| (k.clone(), c)).collect();
+                    *self = Counts::Small(small);
                 }
             }
         }
@@ -626,6 +715,7 @@ fn moments_result(func: AggFunc, s1: &ExactSum, s2: &ExactSum, n: i64) -> Value 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     /// Numbers below `n`, from a xorshift generator seeded with `seed`.
     fn below(mut seed: u64) -> impl FnMut(u64) -> u64 {
@@ -635,6 +725,50 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         }
+    }
+
+    /// PostgreSQL's percentile_cont and percentile_disc over one multiset, with NULLs,
+    /// duplicates and removals.
+    #[test]
+    fn percentiles_follow_postgresql() {
+        let f = |x: f64| Fraction::new(x).unwrap();
+        let mut state = AggFunc::Min.new_state(Some(ColumnType::Float64));
+        let cont = |s: &AggState, x: f64| s.result(AggFunc::PercentileCont(f(x)));
+        let disc = |s: &AggState, x: f64| s.result(AggFunc::PercentileDisc(f(x)));
+        assert_eq!(cont(&state, 0.5), Value::Null);
+        assert_eq!(disc(&state, 0.5), Value::Null);
+        state.insert(AggFunc::Min, &Value::Null, 0, 0);
+        assert_eq!(cont(&state, 0.5), Value::Null, "NULLs are skipped");
+        for x in [4.0, 1.0, 3.0, 2.0] {
+            state.insert(AggFunc::Min, &Value::Float(x), 0, 0);
+        }
+        // percentile_cont(0.5) of 1..4 is 2.5; (0.25) is 1.75; 0 and 1 are the ends.
+        assert_eq!(cont(&state, 0.5), Value::Float(2.5));
+        assert_eq!(cont(&state, 0.25), Value::Float(1.75));
+        assert_eq!(cont(&state, 0.0), Value::Float(1.0));
+        assert_eq!(cont(&state, 1.0), Value::Float(4.0));
+        // percentile_disc: the first value whose cumulative share reaches f.
+        assert_eq!(disc(&state, 0.0), Value::Float(1.0));
+        assert_eq!(disc(&state, 0.25), Value::Float(1.0));
+        assert_eq!(disc(&state, 0.26), Value::Float(2.0));
+        assert_eq!(disc(&state, 0.5), Value::Float(2.0));
+        assert_eq!(disc(&state, 1.0), Value::Float(4.0));
+        state.insert(AggFunc::Min, &Value::Float(2.0), 0, 0);
+        assert_eq!(cont(&state, 0.5), Value::Float(2.0), "duplicates count");
+        state.remove(AggFunc::Min, &Value::Float(4.0));
+        state.remove(AggFunc::Min, &Value::Float(1.0));
+        assert_eq!(cont(&state, 0.5), Value::Float(2.0));
+        assert_eq!(disc(&state, 1.0), Value::Float(3.0));
+        assert_eq!(
+            AggFunc::from_sql("MEDIAN", false, false),
+            Some(AggFunc::PercentileCont(f(0.5)))
+        );
+        assert_eq!(Fraction::new(1.5), None);
+        assert_eq!(Fraction::new(-0.0), Some(f(0.0)));
+        assert_eq!(
+            AggFunc::PercentileDisc(f(0.5)).result_type(Some(ColumnType::Text)),
+            ResultType::Column(ColumnType::Text)
+        );
     }
 
     /// A multiset that grows past its vector and shrinks back agrees with a B-tree model
@@ -687,10 +821,27 @@ mod tests {
             assert_eq!(counts.first(), model.keys().next().map(|k| &k.0));
             assert_eq!(counts.last(), model.keys().next_back().map(|k| &k.0));
             let other = match &counts {
-                Counts::Small(v) => Counts::Large(v.iter().cloned().collect()),
-                Counts::Large(m) => Counts::Small(m.clone().into_iter().collect()),
+                Counts::Small(v) => Counts::Large(Box::new(v.iter().cloned().collect())),
+                Counts::Large(m) => Counts::Small(m.iter().map(|(k, c)| (k.clone(), c)).collect()),
             };
             assert_eq!(counts, other);
+            let flat: Vec<&Value> = model
+                .iter()
+                .flat_map(|(k, c)| std::iter::repeat_n(&k.0, *c as usize))
+                .collect();
+            assert_eq!(counts.total(), flat.len() as u64);
+            for k in [
+                0,
+                flat.len() / 3,
+                flat.len() / 2,
+                flat.len().saturating_sub(1),
+            ] {
+                assert_eq!(
+                    counts.nth(k as u64),
+                    flat.get(k).copied(),
+                    "step {step}, nth {k}"
+                );
+            }
         }
         assert!(was_large, "the multiset never left its vector");
         assert!(matches!(counts, Counts::Small(_)) || counts.len() >= COUNTS_SMALL_MAX / 2);

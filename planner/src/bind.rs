@@ -12,7 +12,7 @@ use datafusion::sql::sqlparser::ast::{
     UnaryOperator,
 };
 
-use crate::aggregate::{AggFunc, ResultType};
+use crate::aggregate::{AggFunc, Fraction, ResultType};
 use crate::catalog::{
     AggDef, Catalog, ColumnDef, EventTimeUnit, MetricDef, Source, SourceFormat, StreamDef,
 };
@@ -397,15 +397,14 @@ fn bind_aggregate(stream: &StreamDef, f: &ast::Function, alias: Option<String>) 
             "{fname}: FILTER, OVER and ORDER BY are not supported in metrics"
         )));
     }
+    if !f.within_group.is_empty() {
+        return bind_ordered_set(stream, &fname, list, &f.within_group, alias);
+    }
     let distinct = matches!(list.duplicate_treatment, Some(DuplicateTreatment::Distinct));
     let (star, arg) = match list.args.as_slice() {
         [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => (true, None),
         [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(i)))] => {
-            let name = normalize_ident(i);
-            let idx = stream
-                .column_index(&name)
-                .ok_or_else(|| Error::undefined_column(&name, &stream.name))?;
-            (false, Some(idx))
+            (false, Some(aggregate_column(stream, i)?))
         }
         _ => {
             return Err(Error::unsupported(format!(
@@ -418,8 +417,107 @@ fn bind_aggregate(stream: &StreamDef, f: &ast::Function, alias: Option<String>) 
             ErrorKind::UndefinedFunction,
             format!("aggregate {fname} is not supported"),
         )
-        .with_hint("Metrics support COUNT, SUM, AVG, MIN, MAX, STDDEV, STDDEV_POP, VARIANCE, VAR_POP, COUNT(DISTINCT x) and LAST_VALUE.")
+        .with_hint("Metrics support COUNT, SUM, AVG, MIN, MAX, STDDEV, STDDEV_POP, VARIANCE, VAR_POP, COUNT(DISTINCT x), LAST_VALUE, MEDIAN, PERCENTILE_CONT and PERCENTILE_DISC.")
     })?;
+    aggregate_def(stream, &fname, func, arg, alias)
+}
+
+/// The stream column an aggregate names.
+fn aggregate_column(stream: &StreamDef, i: &ast::Ident) -> Result<usize> {
+    let name = normalize_ident(i);
+    stream
+        .column_index(&name)
+        .ok_or_else(|| Error::undefined_column(&name, &stream.name))
+}
+
+/// `PERCENTILE_CONT(f) WITHIN GROUP (ORDER BY x)` and `PERCENTILE_DISC(…)`.
+fn bind_ordered_set(
+    stream: &StreamDef,
+    fname: &str,
+    list: &ast::FunctionArgumentList,
+    within_group: &[ast::OrderByExpr],
+    alias: Option<String>,
+) -> Result<AggDef> {
+    let usage = format!(
+        "{}(fraction) WITHIN GROUP (ORDER BY column)",
+        fname.to_uppercase()
+    );
+    let fraction = match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => literal_fraction(e),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        Error::unsupported(format!("{fname}: the fraction must be a numeric constant"))
+            .with_hint(usage.clone())
+    })?;
+    let f = Fraction::new(fraction).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NumericOutOfRange,
+            format!("percentile value {fraction} is not between 0 and 1"),
+        )
+    })?;
+    let func = match fname.to_lowercase().as_str() {
+        "percentile_cont" => AggFunc::PercentileCont(f),
+        "percentile_disc" => AggFunc::PercentileDisc(f),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::UndefinedFunction,
+                format!(
+                    "WITHIN GROUP is specified, but {} is not an ordered-set aggregate",
+                    fname.to_lowercase()
+                ),
+            )
+            .with_hint("Ordered-set aggregates: PERCENTILE_CONT and PERCENTILE_DISC."))
+        }
+    };
+    let arg = match within_group {
+        [ast::OrderByExpr {
+            expr: Expr::Identifier(i),
+            options,
+            ..
+        }] => {
+            if options.asc == Some(false) {
+                return Err(Error::unsupported(format!(
+                    "{fname}: only ascending order is supported"
+                ))
+                .with_hint("Use ORDER BY column (ascending) and the complementary fraction."));
+            }
+            aggregate_column(stream, i)?
+        }
+        _ => {
+            return Err(Error::unsupported(format!(
+                "{fname}: WITHIN GROUP orders by a single stream column"
+            ))
+            .with_hint(usage))
+        }
+    };
+    aggregate_def(stream, fname, func, Some(arg), alias)
+}
+
+/// A numeric literal, possibly negated, as a double.
+fn literal_fraction(e: &Expr) -> Option<f64> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            ast::Value::Number(n, _) => n.parse().ok(),
+            _ => None,
+        },
+        Expr::UnaryOp {
+            op: ast::UnaryOperator::Minus,
+            expr,
+        } => literal_fraction(expr).map(|f| -f),
+        Expr::Nested(inner) => literal_fraction(inner),
+        _ => None,
+    }
+}
+
+/// An aggregate of `arg` checked against the column's type.
+fn aggregate_def(
+    stream: &StreamDef,
+    fname: &str,
+    func: AggFunc,
+    arg: Option<usize>,
+    alias: Option<String>,
+) -> Result<AggDef> {
     if let Some(idx) = arg {
         let ty = stream.columns[idx].ty;
         if func.needs_numeric() && !ty.is_numeric() {

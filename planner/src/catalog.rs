@@ -113,6 +113,9 @@ impl AggDef {
         match (self.func, arg) {
             (AggFunc::CountStar, _) => "COUNT(*)".to_string(),
             (AggFunc::CountDistinct, Some(a)) => format!("COUNT(DISTINCT {a})"),
+            (f @ (AggFunc::PercentileCont(p) | AggFunc::PercentileDisc(p)), Some(a)) => {
+                format!("{}({}) WITHIN GROUP (ORDER BY {a})", f.sql_name(), p.get())
+            }
             (f, Some(a)) => format!("{}({a})", f.sql_name()),
             (f, None) => format!("{}()", f.sql_name()),
         }

@@ -13,6 +13,7 @@ pub mod ddl;
 pub mod error;
 pub mod exact;
 pub mod filter;
+pub mod ranked;
 pub mod sql;
 pub mod types;
 pub mod window;

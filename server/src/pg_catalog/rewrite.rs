@@ -108,7 +108,6 @@ fn pg_type_name(ty: &DataType) -> Option<String> {
                 _ => None,
             }
         }
-        DataType::Text => None,
         _ => None,
     }
 }
@@ -639,10 +638,9 @@ impl VisitorMut for Rewriter<'_> {
                 data_type,
                 ..
             } => match data_type {
-                DataType::Array(ast::ArrayElemTypeDef::SquareBracket(elem, size)) => {
+                DataType::Array(ast::ArrayElemTypeDef::SquareBracket(elem, _)) => {
                     if let Some(ty) = pg_type_name(elem).and_then(|n| standard_type(&n)) {
-                        *elem = Box::new(ty);
-                        let _ = size;
+                        **elem = ty;
                     }
                     None
                 }

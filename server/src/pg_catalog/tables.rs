@@ -132,8 +132,8 @@ fn empty(
         .build()
 }
 
-fn repeat<T: Clone>(v: T, n: usize) -> std::iter::Take<std::iter::Repeat<T>> {
-    std::iter::repeat(v).take(n)
+fn repeat<T: Clone>(v: T, n: usize) -> std::iter::RepeatN<T> {
+    std::iter::repeat_n(v, n)
 }
 
 /// Every `pg_catalog` table with its row count.
