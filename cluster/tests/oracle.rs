@@ -162,6 +162,7 @@ fn probe_row(k: u8, tag: Option<u8>) -> Row {
 enum Win {
     Sliding { size: i64, delay: i64 },
     Tumbling { size: i64 },
+    Hopping { size: i64, hop: i64 },
     Infinite,
 }
 
@@ -183,6 +184,11 @@ impl Win {
                 duration_sql(delay)
             ),
             Win::Tumbling { size } => format!("TUMBLING (SIZE {})", duration_sql(size)),
+            Win::Hopping { size, hop } => format!(
+                "HOPPING (SIZE {}, HOP {})",
+                duration_sql(size),
+                duration_sql(hop)
+            ),
             Win::Infinite => "INFINITE".to_string(),
         }
     }
@@ -195,6 +201,11 @@ impl Win {
             Win::Sliding { size, delay } => (t - delay - size, t - delay),
             // ⌊T / w⌋·w ≤ ts ≤ T, with floor division (aligned to the Unix epoch)
             Win::Tumbling { size } => (t.div_euclid(size) * size - 1, t),
+            // The last completed window [E − w, E), E = ⌊T / h⌋·h
+            Win::Hopping { size, hop } => {
+                let end = t.div_euclid(hop) * hop;
+                (end - size - 1, end - 1)
+            }
             // ts ≤ T
             Win::Infinite => (i64::MIN, t),
         }
@@ -207,6 +218,10 @@ impl Win {
                 delay_us: delay,
             },
             Win::Tumbling { size } => WindowSpec::Tumbling { size_us: size },
+            Win::Hopping { size, hop } => WindowSpec::Hopping {
+                size_us: size,
+                hop_us: hop,
+            },
             Win::Infinite => WindowSpec::Infinite,
         }
     }
@@ -478,9 +493,13 @@ const SHORT_DELAYED: Win = Win::Sliding {
     delay: 500 * MS,
 };
 const TUMBLE_7: Win = Win::Tumbling { size: 7 * SEC };
+const HOP_9_2: Win = Win::Hopping {
+    size: 9 * SEC,
+    hop: 2_500 * MS,
+};
 
-/// Ten metrics over five windows, with shared prefixes (metrics 1, 2, 3 and 10 share a
-/// window; 1 and 10 share their group and some aggregates).
+/// Eleven metrics over six windows, with shared prefixes (metrics 1, 2, 3 and 11 share a
+/// window; 1 and 11 share their group and some aggregates).
 fn main_metrics() -> Vec<MSpec> {
     vec![
         metric(
@@ -638,6 +657,19 @@ fn main_metrics() -> Vec<MSpec> {
                 "LAST_VALUE(k)",
                 "AVG(qty)",
                 "PERCENTILE_DISC(0.75) WITHIN GROUP (ORDER BY k)",
+            ],
+        ),
+        metric(
+            "hop",
+            HOP_9_2,
+            Filt::All,
+            Grp::K,
+            &[
+                "COUNT(*)",
+                "SUM(amount)",
+                "MIN(tag)",
+                "MEDIAN(amount)",
+                "LAST_VALUE(qty)",
             ],
         ),
         metric(

@@ -70,6 +70,7 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
     let mut retention_us = RETENTION_DEFAULT_US;
     let mut kafka_topic = None;
     let mut format = None;
+    let mut millis = false;
     let column_of = |text: &str, option: &str| -> Result<usize> {
         let wanted = text.trim().to_lowercase();
         columns
@@ -93,6 +94,10 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         match key.as_str() {
             "event_time" => event_time = Some(column_of(&text, "event_time")?),
             "event_id" => event_id = Some(column_of(&text, "event_id")?),
+            "event_time_unit" => match text.to_lowercase().as_str() {
+                "ms" | "millisecond" | "milliseconds" => millis = true,
+                _ => return Err(invalid_option("event_time_unit", &text, "'ms' (a BIGINT of milliseconds since 1970-01-01 UTC)")),
+            },
             "partition_by" => {
                 for part in text.split(',').filter(|p| !p.trim().is_empty()) {
                     let idx = column_of(part, "partition_by")?;
@@ -142,7 +147,7 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
                     ErrorKind::InvalidParameter,
                     format!("unrecognized stream option \"{other}\""),
                 )
-                .with_hint("Valid options: event_time, event_id, partition_by, partitions, lateness, retention, kafka_topic, format."))
+                .with_hint("Valid options: event_time, event_time_unit, event_id, partition_by, partitions, lateness, retention, kafka_topic, format."))
             }
         }
     }
@@ -156,6 +161,16 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         )
     })?;
     let event_time_unit = match columns[event_time].ty {
+        ColumnType::Timestamp if millis => {
+            return Err(Error::new(
+                ErrorKind::DatatypeMismatch,
+                format!(
+                    "event_time_unit = 'ms' needs a BIGINT event_time, but \"{}\" is a TIMESTAMP",
+                    columns[event_time].name
+                ),
+            )
+            .with_hint("Remove event_time_unit: a TIMESTAMP column is read as it is."))
+        }
         ColumnType::Timestamp => EventTimeUnit::Timestamp,
         ColumnType::Int64 => EventTimeUnit::Millis,
         other => {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::aggregate::AggFunc;
 use crate::catalog::{Catalog, MetricDef, StreamDef};
+use crate::types::format_duration_us;
 use crate::window::WindowSpec;
 
 /// Structural identity of a window node.
@@ -266,6 +267,15 @@ impl StreamDag {
     pub fn explain_metric(&self, metric: &str) -> Vec<String> {
         let mut lines = vec![format!("Metric {metric} on stream {}", self.stream.name)];
         lines.extend(self.render(Some(metric)));
+        if let Some(m) = self.metrics.iter().find(|m| m.name == metric) {
+            if let WindowSpec::Hopping { hop_us, .. } = m.window {
+                lines.push(format!(
+                    "  Not exact per event: each result is the last completed hopping window, \
+                     which ends up to {} before the event and leaves out the events since.",
+                    format_duration_us(hop_us).to_lowercase()
+                ));
+            }
+        }
         lines
     }
 }

@@ -734,7 +734,7 @@ fn cut_window(tokens: &[Token]) -> Result<(WindowSpec, Vec<Token>)> {
                     out.extend_from_slice(&tokens[end..]);
                     return Ok((WindowSpec::Infinite, out));
                 }
-                if kind != "SLIDING" && kind != "TUMBLING" {
+                if !matches!(kind.as_str(), "SLIDING" | "TUMBLING" | "HOPPING") {
                     return Err(window_syntax());
                 }
                 if !matches!(rest.get(1), Some((_, Token::LParen))) {
@@ -772,19 +772,27 @@ fn cut_window(tokens: &[Token]) -> Result<(WindowSpec, Vec<Token>)> {
 
 fn window_syntax() -> Error {
     Error::syntax("syntax error in WINDOW clause").with_hint(
-        "Write WINDOW SLIDING (SIZE 5 MINUTES [, DELAY 1 MINUTE]), WINDOW TUMBLING (SIZE 1 HOUR) or WINDOW INFINITE.",
+        "Write WINDOW SLIDING (SIZE 5 MINUTES [, DELAY 1 MINUTE]), WINDOW TUMBLING (SIZE 1 HOUR), WINDOW HOPPING (SIZE 5 MINUTES, HOP 1 MINUTE) or WINDOW INFINITE.",
     )
 }
 
 fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
     let mut size = None;
     let mut delay = 0;
+    let mut hop = None;
     for part in tokens.split(|t| *t == Token::Comma) {
-        let sig: Vec<&Token> = part.iter().filter(|t| !is_ws(t)).collect();
-        let key = match sig.first() {
+        let mut sig: Vec<&Token> = part.iter().filter(|t| !is_ws(t)).collect();
+        let mut key = match sig.first() {
             Some(Token::Word(w)) => w.value.to_ascii_uppercase(),
             _ => return Err(window_syntax()),
         };
+        // ksqlDB's spelling of HOP.
+        if key == "ADVANCE"
+            && matches!(sig.get(1), Some(Token::Word(w)) if w.value.eq_ignore_ascii_case("BY"))
+        {
+            key = "HOP".to_string();
+            sig.remove(1);
+        }
         let text = match sig.get(1) {
             Some(Token::Word(w)) if w.value.eq_ignore_ascii_case("INTERVAL") => match sig.get(2) {
                 Some(Token::SingleQuotedString(s)) => s.clone(),
@@ -804,6 +812,7 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
         match key.as_str() {
             "SIZE" if us > 0 => size = Some(us),
             "DELAY" if kind == "SLIDING" && us >= 0 => delay = us,
+            "HOP" if kind == "HOPPING" && us > 0 => hop = Some(us),
             _ => return Err(window_syntax()),
         }
     }
@@ -813,6 +822,17 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
             size_us,
             delay_us: delay,
         },
+        "HOPPING" => {
+            let hop_us = hop.ok_or_else(window_syntax)?;
+            if hop_us > size_us {
+                return Err(Error::new(
+                    crate::error::ErrorKind::InvalidParameter,
+                    "a hopping window's HOP must not exceed its SIZE",
+                )
+                .with_hint("Use WINDOW TUMBLING (SIZE …) for windows that do not overlap."));
+            }
+            WindowSpec::Hopping { size_us, hop_us }
+        }
         _ => WindowSpec::Tumbling { size_us },
     })
 }

@@ -13,6 +13,10 @@ pub enum WindowSpec {
     Sliding { size_us: i64, delay_us: i64 },
     /// Events with ⌊T / size⌋·size ≤ ts ≤ T, aligned to the Unix epoch.
     Tumbling { size_us: i64 },
+    /// The last completed hop window: with E = ⌊T / hop⌋·hop (aligned to the Unix
+    /// epoch), events with E − size ≤ ts < E. Not exact per event: the result lags T
+    /// by up to one hop and covers a window that ends before it.
+    Hopping { size_us: i64, hop_us: i64 },
     /// Every event with ts ≤ T.
     Infinite,
 }
@@ -22,6 +26,7 @@ impl WindowSpec {
     pub fn head_bound(&self, t: i64) -> i64 {
         match self {
             WindowSpec::Sliding { delay_us, .. } => t.saturating_sub(*delay_us),
+            WindowSpec::Hopping { hop_us, .. } => t.div_euclid(*hop_us) * hop_us - 1,
             WindowSpec::Tumbling { .. } | WindowSpec::Infinite => t,
         }
     }
@@ -34,8 +39,16 @@ impl WindowSpec {
                 Some(t.saturating_sub(*delay_us).saturating_sub(*size_us))
             }
             WindowSpec::Tumbling { size_us } => Some(t.div_euclid(*size_us) * size_us - 1),
+            WindowSpec::Hopping { size_us, hop_us } => {
+                Some(t.div_euclid(*hop_us) * hop_us - size_us - 1)
+            }
             WindowSpec::Infinite => None,
         }
+    }
+
+    /// Whether the window's result is exact at every event (every window but hopping).
+    pub fn exact_per_event(&self) -> bool {
+        !matches!(self, WindowSpec::Hopping { .. })
     }
 
     /// Whether an event at `ts` belongs to the window at stream time `t`.
@@ -48,6 +61,7 @@ impl WindowSpec {
         match self {
             WindowSpec::Sliding { size_us, delay_us } => Some(size_us + delay_us),
             WindowSpec::Tumbling { size_us } => Some(*size_us),
+            WindowSpec::Hopping { size_us, hop_us } => Some(size_us + hop_us),
             WindowSpec::Infinite => None,
         }
     }
@@ -77,6 +91,11 @@ impl WindowSpec {
             WindowSpec::Tumbling { size_us } => {
                 format!("TUMBLING (SIZE {})", format_duration_us(*size_us))
             }
+            WindowSpec::Hopping { size_us, hop_us } => format!(
+                "HOPPING (SIZE {}, HOP {})",
+                format_duration_us(*size_us),
+                format_duration_us(*hop_us)
+            ),
             WindowSpec::Infinite => "INFINITE".to_string(),
         }
     }
@@ -102,6 +121,24 @@ mod tests {
         assert!(!d.contains(100, 96));
         assert!(d.contains(100, 95));
         assert!(!d.contains(100, 85));
+    }
+
+    #[test]
+    fn hopping_holds_the_last_completed_window() {
+        let w = WindowSpec::Hopping {
+            size_us: 30,
+            hop_us: 10,
+        };
+        // At T = 47 the last completed window is [10, 40).
+        assert!(!w.contains(47, 40));
+        assert!(w.contains(47, 39));
+        assert!(w.contains(47, 10));
+        assert!(!w.contains(47, 9));
+        // At T = 50 it is [20, 50).
+        assert!(w.contains(50, 49));
+        assert!(!w.contains(50, 19));
+        assert_eq!(w.reach_us(), Some(40));
+        assert!(!w.exact_per_event());
     }
 
     #[test]

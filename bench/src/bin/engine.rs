@@ -30,7 +30,8 @@ struct Args {
     batch: usize,
     /// Events per second of event time.
     rate: u64,
-    /// `basic`: COUNT, SUM, AVG; `full`: also MIN, MAX and COUNT(DISTINCT amount).
+    /// `basic`: COUNT, SUM, AVG; `full`: also MIN, MAX and COUNT(DISTINCT amount);
+    /// `percentiles`: COUNT, MEDIAN and PERCENTILE_CONT(0.99) of amount.
     aggs: String,
     /// The sliding window's size (and the stream's retention), as an SQL interval.
     window: String,
@@ -60,7 +61,7 @@ fn args() -> Result<Args> {
             "--rate" => a.rate = value.parse::<u64>()?.max(1),
             "--aggs" => a.aggs = value,
             "--window" => a.window = value,
-            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N --aggs basic|full --window '5 minutes'"),
+            other => bail!("unknown argument {other}; use --events N --cards N --mode task|engine --shards N --batch N --rate N --aggs basic|full|percentiles --window '5 minutes'"),
         }
         i += 2;
     }
@@ -115,7 +116,11 @@ fn aggregates(aggs: &str) -> Result<&'static str> {
             "COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean, MIN(amount) AS low, \
              MAX(amount) AS high, COUNT(DISTINCT amount) AS amounts"
         }
-        other => bail!("unknown --aggs {other}; use basic or full"),
+        "percentiles" => {
+            "COUNT(*) AS n, MEDIAN(amount) AS med, \
+             PERCENTILE_CONT(0.99) WITHIN GROUP (ORDER BY amount) AS p99"
+        }
+        other => bail!("unknown --aggs {other}; use basic, full or percentiles"),
     })
 }
 

@@ -1266,7 +1266,7 @@ fn advance(
                 w.epoch = epoch;
             }
         }
-        WindowSpec::Sliding { .. } if new_tail > old_tail => {
+        WindowSpec::Sliding { .. } | WindowSpec::Hopping { .. } if new_tail > old_tail => {
             let upto = new_tail.min(old_head);
             reservoir.for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false))?;
         }
