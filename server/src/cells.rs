@@ -12,7 +12,7 @@ use datafusion::arrow::array::{
     UInt8Array,
 };
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, IntervalUnit, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo};
 use pgwire::api::Type;
@@ -141,6 +141,59 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
             let scale = (*scale).max(0) as u32;
             prim!(Decimal128Array, |v: i128| Cell::Numeric(v, scale))
         }
+        DataType::Interval(_) | DataType::Duration(_) => {
+            let months_days_nanos = |i: usize| -> (i32, i32, i64) {
+                use datafusion::arrow::datatypes::{
+                    DurationMicrosecondType as DUs, DurationMillisecondType as DMs,
+                    DurationNanosecondType as DNs, DurationSecondType as DS,
+                    IntervalDayTimeType as DT, IntervalMonthDayNanoType as MDN,
+                    IntervalYearMonthType as YM,
+                };
+                match array.data_type() {
+                    DataType::Interval(IntervalUnit::MonthDayNano) => {
+                        let v = array.as_primitive::<MDN>().value(i);
+                        (v.months, v.days, v.nanoseconds)
+                    }
+                    DataType::Interval(IntervalUnit::DayTime) => {
+                        let v = array.as_primitive::<DT>().value(i);
+                        (0, v.days, v.milliseconds as i64 * 1_000_000)
+                    }
+                    DataType::Interval(IntervalUnit::YearMonth) => {
+                        (array.as_primitive::<YM>().value(i), 0, 0)
+                    }
+                    DataType::Duration(TimeUnit::Second) => (
+                        0,
+                        0,
+                        array
+                            .as_primitive::<DS>()
+                            .value(i)
+                            .saturating_mul(1_000_000_000),
+                    ),
+                    DataType::Duration(TimeUnit::Millisecond) => (
+                        0,
+                        0,
+                        array
+                            .as_primitive::<DMs>()
+                            .value(i)
+                            .saturating_mul(1_000_000),
+                    ),
+                    DataType::Duration(TimeUnit::Microsecond) => (
+                        0,
+                        0,
+                        array.as_primitive::<DUs>().value(i).saturating_mul(1_000),
+                    ),
+                    _ => (0, 0, array.as_primitive::<DNs>().value(i)),
+                }
+            };
+            for i in 0..n {
+                out.push(if array.is_null(i) {
+                    Cell::Null
+                } else {
+                    let (m, d, ns) = months_days_nanos(i);
+                    Cell::Text(interval_text(m, d, ns))
+                });
+            }
+        }
         DataType::List(_) => {
             let a = array.as_list::<i32>();
             for i in 0..n {
@@ -197,6 +250,39 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         }
     }
     out
+}
+
+/// PostgreSQL's text form of an interval (IntervalStyle `postgres`): `1 year 2 mons
+/// 3 days 04:05:06.5`, the clock part omitted when zero unless nothing else is there.
+pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
+    let mut parts = Vec::new();
+    let unit = |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let (years, months) = (months / 12, months % 12);
+    if years != 0 {
+        parts.push(unit(years as i64, "year", "years"));
+    }
+    if months != 0 {
+        parts.push(unit(months as i64, "mon", "mons"));
+    }
+    if days != 0 {
+        parts.push(unit(days as i64, "day", "days"));
+    }
+    if nanos != 0 || parts.is_empty() {
+        let sign = if nanos < 0 { "-" } else { "" };
+        let us = (nanos / 1_000).unsigned_abs();
+        let (secs, frac) = (us / 1_000_000, us % 1_000_000);
+        let mut clock = format!(
+            "{sign}{:02}:{:02}:{:02}",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        );
+        if frac != 0 {
+            clock.push_str(format!(".{frac:06}").trim_end_matches('0'));
+        }
+        parts.push(clock);
+    }
+    parts.join(" ")
 }
 
 /// PostgreSQL's text form of an array: `{a,b}`, an element quoted when it is empty,
@@ -356,5 +442,35 @@ mod tests {
         assert_eq!(decimal_text(12345, 2), "123.45");
         assert_eq!(decimal_text(-5, 3), "-0.005");
         assert_eq!(decimal_text(7, 0), "7");
+    }
+
+    #[test]
+    fn intervals_print_as_postgresql_does() {
+        let hour = 3_600_000_000_000;
+        assert_eq!(interval_text(0, 0, hour), "01:00:00");
+        assert_eq!(interval_text(0, 0, 0), "00:00:00");
+        assert_eq!(interval_text(14, 1, 0), "1 year 2 mons 1 day");
+        assert_eq!(
+            interval_text(0, 3, hour / 2 + 500_000_000),
+            "3 days 00:30:00.5"
+        );
+        assert_eq!(interval_text(0, 0, -90 * 60 * 1_000_000_000), "-01:30:00");
+    }
+
+    #[test]
+    fn arrays_print_as_postgresql_does() {
+        use datafusion::arrow::array::{ListBuilder, StringBuilder};
+        let mut b = ListBuilder::new(StringBuilder::new());
+        b.values().append_value("a");
+        b.values().append_value("b c");
+        b.values().append_null();
+        b.append(true);
+        b.append(true);
+        b.append(false);
+        let list: ArrayRef = std::sync::Arc::new(b.finish());
+        let cells = cells_of_array(&list);
+        assert_eq!(cells[0].to_text().as_deref(), Some("{a,\"b c\",NULL}"));
+        assert_eq!(cells[1].to_text().as_deref(), Some("{}"));
+        assert_eq!(cells[2].to_text(), None);
     }
 }
