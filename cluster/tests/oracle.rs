@@ -160,10 +160,22 @@ fn probe_row(k: u8, tag: Option<u8>) -> Row {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Win {
-    Sliding { size: i64, delay: i64 },
-    Tumbling { size: i64 },
-    Hopping { size: i64, hop: i64 },
+    Sliding {
+        size: i64,
+        delay: i64,
+    },
+    Tumbling {
+        size: i64,
+    },
+    Hopping {
+        size: i64,
+        hop: i64,
+    },
     Infinite,
+    /// SLIDING (SIZE n EVENTS).
+    Count {
+        events: usize,
+    },
 }
 
 fn duration_sql(us: i64) -> String {
@@ -190,6 +202,7 @@ impl Win {
                 duration_sql(hop)
             ),
             Win::Infinite => "INFINITE".to_string(),
+            Win::Count { events } => format!("SLIDING (SIZE {events} EVENTS)"),
         }
     }
 
@@ -206,8 +219,8 @@ impl Win {
                 let end = t.div_euclid(hop) * hop;
                 (end - size - 1, end - 1)
             }
-            // ts ≤ T
-            Win::Infinite => (i64::MIN, t),
+            // ts ≤ T (a count window also keeps only its group's n newest: see `acc`)
+            Win::Infinite | Win::Count { .. } => (i64::MIN, t),
         }
     }
 
@@ -223,6 +236,9 @@ impl Win {
                 hop_us: hop,
             },
             Win::Infinite => WindowSpec::Infinite,
+            Win::Count { events } => WindowSpec::Count {
+                events: events as i64,
+            },
         }
     }
 }
@@ -498,8 +514,8 @@ const HOP_9_2: Win = Win::Hopping {
     hop: 2_500 * MS,
 };
 
-/// Eleven metrics over six windows, with shared prefixes (metrics 1, 2, 3 and 11 share a
-/// window; 1 and 11 share their group and some aggregates).
+/// Thirteen metrics over eight windows, with shared prefixes (metrics 1, 2, 3 and 13
+/// share a window; 1 and 13 share their group and some aggregates).
 fn main_metrics() -> Vec<MSpec> {
     vec![
         metric(
@@ -671,6 +687,27 @@ fn main_metrics() -> Vec<MSpec> {
                 "MEDIAN(amount)",
                 "LAST_VALUE(qty)",
             ],
+        ),
+        metric(
+            "last5",
+            Win::Count { events: 5 },
+            Filt::All,
+            Grp::K,
+            &[
+                "COUNT(*)",
+                "SUM(amount)",
+                "MIN(amount)",
+                "MEDIAN(amount)",
+                "COUNT(DISTINCT tag)",
+                "LAST_VALUE(qty)",
+            ],
+        ),
+        metric(
+            "last3_kt",
+            Win::Count { events: 3 },
+            Filt::AmountOver50,
+            Grp::KTag,
+            &["COUNT(*)", "AVG(amount)", "MAX(tag)", "VAR_POP(amount)"],
         ),
         metric(
             "slide_dup",
@@ -979,6 +1016,21 @@ impl Model {
                 .get(&(grp, filt, code))
                 .cloned()
                 .unwrap_or_else(|| Acc::new(true));
+        }
+        if let Win::Count { events } = win {
+            // sql.md: the n newest events of the group that pass the WHERE (largest event
+            // time, then arrival order), whatever order they arrived in.
+            if let Some(list) = self.by_group[grp.idx()].get(&code) {
+                for &(_, seq) in list
+                    .iter()
+                    .rev()
+                    .filter(|&&(_, seq)| filt.passes(&self.events[seq]))
+                    .take(events)
+                {
+                    acc.push(&self.events[seq], seq);
+                }
+            }
+            return acc;
         }
         let (after, upto) = win.range(t);
         if let Some(list) = self.by_group[grp.idx()].get(&code) {

@@ -770,9 +770,12 @@ fn cut_window(tokens: &[Token]) -> Result<(WindowSpec, Vec<Token>)> {
     ))
 }
 
+/// The most events a count window keeps per group (they live in the group's state).
+pub const COUNT_WINDOW_MAX: i64 = 10_000;
+
 fn window_syntax() -> Error {
     Error::syntax("syntax error in WINDOW clause").with_hint(
-        "Write WINDOW SLIDING (SIZE 5 MINUTES [, DELAY 1 MINUTE]), WINDOW TUMBLING (SIZE 1 HOUR), WINDOW HOPPING (SIZE 5 MINUTES, HOP 1 MINUTE) or WINDOW INFINITE.",
+        "Write WINDOW SLIDING (SIZE 5 MINUTES [, DELAY 1 MINUTE]), WINDOW SLIDING (SIZE 10 EVENTS), WINDOW TUMBLING (SIZE 1 HOUR), WINDOW HOPPING (SIZE 5 MINUTES, HOP 1 MINUTE) or WINDOW INFINITE.",
     )
 }
 
@@ -780,6 +783,7 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
     let mut size = None;
     let mut delay = 0;
     let mut hop = None;
+    let mut count = None;
     for part in tokens.split(|t| *t == Token::Comma) {
         let mut sig: Vec<&Token> = part.iter().filter(|t| !is_ws(t)).collect();
         let mut key = match sig.first() {
@@ -792,6 +796,33 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
         {
             key = "HOP".to_string();
             sig.remove(1);
+        }
+        // SLIDING (SIZE n EVENTS): a count window.
+        if let ("SIZE", [_, Token::Number(n, _), Token::Word(unit)]) =
+            (key.as_str(), sig.as_slice())
+        {
+            if unit.value.eq_ignore_ascii_case("EVENTS") || unit.value.eq_ignore_ascii_case("EVENT")
+            {
+                if kind != "SLIDING" {
+                    return Err(Error::unsupported(format!(
+                        "a {} window is sized by time, not by events",
+                        kind.to_lowercase()
+                    ))
+                    .with_hint("Count windows are WINDOW SLIDING (SIZE n EVENTS)."));
+                }
+                let events = n
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=COUNT_WINDOW_MAX).contains(n))
+                    .ok_or_else(|| {
+                        Error::new(
+                            crate::error::ErrorKind::InvalidParameter,
+                            format!("a count window holds 1 to {COUNT_WINDOW_MAX} events, not {n}"),
+                        )
+                    })?;
+                count = Some(events);
+                continue;
+            }
         }
         let text = match sig.get(1) {
             Some(Token::Word(w)) if w.value.eq_ignore_ascii_case("INTERVAL") => match sig.get(2) {
@@ -815,6 +846,12 @@ fn parse_window_args(kind: &str, tokens: &[Token]) -> Result<WindowSpec> {
             "HOP" if kind == "HOPPING" && us > 0 => hop = Some(us),
             _ => return Err(window_syntax()),
         }
+    }
+    if let Some(events) = count {
+        if size.is_some() || delay != 0 || hop.is_some() {
+            return Err(window_syntax());
+        }
+        return Ok(WindowSpec::Count { events });
     }
     let size_us = size.ok_or_else(window_syntax)?;
     Ok(match kind {

@@ -19,6 +19,9 @@ pub enum WindowSpec {
     Hopping { size_us: i64, hop_us: i64 },
     /// Every event with ts ≤ T.
     Infinite,
+    /// `SLIDING (SIZE n EVENTS)`: the n newest events of each group (largest event time,
+    /// then latest arrival). Events never leave by time; a newer one displaces the oldest.
+    Count { events: i64 },
 }
 
 impl WindowSpec {
@@ -27,7 +30,7 @@ impl WindowSpec {
         match self {
             WindowSpec::Sliding { delay_us, .. } => t.saturating_sub(*delay_us),
             WindowSpec::Hopping { hop_us, .. } => t.div_euclid(*hop_us) * hop_us - 1,
-            WindowSpec::Tumbling { .. } | WindowSpec::Infinite => t,
+            WindowSpec::Tumbling { .. } | WindowSpec::Infinite | WindowSpec::Count { .. } => t,
         }
     }
 
@@ -42,7 +45,15 @@ impl WindowSpec {
             WindowSpec::Hopping { size_us, hop_us } => {
                 Some(t.div_euclid(*hop_us) * hop_us - size_us - 1)
             }
-            WindowSpec::Infinite => None,
+            WindowSpec::Infinite | WindowSpec::Count { .. } => None,
+        }
+    }
+
+    /// How many events of a group the window keeps (count windows only).
+    pub fn keep(&self) -> Option<usize> {
+        match self {
+            WindowSpec::Count { events } => Some(*events as usize),
+            _ => None,
         }
     }
 
@@ -62,7 +73,7 @@ impl WindowSpec {
             WindowSpec::Sliding { size_us, delay_us } => Some(size_us + delay_us),
             WindowSpec::Tumbling { size_us } => Some(*size_us),
             WindowSpec::Hopping { size_us, hop_us } => Some(size_us + hop_us),
-            WindowSpec::Infinite => None,
+            WindowSpec::Infinite | WindowSpec::Count { .. } => None,
         }
     }
 
@@ -97,6 +108,7 @@ impl WindowSpec {
                 format_duration_us(*hop_us)
             ),
             WindowSpec::Infinite => "INFINITE".to_string(),
+            WindowSpec::Count { events } => format!("SLIDING (SIZE {events} EVENTS)"),
         }
     }
 }

@@ -21,7 +21,9 @@ async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
              partitions = 2);
              CREATE METRIC card_1h AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, \
              MAX(amount) AS top, PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY amount) AS mid \
-             FROM pay WINDOW SLIDING (SIZE 1 HOUR) GROUP BY card;",
+             FROM pay WINDOW SLIDING (SIZE 1 HOUR) GROUP BY card;
+             CREATE METRIC card_last AS SELECT card, COUNT(*) AS n, SUM(amount) AS total \
+             FROM pay WINDOW SLIDING (SIZE 5 EVENTS) GROUP BY card;",
         )
         .await
         .unwrap();
@@ -72,6 +74,9 @@ async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
         card.sort();
         let mut country = simple_rows(&client, "SELECT card, country, n FROM by_country").await;
         country.sort();
+        let mut last = simple_rows(&client, "SELECT card, n, total FROM card_last").await;
+        last.sort();
+        country.extend(last);
         let events = simple_rows(
             &client,
             "SELECT count(*), count(country), sum(amount) FROM pay",
@@ -108,6 +113,16 @@ async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
         })
         .collect();
     assert_eq!(card, want);
+    // card_last: each card's five newest events (the events arrive in time order).
+    for c in 0..7 {
+        let newest: Vec<i64> = (0..1500i64).filter(|i| i % 7 == c).rev().take(5).collect();
+        let row = vec![
+            Some(format!("c{c}")),
+            Some("5".to_string()),
+            Some(newest.iter().map(|i| i % 100).sum::<i64>().to_string()),
+        ];
+        assert!(country.contains(&row), "card_last {row:?} in {country:?}");
+    }
     assert_eq!(events[0][0].as_deref(), Some("1500"));
     assert_eq!(events[0][1].as_deref(), Some("500"));
     assert!(country.iter().any(|r| r[1].is_none()), "{country:?}");

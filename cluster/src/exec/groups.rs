@@ -19,7 +19,8 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use eddy_planner::aggregate::AggState;
-use eddy_planner::codec::Reader;
+use eddy_planner::codec::{decode_value, encode_value, Reader};
+use eddy_planner::types::Value;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::exec::key::PackedKey;
@@ -37,12 +38,52 @@ pub const INLINE_STATES: usize = 2;
 pub type States = SmallVec<[AggState; INLINE_STATES]>;
 
 /// The state of one group: how many events its window holds, the tumbling epoch it
-/// belongs to, and one state per aggregate slot.
+/// belongs to, one state per aggregate slot, and under a count window its events.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupState {
     pub count: i64,
     pub epoch: i64,
     pub states: States,
+    /// `SLIDING (SIZE n EVENTS)`: the group's n newest events, oldest first.
+    pub recent: Option<Box<Recent>>,
+}
+
+/// A count window's events of one group as (event time, arrival, row), in that order.
+pub type Recent = std::collections::VecDeque<(i64, u64, Arc<[Value]>)>;
+
+/// Follows a group's states when it holds a count window's events.
+const MARK_RECENT: u8 = 0xB1;
+
+fn encode_recent(recent: &Recent, out: &mut Vec<u8>) {
+    out.push(MARK_RECENT);
+    out.extend_from_slice(&(recent.len() as u32).to_le_bytes());
+    for (ts, seq, row) in recent {
+        out.extend_from_slice(&ts.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&(row.len() as u32).to_le_bytes());
+        for v in row.iter() {
+            encode_value(v, out);
+        }
+    }
+}
+
+/// What follows the states: nothing, or a count window's events.
+fn decode_recent(r: &mut Reader<'_>) -> Option<Option<Box<Recent>>> {
+    if r.is_empty() {
+        return Some(None);
+    }
+    if r.u8()? != MARK_RECENT {
+        return None;
+    }
+    let n = r.u32()? as usize;
+    let mut recent = Recent::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let (ts, seq) = (r.i64()?, r.u64()?);
+        let cols = r.u32()? as usize;
+        let row: Vec<Value> = (0..cols).map(|_| decode_value(r)).collect::<Option<_>>()?;
+        recent.push_back((ts, seq, row.into()));
+    }
+    r.is_empty().then_some(Some(Box::new(recent)))
 }
 
 /// An aggregator leaf's state stored apart from its group's entry: (family, slot).
@@ -99,6 +140,9 @@ impl GroupState {
             out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
             out.extend_from_slice(&buf);
         }
+        if let Some(recent) = &self.recent {
+            encode_recent(recent, out);
+        }
         aux
     }
 
@@ -115,6 +159,9 @@ impl GroupState {
             let len = (out.len() - at - 4) as u32;
             out[at..at + 4].copy_from_slice(&len.to_le_bytes());
         }
+        if let Some(recent) = &self.recent {
+            encode_recent(recent, &mut out);
+        }
         out.into_boxed_slice()
     }
 
@@ -128,10 +175,12 @@ impl GroupState {
             let len = r.u32()? as usize;
             states.push(AggState::decode(r.take(len)?)?);
         }
-        r.is_empty().then_some(GroupState {
+        let recent = decode_recent(&mut r)?;
+        Some(GroupState {
             count,
             epoch,
             states,
+            recent,
         })
     }
 
@@ -160,11 +209,13 @@ impl GroupState {
                 None => states.push(AggState::decode(bytes)?),
             }
         }
-        r.is_empty().then_some((
+        let recent = decode_recent(&mut r)?;
+        Some((
             GroupState {
                 count,
                 epoch,
                 states,
+                recent,
             },
             aux,
         ))
@@ -683,7 +734,29 @@ mod tests {
                 AggState::Distinct(Default::default()),
                 AggState::Extreme(Default::default()),
             ],
+            recent: None,
         }
+    }
+
+    /// A count window's events survive both encodings, and a state without them reads
+    /// as before.
+    #[test]
+    fn recent_events_round_trip() {
+        let mut s = fresh();
+        assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
+        let row: Arc<[Value]> = vec![Value::Int(7), Value::Text("a".into()), Value::Null].into();
+        s.recent = Some(Box::new(
+            [(10, 1, row.clone()), (12, 5, row)].into_iter().collect(),
+        ));
+        assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
+        let mut main = Vec::new();
+        let aux = s.encode(&mut main);
+        let (decoded, slots) = GroupState::decode(&main).unwrap();
+        assert_eq!(decoded.recent, s.recent);
+        assert_eq!(slots.len(), aux.len());
+        let mut bad = s.pack().to_vec();
+        bad.push(0);
+        assert_eq!(GroupState::unpack(&bad), None);
     }
 
     /// One event's effect on a group: every slot kind changes, so both auxiliary

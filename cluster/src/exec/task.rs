@@ -867,6 +867,7 @@ impl Task {
     fn backfill(&mut self, wi: usize, fi: usize, gi: usize, slot: Option<usize>) -> Result<()> {
         let w = &mut self.windows[wi];
         let (head, tail, epoch) = (w.head, w.tail, w.epoch);
+        let keep = w.key.spec.keep();
         let f = &mut w.filters[fi];
         let bit = f.bit;
         let g = &mut f.groups[gi];
@@ -877,12 +878,17 @@ impl Task {
             }
             fill_key(key_buf, &g.key.columns, &e.row);
             match slot {
-                None => enter_group(g, key_buf, e, epoch),
+                None => enter_group(g, key_buf, e, epoch, keep),
                 Some(s) => {
                     let a = &g.aggs[s];
                     let (func, arg) = (a.func, a.arg);
                     if let Some(state) = g.table.get_mut(key_buf.as_slice()) {
-                        if state.epoch == epoch {
+                        // Under a count window, only the events the group still holds.
+                        let held = state.recent.as_ref().is_none_or(|r| {
+                            r.binary_search_by(|(ts, seq, _)| (*ts, *seq).cmp(&(e.ts, e.seq)))
+                                .is_ok()
+                        });
+                        if state.epoch == epoch && held {
                             let v = arg.map_or(&Value::Null, |c| &e.row[c]);
                             state.states[s].insert(func, v, e.ts, e.seq);
                         }
@@ -1285,6 +1291,7 @@ fn advance(
 /// Applies (`enter`) or removes one event to every group under the window.
 fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool) {
     let epoch = w.epoch;
+    let keep = w.key.spec.keep();
     for f in &mut w.filters {
         if f.bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
             continue;
@@ -1292,7 +1299,7 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
         for g in &mut f.groups {
             fill_key(key_buf, &g.key.columns, &e.row);
             if enter {
-                enter_group(g, key_buf, e, epoch);
+                enter_group(g, key_buf, e, epoch, keep);
             } else {
                 leave_group(g, key_buf, e);
             }
@@ -1300,7 +1307,9 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
     }
 }
 
-fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
+/// Enters an event into its group; under a count window that keeps `keep` events, the
+/// group's oldest event leaves when it overflows (or the event itself, if older than all).
+fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Option<usize>) {
     if g.watched {
         g.touched.push(key.into());
     }
@@ -1308,6 +1317,7 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
         count: 0,
         epoch,
         states: States::new(),
+        recent: None,
     });
     if state.epoch != epoch || state.states.len() != g.aggs.len() {
         // A tumbling window moved on (or the group is new): start empty.
@@ -1318,6 +1328,26 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64) {
             .iter()
             .map(|a| a.func.new_state(a.arg_type))
             .collect();
+        state.recent = None;
+    }
+    if let Some(n) = keep {
+        let recent = state.recent.get_or_insert_with(Default::default);
+        let at = recent.partition_point(|(ts, seq, _)| (*ts, *seq) < (e.ts, e.seq));
+        if at == 0 && recent.len() >= n {
+            return;
+        }
+        recent.insert(at, (e.ts, e.seq, e.row.clone()));
+        if recent.len() > n {
+            let (_, _, old) = recent.pop_front().expect("over its size");
+            state.count -= 1;
+            for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
+                // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
+                s.remove(
+                    a.func,
+                    a.arg.and_then(|c| old.get(c)).unwrap_or(&Value::Null),
+                );
+            }
+        }
     }
     state.count += 1;
     for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
