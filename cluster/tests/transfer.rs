@@ -27,9 +27,20 @@ struct Node {
     engine: Arc<Engine>,
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+impl Node {
+    /// Joins the node's shard threads before its directory goes: a shard still holding
+    /// RocksDB when the process exits aborts it.
+    fn stop(self) {
+        let Node {
+            dir,
+            storage,
+            engine,
+        } = self;
+        if let Ok(engine) = Arc::try_unwrap(engine) {
+            engine.shutdown();
+        }
+        drop(storage);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -222,4 +233,6 @@ async fn a_task_moves_with_its_checkpoint_and_faults_are_rejected() {
     let have = b.storage.have(&task());
     assert!(transfer(&a, &b, &have, Some(Fault::Flip)).is_err());
     assert_eq!(rows(&b).await, expected);
+    a.stop();
+    b.stop();
 }

@@ -8,7 +8,9 @@
 //!    unless `--bin-dir` names a directory that has them (`engine`, `frontdoor`, `eddy`).
 //! 2. Runs `engine --mode task` against the window length (1 minute … 1 day) and the
 //!    number of keys (10k, 100k, 1M), and `frontdoor` (single_on, single_off, batch, copy,
-//!    lookup), each as a subprocess with a time cap, and parses their JSON.
+//!    lookup), each as a subprocess with a time cap, and parses their JSON; then the
+//!    percentiles (MEDIAN, PERCENTILE_CONT(0.99)) at 100k keys, and `hopping`, the share of
+//!    hopping results that differ from the exact sliding window.
 //! 3. Runs one per-event scoring workload (COUNT/SUM/AVG of the card's last 5 minutes,
 //!    the event included) side by side on a real `eddy serve`, PostgreSQL 15 and Redis 7
 //!    (Debian packages, installed when missing), each started on free loopback ports in a
@@ -191,7 +193,7 @@ fn build_release(logs: &Path, results: &mut Results) -> Result<PathBuf> {
 
 /// Fails unless `dir` has every binary the suite runs.
 fn check_binaries(dir: &Path) -> Result<()> {
-    for name in ["engine", "frontdoor", "eddy"] {
+    for name in ["engine", "frontdoor", "eddy", "hopping"] {
         let path = dir.join(name);
         if !path.is_file() {
             bail!(
@@ -216,6 +218,7 @@ fn engine_run(
     logs: &Path,
     window: &str,
     keys: u64,
+    aggs: &str,
 ) -> Result<EngineRun> {
     let mut cmd = Command::new(bin_dir.join("engine"));
     cmd.args([
@@ -225,9 +228,9 @@ fn engine_run(
         &plan.engine_events.to_string(),
     ])
     .args(["--cards", &keys.to_string(), "--window", window])
-    .args(["--rate", &ENGINE_RATE.to_string()]);
+    .args(["--rate", &ENGINE_RATE.to_string(), "--aggs", aggs]);
     let command = procs::command_line(&cmd);
-    let name = format!("engine-{}-{keys}", window.replace(' ', ""));
+    let name = format!("engine-{}-{keys}-{aggs}", window.replace(' ', ""));
     let v = procs::run_json(&mut cmd, &name, plan.engine_cap, logs)?;
     let lat = v.get("latency_us").context("no latency_us")?;
     let run = EngineRun {
@@ -264,7 +267,7 @@ fn engine_sweeps(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results
         if let Some(r) = done.get(&(window.to_string(), keys)) {
             return Some(r.clone());
         }
-        match engine_run(plan, bin_dir, logs, window, keys) {
+        match engine_run(plan, bin_dir, logs, window, keys, "basic") {
             Ok(r) => {
                 results.commands.push(Step {
                     step: format!("engine, window {window}, {} keys", report::keys_label(keys)),
@@ -291,6 +294,41 @@ fn engine_sweeps(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results
             results.engine_keys.push(r);
         }
     }
+    // MEDIAN and PERCENTILE_CONT(0.99) per card, 5 minutes, 100k keys.
+    match engine_run(
+        plan,
+        bin_dir,
+        logs,
+        "5 minutes",
+        plan.window_keys,
+        "percentiles",
+    ) {
+        Ok(r) => {
+            results.commands.push(Step {
+                step: "engine, percentiles, window 5 minutes".to_string(),
+                command: r.command.clone(),
+            });
+            results.engine_percentiles = Some(r);
+        }
+        Err(e) => results.failures.push(format!("engine, percentiles: {e:#}")),
+    }
+}
+
+/// Hopping windows against the exact sliding window (`hopping`), as raw JSON.
+fn hopping(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
+    let mut cmd = Command::new(bin_dir.join("hopping"));
+    let events = if plan.engine_events < 1_000_000 {
+        20_000
+    } else {
+        200_000
+    };
+    cmd.args(["--events", &events.to_string()]);
+    results.commands.push(Step {
+        step: "hopping windows against the exact sliding window".to_string(),
+        command: procs::command_line(&cmd),
+    });
+    results.hopping = Some(procs::run_json(&mut cmd, "hopping", plan.engine_cap, logs)?);
+    Ok(())
 }
 
 /// The front door's modes, from one `frontdoor` run.
@@ -522,6 +560,9 @@ fn main() -> Result<()> {
     let scratch = Scratch::new()?;
 
     engine_sweeps(&plan, &bin_dir, &logs, &mut results);
+    if let Err(e) = hopping(&plan, &bin_dir, &logs, &mut results) {
+        results.failures.push(format!("hopping: {e:#}"));
+    }
     if let Err(e) = frontdoor(&plan, &bin_dir, &logs, &mut results) {
         results.failures.push(format!("frontdoor: {e:#}"));
     }

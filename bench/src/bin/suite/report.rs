@@ -57,6 +57,10 @@ pub struct Results {
     pub commands: Vec<Step>,
     pub engine_windows: Vec<EngineRun>,
     pub engine_keys: Vec<EngineRun>,
+    /// MEDIAN and PERCENTILE_CONT(0.99), 5 minutes, 100k keys.
+    pub engine_percentiles: Option<EngineRun>,
+    /// `hopping`'s report.
+    pub hopping: Option<serde_json::Value>,
     pub frontdoor: Vec<FrontdoorRun>,
     pub scoring_workload: Option<Workload>,
     pub scoring: Vec<ScoreRun>,
@@ -132,6 +136,41 @@ pub fn markdown(r: &Results) -> String {
         "Engine throughput against number of keys",
         &r.engine_keys,
     );
+    if let Some(p) = &r.engine_percentiles {
+        let l = &p.latency_us;
+        let _ = writeln!(
+            s,
+            "## Exact percentiles
+
+MEDIAN and PERCENTILE_CONT(0.99) of the amount per card, \
+             5-minute sliding window, {} keys: {} events/s per shard, p99 {} µs, p99.9 {} µs, \
+             max {} µs.\n",
+            keys_label(p.keys),
+            grouped(p.events_per_sec_per_shard),
+            ms(l.p99),
+            ms(l.p999),
+            ms(l.max)
+        );
+    }
+    if let Some(h) = &r.hopping {
+        let _ = writeln!(
+            s,
+            "## Hopping windows against the exact sliding window\n\nAfter every event, each \
+             hopping window's COUNT and SUM per card compared with the exact sliding window of \
+             the same size ({} s).\n\n| hop (s) | events whose result differs | mean relative error of COUNT |\n|---:|---:|---:|",
+            h["window_seconds"]
+        );
+        for hop in h["hops"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} % | {:.2} % |",
+                hop["hop_seconds"],
+                hop["events_differing_share"].as_f64().unwrap_or(0.0) * 100.0,
+                hop["count_mean_relative_error"].as_f64().unwrap_or(0.0) * 100.0
+            );
+        }
+        let _ = writeln!(s);
+    }
     frontdoor_table(&mut s, &r.frontdoor);
     scoring_table(&mut s, r);
     if !r.plots.is_empty() {
