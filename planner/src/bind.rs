@@ -161,7 +161,7 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         )
     })?;
     let event_time_unit = match columns[event_time].ty {
-        ColumnType::Timestamp if millis => {
+        ColumnType::Timestamp | ColumnType::TimestampTz if millis => {
             return Err(Error::new(
                 ErrorKind::DatatypeMismatch,
                 format!(
@@ -171,7 +171,7 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
             )
             .with_hint("Remove event_time_unit: a TIMESTAMP column is read as it is."))
         }
-        ColumnType::Timestamp => EventTimeUnit::Timestamp,
+        ColumnType::Timestamp | ColumnType::TimestampTz => EventTimeUnit::Timestamp,
         ColumnType::Int64 => EventTimeUnit::Millis,
         other => {
             return Err(Error::new(
@@ -935,7 +935,7 @@ fn value_from_number(text: &str, col: &ColumnDef) -> Result<Value> {
         ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
         ColumnType::Text => Ok(Value::Text(text.into())),
         ColumnType::Boolean => Err(mismatch(col, "integer")),
-        ColumnType::Timestamp => Err(mismatch(col, "integer")),
+        ColumnType::Timestamp | ColumnType::TimestampTz => Err(mismatch(col, "integer")),
     }
 }
 
@@ -1009,7 +1009,7 @@ pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
             None | Some(serde_json::Value::Null) => Value::Null,
             Some(serde_json::Value::String(s)) => value_from_text(s, col)?,
             Some(serde_json::Value::Number(n)) => match col.ty {
-                ColumnType::Timestamp => n
+                ColumnType::Timestamp | ColumnType::TimestampTz => n
                     .as_i64()
                     .and_then(|ms| ms.checked_mul(1000))
                     .map(Value::Timestamp)
@@ -1047,7 +1047,7 @@ pub fn value_from_text(text: &str, col: &ColumnDef) -> Result<Value> {
             "f" | "false" | "no" | "off" | "0" | "n" => Ok(Value::Bool(false)),
             _ => Err(invalid_text(col.ty, text)),
         },
-        ColumnType::Timestamp => parse_timestamp(text)
+        ColumnType::Timestamp | ColumnType::TimestampTz => parse_timestamp(text)
             .map(Value::Timestamp)
             .ok_or_else(|| invalid_text(col.ty, text)),
     }

@@ -263,7 +263,7 @@ fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: u
             }
             Arc::new(b.finish())
         }
-        ResultType::Column(ColumnType::Timestamp) => {
+        ResultType::Column(t @ (ColumnType::Timestamp | ColumnType::TimestampTz)) => {
             let mut b = TimestampMicrosecondBuilder::with_capacity(n);
             for v in values {
                 b.append_option(match v {
@@ -271,7 +271,8 @@ fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: u
                     _ => None,
                 });
             }
-            Arc::new(b.finish())
+            let zone = (t == ColumnType::TimestampTz).then_some("UTC");
+            Arc::new(b.finish().with_timezone_opt(zone))
         }
     }
 }

@@ -20,6 +20,9 @@ pub enum ColumnType {
     Float64,
     Text,
     Timestamp,
+    /// TIMESTAMPTZ: an instant, stored as UTC microseconds like TIMESTAMP, shown in the
+    /// session's TimeZone.
+    TimestampTz,
 }
 
 impl ColumnType {
@@ -32,6 +35,9 @@ impl ColumnType {
             ColumnType::Float64 => DataType::Float64,
             ColumnType::Text => DataType::Utf8,
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            ColumnType::TimestampTz => {
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+            }
         }
     }
 
@@ -45,6 +51,7 @@ impl ColumnType {
             ColumnType::Float64 => "DOUBLE PRECISION",
             ColumnType::Text => "TEXT",
             ColumnType::Timestamp => "TIMESTAMP",
+            ColumnType::TimestampTz => "TIMESTAMPTZ",
         }
     }
 
@@ -73,10 +80,8 @@ impl ColumnType {
             "text" | "varchar" | "character varying" | "string" | "char" | "character" => {
                 ColumnType::Text
             }
-            "timestamp"
-            | "timestamptz"
-            | "timestamp without time zone"
-            | "timestamp with time zone" => ColumnType::Timestamp,
+            "timestamp" | "timestamp without time zone" => ColumnType::Timestamp,
+            "timestamptz" | "timestamp with time zone" => ColumnType::TimestampTz,
             _ => return None,
         })
     }

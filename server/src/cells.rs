@@ -18,6 +18,7 @@ use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo};
 use pgwire::api::Type;
 use pgwire::error::PgWireResult;
 use pgwire::messages::data::DataRow;
+use pgwire::types::format::FormatOptions;
 use rust_decimal::Decimal;
 
 use eddy_planner::aggregate::ResultType;
@@ -35,6 +36,8 @@ pub enum Cell {
     Text(String),
     /// Microseconds since the Unix epoch.
     Timestamp(i64),
+    /// An instant (TIMESTAMPTZ), microseconds since the Unix epoch in UTC.
+    TimestampTz(i64),
     /// Days since the Unix epoch.
     Date(i32),
     Numeric(i128, u32),
@@ -72,6 +75,7 @@ pub fn pg_type(ty: ResultType) -> Type {
             ColumnType::Float64 => Type::FLOAT8,
             ColumnType::Text => Type::TEXT,
             ColumnType::Timestamp => Type::TIMESTAMP,
+            ColumnType::TimestampTz => Type::TIMESTAMPTZ,
         },
     }
 }
@@ -85,7 +89,8 @@ pub fn pg_type_of_arrow(dt: &DataType) -> Type {
         DataType::Int64 | DataType::UInt32 | DataType::UInt64 => Type::INT8,
         DataType::Float16 | DataType::Float32 => Type::FLOAT4,
         DataType::Float64 => Type::FLOAT8,
-        DataType::Timestamp(_, _) => Type::TIMESTAMP,
+        DataType::Timestamp(_, Some(_)) => Type::TIMESTAMPTZ,
+        DataType::Timestamp(_, None) => Type::TIMESTAMP,
         DataType::Date32 | DataType::Date64 => Type::DATE,
         DataType::Decimal128(_, _) => Type::NUMERIC,
         _ => Type::TEXT,
@@ -104,6 +109,7 @@ pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
         (Value::Float(f), ResultType::Column(ColumnType::Float32)) => Cell::F32(*f as f32),
         (Value::Float(f), _) => Cell::F64(*f),
         (Value::Text(s), _) => Cell::Text(s.to_string()),
+        (Value::Timestamp(t), ResultType::Column(ColumnType::TimestampTz)) => Cell::TimestampTz(*t),
         (Value::Timestamp(t), _) => Cell::Timestamp(*t),
     }
 }
@@ -206,6 +212,7 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         }
         DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64 => {
             let is_date = !matches!(array.data_type(), DataType::Timestamp(_, _));
+            let zoned = matches!(array.data_type(), DataType::Timestamp(_, Some(_)));
             let target = if is_date {
                 DataType::Date32
             } else {
@@ -227,6 +234,8 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                 for i in 0..n {
                     out.push(if a.is_null(i) {
                         Cell::Null
+                    } else if zoned {
+                        Cell::TimestampTz(a.value(i))
                     } else {
                         Cell::Timestamp(a.value(i))
                     });
@@ -335,6 +344,7 @@ impl Cell {
             Cell::F64(v) => format_float(*v),
             Cell::Text(s) => s.clone(),
             Cell::Timestamp(us) => format_timestamp(*us),
+            Cell::TimestampTz(us) => format_timestamptz(*us, chrono_tz::UTC),
             Cell::Date(d) => format_timestamp(*d as i64 * 86_400_000_000)[..10].to_string(),
             Cell::Numeric(v, scale) => decimal_text(*v, *scale),
         })
@@ -343,7 +353,13 @@ impl Cell {
     fn encode(&self, enc: &mut DataRowEncoder, field: &FieldInfo) -> PgWireResult<()> {
         let ty = field.datatype();
         if field.format() == FieldFormat::Text {
-            let text = self.to_text();
+            let text = match self {
+                Cell::TimestampTz(us) => Some(format_timestamptz(
+                    *us,
+                    time_zone(&field.format_options().time_zone).unwrap_or(chrono_tz::UTC),
+                )),
+                other => other.to_text(),
+            };
             return enc.encode_field_with_type_and_format(
                 &text,
                 ty,
@@ -368,6 +384,10 @@ impl Cell {
                 let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());
                 enc.encode_field_with_type_and_format(&t, ty, bin, opts)
             }
+            Cell::TimestampTz(us) => {
+                let t = DateTime::from_timestamp_micros(*us);
+                enc.encode_field_with_type_and_format(&t, ty, bin, opts)
+            }
             Cell::Date(d) => {
                 let date = NaiveDate::from_ymd_opt(1970, 1, 1)
                     .and_then(|e| e.checked_add_signed(chrono::Duration::days(*d as i64)));
@@ -378,6 +398,35 @@ impl Cell {
                 enc.encode_field_with_type_and_format(&d, ty, bin, opts)
             }
         }
+    }
+}
+
+/// A time zone as `SET TimeZone` names it: an IANA name (`Europe/Paris`), `UTC`, or
+/// PostgreSQL's `GMT`, `Z` and `localtime` (this server runs in UTC).
+pub fn time_zone(name: &str) -> Option<chrono_tz::Tz> {
+    let name = name.trim().trim_matches('\'');
+    match name.to_ascii_lowercase().as_str() {
+        "utc" | "gmt" | "z" | "zulu" | "localtime" | "default" | "etc/utc" => Some(chrono_tz::UTC),
+        _ => name.parse().ok(),
+    }
+}
+
+/// PostgreSQL's text of an instant in `zone`: `2026-01-01 11:00:00+01`, with `:30` when the
+/// offset has minutes and the fraction only when there is one.
+pub fn format_timestamptz(us: i64, zone: chrono_tz::Tz) -> String {
+    use chrono::{Offset, TimeZone};
+    let Some(utc) = DateTime::from_timestamp_micros(us) else {
+        return format_timestamp(us);
+    };
+    let local = zone.from_utc_datetime(&utc.naive_utc());
+    let offset = local.offset().fix().local_minus_utc();
+    let wall = format_timestamp(us + offset as i64 * 1_000_000);
+    let sign = if offset < 0 { '-' } else { '+' };
+    let (h, m) = (offset.abs() / 3600, offset.abs() / 60 % 60);
+    if m == 0 {
+        format!("{wall}{sign}{h:02}")
+    } else {
+        format!("{wall}{sign}{h:02}:{m:02}")
     }
 }
 
@@ -401,12 +450,16 @@ fn decimal_text(v: i128, scale: u32) -> String {
 pub fn fields(
     columns: &[Column],
     format_for: &dyn Fn(usize) -> FieldFormat,
+    options: &Arc<FormatOptions>,
 ) -> Arc<Vec<FieldInfo>> {
     Arc::new(
         columns
             .iter()
             .enumerate()
-            .map(|(i, c)| FieldInfo::new(c.name.clone(), None, None, c.ty.clone(), format_for(i)))
+            .map(|(i, c)| {
+                FieldInfo::new(c.name.clone(), None, None, c.ty.clone(), format_for(i))
+                    .with_format_options(options.clone())
+            })
             .collect(),
     )
 }
@@ -442,6 +495,27 @@ mod tests {
         assert_eq!(decimal_text(12345, 2), "123.45");
         assert_eq!(decimal_text(-5, 3), "-0.005");
         assert_eq!(decimal_text(7, 0), "7");
+    }
+
+    #[test]
+    fn instants_print_in_the_session_zone() {
+        let us = 1_767_261_600_000_000; // 2026-01-01 10:00:00 UTC
+        assert_eq!(
+            format_timestamptz(us, chrono_tz::UTC),
+            "2026-01-01 10:00:00+00"
+        );
+        let paris = time_zone("Europe/Paris").unwrap();
+        assert_eq!(format_timestamptz(us, paris), "2026-01-01 11:00:00+01");
+        assert_eq!(
+            format_timestamptz(us + 500_000, paris),
+            "2026-01-01 11:00:00.5+01"
+        );
+        let kolkata = time_zone("'Asia/Kolkata'").unwrap();
+        assert_eq!(format_timestamptz(us, kolkata), "2026-01-01 15:30:00+05:30");
+        let ny = time_zone("America/New_York").unwrap();
+        assert_eq!(format_timestamptz(us, ny), "2026-01-01 05:00:00-05");
+        assert_eq!(time_zone("Mars/Base"), None);
+        assert_eq!(time_zone("utc"), Some(chrono_tz::UTC));
     }
 
     #[test]

@@ -466,7 +466,7 @@ pub struct CopyLines {
 impl CopyLines {
     pub fn new(columns: &[crate::cells::Column], copy: &eddy_planner::sql::CopyOut) -> CopyLines {
         use pgwire::api::results::{CopyCsvOptions, CopyEncoder, CopyTextOptions, FieldFormat};
-        let fields = crate::cells::fields(columns, &|_| FieldFormat::Text);
+        let fields = crate::cells::fields(columns, &|_| FieldFormat::Text, &Default::default());
         let delimiter = copy.delimiter.to_string();
         let encoder = if copy.csv {
             CopyEncoder::new_csv(

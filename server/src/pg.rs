@@ -33,6 +33,7 @@ use pgwire::messages::extendedquery::{Bind, BindComplete, Describe, Execute, Por
 use pgwire::messages::response::NoticeResponse;
 use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::types::format::FormatOptions;
 use postgres_types::FromSql;
 
 use eddy_planner::aggregate::ResultType;
@@ -151,6 +152,8 @@ pub struct Session {
     synchronous_commit: std::sync::atomic::AtomicBool,
     /// `SET application_name` (pgjdbc sets it after startup).
     application_name: Mutex<Option<String>>,
+    /// How values are written, with `SET TimeZone` (TIMESTAMPTZ is shown in it).
+    format: Mutex<Arc<FormatOptions>>,
     /// A second handle on the client's socket, to notice a disconnect while a continuous
     /// query waits for rows (pgwire reads the socket only between messages).
     peer: Option<tokio::net::TcpStream>,
@@ -181,6 +184,11 @@ impl Handlers {
                 in_block: std::sync::atomic::AtomicBool::new(false),
                 synchronous_commit: std::sync::atomic::AtomicBool::new(true),
                 application_name: Mutex::new(None),
+                format: Mutex::new(Arc::new({
+                    let mut options = FormatOptions::default();
+                    options.time_zone = "UTC".to_string();
+                    options
+                })),
                 peer,
             }),
         }
@@ -216,11 +224,15 @@ impl NoopStartupHandler for Session {
 }
 
 impl Session {
+    fn format(&self) -> Arc<FormatOptions> {
+        self.format.lock().expect("session lock").clone()
+    }
+
     /// Turns an executed statement into a protocol response.
     fn respond(&self, executed: Executed, format_for: &dyn Fn(usize) -> FieldFormat) -> Response {
         match executed.output {
             Output::Rows { columns, rows, tag } => {
-                let f = fields(&columns, format_for);
+                let f = fields(&columns, format_for, &self.format());
                 let data = encode_rows(&f, rows);
                 let mut resp = QueryResponse::new(f, stream::iter(data));
                 if tag == "INSERT" {
@@ -374,6 +386,24 @@ impl Session {
                 let plan = eddy_planner::bind::bind_insert(&self.db.catalog(), &insert)?;
                 self.db.insert(plan, self.durable()).await
             }
+            Statement::SetVariable { name, value } if name == "timezone" => {
+                let zone = crate::cells::time_zone(&value).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidParameter,
+                        format!("invalid value for parameter \"TimeZone\": \"{value}\""),
+                    )
+                    .with_hint("A time zone name such as 'UTC' or 'Europe/Paris'.")
+                })?;
+                let mut format = self.format.lock().expect("session lock");
+                let mut options = (**format).clone();
+                options.time_zone = zone.name().to_string();
+                *format = Arc::new(options);
+                Ok(Executed::command("SET"))
+            }
+            Statement::ShowVariable(name) if name == "timezone" => Ok(Executed::rows(
+                vec![Column::text("TimeZone")],
+                vec![vec![Cell::Text(self.format().time_zone.clone())]],
+            )),
             Statement::SetVariable { name, value } if name == "application_name" => {
                 *self.application_name.lock().expect("session lock") = Some(value);
                 Ok(Executed::command("SET"))
@@ -631,7 +661,7 @@ impl Session {
                         )))
                         .await?;
                 }
-                let f = fields(&sub.query.columns, &|_| FieldFormat::Text);
+                let f = fields(&sub.query.columns, &|_| FieldFormat::Text, &self.format());
                 client
                     .send(PgWireBackendMessage::RowDescription(
                         pgwire::messages::data::RowDescription::new(
@@ -1060,7 +1090,7 @@ fn param_value(
             let v = f64::from_be_bytes(bytes.try_into().ok()?);
             v.is_finite().then_some(Value::Float(v))
         }
-        ColumnType::Timestamp
+        ColumnType::Timestamp | ColumnType::TimestampTz
             if (*ty == Type::TIMESTAMP || *ty == Type::TIMESTAMPTZ) && bytes.len() == 8 =>
         {
             let us = timestamp_from_pg_binary(i64::from_be_bytes(bytes.try_into().ok()?));
@@ -1267,7 +1297,7 @@ impl ExtendedQueryHandler for Session {
         let params = (0..n)
             .map(|i| parameter_type(&target.parameter_types, inferred, i))
             .collect();
-        let f = fields(columns, &|_| FieldFormat::Text);
+        let f = fields(columns, &|_| FieldFormat::Text, &self.format());
         Ok(DescribeStatementResponse::new(params, f.as_ref().clone()))
     }
 
@@ -1286,9 +1316,11 @@ impl ExtendedQueryHandler for Session {
             .bind(&target.statement.statement)
             .await
             .map_err(|e| user_error(&e))?;
-        let f = fields(&bound.shape.1, &|i| {
-            target.result_column_format.format_for(i)
-        });
+        let f = fields(
+            &bound.shape.1,
+            &|i| target.result_column_format.format_for(i),
+            &self.format(),
+        );
         Ok(DescribePortalResponse::new(f.as_ref().clone()))
     }
 
@@ -1354,7 +1386,11 @@ impl Session {
                     .map_err(|e| user_error(&e))?,
             );
             let columns = sub.query.columns.clone();
-            let f = fields(&columns, &|i| portal.result_column_format.format_for(i));
+            let f = fields(
+                &columns,
+                &|i| portal.result_column_format.format_for(i),
+                &self.format(),
+            );
             portal
                 .start(QueryResponse::new(f, holder(sub.clone())))
                 .await;
@@ -1398,9 +1434,11 @@ impl Session {
         };
         let mut wire = match &copy {
             Some(c) => Wire::Copy(CopyLines::new(&columns, c)),
-            None => Wire::Rows(fields(&columns, &|i| {
-                portal.result_column_format.format_for(i)
-            })),
+            None => Wire::Rows(fields(
+                &columns,
+                &|i| portal.result_column_format.format_for(i),
+                &self.format(),
+            )),
         };
         // A COPY streams until it ends; rows honour the Execute's row limit.
         let limit = if copy.is_some() { 0 } else { max_rows };
