@@ -218,21 +218,21 @@ impl<K: Ord + Default> Ranked<K> {
     }
 
     pub fn first(&self) -> Option<&K> {
-        let mut t = self.root;
-        let mut found = None;
-        while t != NIL {
-            found = Some(&self.nodes[t as usize].key);
-            t = self.nodes[t as usize].left;
-        }
-        found
+        self.edge(|n| n.left)
     }
 
     pub fn last(&self) -> Option<&K> {
+        self.edge(|n| n.right)
+    }
+
+    /// The key at the end of the path that always takes `next`.
+    fn edge(&self, next: impl Fn(&Node<K>) -> u32) -> Option<&K> {
         let mut t = self.root;
         let mut found = None;
         while t != NIL {
-            found = Some(&self.nodes[t as usize].key);
-            t = self.nodes[t as usize].right;
+            let n = &self.nodes[t as usize];
+            found = Some(&n.key);
+            t = next(n);
         }
         found
     }

@@ -432,29 +432,21 @@ fn parse_set(tokens: &[Token]) -> Statement {
     if words.first().is_some_and(|t| is_word(t, "SESSION")) {
         words.remove(0);
     }
-    // SET TIME ZONE 'Europe/Paris' is SET TimeZone = 'Europe/Paris'.
-    if let [t, z, value] = words.as_slice() {
-        if is_word(t, "TIME") && is_word(z, "ZONE") {
-            return Statement::SetVariable {
-                name: "timezone".to_string(),
-                value: match value {
-                    Token::SingleQuotedString(s) => s.clone(),
-                    Token::Word(w) => w.value.clone(),
-                    other => other.to_string(),
-                },
-            };
-        }
-    }
+    let text = |value: &Token| match value {
+        Token::SingleQuotedString(s) => s.clone(),
+        Token::Word(w) => w.value.clone(),
+        other => other.to_string(),
+    };
     match words.as_slice() {
+        // SET TIME ZONE 'Europe/Paris' is SET TimeZone = 'Europe/Paris'.
+        [t, z, value] if is_word(t, "TIME") && is_word(z, "ZONE") => Statement::SetVariable {
+            name: "timezone".to_string(),
+            value: text(value),
+        },
         [Token::Word(name), op, value] if **op == Token::Eq || is_word(op, "TO") => {
-            let value = match value {
-                Token::SingleQuotedString(s) => s.clone(),
-                Token::Word(w) => w.value.clone(),
-                other => other.to_string(),
-            };
             Statement::SetVariable {
                 name: name.value.to_ascii_lowercase(),
-                value,
+                value: text(value),
             }
         }
         _ => Statement::Set,

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use eddy_bench::XorShift;
 use eddy_cluster::{Row, Task};
 use eddy_planner::catalog::Catalog;
@@ -17,34 +17,21 @@ use eddy_planner::ddl;
 use eddy_planner::sql::parse_statement;
 use eddy_planner::types::Value;
 
+#[derive(clap::Parser)]
+#[command(about = "Hopping windows against the exact sliding window, after every event")]
 struct Args {
+    /// Events to feed.
+    #[arg(long, default_value_t = 200_000)]
     events: u64,
+    /// Distinct cards (groups).
+    #[arg(long, default_value_t = 100)]
     cards: u64,
+    /// Events per second of event time.
+    #[arg(long, default_value_t = 50)]
     rate: u64,
+    /// The window's size in minutes.
+    #[arg(long = "window", default_value_t = 5)]
     window_minutes: i64,
-}
-
-fn args() -> Result<Args> {
-    let mut a = Args {
-        events: 200_000,
-        cards: 100,
-        rate: 50,
-        window_minutes: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--events" => a.events = value.parse()?,
-            "--cards" => a.cards = value.parse()?,
-            "--rate" => a.rate = value.parse()?,
-            "--window" => a.window_minutes = value.parse()?,
-            other => bail!(
-                "unknown argument {other}; use --events N --cards N --rate N --window MINUTES"
-            ),
-        }
-    }
-    Ok(a)
 }
 
 /// Hops in seconds, as fractions of the window: from fine to a hop as long as the window
@@ -54,12 +41,13 @@ fn hops(window_s: i64) -> Vec<i64> {
         .into_iter()
         .filter(|h| *h >= 1 && *h <= window_s)
         .collect();
+    h.sort_unstable();
     h.dedup();
     h
 }
 
 fn main() -> Result<()> {
-    let a = args()?;
+    let a = <Args as clap::Parser>::parse();
     let window_s = a.window_minutes * 60;
     let hops = hops(window_s);
     let mut catalog = Catalog::default();

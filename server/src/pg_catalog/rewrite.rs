@@ -32,6 +32,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
+use eddy_planner::sql::normalize_ident;
 
 use super::{
     Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, TYPES,
@@ -70,20 +71,12 @@ fn parse_expr(sql: &str) -> Result<Expr> {
         .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}")))
 }
 
-fn ident_name(i: &Ident) -> String {
-    if i.quote_style.is_some() {
-        i.value.clone()
-    } else {
-        i.value.to_lowercase()
-    }
-}
-
 /// The parts of a name, case-folded as PostgreSQL does.
 fn parts(name: &ObjectName) -> Vec<String> {
     name.0
         .iter()
         .map(|p| match p {
-            ObjectNamePart::Identifier(i) => ident_name(i),
+            ObjectNamePart::Identifier(i) => normalize_ident(i),
             other => other.to_string(),
         })
         .collect()
@@ -416,7 +409,7 @@ impl Rewriter<'_> {
         for (i, item) in select.projection.iter_mut().enumerate() {
             let name = match item {
                 SelectItem::UnnamedExpr(e) => e.to_string(),
-                SelectItem::ExprWithAlias { alias, .. } => ident_name(alias),
+                SelectItem::ExprWithAlias { alias, .. } => normalize_ident(alias),
                 _ => continue,
             };
             if !seen.insert(name.clone()) {
@@ -540,7 +533,7 @@ fn inner_names(select: &Select) -> HashSet<String> {
         {
             if let TableFactor::Table { name, alias, .. } = factor {
                 match alias {
-                    Some(a) => names.insert(ident_name(&a.name)),
+                    Some(a) => names.insert(normalize_ident(&a.name)),
                     None => names.insert(parts(name).pop().unwrap_or_default()),
                 };
             }
@@ -556,7 +549,9 @@ fn references_outer(e: &Expr, inner: &HashSet<String>) -> bool {
         type Break = ();
         fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
             if let Expr::CompoundIdentifier(idents) = e {
-                if idents.len() >= 2 && !self.0.contains(&ident_name(&idents[idents.len() - 2])) {
+                if idents.len() >= 2
+                    && !self.0.contains(&normalize_ident(&idents[idents.len() - 2]))
+                {
                     self.1 = true;
                     return ControlFlow::Break(());
                 }
@@ -657,7 +652,7 @@ impl VisitorMut for Rewriter<'_> {
                 let mut e = root.as_ref().clone();
                 for access in access_chain.iter() {
                     if let ast::AccessExpr::Dot(Expr::Identifier(field)) = access {
-                        let name = Value::SingleQuotedString(ident_name(field));
+                        let name = Value::SingleQuotedString(normalize_ident(field));
                         e = call("get_field", vec![e, Expr::value(name)]);
                     }
                 }
