@@ -365,10 +365,11 @@ enum F {
     StddevSamp,
     StddevPop,
     Last,
-    /// PERCENTILE_CONT with the fraction in thousandths (MEDIAN is 500).
-    PctCont(u32),
-    /// PERCENTILE_DISC with the fraction in thousandths.
-    PctDisc(u32),
+    /// PERCENTILE_CONT with the fraction in thousandths (MEDIAN is 500), and whether
+    /// it orders by the column DESC.
+    PctCont(u32, bool),
+    /// PERCENTILE_DISC with the fraction in thousandths, and DESC.
+    PctDisc(u32, bool),
 }
 
 #[derive(Clone, Debug)]
@@ -394,14 +395,19 @@ fn agg(sql: &'static str) -> Agg {
         let (name, fraction) = head.split_once('(').expect("an aggregate call");
         let fraction: f64 = fraction.trim_end_matches(')').parse().expect("a fraction");
         let thousandths = (fraction * 1000.0).round() as u32;
+        let order = order.trim_end_matches(')');
+        let (order, desc) = match order.strip_suffix(" DESC") {
+            Some(column) => (column, true),
+            None => (order, false),
+        };
         let f = match name {
-            "PERCENTILE_CONT" => F::PctCont(thousandths),
-            "PERCENTILE_DISC" => F::PctDisc(thousandths),
+            "PERCENTILE_CONT" => F::PctCont(thousandths, desc),
+            "PERCENTILE_DISC" => F::PctDisc(thousandths, desc),
             _ => panic!("the model knows no ordered-set aggregate {sql}"),
         };
-        let col = Col::parse(order.trim_end_matches(')'));
+        let col = Col::parse(order);
         assert!(
-            matches!(f, F::PctDisc(_)) || col == Col::Amount,
+            matches!(f, F::PctDisc(..)) || col == Col::Amount,
             "the model does not compute {sql}"
         );
         return Agg {
@@ -432,7 +438,7 @@ fn agg(sql: &'static str) -> Agg {
         ("STDDEV" | "STDDEV_SAMP", None) => (F::StddevSamp, inner),
         ("STDDEV_POP", None) => (F::StddevPop, inner),
         ("LAST_VALUE", None) => (F::Last, inner),
-        ("MEDIAN", None) => (F::PctCont(500), inner),
+        ("MEDIAN", None) => (F::PctCont(500, false), inner),
         _ => panic!("the model knows no aggregate {sql}"),
     };
     let col = Col::parse(arg);
@@ -642,6 +648,8 @@ fn main_metrics() -> Vec<MSpec> {
                 "MIN(tag)",
                 "PERCENTILE_CONT(0.1) WITHIN GROUP (ORDER BY amount)",
                 "PERCENTILE_DISC(1) WITHIN GROUP (ORDER BY amount)",
+                "PERCENTILE_CONT(0.3) WITHIN GROUP (ORDER BY amount DESC)",
+                "PERCENTILE_DISC(0.4) WITHIN GROUP (ORDER BY qty DESC)",
             ],
         ),
         metric(
@@ -1138,13 +1146,16 @@ impl Model {
                     tol: 1e-9 * value,
                 }
             }
-            (F::PctCont(f), Some(Col::Amount)) => {
+            (F::PctCont(f, desc), Some(Col::Amount)) => {
                 // PostgreSQL's percentile_cont: linear interpolation at f·(n − 1).
                 let mut xs = acc.amounts.clone();
                 if xs.is_empty() {
                     return null;
                 }
                 xs.sort_by(f64::total_cmp);
+                if desc {
+                    xs.reverse();
+                }
                 let pos = f as f64 / 1000.0 * (xs.len() - 1) as f64;
                 let (lo, hi) = (pos.floor(), pos.ceil());
                 let (a, b) = (xs[lo as usize], xs[hi as usize]);
@@ -1154,9 +1165,17 @@ impl Model {
                     tol: 1e-9 * value.abs(),
                 }
             }
-            (F::PctDisc(f), Some(c)) => {
-                // PostgreSQL's percentile_disc: the value at rank max(ceil(f·n), 1).
-                let rank = |n: usize| ((f as f64 / 1000.0 * n as f64).ceil() as usize).max(1) - 1;
+            (F::PctDisc(f, desc), Some(c)) => {
+                // PostgreSQL's percentile_disc: the value at rank max(ceil(f·n), 1), in
+                // the order asked (rank r of n descending is n - 1 - r ascending).
+                let rank = |n: usize| {
+                    let r = ((f as f64 / 1000.0 * n as f64).ceil() as usize).max(1) - 1;
+                    if desc {
+                        n - 1 - r
+                    } else {
+                        r
+                    }
+                };
                 let v = match c {
                     Col::Amount => {
                         let mut xs = acc.amounts.clone();

@@ -33,23 +33,35 @@ pub enum AggFunc {
     PercentileDisc(Fraction),
 }
 
-/// A percentile's fraction, 0 ≤ f ≤ 1, ordered and hashed by its bits (which order
-/// non-negative doubles as numbers).
+/// A percentile's fraction, 0 ≤ f ≤ 1, and its order: `ORDER BY x` or `ORDER BY x DESC`.
+/// Ordered and hashed by its bits: those of f (which order non-negative doubles as
+/// numbers), with the sign bit, which f never uses, set for DESC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fraction(u64);
+
+const DESCENDING: u64 = 1 << 63;
 
 impl Fraction {
     pub const HALF: Fraction = Fraction(0x3FE0_0000_0000_0000);
 
-    /// `f` if it lies in [0, 1] (-0 is 0).
+    /// `f` over ascending values, if it lies in [0, 1] (-0 is 0).
     pub fn new(f: f64) -> Option<Fraction> {
         (0.0..=1.0)
             .contains(&f)
             .then(|| Fraction((f + 0.0).to_bits()))
     }
 
+    /// The same fraction over descending values.
+    pub fn descending(self) -> Fraction {
+        Fraction(self.0 | DESCENDING)
+    }
+
     pub fn get(self) -> f64 {
-        f64::from_bits(self.0)
+        f64::from_bits(self.0 & !DESCENDING)
+    }
+
+    pub fn is_descending(self) -> bool {
+        self.0 & DESCENDING != 0
     }
 }
 
@@ -526,7 +538,7 @@ fn percentile_cont(counts: &Counts, f: Fraction) -> Value {
     }
     let pos = f.get() * (n - 1) as f64;
     let (lo, hi) = (pos.floor(), pos.ceil());
-    let value = |k: f64| counts.nth(k as u64).and_then(Value::as_f64);
+    let value = |k: f64| in_order(counts, f, k as u64).and_then(Value::as_f64);
     match (value(lo), value(hi)) {
         (Some(a), _) if lo == hi => Value::Float(a),
         (Some(a), Some(b)) => Value::Float(a + (b - a) * (pos - lo)),
@@ -542,7 +554,16 @@ fn percentile_disc(counts: &Counts, f: Fraction) -> Value {
         return Value::Null;
     }
     let k = ((f.get() * n as f64).ceil() as u64).max(1);
-    counts.nth(k - 1).map_or(Value::Null, Value::clone)
+    in_order(counts, f, k - 1).map_or(Value::Null, Value::clone)
+}
+
+/// The k-th value (from 0) of the multiset in `f`'s order.
+fn in_order(counts: &Counts, f: Fraction, k: u64) -> Option<&Value> {
+    let k = match f.is_descending() {
+        true => counts.total().checked_sub(k + 1)?,
+        false => k,
+    };
+    counts.nth(k)
 }
 
 impl Default for OrdValue {
@@ -753,6 +774,17 @@ mod tests {
         assert_eq!(disc(&state, 0.26), Value::Float(2.0));
         assert_eq!(disc(&state, 0.5), Value::Float(2.0));
         assert_eq!(disc(&state, 1.0), Value::Float(4.0));
+        // ORDER BY … DESC: the same formulas over the values from the largest.
+        let desc = |x: f64| f(x).descending();
+        let cont_desc = |s: &AggState, x: f64| s.result(AggFunc::PercentileCont(desc(x)));
+        let disc_desc = |s: &AggState, x: f64| s.result(AggFunc::PercentileDisc(desc(x)));
+        assert_eq!(cont_desc(&state, 0.25), Value::Float(3.25));
+        assert_eq!(cont_desc(&state, 0.0), Value::Float(4.0));
+        assert_eq!(disc_desc(&state, 0.25), Value::Float(4.0));
+        assert_eq!(disc_desc(&state, 0.5), Value::Float(3.0));
+        assert_eq!(disc_desc(&state, 1.0), Value::Float(1.0));
+        assert_ne!(desc(0.5), f(0.5));
+        assert_eq!(desc(0.5).get(), 0.5);
         state.insert(AggFunc::Min, &Value::Float(2.0), 0, 0);
         assert_eq!(cont(&state, 0.5), Value::Float(2.0), "duplicates count");
         state.remove(AggFunc::Min, &Value::Float(4.0));

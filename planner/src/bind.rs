@@ -471,6 +471,20 @@ fn bind_ordered_set(
             format!("percentile value {fraction} is not between 0 and 1"),
         )
     })?;
+    let (arg, descending) = match within_group {
+        [ast::OrderByExpr {
+            expr: Expr::Identifier(i),
+            options,
+            ..
+        }] => (aggregate_column(stream, i)?, options.asc == Some(false)),
+        _ => {
+            return Err(Error::unsupported(format!(
+                "{fname}: WITHIN GROUP orders by a single stream column"
+            ))
+            .with_hint(usage))
+        }
+    };
+    let f = if descending { f.descending() } else { f };
     let func = match fname.to_lowercase().as_str() {
         "percentile_cont" => AggFunc::PercentileCont(f),
         "percentile_disc" => AggFunc::PercentileDisc(f),
@@ -483,27 +497,6 @@ fn bind_ordered_set(
                 ),
             )
             .with_hint("Ordered-set aggregates: PERCENTILE_CONT and PERCENTILE_DISC."))
-        }
-    };
-    let arg = match within_group {
-        [ast::OrderByExpr {
-            expr: Expr::Identifier(i),
-            options,
-            ..
-        }] => {
-            if options.asc == Some(false) {
-                return Err(Error::unsupported(format!(
-                    "{fname}: only ascending order is supported"
-                ))
-                .with_hint("Use ORDER BY column (ascending) and the complementary fraction."));
-            }
-            aggregate_column(stream, i)?
-        }
-        _ => {
-            return Err(Error::unsupported(format!(
-                "{fname}: WITHIN GROUP orders by a single stream column"
-            ))
-            .with_hint(usage))
         }
     };
     aggregate_def(stream, fname, func, Some(arg), alias)

@@ -114,7 +114,12 @@ impl AggDef {
             (AggFunc::CountStar, _) => "COUNT(*)".to_string(),
             (AggFunc::CountDistinct, Some(a)) => format!("COUNT(DISTINCT {a})"),
             (f @ (AggFunc::PercentileCont(p) | AggFunc::PercentileDisc(p)), Some(a)) => {
-                format!("{}({}) WITHIN GROUP (ORDER BY {a})", f.sql_name(), p.get())
+                let order = if p.is_descending() { " DESC" } else { "" };
+                format!(
+                    "{}({}) WITHIN GROUP (ORDER BY {a}{order})",
+                    f.sql_name(),
+                    p.get()
+                )
             }
             (f, Some(a)) => format!("{}({a})", f.sql_name()),
             (f, None) => format!("{}()", f.sql_name()),

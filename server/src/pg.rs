@@ -217,15 +217,60 @@ impl PgWireServerHandlers for Handlers {
     }
 }
 
+#[async_trait]
 impl NoopStartupHandler for Session {
     fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
         Some(self.manager.clone())
+    }
+
+    /// A `TimeZone` sent at startup (pgjdbc sends the JVM's) is the session's, as in
+    /// PostgreSQL, and is reported back; an unknown one leaves UTC, as a later SET would.
+    async fn post_startup<C>(
+        &self,
+        client: &mut C,
+        _message: pgwire::messages::PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let metadata = client.metadata();
+        let sent = metadata
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("timezone"))
+            .map(|(_, v)| v.clone())
+            .or_else(|| startup_option(metadata.get("options")?, "timezone"));
+        if let Some(zone) = sent.and_then(|v| self.set_time_zone(&v).ok()) {
+            client
+                .feed(PgWireBackendMessage::ParameterStatus(
+                    pgwire::messages::startup::ParameterStatus::new("TimeZone".into(), zone),
+                ))
+                .await?;
+        }
+        Ok(())
     }
 }
 
 impl Session {
     fn format(&self) -> Arc<FormatOptions> {
         self.format.lock().expect("session lock").clone()
+    }
+
+    /// Makes `value` the session's TimeZone; returns its canonical name.
+    fn set_time_zone(&self, value: &str) -> Result<String, Error> {
+        let zone = crate::cells::time_zone(value).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidParameter,
+                format!("invalid value for parameter \"TimeZone\": \"{value}\""),
+            )
+            .with_hint("A time zone name such as 'UTC' or 'Europe/Paris'.")
+        })?;
+        let mut format = self.format.lock().expect("session lock");
+        let mut options = (**format).clone();
+        options.time_zone = zone.name().to_string();
+        *format = Arc::new(options);
+        Ok(format.time_zone.clone())
     }
 
     /// Turns an executed statement into a protocol response.
@@ -267,6 +312,25 @@ impl Session {
             Output::Empty => Response::EmptyQuery,
         }
     }
+}
+
+/// A setting in the startup `options` (`PGOPTIONS='-c TimeZone=UTC'`): `-c name=value`,
+/// `-cname=value` or `--name=value`, the name matched without case.
+fn startup_option(options: &str, name: &str) -> Option<String> {
+    let mut words = options.split_whitespace();
+    let mut found = None;
+    while let Some(w) = words.next() {
+        let setting = match w {
+            "-c" => words.next(),
+            w => w.strip_prefix("--").or_else(|| w.strip_prefix("-c")),
+        };
+        if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
+            if k.eq_ignore_ascii_case(name) {
+                found = Some(v.to_string());
+            }
+        }
+    }
+    found
 }
 
 fn client_of<C: ClientInfo>(client: &C, application_name: String) -> Client {
@@ -387,17 +451,7 @@ impl Session {
                 self.db.insert(plan, self.durable()).await
             }
             Statement::SetVariable { name, value } if name == "timezone" => {
-                let zone = crate::cells::time_zone(&value).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidParameter,
-                        format!("invalid value for parameter \"TimeZone\": \"{value}\""),
-                    )
-                    .with_hint("A time zone name such as 'UTC' or 'Europe/Paris'.")
-                })?;
-                let mut format = self.format.lock().expect("session lock");
-                let mut options = (**format).clone();
-                options.time_zone = zone.name().to_string();
-                *format = Arc::new(options);
+                self.set_time_zone(&value)?;
                 Ok(Executed::command("SET"))
             }
             Statement::ShowVariable(name) if name == "timezone" => Ok(Executed::rows(
@@ -1527,6 +1581,16 @@ mod tests {
     use super::*;
     use eddy_planner::catalog::ColumnDef;
     use eddy_planner::types::ColumnType;
+
+    #[test]
+    fn startup_options_name_settings_as_postgresql_reads_them() {
+        let tz = |o: &str| startup_option(o, "timezone");
+        assert_eq!(tz("-c TimeZone=Asia/Tokyo"), Some("Asia/Tokyo".into()));
+        assert_eq!(tz("-ctimezone=UTC -c geqo=off"), Some("UTC".into()));
+        assert_eq!(tz("--TimeZone=Europe/Paris"), Some("Europe/Paris".into()));
+        assert_eq!(tz("-c geqo=off"), None);
+        assert_eq!(tz("-c"), None);
+    }
 
     /// A binary parameter read straight into a column's value gives exactly what the
     /// text path gives, and declines whatever the text path might refuse or read

@@ -288,7 +288,12 @@ pub(crate) fn pg_column_name(name: &str) -> String {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
     if is_function {
-        head.rsplit('.').next().unwrap_or(head).to_string()
+        // The functions the rewrite put in place of `x::text` and `interval * n`.
+        match head.rsplit('.').next().unwrap_or(head) {
+            "pg_text" => "text".to_string(),
+            "interval_mul" => "?column?".to_string(),
+            f => f.to_string(),
+        }
     } else {
         "?column?".to_string()
     }

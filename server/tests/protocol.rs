@@ -9,16 +9,18 @@ mod common;
 
 use common::{connect, repo, simple_rows, start, temp_dir};
 
-/// Runs `clients/psql/NAME.sql` with psql against a fresh server and compares what psql
-/// prints with `NAME.expected` (`EDDY_BLESS=1` rewrites the expectation).
-async fn psql_script_matches_expected_output(name: &str) {
-    let dir = temp_dir(&format!("psql-{name}"));
+/// Runs `clients/psql/NAME.sql` with `psql` against a fresh server and compares what it
+/// prints with `NAME.expected` (`NAME.psql17.expected` for psql 17; `EDDY_BLESS=1`
+/// rewrites the expectation).
+async fn psql_script_matches_expected_output(name: &str, psql: Psql) {
+    let dir = temp_dir(&format!("psql-{name}-{}", psql.suffix()));
     let server = start(&dir).await;
     let script_dir = repo().join("clients/psql");
     let port = server.addr.port().to_string();
     let script = format!("{name}.sql");
+    let program = psql.program();
     let output = tokio::task::spawn_blocking(move || {
-        Command::new("psql")
+        Command::new(&program)
             .args([
                 "-X",
                 "-h",
@@ -35,7 +37,7 @@ async fn psql_script_matches_expected_output(name: &str) {
             .current_dir(&script_dir)
             .env("PGAPPNAME", "psql")
             .output()
-            .expect("psql is installed")
+            .unwrap_or_else(|e| panic!("{program}: {e}"))
     })
     .await
     .unwrap();
@@ -44,7 +46,7 @@ async fn psql_script_matches_expected_output(name: &str) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    let expected_path = repo().join(format!("clients/psql/{name}.expected"));
+    let expected_path = repo().join(format!("clients/psql/{name}{}.expected", psql.suffix()));
     if std::env::var("EDDY_BLESS").is_ok() {
         std::fs::write(&expected_path, &got).unwrap();
     }
@@ -58,14 +60,51 @@ async fn psql_script_matches_expected_output(name: &str) {
     server.stop().await;
 }
 
+/// Which psql runs a script: Debian 12's psql 15, or psql 17 as `.ci/psql17` provides it
+/// (newer psql sends other catalog queries).
+#[derive(Clone, Copy)]
+enum Psql {
+    V15,
+    V17,
+}
+
+impl Psql {
+    fn suffix(self) -> &'static str {
+        match self {
+            Psql::V15 => "",
+            Psql::V17 => ".psql17",
+        }
+    }
+
+    fn program(self) -> String {
+        match self {
+            Psql::V15 => "psql".into(),
+            Psql::V17 => std::env::var("EDDY_PSQL17").unwrap_or_else(|_| {
+                let home = std::env::var("HOME").expect("HOME");
+                let path = format!("{home}/.cache/eddy-psql17/bin/psql");
+                assert!(
+                    std::path::Path::new(&path).exists(),
+                    "psql 17 is missing: run .ci/psql17 (make test does)"
+                );
+                path
+            }),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_session_matches_expected_output() {
-    psql_script_matches_expected_output("tour").await;
+    psql_script_matches_expected_output("tour", Psql::V15).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_describe_commands_match_expected_output() {
-    psql_script_matches_expected_output("describe").await;
+    psql_script_matches_expected_output("describe", Psql::V15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql17_describe_commands_match_expected_output() {
+    psql_script_matches_expected_output("describe", Psql::V17).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{new_empty_array, Array};
-use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit, TimeUnit};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
@@ -272,6 +272,16 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_get_function_result", &[1], Utf8, null_text),
         function("pg_get_function_arguments", &[1], Utf8, null_text),
         function("pg_get_function_identity_arguments", &[1], Utf8, null_text),
+        function("pg_text", &[1], Utf8, |a| text(a.first().and_then(pg_text))),
+        function(
+            "interval_mul",
+            &[2],
+            DataType::Interval(IntervalUnit::MonthDayNano),
+            |a| match a {
+                [i, f] => interval_mul(i, f),
+                _ => ScalarValue::IntervalMonthDayNano(None),
+            },
+        ),
         function("col_description", &[2], Utf8, null_text),
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),
@@ -279,4 +289,84 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
     for udf in udfs {
         ctx.register_udf(udf);
     }
+}
+
+/// `x::text` as PostgreSQL writes x: intervals as `1 day 02:00:00`, timestamps as
+/// `2026-01-01 10:00:00`; other values as DataFusion casts them.
+fn pg_text(v: &ScalarValue) -> Option<String> {
+    if v.is_null() {
+        return None;
+    }
+    let us = |n: i64, unit: &TimeUnit| match unit {
+        TimeUnit::Second => n.saturating_mul(1_000_000),
+        TimeUnit::Millisecond => n.saturating_mul(1_000),
+        TimeUnit::Microsecond => n,
+        TimeUnit::Nanosecond => n / 1_000,
+    };
+    Some(match v {
+        ScalarValue::IntervalMonthDayNano(Some(i)) => {
+            crate::cells::interval_text(i.months, i.days, i.nanoseconds)
+        }
+        ScalarValue::IntervalDayTime(Some(i)) => {
+            crate::cells::interval_text(0, i.days, i.milliseconds as i64 * 1_000_000)
+        }
+        ScalarValue::IntervalYearMonth(Some(m)) => crate::cells::interval_text(*m, 0, 0),
+        ScalarValue::DurationSecond(Some(n)) => duration_text(us(*n, &TimeUnit::Second)),
+        ScalarValue::DurationMillisecond(Some(n)) => duration_text(us(*n, &TimeUnit::Millisecond)),
+        ScalarValue::DurationMicrosecond(Some(n)) => duration_text(*n),
+        ScalarValue::DurationNanosecond(Some(n)) => duration_text(n / 1_000),
+        ScalarValue::TimestampSecond(Some(n), None) => format_timestamp(us(*n, &TimeUnit::Second)),
+        ScalarValue::TimestampMillisecond(Some(n), None) => {
+            format_timestamp(us(*n, &TimeUnit::Millisecond))
+        }
+        ScalarValue::TimestampMicrosecond(Some(n), None) => format_timestamp(*n),
+        ScalarValue::TimestampNanosecond(Some(n), None) => format_timestamp(n / 1_000),
+        v => match v.cast_to(&DataType::Utf8).ok()? {
+            ScalarValue::Utf8(s) => s?,
+            _ => return None,
+        },
+    })
+}
+
+fn duration_text(us: i64) -> String {
+    crate::cells::interval_text(0, 0, us.saturating_mul(1_000))
+}
+
+fn format_timestamp(us: i64) -> String {
+    eddy_planner::types::format_timestamp(us)
+}
+
+/// PostgreSQL's `interval * factor`: months and days scale, and their fractions carry
+/// down (a month as 30 days, a day as 24 hours), rounded to microseconds.
+fn interval_mul(interval: &ScalarValue, factor: &ScalarValue) -> ScalarValue {
+    let none = ScalarValue::IntervalMonthDayNano(None);
+    let Ok(ScalarValue::IntervalMonthDayNano(Some(i))) =
+        interval.cast_to(&DataType::Interval(IntervalUnit::MonthDayNano))
+    else {
+        return none;
+    };
+    let Ok(ScalarValue::Float64(Some(f))) = factor.cast_to(&DataType::Float64) else {
+        return none;
+    };
+    let round_us = |x: f64| (x * 1e6).round() / 1e6;
+    let months = i.months as f64 * f;
+    let days = i.days as f64 * f;
+    let month_days = round_us((months - months.trunc()) * 30.0);
+    let mut seconds = round_us((days - days.trunc() + month_days - month_days.trunc()) * 86_400.0);
+    let mut whole_days = days.trunc() + month_days.trunc();
+    if seconds.abs() >= 86_400.0 {
+        whole_days += (seconds / 86_400.0).trunc();
+        seconds -= (seconds / 86_400.0).trunc() * 86_400.0;
+    }
+    let micros = ((i.nanoseconds / 1_000) as f64 * f + seconds * 1e6).round();
+    let fits = |x: f64, max: f64| x.is_finite() && x.abs() <= max;
+    if !fits(months, i32::MAX as f64) || !fits(whole_days, i32::MAX as f64) || !fits(micros, 9.2e15)
+    {
+        return none;
+    }
+    ScalarValue::IntervalMonthDayNano(Some(IntervalMonthDayNano::new(
+        months.trunc() as i32,
+        whole_days as i32,
+        micros as i64 * 1_000,
+    )))
 }

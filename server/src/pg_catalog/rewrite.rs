@@ -424,6 +424,16 @@ impl Rewriter<'_> {
     }
 }
 
+/// An interval literal (`INTERVAL '1 hour'`, or one rewritten into a product already).
+fn is_interval(e: &Expr) -> bool {
+    match e {
+        Expr::Interval(_) => true,
+        Expr::Nested(inner) => is_interval(inner),
+        Expr::Function(f) => parts(&f.name) == ["interval_mul"],
+        _ => false,
+    }
+}
+
 fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
@@ -639,6 +649,11 @@ impl VisitorMut for Rewriter<'_> {
                     }
                     None
                 }
+                // PostgreSQL's text of every value (DataFusion writes intervals and
+                // timestamps its own way).
+                DataType::Text | DataType::Varchar(None) | DataType::String(None) => {
+                    Some(Ok(call("pg_text", vec![inner.as_ref().clone()])))
+                }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
             Expr::Collate { expr: inner, .. } => Some(Ok(inner.as_ref().clone())),
@@ -659,6 +674,28 @@ impl VisitorMut for Rewriter<'_> {
                 Some(Ok(e))
             }
             Expr::BinaryOp { left, op, right } => match op {
+                // `INTERVAL '1 hour' * 3`, `2.5 * INTERVAL …`, `INTERVAL … / 4`: DataFusion
+                // has no interval product.
+                BinaryOperator::Multiply | BinaryOperator::Divide
+                    if is_interval(left) || is_interval(right) =>
+                {
+                    let (interval, factor) = match is_interval(left) {
+                        true => (left, right),
+                        false => (right, left),
+                    };
+                    let factor = match op {
+                        BinaryOperator::Divide => Expr::BinaryOp {
+                            left: Box::new(Expr::value(Value::Number("1.0".into(), false))),
+                            op: BinaryOperator::Divide,
+                            right: factor.clone(),
+                        },
+                        _ => factor.as_ref().clone(),
+                    };
+                    Some(Ok(call(
+                        "interval_mul",
+                        vec![interval.as_ref().clone(), factor],
+                    )))
+                }
                 BinaryOperator::PGCustomBinaryOperator(p)
                     if p.len() == 2 && p[0] == "pg_catalog" =>
                 {

@@ -134,6 +134,30 @@ class EddyJdbcTest {
         }
     }
 
+    /** pgjdbc sends the JVM's zone at startup: it is the session's TimeZone, as in PostgreSQL. */
+    @Test
+    void startupTimeZoneIsTheSessions() throws SQLException {
+        java.util.TimeZone before = java.util.TimeZone.getDefault();
+        java.util.TimeZone.setDefault(java.util.TimeZone.getTimeZone("Europe/Paris"));
+        try (Connection c = connect(); Statement st = c.createStatement()) {
+            try (ResultSet rs = st.executeQuery("SHOW TimeZone")) {
+                assertTrue(rs.next());
+                assertEquals("Europe/Paris", rs.getString(1));
+            }
+            st.execute("DROP STREAM IF EXISTS jdbc_tz CASCADE");
+            st.execute("CREATE STREAM jdbc_tz (id BIGINT NOT NULL, ts TIMESTAMPTZ NOT NULL)"
+                    + " WITH (event_time = 'ts', event_id = 'id')");
+            st.execute("INSERT INTO jdbc_tz VALUES (1, '2026-01-01 10:00:00+00')");
+            try (ResultSet rs = st.executeQuery("SELECT ts FROM jdbc_tz")) {
+                assertTrue(rs.next());
+                assertEquals("2026-01-01 11:00:00+01", rs.getString(1));
+            }
+            st.execute("DROP STREAM jdbc_tz CASCADE");
+        } finally {
+            java.util.TimeZone.setDefault(before);
+        }
+    }
+
     @Test
     void pointLookupMetadata() throws SQLException {
         try (Connection c = connect()) {
