@@ -279,6 +279,9 @@ pub(crate) fn parameter_types(
 /// The name PostgreSQL gives an unaliased result column: a function call is named after
 /// the function (`count(*)` → `count`), any other expression `?column?`.
 pub(crate) fn pg_column_name(name: &str) -> String {
+    if let Some((name, _)) = name.split_once(crate::pg_catalog::DUPLICATE_MARK) {
+        return name.to_string();
+    }
     let Some(open) = name.find('(') else {
         return name.to_string();
     };

@@ -143,7 +143,7 @@ fn function(
 
 /// Registers every catalog function over `snapshot`.
 pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
-    use DataType::{Boolean, Int32, Utf8};
+    use DataType::{Boolean, Int32, Int64, Utf8};
     let null_text = |_: &[ScalarValue]| text(None);
     let yes = |_: &[ScalarValue]| ScalarValue::Boolean(Some(true));
     let s = snapshot.clone();
@@ -272,6 +272,23 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_get_function_result", &[1], Utf8, null_text),
         function("pg_get_function_arguments", &[1], Utf8, null_text),
         function("pg_get_function_identity_arguments", &[1], Utf8, null_text),
+        function("session_user", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
+        function("current_user", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
+        function("current_role", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
+        // Sizes and statistics Eddy does not keep per relation: unknown, as PostgreSQL
+        // answers for an oid it does not know.
+        function("pg_total_relation_size", &[1], Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_relation_size", &[1, 2], Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_table_size", &[1], Int64, |_| ScalarValue::Int64(None)),
+        function("pg_indexes_size", &[1], Int64, |_| ScalarValue::Int64(None)),
+        function("pg_stat_get_numscans", &[1], Int64, |_| {
+            ScalarValue::Int64(None)
+        }),
+        function("pg_get_partkeydef", &[1], Utf8, null_text),
         function("pg_text", &[1], Utf8, |a| text(a.first().and_then(pg_text))),
         function(
             "interval_mul",

@@ -12,6 +12,7 @@
 
 mod functions;
 mod rewrite;
+pub(crate) use rewrite::DUPLICATE_MARK;
 mod tables;
 
 use std::collections::{BTreeMap, HashSet};

@@ -405,8 +405,25 @@ impl Rewriter<'_> {
                 }
             }
         }
+        // `SELECT n.oid, n.*` names two columns `oid`, as PostgreSQL does. DataFusion
+        // takes `n.oid` twice for a clash and refuses a second `oid`, so the first is
+        // aliased `oid` ‖ DUPLICATE_MARK ‖ position, which the result's name drops.
+        let wildcard = select.projection.iter().any(|item| {
+            matches!(
+                item,
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+            )
+        });
         let mut seen = HashSet::new();
         for (i, item) in select.projection.iter_mut().enumerate() {
+            if let SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) = item {
+                let last = parts.last().cloned().filter(|_| wildcard);
+                if let Some(name) = last.map(|a| normalize_ident(&a)) {
+                    let expr = Expr::CompoundIdentifier(parts.clone());
+                    let alias = Ident::with_quote('"', format!("{name}{DUPLICATE_MARK}{i}"));
+                    *item = SelectItem::ExprWithAlias { expr, alias };
+                }
+            }
             let name = match item {
                 SelectItem::UnnamedExpr(e) => e.to_string(),
                 SelectItem::ExprWithAlias { alias, .. } => normalize_ident(alias),
@@ -423,6 +440,13 @@ impl Rewriter<'_> {
         }
     }
 }
+
+/// Ends a result column's name where the rest only kept it apart from a column of the
+/// same name (`query::pg_column_name` cuts it off).
+pub(crate) const DUPLICATE_MARK: char = '\u{1f}';
+
+/// Functions SQL calls without parentheses (`SELECT session_user`).
+const NILADIC: [&str; 3] = ["session_user", "current_user", "current_role"];
 
 /// An interval literal (`INTERVAL '1 hour'`, or one rewritten into a product already).
 fn is_interval(e: &Expr) -> bool {
@@ -624,6 +648,19 @@ impl VisitorMut for Rewriter<'_> {
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<Self::Break> {
         let replacement = match expr {
+            // SQL's niladic functions, written without parentheses.
+            Expr::Identifier(i)
+                if i.quote_style.is_none()
+                    && NILADIC.contains(&i.value.to_ascii_lowercase().as_str()) =>
+            {
+                Some(Ok(call(&i.value.to_ascii_lowercase(), vec![])))
+            }
+            Expr::Function(f)
+                if matches!(f.args, FunctionArguments::None)
+                    && matches!(parts(&f.name).as_slice(), [n] if NILADIC.contains(&n.as_str())) =>
+            {
+                Some(Ok(call(&parts(&f.name)[0], vec![])))
+            }
             Expr::Function(f) => {
                 unqualify(&mut f.name);
                 match &f.args {

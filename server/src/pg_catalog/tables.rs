@@ -368,6 +368,28 @@ pub(super) fn build(relations: &[Relation]) -> Result<Vec<(&'static str, usize, 
             ],
         )?,
         empty(
+            "pg_enum",
+            &[
+                ("oid", Int32),
+                ("enumtypid", Int32),
+                ("enumsortorder", DataType::Float32),
+                ("enumlabel", Utf8),
+            ],
+        )?,
+        empty(
+            "pg_depend",
+            &[
+                ("classid", Int32),
+                ("objid", Int32),
+                ("objsubid", Int32),
+                ("refclassid", Int32),
+                ("refobjid", Int32),
+                ("refobjsubid", Int32),
+                ("deptype", Utf8),
+            ],
+        )?,
+        settings()?,
+        empty(
             "pg_attrdef",
             &[
                 ("oid", Int32),
@@ -534,4 +556,33 @@ pub(super) fn register(ctx: &SessionContext, snapshot: &Snapshot) -> Result<()> 
         .register_schema("pg_catalog", schema)
         .map_err(datafusion_error)?;
     Ok(())
+}
+
+/// `pg_settings`: the settings a client may look up, with the values Eddy runs with.
+fn settings() -> Result<(&'static str, usize, Arc<MemTable>)> {
+    const SETTINGS: [(&str, &str, &str); 8] = [
+        ("client_encoding", "UTF8", "Client Connection Defaults"),
+        ("DateStyle", "ISO, MDY", "Client Connection Defaults"),
+        ("integer_datetimes", "on", "Preset Options"),
+        ("IntervalStyle", "postgres", "Client Connection Defaults"),
+        ("search_path", "public", "Client Connection Defaults"),
+        ("server_encoding", "UTF8", "Preset Options"),
+        ("server_version", "16.6", "Preset Options"),
+        (
+            "standard_conforming_strings",
+            "on",
+            "Version and Platform Compatibility",
+        ),
+    ];
+    Table::new("pg_settings", SETTINGS.len())
+        .text("name", SETTINGS.map(|s| s.0))
+        .text("setting", SETTINGS.map(|s| s.1))
+        .opt_text("unit", SETTINGS.map(|_| None::<&str>))
+        .text("category", SETTINGS.map(|s| s.2))
+        .text("context", SETTINGS.map(|_| "user"))
+        .text("vartype", SETTINGS.map(|_| "string"))
+        .text("source", SETTINGS.map(|_| "default"))
+        .text("boot_val", SETTINGS.map(|s| s.1))
+        .text("reset_val", SETTINGS.map(|s| s.1))
+        .build()
 }

@@ -56,6 +56,29 @@ async fn every_query_psql_sends_to_describe_plans_and_runs() {
 }
 
 #[tokio::test]
+async fn every_query_dbeaver_sends_to_browse_plans_and_runs() {
+    let ctx = context();
+    let queries = split_statements(include_str!("dbeaver-queries.sql")).unwrap();
+    assert!(queries.len() > 10, "{}", queries.len());
+    let mut failed = Vec::new();
+    for sql in queries {
+        if let Err(e) = query::run(&ctx, &sql).await {
+            failed.push(format!("{sql}\n→ {e:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    // Two columns named oid, as in PostgreSQL; the niladic functions answer.
+    let (columns, _) = query::run(&ctx, "SELECT n.oid, n.* FROM pg_catalog.pg_namespace n")
+        .await
+        .unwrap();
+    assert_eq!(columns.iter().filter(|c| c.name == "oid").count(), 2);
+    assert_eq!(
+        rows(&ctx, "SELECT session_user, current_user").await,
+        vec![strings(&["eddy", "eddy"])]
+    );
+}
+
+#[tokio::test]
 async fn streams_are_tables_and_metrics_views_with_their_columns() {
     let ctx = context();
     let list = "SELECT n.nspname, c.relname, c.relkind, pg_catalog.pg_get_userbyid(c.relowner) \
