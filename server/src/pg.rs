@@ -266,11 +266,12 @@ impl Session {
             )
             .with_hint("A time zone name such as 'UTC' or 'Europe/Paris'.")
         })?;
+        let name = zone.name().to_string();
         let mut format = self.format.lock().expect("session lock");
         let mut options = (**format).clone();
-        options.time_zone = zone.name().to_string();
+        options.time_zone = name.clone();
         *format = Arc::new(options);
-        Ok(format.time_zone.clone())
+        Ok(name)
     }
 
     /// Turns an executed statement into a protocol response.

@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{new_empty_array, Array};
-use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
@@ -145,6 +145,7 @@ fn function(
 pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
     use DataType::{Boolean, Int32, Int64, Utf8};
     let null_text = |_: &[ScalarValue]| text(None);
+    let null_bigint = |_: &[ScalarValue]| ScalarValue::Int64(None);
     let yes = |_: &[ScalarValue]| ScalarValue::Boolean(Some(true));
     let s = snapshot.clone();
     let viewdef = move |a: &[ScalarValue]| {
@@ -277,17 +278,11 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("current_role", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
         // Sizes and statistics Eddy does not keep per relation: unknown, as PostgreSQL
         // answers for an oid it does not know.
-        function("pg_total_relation_size", &[1], Int64, |_| {
-            ScalarValue::Int64(None)
-        }),
-        function("pg_relation_size", &[1, 2], Int64, |_| {
-            ScalarValue::Int64(None)
-        }),
-        function("pg_table_size", &[1], Int64, |_| ScalarValue::Int64(None)),
-        function("pg_indexes_size", &[1], Int64, |_| ScalarValue::Int64(None)),
-        function("pg_stat_get_numscans", &[1], Int64, |_| {
-            ScalarValue::Int64(None)
-        }),
+        function("pg_total_relation_size", &[1], Int64, null_bigint),
+        function("pg_relation_size", &[1, 2], Int64, null_bigint),
+        function("pg_table_size", &[1], Int64, null_bigint),
+        function("pg_indexes_size", &[1], Int64, null_bigint),
+        function("pg_stat_get_numscans", &[1], Int64, null_bigint),
         function("pg_get_partkeydef", &[1], Utf8, null_text),
         function("pg_text", &[1], Utf8, |a| text(a.first().and_then(pg_text))),
         function(
@@ -308,49 +303,15 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
     }
 }
 
-/// `x::text` as PostgreSQL writes x: intervals as `1 day 02:00:00`, timestamps as
-/// `2026-01-01 10:00:00`; other values as DataFusion casts them.
+/// `x::text` as PostgreSQL writes x: as in a result (`cells`: intervals as `1 day
+/// 02:00:00`, timestamps as `2026-01-01 10:00:00`), but booleans as `true` and `false`.
 fn pg_text(v: &ScalarValue) -> Option<String> {
-    if v.is_null() {
-        return None;
+    match v {
+        ScalarValue::Boolean(b) => b.map(|b| b.to_string()),
+        v => crate::cells::cells_of_array(&v.to_array().ok()?)
+            .pop()?
+            .to_text(),
     }
-    let us = |n: i64, unit: &TimeUnit| match unit {
-        TimeUnit::Second => n.saturating_mul(1_000_000),
-        TimeUnit::Millisecond => n.saturating_mul(1_000),
-        TimeUnit::Microsecond => n,
-        TimeUnit::Nanosecond => n / 1_000,
-    };
-    Some(match v {
-        ScalarValue::IntervalMonthDayNano(Some(i)) => {
-            crate::cells::interval_text(i.months, i.days, i.nanoseconds)
-        }
-        ScalarValue::IntervalDayTime(Some(i)) => {
-            crate::cells::interval_text(0, i.days, i.milliseconds as i64 * 1_000_000)
-        }
-        ScalarValue::IntervalYearMonth(Some(m)) => crate::cells::interval_text(*m, 0, 0),
-        ScalarValue::DurationSecond(Some(n)) => duration_text(us(*n, &TimeUnit::Second)),
-        ScalarValue::DurationMillisecond(Some(n)) => duration_text(us(*n, &TimeUnit::Millisecond)),
-        ScalarValue::DurationMicrosecond(Some(n)) => duration_text(*n),
-        ScalarValue::DurationNanosecond(Some(n)) => duration_text(n / 1_000),
-        ScalarValue::TimestampSecond(Some(n), None) => format_timestamp(us(*n, &TimeUnit::Second)),
-        ScalarValue::TimestampMillisecond(Some(n), None) => {
-            format_timestamp(us(*n, &TimeUnit::Millisecond))
-        }
-        ScalarValue::TimestampMicrosecond(Some(n), None) => format_timestamp(*n),
-        ScalarValue::TimestampNanosecond(Some(n), None) => format_timestamp(n / 1_000),
-        v => match v.cast_to(&DataType::Utf8).ok()? {
-            ScalarValue::Utf8(s) => s?,
-            _ => return None,
-        },
-    })
-}
-
-fn duration_text(us: i64) -> String {
-    crate::cells::interval_text(0, 0, us.saturating_mul(1_000))
-}
-
-fn format_timestamp(us: i64) -> String {
-    eddy_planner::types::format_timestamp(us)
 }
 
 /// PostgreSQL's `interval * factor`: months and days scale, and their fractions carry
@@ -377,7 +338,9 @@ fn interval_mul(interval: &ScalarValue, factor: &ScalarValue) -> ScalarValue {
     }
     let micros = ((i.nanoseconds / 1_000) as f64 * f + seconds * 1e6).round();
     let fits = |x: f64, max: f64| x.is_finite() && x.abs() <= max;
-    if !fits(months, i32::MAX as f64) || !fits(whole_days, i32::MAX as f64) || !fits(micros, 9.2e15)
+    if !fits(months, i32::MAX as f64)
+        || !fits(whole_days, i32::MAX as f64)
+        || !fits(micros, i64::MAX as f64 / 1e3)
     {
         return none;
     }

@@ -650,10 +650,9 @@ impl VisitorMut for Rewriter<'_> {
         let replacement = match expr {
             // SQL's niladic functions, written without parentheses.
             Expr::Identifier(i)
-                if i.quote_style.is_none()
-                    && NILADIC.contains(&i.value.to_ascii_lowercase().as_str()) =>
+                if i.quote_style.is_none() && NILADIC.contains(&normalize_ident(i).as_str()) =>
             {
-                Some(Ok(call(&i.value.to_ascii_lowercase(), vec![])))
+                Some(Ok(call(&normalize_ident(i), vec![])))
             }
             Expr::Function(f)
                 if matches!(f.args, FunctionArguments::None)
