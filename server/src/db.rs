@@ -430,7 +430,7 @@ impl Db {
                                 ReturningItem::Metric { metric, agg } => reply
                                     .metrics
                                     .iter()
-                                    .find(|(name, _)| *name == metric.name)
+                                    .find(|(name, _)| **name == *metric.name)
                                     .map_or(Cell::Null, |(_, vals)| cell_of(&vals[*agg], c.ty)),
                             })
                             .collect()

@@ -35,10 +35,6 @@ impl<V> Default for SplitMap<V> {
 }
 
 impl<V> SplitMap<V> {
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
     fn part(hash: u64) -> usize {
         (hash >> PART_SHIFT) as usize & (PARTS - 1)
     }
@@ -51,27 +47,43 @@ impl<V> SplitMap<V> {
         self.len == 0
     }
 
+    /// `key`'s hash, for the `_hashed` calls: a caller that looks a key up more than
+    /// once hashes it once.
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&V> {
-        let h = self.hash(key);
+        self.get_hashed(self.hash(key), key)
+    }
+
+    pub fn get_hashed(&self, h: u64, key: &[u8]) -> Option<&V> {
         self.parts[Self::part(h)]
             .find(h, |(k, _)| k.as_bytes() == key)
             .map(|(_, v)| v)
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
-        let h = self.hash(key);
+        self.get_mut_hashed(self.hash(key), key)
+    }
+
+    pub fn get_mut_hashed(&mut self, h: u64, key: &[u8]) -> Option<&mut V> {
         self.parts[Self::part(h)]
             .find_mut(h, |(k, _)| k.as_bytes() == key)
             .map(|(_, v)| v)
     }
 
-    pub fn contains_key(&self, key: &[u8]) -> bool {
-        self.get(key).is_some()
-    }
-
     /// The value of `key`, made by `make` if absent.
     pub fn get_or_insert_with(&mut self, key: &[u8], make: impl FnOnce() -> V) -> &mut V {
-        let h = self.hash(key);
+        self.get_or_insert_with_hashed(self.hash(key), key, make)
+    }
+
+    pub fn get_or_insert_with_hashed(
+        &mut self,
+        h: u64,
+        key: &[u8],
+        make: impl FnOnce() -> V,
+    ) -> &mut V {
         let hasher = &self.hasher;
         let entry = self.parts[Self::part(h)].entry(
             h,

@@ -338,7 +338,7 @@ pub(super) fn send_replies(
                         Outcome::Late => 1,
                         Outcome::Duplicate => 2,
                     });
-                    let metrics: &[(String, Vec<Value>)] = if values { metrics } else { &[] };
+                    let metrics: &[(Arc<str>, Vec<Value>)] = if values { metrics } else { &[] };
                     out.extend_from_slice(&(metrics.len() as u32).to_le_bytes());
                     for (name, vals) in metrics {
                         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
@@ -404,7 +404,7 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
             let mut metrics = Vec::with_capacity(m);
             for _ in 0..m {
                 let len = r.u32()? as usize;
-                let name = String::from_utf8(r.take(len)?.to_vec()).ok()?;
+                let name: Arc<str> = std::str::from_utf8(r.take(len)?).ok()?.into();
                 let vals = codec::read_row(&mut r)?;
                 metrics.push((name, vals));
             }
