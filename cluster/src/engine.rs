@@ -20,6 +20,7 @@ use eddy_planner::{Error, Result};
 use crate::command::{Command, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
 use crate::exec::task::MetricValues;
+use smallvec::SmallVec;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::log::{EventLog, LogFuture};
 use crate::node::durable::NodeStorage;
@@ -31,7 +32,8 @@ use crate::route::{partition_for, route, shard_of, TaskId};
 /// metric of the stream (creation order) for the event's groups.
 #[derive(Clone, Debug, Default)]
 pub struct EventReply {
-    pub outcomes: Vec<Outcome>,
+    /// Inline: most streams have one or two partitioners.
+    pub outcomes: SmallVec<[Outcome; 2]>,
     pub metrics: MetricValues,
 }
 
@@ -352,7 +354,11 @@ impl Engine {
         }
         for list in per_partitioner {
             for (i, vals) in list {
-                replies[i].metrics.extend(vals);
+                let metrics = &mut replies[i].metrics;
+                match metrics.is_empty() {
+                    true => *metrics = vals,
+                    false => metrics.extend(vals),
+                }
             }
         }
         Ok(replies)

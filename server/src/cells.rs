@@ -14,11 +14,14 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, IntervalUnit, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
-use pgwire::api::results::{DataRowEncoder, FieldFormat, FieldInfo};
+use bytes::{BufMut, BytesMut};
+use pgwire::api::results::{FieldFormat, FieldInfo};
 use pgwire::api::Type;
 use pgwire::error::PgWireResult;
 use pgwire::messages::data::DataRow;
 use pgwire::types::format::FormatOptions;
+use pgwire::types::ToSqlText;
+use postgres_types::{IsNull, ToSql};
 use rust_decimal::Decimal;
 
 use eddy_planner::aggregate::ResultType;
@@ -350,7 +353,7 @@ impl Cell {
         })
     }
 
-    fn encode(&self, enc: &mut DataRowEncoder, field: &FieldInfo) -> PgWireResult<()> {
+    fn encode(&self, enc: &mut RowWriter, field: &FieldInfo) -> PgWireResult<()> {
         let ty = field.datatype();
         if field.format() == FieldFormat::Text {
             let text = match self {
@@ -360,7 +363,7 @@ impl Cell {
                 )),
                 other => other.to_text(),
             };
-            return enc.encode_field_with_type_and_format(
+            return enc.field(
                 &text,
                 ty,
                 FieldFormat::Text,
@@ -370,32 +373,32 @@ impl Cell {
         let opts = field.format_options();
         let bin = FieldFormat::Binary;
         match self {
-            Cell::Null => enc.encode_field_with_type_and_format(&None::<i64>, ty, bin, opts),
-            Cell::Bool(b) => enc.encode_field_with_type_and_format(b, ty, bin, opts),
+            Cell::Null => enc.field(&None::<i64>, ty, bin, opts),
+            Cell::Bool(b) => enc.field(b, ty, bin, opts),
             Cell::I32(v) if *ty == Type::INT8 => {
-                enc.encode_field_with_type_and_format(&(*v as i64), ty, bin, opts)
+                enc.field(&(*v as i64), ty, bin, opts)
             }
-            Cell::I32(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
-            Cell::I64(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
-            Cell::F32(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
-            Cell::F64(v) => enc.encode_field_with_type_and_format(v, ty, bin, opts),
-            Cell::Text(s) => enc.encode_field_with_type_and_format(s, ty, bin, opts),
+            Cell::I32(v) => enc.field(v, ty, bin, opts),
+            Cell::I64(v) => enc.field(v, ty, bin, opts),
+            Cell::F32(v) => enc.field(v, ty, bin, opts),
+            Cell::F64(v) => enc.field(v, ty, bin, opts),
+            Cell::Text(s) => enc.field(s, ty, bin, opts),
             Cell::Timestamp(us) => {
                 let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());
-                enc.encode_field_with_type_and_format(&t, ty, bin, opts)
+                enc.field(&t, ty, bin, opts)
             }
             Cell::TimestampTz(us) => {
                 let t = DateTime::from_timestamp_micros(*us);
-                enc.encode_field_with_type_and_format(&t, ty, bin, opts)
+                enc.field(&t, ty, bin, opts)
             }
             Cell::Date(d) => {
                 let date = NaiveDate::from_ymd_opt(1970, 1, 1)
                     .and_then(|e| e.checked_add_signed(chrono::Duration::days(*d as i64)));
-                enc.encode_field_with_type_and_format(&date, ty, bin, opts)
+                enc.field(&date, ty, bin, opts)
             }
             Cell::Numeric(v, scale) => {
                 let d = Decimal::try_from_i128_with_scale(*v, *scale).ok();
-                enc.encode_field_with_type_and_format(&d, ty, bin, opts)
+                enc.field(&d, ty, bin, opts)
             }
         }
     }
@@ -464,12 +467,62 @@ pub fn fields(
     )
 }
 
+/// Bytes of the buffer rows are written into; each row is a slice of it.
+const ROW_BLOCK_BYTES: usize = 64 * 1024;
+
+/// Writes DataRow messages into one buffer that many rows share: a row is a slice of
+/// it, not an allocation of its own, and the buffer does not grow field by field.
+struct RowWriter {
+    buf: BytesMut,
+    fields: i16,
+}
+
+impl RowWriter {
+    fn new(rows: usize) -> RowWriter {
+        RowWriter {
+            buf: BytesMut::with_capacity((rows * 128).clamp(256, ROW_BLOCK_BYTES)),
+            fields: 0,
+        }
+    }
+
+    /// One field: its length (-1 for NULL), then its bytes in `format`.
+    fn field<T: ToSql + ToSqlText>(
+        &mut self,
+        value: &T,
+        ty: &Type,
+        format: FieldFormat,
+        options: &FormatOptions,
+    ) -> PgWireResult<()> {
+        let at = self.buf.len();
+        self.buf.put_i32(-1);
+        let null = match format {
+            FieldFormat::Text => value.to_sql_text(ty, &mut self.buf, options)?,
+            FieldFormat::Binary => value.to_sql(ty, &mut self.buf)?,
+        };
+        if let IsNull::No = null {
+            let len = (self.buf.len() - at - 4) as i32;
+            self.buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        }
+        self.fields += 1;
+        Ok(())
+    }
+
+    fn take_row(&mut self) -> DataRow {
+        let row = DataRow::new(self.buf.split(), self.fields);
+        self.fields = 0;
+        if self.buf.capacity() < 1024 {
+            self.buf.reserve(ROW_BLOCK_BYTES);
+        }
+        row
+    }
+}
+
 /// Encodes rows for the wire.
 pub fn encode_rows(
     fields: &Arc<Vec<FieldInfo>>,
     rows: Vec<Vec<Cell>>,
 ) -> Vec<PgWireResult<DataRow>> {
-    let mut enc = DataRowEncoder::new(fields.clone());
+    let mut enc = RowWriter::new(rows.len());
     rows.into_iter()
         .map(|row| {
             for (cell, field) in row.iter().zip(fields.iter()) {

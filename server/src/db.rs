@@ -409,7 +409,7 @@ impl Db {
             .engine
             .ingest(&plan.stream, rows.clone(), want, durable)
             .await?;
-        let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes));
+        let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes[..]));
         let output = match plan.returning {
             None => Output::Command {
                 tag: "INSERT",
@@ -462,7 +462,7 @@ impl Db {
                 tag: "COPY",
                 rows: Some(copy.rows),
             },
-            notices: late_notices(&stream, late.iter()),
+            notices: late_notices(&stream, late.iter().map(|o| &o[..])),
         })
     }
 
@@ -1233,7 +1233,7 @@ fn plan_rows(lines: Vec<String>) -> Executed {
 
 fn late_notices<'a>(
     stream: &StreamDef,
-    outcomes: impl Iterator<Item = &'a Vec<Outcome>>,
+    outcomes: impl Iterator<Item = &'a [Outcome]>,
 ) -> Vec<String> {
     let (mut late, mut dup) = (0, 0);
     for o in outcomes {
