@@ -20,13 +20,14 @@ use eddy_planner::{Error, Result};
 use crate::command::{Command, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
 use crate::exec::task::MetricValues;
-use smallvec::SmallVec;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::log::{EventLog, LogFuture};
 use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
 use crate::node::transfer::Staged;
+use crate::placement::{Pinning, Place};
 use crate::route::{partition_for, route, shard_of, TaskId};
+use smallvec::SmallVec;
 
 /// The reply for one inserted event: each partitioner's outcome, and the values of every
 /// metric of the stream (creation order) for the event's groups.
@@ -35,6 +36,17 @@ pub struct EventReply {
     /// Inline: most streams have one or two partitioners.
     pub outcomes: SmallVec<[Outcome; 2]>,
     pub metrics: MetricValues,
+}
+
+/// One shard, for SHOW SHARDS.
+#[derive(Clone, Debug)]
+pub struct ShardReport {
+    pub shard: usize,
+    pub place: Option<Place>,
+    pub tasks: usize,
+    /// Events its tasks accepted (a stream with two partitioners counts twice).
+    pub events: u64,
+    pub queue_depth: usize,
 }
 
 /// Checkpoint counters, for SHOW STORAGE and /metrics.
@@ -123,7 +135,17 @@ impl Engine {
         log: Arc<dyn EventLog>,
         storage: Option<Arc<NodeStorage>>,
     ) -> Engine {
-        let (shards, threads) = Shards::start(shards, storage.clone());
+        Engine::start_pinned(shards, None, log, storage)
+    }
+
+    /// `start`, with shard i pinned to `pinning`'s place i.
+    pub fn start_pinned(
+        shards: usize,
+        pinning: Option<Arc<Pinning>>,
+        log: Arc<dyn EventLog>,
+        storage: Option<Arc<NodeStorage>>,
+    ) -> Engine {
+        let (shards, threads) = Shards::start(shards, storage.clone(), pinning);
         Engine {
             shards,
             threads,
@@ -512,6 +534,27 @@ impl Engine {
     /// Counters of every task.
     pub async fn report(&self) -> Result<Vec<TaskReport>> {
         self.shards.report().await
+    }
+
+    /// Per shard: where it is pinned (if it is), its tasks' ids, and its queue depth.
+    pub async fn shard_report(&self) -> Result<Vec<ShardReport>> {
+        let tasks = self.report().await?;
+        let count = self.shards.count();
+        Ok((0..count)
+            .map(|i| {
+                let mine: Vec<&TaskReport> = tasks
+                    .iter()
+                    .filter(|t| shard_of(&t.task, count) == i)
+                    .collect();
+                ShardReport {
+                    shard: i,
+                    place: self.shards.place(i),
+                    tasks: mine.len(),
+                    events: mine.iter().map(|t| t.stats.accepted).sum(),
+                    queue_depth: self.shards.queue_depth(i),
+                }
+            })
+            .collect())
     }
 
     /// Attaches a subscription to the tasks of `stream`'s `partitioner`: a metric watch

@@ -25,6 +25,7 @@ pub mod log;
 pub mod membership;
 pub mod node;
 pub mod peer;
+pub mod placement;
 pub mod route;
 
 pub use command::TaskReport;

@@ -1614,12 +1614,12 @@ impl Harness {
     fn check_values(
         &self,
         context: &dyn Fn() -> String,
-        got: &[(String, Vec<Value>)],
+        got: &[(std::sync::Arc<str>, Vec<Value>)],
         exp: &[Vec<Exp>],
         group: (u8, Option<u8>),
         at: (Option<i64>, usize),
     ) {
-        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = got.iter().map(|(n, _)| &**n).collect();
         let want: Vec<&str> = self.metrics.iter().map(|m| m.name).collect();
         assert_eq!(names, want, "seed {:#x}: {}: metrics", self.seed, context());
         for ((m, (_, values)), exp) in self.metrics.iter().zip(got).zip(exp) {
@@ -1796,7 +1796,7 @@ impl Harness {
     fn drop_metrics(&mut self, names: &[&str]) {
         let when = format!("right after DROP METRIC {names:?} at event #{}", self.sent);
         let probes = self.probes();
-        let before: Vec<Vec<(String, Vec<Value>)>> = probes
+        let before: Vec<Vec<(std::sync::Arc<str>, Vec<Value>)>> = probes
             .iter()
             .map(|&(k, t)| self.task.values_for(&probe_row(k, t)))
             .collect();
@@ -1809,9 +1809,9 @@ impl Harness {
             .unwrap_or_else(|e| panic!("seed {:#x}: {when}: set_metrics: {e:?}", self.seed));
         for (&(k, t), before) in probes.iter().zip(before) {
             let after = self.task.values_for(&probe_row(k, t));
-            let kept: Vec<(String, Vec<Value>)> = before
+            let kept: Vec<(std::sync::Arc<str>, Vec<Value>)> = before
                 .into_iter()
-                .filter(|(n, _)| !names.contains(&n.as_str()))
+                .filter(|(n, _)| !names.contains(&&**n))
                 .collect();
             assert_eq!(
                 after,

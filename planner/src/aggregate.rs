@@ -517,9 +517,7 @@ impl AggState {
             (AggState::SumFloat { sum, .. }, AggFunc::Sum) => Value::Float(sum.value()),
             (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
             (AggState::Moments { s, n }, _) => moments_result(func, &s[0], &s[1], *n),
-            (AggState::Extreme(counts), AggFunc::Min) => {
-                counts.first().unwrap_or(Value::Null)
-            }
+            (AggState::Extreme(counts), AggFunc::Min) => counts.first().unwrap_or(Value::Null),
             (AggState::Extreme(counts), AggFunc::PercentileCont(f)) => percentile_cont(counts, f),
             (AggState::Extreme(counts), AggFunc::PercentileDisc(f)) => percentile_disc(counts, f),
             (AggState::Extreme(counts), _) => counts.last().unwrap_or(Value::Null),
@@ -665,7 +663,10 @@ impl PartialEq for Counts {
 impl Counts {
     /// A vector form of values in order with their counts: words if they are all one kind.
     fn from_sorted(entries: Vec<(OrdValue, u32)>) -> Counts {
-        let kind = entries.first().and_then(|(v, _)| to_word(&v.0)).map(|(k, _)| k);
+        let kind = entries
+            .first()
+            .and_then(|(v, _)| to_word(&v.0))
+            .map(|(k, _)| k);
         let words: Option<Vec<(u64, u32)>> = kind.and_then(|kind| {
             entries
                 .iter()
@@ -990,7 +991,11 @@ mod tests {
                 were_general |= matches!(&counts, Counts::Small(v) if !v.is_empty());
                 let expected: Vec<(Value, u32)> =
                     model.iter().map(|(k, c)| (k.0.clone(), *c)).collect();
-                assert_eq!(counts.iter().collect::<Vec<_>>(), expected, "{name} step {step}");
+                assert_eq!(
+                    counts.iter().collect::<Vec<_>>(),
+                    expected,
+                    "{name} step {step}"
+                );
                 assert_eq!(counts.len(), model.len());
                 assert_eq!(counts.first(), model.keys().next().map(|k| k.0.clone()));
                 assert_eq!(counts.last(), model.keys().next_back().map(|k| k.0.clone()));
@@ -1022,7 +1027,11 @@ mod tests {
                 "mixed" => (true, true),
                 _ => (true, false),
             };
-            assert_eq!((were_words, were_general), (words, general), "{name}: the forms");
+            assert_eq!(
+                (were_words, were_general),
+                (words, general),
+                "{name}: the forms"
+            );
             assert!(!matches!(counts, Counts::Large(_)) || counts.len() >= COUNTS_SMALL_MAX / 2);
         }
     }
@@ -1047,7 +1056,9 @@ mod tests {
         let values: Vec<Vec<Value>> = vec![
             floats.iter().map(|x| Value::Float(*x)).collect(),
             [i64::MIN, -1, 0, 1, i64::MAX].map(Value::Int).to_vec(),
-            [i64::MIN, -1, 0, 1, i64::MAX].map(Value::Timestamp).to_vec(),
+            [i64::MIN, -1, 0, 1, i64::MAX]
+                .map(Value::Timestamp)
+                .to_vec(),
         ];
         for vs in values {
             for a in &vs {

@@ -67,6 +67,8 @@ pub enum Statement {
     ShowCluster,
     /// `SHOW TASKS`: where each task runs.
     ShowTasks,
+    /// `SHOW SHARDS`: each shard's place on the machine, tasks, events and queue.
+    ShowShards,
     /// Session settings Eddy accepts and ignores (`RESET`, `DISCARD`, …).
     Set,
     /// `SET [SESSION] name = value` or `SET name TO value`.
@@ -215,6 +217,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SHOW", "STORAGE", ..] => Ok(Statement::ShowStorage),
         ["SHOW", "CLUSTER", ..] => Ok(Statement::ShowCluster),
         ["SHOW", "TASKS", ..] => Ok(Statement::ShowTasks),
+        ["SHOW", "SHARDS", ..] => Ok(Statement::ShowShards),
         ["DECLARE", ..] => parse_declare(&tokens),
         ["FETCH", ..] | ["MOVE", ..] => parse_fetch(&tokens),
         ["CLOSE", ..] => parse_close(&tokens),

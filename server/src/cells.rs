@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use bytes::{BufMut, BytesMut};
 use chrono::{DateTime, NaiveDate};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float32Array, Float64Array,
@@ -14,7 +15,6 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, IntervalUnit, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
-use bytes::{BufMut, BytesMut};
 use pgwire::api::results::{FieldFormat, FieldInfo};
 use pgwire::api::Type;
 use pgwire::error::PgWireResult;
@@ -363,21 +363,14 @@ impl Cell {
                 )),
                 other => other.to_text(),
             };
-            return enc.field(
-                &text,
-                ty,
-                FieldFormat::Text,
-                field.format_options(),
-            );
+            return enc.field(&text, ty, FieldFormat::Text, field.format_options());
         }
         let opts = field.format_options();
         let bin = FieldFormat::Binary;
         match self {
             Cell::Null => enc.field(&None::<i64>, ty, bin, opts),
             Cell::Bool(b) => enc.field(b, ty, bin, opts),
-            Cell::I32(v) if *ty == Type::INT8 => {
-                enc.field(&(*v as i64), ty, bin, opts)
-            }
+            Cell::I32(v) if *ty == Type::INT8 => enc.field(&(*v as i64), ty, bin, opts),
             Cell::I32(v) => enc.field(v, ty, bin, opts),
             Cell::I64(v) => enc.field(v, ty, bin, opts),
             Cell::F32(v) => enc.field(v, ty, bin, opts),

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use pgwire::api::Type;
 
+use eddy_cluster::placement::Pinning;
 use eddy_cluster::{
     Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
 };
@@ -118,6 +119,7 @@ impl Db {
     pub async fn open(
         data_dir: &Path,
         shards: usize,
+        pinning: Option<Arc<Pinning>>,
         checkpoint_interval: std::time::Duration,
         commit_delay: std::time::Duration,
         kafka: Option<KafkaConfig>,
@@ -156,7 +158,12 @@ impl Db {
                 kafka
             }
         };
-        let engine = Arc::new(Engine::start(shards, log, Some(Arc::new(storage))));
+        let engine = Arc::new(Engine::start_pinned(
+            shards,
+            pinning,
+            log,
+            Some(Arc::new(storage)),
+        ));
         eddy_cluster::peer::start(&engine)
             .map_err(|e| anyhow::anyhow!("starting the peer service: {e}"))?;
         let catalog =
@@ -324,6 +331,7 @@ impl Db {
             Statement::ShowStorage => self.show_storage().await,
             Statement::ShowCluster => Ok(self.show_cluster()),
             Statement::ShowTasks => self.show_tasks().await,
+            Statement::ShowShards => self.show_shards().await,
             Statement::Subscribe(_)
             | Statement::CopyOut(_)
             | Statement::Declare { .. }
@@ -524,6 +532,39 @@ impl Db {
     }
 
     /// Per stream: what its tasks hold and what its log holds on disk.
+    /// Each shard: the PU, core and NUMA node it is pinned to (NULL when unpinned), its
+    /// tasks, the events they accepted, and the commands waiting in its queue.
+    async fn show_shards(&self) -> Result<Executed> {
+        let columns = vec![
+            Column::new("shard", Type::INT4),
+            Column::new("pu", Type::INT4),
+            Column::new("core", Type::INT4),
+            Column::new("numa_node", Type::INT4),
+            Column::new("tasks", Type::INT4),
+            Column::new("events", Type::INT8),
+            Column::new("queue_depth", Type::INT4),
+        ];
+        let int = |v: Option<usize>| v.map_or(Cell::Null, |v| Cell::I32(v as i32));
+        let rows = self
+            .engine
+            .shard_report()
+            .await?
+            .into_iter()
+            .map(|s| {
+                vec![
+                    Cell::I32(s.shard as i32),
+                    int(s.place.map(|p| p.pu)),
+                    int(s.place.map(|p| p.core)),
+                    int(s.place.map(|p| p.numa)),
+                    Cell::I32(s.tasks as i32),
+                    Cell::I64(s.events as i64),
+                    Cell::I32(s.queue_depth as i32),
+                ]
+            })
+            .collect();
+        Ok(Executed::rows(columns, rows))
+    }
+
     async fn show_storage(&self) -> Result<Executed> {
         let catalog = self.catalog();
         let report = self.engine.report().await?;

@@ -2,9 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
+use eddy_cluster::placement::{describe, Pinning};
 use eddy_cluster::KafkaConfig;
 use eddy_server::serve::{default_io_threads, run, Config};
 
@@ -25,6 +27,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once, at start
 enum Command {
     /// Start the server (embedded single node).
     Serve {
@@ -37,9 +40,17 @@ enum Command {
         /// Directory for the catalog and data.
         #[arg(long, env = "EDDY_DATA_DIR", default_value = "data")]
         data_dir: PathBuf,
-        /// Shard threads (default: the number of cores).
-        #[arg(long, env = "EDDY_SHARDS")]
-        shards: Option<usize>,
+        /// Shard threads: a number, or `auto` for one per core less the cores kept for
+        /// the log, IO and network threads on machines of 4 cores or more.
+        #[arg(long, env = "EDDY_SHARDS", default_value = "auto", value_parser = shard_count)]
+        shards: ShardCount,
+        /// Plan shards for the machine this hwloc synthetic description or XML file
+        /// describes instead of this one (for trying plans; threads are then not pinned).
+        #[arg(long, env = "EDDY_TOPOLOGY")]
+        topology: Option<String>,
+        /// Pin each shard thread to its own PU, with its memory on the PU's NUMA node.
+        #[arg(long, env = "EDDY_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
+        pin_shards: bool,
         /// Session threads, each a single-threaded runtime that runs its sessions' SQL,
         /// point reads and log writes; the background runtime gets as many (default: one
         /// per core).
@@ -92,16 +103,86 @@ enum Command {
         )]
         kafka_properties: Vec<(String, String)>,
     },
+    /// Print the machine as hwloc sees it, where the shards would run, and what a hop
+    /// between NUMA nodes costs.
+    Topology {
+        /// An hwloc synthetic description (`pack:2 numa:1 core:8 pu:2`) or an XML file
+        /// (default: this machine).
+        #[arg(long, env = "EDDY_TOPOLOGY")]
+        topology: Option<String>,
+        /// Shards to plan: a number, or `auto`.
+        #[arg(long, default_value = "auto", value_parser = shard_count)]
+        shards: ShardCount,
+        /// Tasks to deal over the shards, as a stream's partitions are.
+        #[arg(long, default_value_t = 0)]
+        tasks: usize,
+    },
+}
+
+/// `--shards`: a number of shards, or `auto` (`None`).
+#[derive(Clone, Copy, Debug)]
+struct ShardCount(Option<usize>);
+
+fn shard_count(s: &str) -> Result<ShardCount, String> {
+    match s.trim() {
+        "auto" => Ok(ShardCount(None)),
+        n => match n.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(ShardCount(Some(n))),
+            _ => Err(format!(
+                "expected a number of shards (at least 1) or `auto`, got \"{s}\""
+            )),
+        },
+    }
+}
+
+/// The shard count and, unless `--pin-shards false` or a `--topology` of another
+/// machine, the pinning of each shard. Without hwloc's view of this machine, the
+/// shards run unpinned, one per core.
+fn placement(
+    shards: ShardCount,
+    topology: Option<&str>,
+    pin: bool,
+) -> anyhow::Result<(usize, Option<Arc<Pinning>>)> {
+    let cores = || std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pinning = match Pinning::load(topology, shards.0) {
+        Ok(p) => p,
+        Err(e) if topology.is_some() => anyhow::bail!(e),
+        Err(e) => {
+            eprintln!("eddy: cannot read this machine's topology ({e}); shards run unpinned");
+            return Ok((shards.0.unwrap_or_else(cores), None));
+        }
+    };
+    let count = pinning.plan.shards.len();
+    if !pinning.is_this_machine() {
+        eprintln!(
+            "eddy: {count} shards planned for {}; they are not pinned on this machine",
+            pinning.machine.source
+        );
+        return Ok((count, None));
+    }
+    Ok((count, pin.then(|| Arc::new(pinning))))
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Topology {
+            topology,
+            shards,
+            tasks,
+        } => {
+            let pinning =
+                Pinning::load(topology.as_deref(), shards.0).map_err(anyhow::Error::msg)?;
+            print!("{}", describe(&pinning.machine, &pinning.plan, tasks));
+            Ok(())
+        }
         Command::Serve {
             pg_addr,
             http_addr,
             data_dir,
             shards,
+            topology,
+            pin_shards,
             io_threads,
             checkpoint_interval,
             commit_delay,
@@ -115,9 +196,7 @@ fn main() -> anyhow::Result<()> {
             session_timeout,
             peer_addr,
         } => {
-            let shards = shards
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-                .max(1);
+            let (shards, pinning) = placement(shards, topology.as_deref(), pin_shards)?;
             let kafka = match kafka {
                 Some(brokers) => Some(KafkaConfig {
                     brokers,
@@ -148,6 +227,7 @@ fn main() -> anyhow::Result<()> {
                 http_addr: Some(http_addr),
                 data_dir,
                 shards,
+                pinning,
                 checkpoint_interval: std::time::Duration::from_secs_f64(
                     checkpoint_interval.max(0.01),
                 ),

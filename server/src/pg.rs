@@ -950,6 +950,7 @@ impl Session {
             | Statement::ShowStorage
             | Statement::ShowCluster
             | Statement::ShowTasks
+            | Statement::ShowShards
             | Statement::ShowStreams
             | Statement::ShowMetrics
             | Statement::Describe(_)

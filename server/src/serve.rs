@@ -18,6 +18,8 @@ pub struct Config {
     pub http_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub shards: usize,
+    /// Where the shards are pinned (`None`: where the OS puts them).
+    pub pinning: Option<Arc<eddy_cluster::placement::Pinning>>,
     /// Time between periodic checkpoints.
     pub checkpoint_interval: std::time::Duration,
     /// With `synchronous_commit = off`, the longest a written event waits for its fsync.
@@ -42,6 +44,7 @@ impl Server {
         let db = Db::open(
             &config.data_dir,
             config.shards,
+            config.pinning.clone(),
             config.checkpoint_interval,
             config.commit_delay,
             config.kafka.clone(),

@@ -206,6 +206,7 @@ fn main() -> Result<()> {
         http_addr: None,
         data_dir: dir.clone(),
         shards: a.shards,
+        pinning: None,
         checkpoint_interval: Duration::from_secs(10),
         commit_delay: Duration::from_millis(10),
         kafka: None,

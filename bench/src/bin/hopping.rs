@@ -95,7 +95,7 @@ fn main() -> Result<()> {
         let of = |name: &str| {
             values
                 .iter()
-                .find(|(m, _)| m == name)
+                .find(|(m, _)| &**m == name)
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default()
         };

@@ -283,6 +283,7 @@ async fn main() -> Result<()> {
         http_addr: None,
         data_dir: dir.clone(),
         shards: a.shards,
+        pinning: None,
         checkpoint_interval: std::time::Duration::from_secs(10),
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,

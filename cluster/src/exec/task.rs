@@ -773,10 +773,12 @@ impl Task {
         snapshot: bool,
     ) {
         let slot = match &target {
-            WatchTarget::Metric(name) => match self.metrics.iter().position(|m| *m.name == **name) {
-                Some(slot) => slot,
-                None => return,
-            },
+            WatchTarget::Metric(name) => {
+                match self.metrics.iter().position(|m| *m.name == **name) {
+                    Some(slot) => slot,
+                    None => return,
+                }
+            }
             WatchTarget::Stream => 0,
         };
         if let (WatchTarget::Metric(_), Some(t), true) = (&target, self.time, snapshot) {

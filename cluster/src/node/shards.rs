@@ -29,6 +29,7 @@ use crate::exec::events::Row;
 use crate::exec::task::Task;
 use crate::node::durable::{task_meta_key, task_prefix, NodeStorage, TaskMeta};
 use crate::node::transfer::{Staged, STATE_FAMILIES};
+use crate::placement::{Pinning, Place};
 use crate::route::{shard_of, TaskId};
 
 /// Commands waiting per shard before senders wait.
@@ -49,6 +50,8 @@ pub struct Shards {
     pending: Vec<Arc<AtomicUsize>>,
     /// The shards themselves, for reads that borrow an idle one.
     pub(crate) cells: Vec<Arc<Mutex<Shard>>>,
+    /// Where each shard's thread is pinned (`None`: where the OS puts it).
+    places: Option<Vec<Place>>,
 }
 
 /// Rows a delivery may apply on the deliverer's thread when the shard is idle; larger
@@ -64,10 +67,12 @@ impl std::fmt::Debug for Shards {
 }
 
 impl Shards {
-    /// Starts `count` shard threads.
+    /// Starts `count` shard threads; with `pinning`, shard i binds itself to the plan's
+    /// place i (a shard that cannot says so and runs unpinned).
     pub(crate) fn start(
         count: usize,
         storage: Option<Arc<NodeStorage>>,
+        pinning: Option<Arc<Pinning>>,
     ) -> (Shards, Vec<std::thread::JoinHandle<()>>) {
         assert!(count > 0);
         let mut queues = Vec::with_capacity(count);
@@ -81,9 +86,15 @@ impl Shards {
             cells.push(cell.clone());
             let sent = Arc::new(AtomicUsize::new(0));
             pending.push(sent.clone());
+            let pin = pinning.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("eddy-shard-{index}"))
-                .spawn(move || Shard::run(&cell, rx, &sent))
+                .spawn(move || {
+                    if let Some(Err(e)) = pin.map(|p| p.pin_shard(index)) {
+                        eprintln!("eddy: shard {index} runs unpinned: {e}");
+                    }
+                    Shard::run(&cell, rx, &sent)
+                })
                 .expect("spawn shard thread");
             threads.push(thread);
         }
@@ -92,6 +103,7 @@ impl Shards {
                 queues,
                 pending,
                 cells,
+                places: pinning.map(|p| (0..count).map(|i| p.plan.shards[i]).collect()),
             },
             threads,
         )
@@ -99,6 +111,16 @@ impl Shards {
 
     pub fn count(&self) -> usize {
         self.queues.len()
+    }
+
+    /// Where shard `index` is pinned, if it is.
+    pub fn place(&self, index: usize) -> Option<Place> {
+        self.places.as_ref().map(|p| p[index])
+    }
+
+    /// Commands sent to shard `index` and not yet handled.
+    pub fn queue_depth(&self, index: usize) -> usize {
+        self.pending[index].load(Ordering::Acquire)
     }
 
     pub(crate) async fn send(&self, shard: usize, cmd: Command) -> Result<()> {

@@ -24,6 +24,7 @@ pub async fn start(dir: &Path) -> Server {
         http_addr: Some("127.0.0.1:0".parse().unwrap()),
         data_dir: dir.to_path_buf(),
         shards: 2,
+        pinning: None,
         checkpoint_interval: std::time::Duration::from_millis(300),
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,

@@ -1,0 +1,537 @@
+//! Where shards run: the machine as hwloc sees it, and a plan that puts one shard on
+//! each chosen processing unit (PU), pinned, with its memory from its NUMA node.
+//!
+//! - `Machine` is a plain model (NUMA nodes with their memory and distances, cores, PUs)
+//!   read from hwloc: this machine, an hwloc synthetic description, or an XML file
+//!   (`--topology`), so plans can be made and tested for machines we do not have.
+//! - `plan` is a pure function from a machine to the shards' places: one shard per core
+//!   (SMT siblings only when asked for more shards than cores), dealt to NUMA nodes in
+//!   turn, so shard i and shard i + 1 sit on different nodes when there are several.
+//!   `route::shard_of` deals a stream's partitions to consecutive shards, so they spread
+//!   over as many nodes as there are, and each node gets its share of tasks.
+//! - `Pinning` binds a shard thread to its PU and its memory policy to its node.
+//!
+//! Invariant: a plan depends only on the machine and the shard count, so every restart
+//! on the same machine gives each shard the same place.
+
+use hwlocality::cpu::binding::CpuBindingFlags;
+use hwlocality::cpu::cpuset::CpuSet;
+use hwlocality::memory::binding::{MemoryBindingFlags, MemoryBindingPolicy};
+use hwlocality::memory::nodeset::NodeSet;
+use hwlocality::object::types::ObjectType;
+use hwlocality::Topology;
+
+/// Cores kept for the log, IO, checkpoint and network threads on machines with at least
+/// this many cores (one per `SERVICE_CORE_PER` cores); smaller ones share every core.
+const SERVICE_CORES_FROM: usize = 4;
+const SERVICE_CORE_PER: usize = 8;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NumaNode {
+    pub os_index: usize,
+    pub memory_bytes: u64,
+}
+
+/// A processing unit (hardware thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pu {
+    pub os_index: usize,
+    /// The core's logical index (hwloc's order).
+    pub core: usize,
+    /// The NUMA node's index in `Machine::numa`.
+    pub numa: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// Where the description came from: `this machine`, or the `--topology` given.
+    pub source: String,
+    pub numa: Vec<NumaNode>,
+    /// `distances[i][j]`: the relative cost of node i reading node j's memory (10 is
+    /// local), from the machine's ACPI SLIT or the XML; 10 and 20 when it has none.
+    pub distances: Vec<Vec<u64>>,
+    /// In hwloc's logical order: a core's PUs together, a node's cores together.
+    pub pus: Vec<Pu>,
+}
+
+impl Machine {
+    pub fn cores(&self) -> usize {
+        self.pus.iter().map(|p| p.core + 1).max().unwrap_or(0)
+    }
+
+    /// The machine of a loaded hwloc topology.
+    pub fn of(topology: &Topology, source: &str) -> Result<Machine, String> {
+        let mut numa: Vec<(NumaNode, CpuSet)> = topology
+            .objects_with_type(ObjectType::NUMANode)
+            .map(|n| {
+                let node = NumaNode {
+                    os_index: n.os_index().unwrap_or(n.logical_index()),
+                    memory_bytes: n.total_memory(),
+                };
+                (
+                    node,
+                    n.cpuset().map(|c| c.clone_target()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        if numa.is_empty() {
+            // A machine without NUMA information is one node holding every PU.
+            let all = topology.cpuset().clone_target();
+            numa.push((
+                NumaNode {
+                    os_index: 0,
+                    memory_bytes: 0,
+                },
+                all,
+            ));
+        }
+        let mut pus = Vec::new();
+        for (core, c) in topology.objects_with_type(ObjectType::Core).enumerate() {
+            let Some(cpuset) = c.cpuset() else { continue };
+            for os_index in cpuset.iter_set() {
+                let os_index = usize::from(os_index);
+                let node = numa
+                    .iter()
+                    .position(|(_, set)| set.is_set(os_index))
+                    .unwrap_or(0);
+                pus.push(Pu {
+                    os_index,
+                    core,
+                    numa: node,
+                });
+            }
+        }
+        if pus.is_empty() {
+            return Err(format!("{source}: hwloc found no cores"));
+        }
+        let n = numa.len();
+        let mut distances: Vec<Vec<u64>> = (0..n)
+            .map(|i| (0..n).map(|j| if i == j { 10 } else { 20 }).collect())
+            .collect();
+        let matrices = topology
+            .distances(None)
+            .map_err(|e| format!("{source}: {e}"))?;
+        if let Some(d) = matrices.iter().find(|d| {
+            d.num_objects() == n
+                && d.objects()
+                    .all(|o| o.is_some_and(|o| o.object_type() == ObjectType::NUMANode))
+        }) {
+            let index_of = |o: Option<&hwlocality::object::TopologyObject>| {
+                let os = o.and_then(|o| o.os_index())?;
+                numa.iter().position(|(node, _)| node.os_index == os)
+            };
+            let objects: Vec<Option<usize>> = d.objects().map(index_of).collect();
+            for (a, from) in objects.iter().enumerate() {
+                for (b, to) in objects.iter().enumerate() {
+                    if let (Some(i), Some(j)) = (from, to) {
+                        distances[*i][*j] = d.distances()[a * n + b];
+                    }
+                }
+            }
+        }
+        Ok(Machine {
+            source: source.to_string(),
+            numa: numa.into_iter().map(|(node, _)| node).collect(),
+            distances,
+            pus,
+        })
+    }
+}
+
+/// Loads the topology `spec` names: an XML file (a path that exists or ends in `.xml`),
+/// an hwloc synthetic description (`pack:2 numa:1 core:8 pu:2`), or, without one, this
+/// machine.
+pub fn load_topology(spec: Option<&str>) -> Result<Topology, String> {
+    let builder = Topology::builder();
+    let builder = match spec {
+        None => builder,
+        Some(s) if s.ends_with(".xml") || std::path::Path::new(s).is_file() => builder
+            .from_xml_file(s)
+            .map_err(|e| format!("--topology {s}: {e}"))?,
+        Some(s) => builder.from_synthetic(s).map_err(|e| {
+            format!("--topology {s}: not an XML file or an hwloc synthetic description: {e}")
+        })?,
+    };
+    builder
+        .build()
+        .map_err(|e| format!("--topology {}: {e}", spec.unwrap_or("(this machine)")))
+}
+
+/// Where one shard runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub pu: usize,
+    pub core: usize,
+    /// The node's index in `Machine::numa`.
+    pub numa: usize,
+}
+
+/// The shards' places and the PUs kept for the other threads (none: they float).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub shards: Vec<Place>,
+    pub service: Vec<Place>,
+}
+
+/// Cores `--shards auto` leaves to the log, IO, checkpoint and network threads.
+pub fn service_cores(cores: usize) -> usize {
+    if cores < SERVICE_CORES_FROM {
+        0
+    } else {
+        cores.div_ceil(SERVICE_CORE_PER)
+    }
+}
+
+/// Places `shards` shards on `machine` (`None`: one per core, less the service cores).
+/// Shards go to NUMA nodes in turn, one core each, the first PU of a core before its
+/// SMT siblings; the service cores are each node's last ones, dealt the same way.
+pub fn plan(machine: &Machine, shards: Option<usize>) -> Plan {
+    let cores = machine.cores();
+    let service = match shards {
+        None => service_cores(cores),
+        Some(n) => service_cores(cores).min(cores.saturating_sub(n)),
+    };
+    let shards = shards.unwrap_or(cores - service).max(1);
+    // Per node, its cores in order, each with its PUs in order.
+    let mut per_node: Vec<Vec<Vec<Pu>>> = vec![Vec::new(); machine.numa.len()];
+    for pu in &machine.pus {
+        let node = &mut per_node[pu.numa];
+        match node.last_mut() {
+            Some(core) if core[0].core == pu.core => core.push(*pu),
+            _ => node.push(vec![*pu]),
+        }
+    }
+    let place = |pu: &Pu| Place {
+        pu: pu.os_index,
+        core: pu.core,
+        numa: pu.numa,
+    };
+    // Service cores: taken from the end of the nodes, in turn.
+    let mut service_places = Vec::new();
+    let mut taken = vec![0usize; per_node.len()];
+    let mut node = 0;
+    while service_places.len() < service {
+        let cores_left = per_node[node].len() - taken[node];
+        if cores_left > 1 {
+            taken[node] += 1;
+            service_places.push(place(&per_node[node][cores_left - 1][0]));
+        }
+        node = (node + 1) % per_node.len();
+    }
+    // Shard PUs: round after round (SMT level 0, then 1, …), node after node, core by
+    // core within a node.
+    let mut order = Vec::new();
+    let smt = per_node.iter().flatten().map(Vec::len).max().unwrap_or(1);
+    for level in 0..smt {
+        let mut next = vec![0usize; per_node.len()];
+        loop {
+            let before = order.len();
+            for (n, cores) in per_node.iter().enumerate() {
+                let usable = cores.len() - taken[n];
+                while next[n] < usable {
+                    let core = &cores[next[n]];
+                    next[n] += 1;
+                    if let Some(pu) = core.get(level) {
+                        order.push(place(pu));
+                        break;
+                    }
+                }
+            }
+            if order.len() == before {
+                break;
+            }
+        }
+    }
+    if order.is_empty() {
+        order.push(place(&machine.pus[0]));
+    }
+    // More shards than PUs: deal them over the PUs again.
+    let shards = (0..shards).map(|i| order[i % order.len()]).collect();
+    Plan {
+        shards,
+        service: service_places,
+    }
+}
+
+/// Binds threads to their places on the machine the topology describes.
+pub struct Pinning {
+    topology: Topology,
+    pub machine: Machine,
+    pub plan: Plan,
+}
+
+impl std::fmt::Debug for Pinning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pinning").field("plan", &self.plan).finish()
+    }
+}
+
+impl Pinning {
+    /// The plan for `shards` shards (`None`: `--shards auto`) on the machine `spec`
+    /// describes (`load_topology`; `None`: this machine).
+    pub fn load(spec: Option<&str>, shards: Option<usize>) -> Result<Pinning, String> {
+        let topology = load_topology(spec)?;
+        let machine = Machine::of(&topology, spec.unwrap_or("this machine"))?;
+        let plan = plan(&machine, shards);
+        Ok(Pinning {
+            topology,
+            machine,
+            plan,
+        })
+    }
+
+    /// Whether the plan is for the machine this process runs on (threads can be bound).
+    pub fn is_this_machine(&self) -> bool {
+        self.topology.is_this_system()
+    }
+
+    /// Binds the calling thread to shard `index`'s PU, and its memory policy to the PU's
+    /// NUMA node. A failure (a container that forbids it) leaves the thread where the
+    /// OS puts it, and is returned for the caller to report.
+    pub fn pin_shard(&self, index: usize) -> Result<(), String> {
+        let place = self.plan.shards[index];
+        self.pin(place)
+    }
+
+    /// Binds the calling thread to the service PUs (when the plan keeps any).
+    pub fn pin_service(&self) -> Result<(), String> {
+        if self.plan.service.is_empty() {
+            return Ok(());
+        }
+        let mut set = CpuSet::new();
+        for p in &self.plan.service {
+            set.set(p.pu);
+        }
+        self.topology
+            .bind_cpu(&set, CpuBindingFlags::THREAD)
+            .map_err(|e| e.to_string())
+    }
+
+    fn pin(&self, place: Place) -> Result<(), String> {
+        let mut cpus = CpuSet::new();
+        cpus.set(place.pu);
+        self.topology
+            .bind_cpu(&cpus, CpuBindingFlags::THREAD)
+            .map_err(|e| format!("binding a shard to PU {}: {e}", place.pu))?;
+        let node = self.machine.numa[place.numa].os_index;
+        if self.machine.numa.len() > 1 {
+            let mut nodes = NodeSet::new();
+            nodes.set(node);
+            self.topology
+                .bind_memory(
+                    &nodes,
+                    MemoryBindingPolicy::Bind,
+                    MemoryBindingFlags::THREAD,
+                )
+                .map_err(|e| format!("binding a shard's memory to NUMA node {node}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The machine, the plan and what a hop between two shards' nodes costs, as `eddy
+/// topology` prints it.
+pub fn describe(machine: &Machine, plan: &Plan, tasks: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let smt = machine.pus.len() as f64 / machine.cores().max(1) as f64;
+    let _ = writeln!(
+        out,
+        "machine ({}): {} NUMA node{}, {} cores, {} PUs ({smt:.0} per core)",
+        machine.source,
+        machine.numa.len(),
+        if machine.numa.len() == 1 { "" } else { "s" },
+        machine.cores(),
+        machine.pus.len(),
+    );
+    for (i, node) in machine.numa.iter().enumerate() {
+        let cores: std::collections::BTreeSet<usize> = machine
+            .pus
+            .iter()
+            .filter(|p| p.numa == i)
+            .map(|p| p.core)
+            .collect();
+        let _ = writeln!(
+            out,
+            "  node {} (os {}): {} cores, {} MiB; distances {:?}",
+            i,
+            node.os_index,
+            cores.len(),
+            node.memory_bytes >> 20,
+            machine.distances[i]
+        );
+    }
+    let _ = writeln!(
+        out,
+        "plan: {} shard{}, {} service core{}",
+        plan.shards.len(),
+        if plan.shards.len() == 1 { "" } else { "s" },
+        plan.service.len(),
+        if plan.service.len() == 1 { "" } else { "s" },
+    );
+    let mut per_shard = vec![0usize; plan.shards.len()];
+    for t in 0..tasks {
+        per_shard[t % plan.shards.len()] += 1;
+    }
+    for (i, p) in plan.shards.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  shard {i}: pu {} core {} node {}{}",
+            p.pu,
+            p.core,
+            p.numa,
+            if tasks > 0 {
+                format!(", {} tasks", per_shard[i])
+            } else {
+                String::new()
+            }
+        );
+    }
+    for p in &plan.service {
+        let _ = writeln!(
+            out,
+            "  service: pu {} core {} node {}",
+            p.pu, p.core, p.numa
+        );
+    }
+    let hop = cross_node_cost(machine, plan);
+    let _ = writeln!(
+        out,
+        "a hop between consecutive shards costs {:.1} on average (10 is local); shards on \
+         one node: {:?}",
+        hop,
+        per_node_counts(machine, plan)
+    );
+    out
+}
+
+/// Shards per NUMA node.
+pub fn per_node_counts(machine: &Machine, plan: &Plan) -> Vec<usize> {
+    let mut counts = vec![0; machine.numa.len()];
+    for p in &plan.shards {
+        counts[p.numa] += 1;
+    }
+    counts
+}
+
+/// The mean distance between consecutive shards (i, i + 1): what a stream's
+/// partitions, dealt to consecutive shards, pay when they exchange data.
+pub fn cross_node_cost(machine: &Machine, plan: &Plan) -> f64 {
+    let pairs: Vec<u64> = plan
+        .shards
+        .windows(2)
+        .map(|w| machine.distances[w[0].numa][w[1].numa])
+        .collect();
+    if pairs.is_empty() {
+        return 10.0;
+    }
+    pairs.iter().sum::<u64>() as f64 / pairs.len() as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synthetic(spec: &str) -> Machine {
+        Machine::of(&load_topology(Some(spec)).unwrap(), spec).unwrap()
+    }
+
+    fn bullion() -> Machine {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/placement/bullion-s16.xml");
+        Machine::of(&load_topology(Some(path)).unwrap(), "bullion").unwrap()
+    }
+
+    /// Every shard on its own PU while there are PUs, and no node with two shards more
+    /// than another.
+    fn check_balanced(m: &Machine, p: &Plan) {
+        let pus: std::collections::HashSet<usize> = p.shards.iter().map(|s| s.pu).collect();
+        assert_eq!(pus.len(), p.shards.len().min(m.pus.len() - p.service.len()));
+        let counts = per_node_counts(m, p);
+        let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(hi - lo <= 1, "unbalanced: {counts:?}");
+        for s in &p.shards {
+            assert!(
+                !p.service.iter().any(|v| v.core == s.core),
+                "{s:?} on a service core"
+            );
+        }
+    }
+
+    #[test]
+    fn machines_load_from_hwloc_descriptions() {
+        let m = synthetic("core:2 pu:1");
+        assert_eq!((m.numa.len(), m.cores(), m.pus.len()), (1, 2, 2));
+        let m = synthetic("pack:2 numa:1 core:8 pu:1");
+        assert_eq!((m.numa.len(), m.cores(), m.pus.len()), (2, 16, 16));
+        assert_eq!(m.distances, vec![vec![10, 20], vec![20, 10]]);
+        let m = synthetic("pack:4 numa:1 core:16 pu:2");
+        assert_eq!((m.numa.len(), m.cores(), m.pus.len()), (4, 64, 128));
+        let m = bullion();
+        assert_eq!((m.numa.len(), m.cores(), m.pus.len()), (16, 288, 288));
+        // Seed 003's Figure 2: 10 local, 15 to the node paired with it, 40 elsewhere.
+        for i in 0..16 {
+            for j in 0..16 {
+                let want = match (i, j) {
+                    _ if i == j => 10,
+                    _ if i / 2 == j / 2 => 15,
+                    _ => 40,
+                };
+                assert_eq!(m.distances[i][j], want, "{i} → {j}");
+            }
+        }
+        assert!(load_topology(Some("no such thing:3")).is_err());
+    }
+
+    #[test]
+    fn plans_spread_shards_over_nodes_and_keep_service_cores() {
+        // 1 × 2: two shards, nothing kept.
+        let m = synthetic("core:2 pu:1");
+        let p = plan(&m, None);
+        assert_eq!(p.shards.len(), 2);
+        assert!(p.service.is_empty());
+        check_balanced(&m, &p);
+        // 2 × 8: one core kept per 8, from the nodes' ends; shards alternate nodes.
+        let m = synthetic("pack:2 numa:1 core:8 pu:1");
+        let p = plan(&m, None);
+        assert_eq!((p.shards.len(), p.service.len()), (14, 2));
+        check_balanced(&m, &p);
+        assert!(p.shards.windows(2).all(|w| w[0].numa != w[1].numa));
+        // 4 × 16 with SMT: first PUs of cores before any sibling.
+        let m = synthetic("pack:4 numa:1 core:16 pu:2");
+        let p = plan(&m, None);
+        assert_eq!((p.shards.len(), p.service.len()), (56, 8));
+        check_balanced(&m, &p);
+        let cores: std::collections::HashSet<usize> = p.shards.iter().map(|s| s.core).collect();
+        assert_eq!(cores.len(), 56, "no two shards on SMT siblings");
+        let p = plan(&m, Some(100));
+        assert_eq!(p.shards.len(), 100);
+        check_balanced(&m, &p);
+        // Seed 003's machine.
+        let m = bullion();
+        let p = plan(&m, None);
+        assert_eq!((p.shards.len(), p.service.len()), (252, 36));
+        check_balanced(&m, &p);
+        let p = plan(&m, Some(16));
+        assert_eq!(per_node_counts(&m, &p), vec![1; 16]);
+    }
+
+    /// Adding a shard moves no other shard: shard i's place depends on i alone.
+    #[test]
+    fn plans_are_stable_when_a_shard_is_added() {
+        for spec in [
+            "core:2 pu:1",
+            "pack:2 numa:1 core:8 pu:1",
+            "pack:4 numa:1 core:16 pu:2",
+        ] {
+            let m = synthetic(spec);
+            for n in 1..m.pus.len() / 2 {
+                let a = plan(&m, Some(n));
+                let b = plan(&m, Some(n + 1));
+                if a.service == b.service {
+                    assert_eq!(a.shards[..], b.shards[..n], "{spec}: {n} → {}", n + 1);
+                }
+            }
+            assert_eq!(plan(&m, None), plan(&m, None));
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Shards pinned by the placement plan, on this machine: the real binary's shard threads
+//! each allowed on exactly one PU, distinct ones, and SHOW SHARDS agreeing.
+
+mod common;
+
+use common::{connect_port, simple_rows, spawn_eddy, spawn_eddy_with, temp_dir};
+
+/// (thread name, Cpus_allowed_list) of each thread of process `pid`.
+fn threads(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = entry.unwrap().path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        out.push((comm.trim().to_string(), cpus));
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shard_thread_is_pinned_to_its_own_pu_and_show_shards_agrees() {
+    let dir = temp_dir("placement");
+    let (server, port) = spawn_eddy(&dir);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 4);
+             CREATE METRIC m AS SELECT card, COUNT(*) AS n FROM pay \
+             WINDOW SLIDING (SIZE 1 HOUR) GROUP BY card;
+             INSERT INTO pay VALUES ('2026-01-01 10:00:00', 'a', 1), \
+             ('2026-01-01 10:00:01', 'b', 2), ('2026-01-01 10:00:02', 'c', 3);",
+        )
+        .await
+        .unwrap();
+    let shards: Vec<(String, String)> = threads(server.0.id())
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("eddy-shard-"))
+        .collect();
+    assert_eq!(shards.len(), 2, "{shards:?}");
+    for (name, cpus) in &shards {
+        assert!(cpus.parse::<usize>().is_ok(), "{name} may run on {cpus}");
+    }
+    assert_ne!(
+        shards[0].1, shards[1].1,
+        "two shards share a PU: {shards:?}"
+    );
+    let rows = simple_rows(&client, "SHOW SHARDS").await;
+    assert_eq!(rows.len(), 2);
+    let mut tasks = 0;
+    let mut events = 0;
+    for (i, row) in rows.iter().enumerate() {
+        // shard, pu, core, numa_node, tasks, events, queue_depth
+        let get = |c: usize| row[c].clone().unwrap_or_default();
+        assert_eq!(get(0), i.to_string());
+        assert_eq!(get(1), shards[i].1, "shard {i}: {row:?} against {shards:?}");
+        assert_eq!(get(3), "0");
+        assert_eq!(get(6), "0");
+        tasks += get(4).parse::<usize>().unwrap();
+        events += get(5).parse::<u64>().unwrap();
+    }
+    assert_eq!((tasks, events), (4, 3), "{rows:?}");
+    drop(client);
+    server.terminate();
+
+    // --pin-shards false: the OS places them, and SHOW SHARDS says so.
+    let (server, port) = spawn_eddy_with(&dir, &["--pin-shards", "false"]);
+    let client = connect_port(port).await;
+    for (name, cpus) in threads(server.0.id()) {
+        if name.starts_with("eddy-shard-") {
+            assert!(cpus.parse::<usize>().is_err(), "{name} pinned to {cpus}");
+        }
+    }
+    let rows = simple_rows(&client, "SHOW SHARDS").await;
+    assert!(rows.iter().all(|r| r[1].is_none()), "{rows:?}");
+    drop(client);
+    server.terminate();
+}
