@@ -538,23 +538,22 @@ impl Engine {
 
     /// Per shard: where it is pinned (if it is), its tasks' ids, and its queue depth.
     pub async fn shard_report(&self) -> Result<Vec<ShardReport>> {
-        let tasks = self.report().await?;
         let count = self.shards.count();
-        Ok((0..count)
-            .map(|i| {
-                let mine: Vec<&TaskReport> = tasks
-                    .iter()
-                    .filter(|t| shard_of(&t.task, count) == i)
-                    .collect();
-                ShardReport {
-                    shard: i,
-                    place: self.shards.place(i),
-                    tasks: mine.len(),
-                    events: mine.iter().map(|t| t.stats.accepted).sum(),
-                    queue_depth: self.shards.queue_depth(i),
-                }
+        let mut shards: Vec<ShardReport> = (0..count)
+            .map(|i| ShardReport {
+                shard: i,
+                place: self.shards.place(i),
+                tasks: 0,
+                events: 0,
+                queue_depth: self.shards.queue_depth(i),
             })
-            .collect())
+            .collect();
+        for t in self.report().await? {
+            let s = &mut shards[shard_of(&t.task, count)];
+            s.tasks += 1;
+            s.events += t.stats.accepted;
+        }
+        Ok(shards)
     }
 
     /// Attaches a subscription to the tasks of `stream`'s `partitioner`: a metric watch

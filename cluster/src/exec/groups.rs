@@ -539,8 +539,8 @@ impl GroupTable {
             self.l1.remove(key);
             return;
         }
-        self.load(key);
-        if let Some(slot) = self.l1.get_mut(key) {
+        let h = self.load(key);
+        if let Some(slot) = self.l1.get_mut_hashed(h, key) {
             slot.state = None;
             slot.dirty = true;
         }

@@ -51,7 +51,7 @@ pub struct Shards {
     /// The shards themselves, for reads that borrow an idle one.
     pub(crate) cells: Vec<Arc<Mutex<Shard>>>,
     /// Where each shard's thread is pinned (`None`: where the OS puts it).
-    places: Option<Vec<Place>>,
+    pinning: Option<Arc<Pinning>>,
 }
 
 /// Rows a delivery may apply on the deliverer's thread when the shard is idle; larger
@@ -103,7 +103,7 @@ impl Shards {
                 queues,
                 pending,
                 cells,
-                places: pinning.map(|p| (0..count).map(|i| p.plan.shards[i]).collect()),
+                pinning,
             },
             threads,
         )
@@ -115,7 +115,7 @@ impl Shards {
 
     /// Where shard `index` is pinned, if it is.
     pub fn place(&self, index: usize) -> Option<Place> {
-        self.places.as_ref().map(|p| p[index])
+        self.pinning.as_ref().map(|p| p.plan.shards[index])
     }
 
     /// Commands sent to shard `index` and not yet handled.

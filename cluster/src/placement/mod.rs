@@ -191,7 +191,6 @@ pub fn plan(machine: &Machine, shards: Option<usize>) -> Plan {
         None => service_cores(cores),
         Some(n) => service_cores(cores).min(cores.saturating_sub(n)),
     };
-    let shards = shards.unwrap_or(cores - service).max(1);
     // Per node, its cores in order, each with its PUs in order.
     let mut per_node: Vec<Vec<Vec<Pu>>> = vec![Vec::new(); machine.numa.len()];
     for pu in &machine.pus {
@@ -209,15 +208,24 @@ pub fn plan(machine: &Machine, shards: Option<usize>) -> Plan {
     // Service cores: taken from the end of the nodes, in turn.
     let mut service_places = Vec::new();
     let mut taken = vec![0usize; per_node.len()];
-    let mut node = 0;
-    while service_places.len() < service {
-        let cores_left = per_node[node].len() - taken[node];
-        if cores_left > 1 {
-            taken[node] += 1;
-            service_places.push(place(&per_node[node][cores_left - 1][0]));
+    // A node keeps at least one core for shards; a round that takes none ends it.
+    'rounds: while service_places.len() < service {
+        let before = service_places.len();
+        for (n, cores) in per_node.iter().enumerate() {
+            let cores_left = cores.len() - taken[n];
+            if cores_left > 1 {
+                taken[n] += 1;
+                service_places.push(place(&cores[cores_left - 1][0]));
+                if service_places.len() == service {
+                    break 'rounds;
+                }
+            }
         }
-        node = (node + 1) % per_node.len();
+        if service_places.len() == before {
+            break;
+        }
     }
+    let shards = shards.unwrap_or(cores - service_places.len()).max(1);
     // Shard PUs: round after round (SMT level 0, then 1, …), node after node, core by
     // core within a node.
     let mut order = Vec::new();
@@ -290,24 +298,6 @@ impl Pinning {
     /// OS puts it, and is returned for the caller to report.
     pub fn pin_shard(&self, index: usize) -> Result<(), String> {
         let place = self.plan.shards[index];
-        self.pin(place)
-    }
-
-    /// Binds the calling thread to the service PUs (when the plan keeps any).
-    pub fn pin_service(&self) -> Result<(), String> {
-        if self.plan.service.is_empty() {
-            return Ok(());
-        }
-        let mut set = CpuSet::new();
-        for p in &self.plan.service {
-            set.set(p.pu);
-        }
-        self.topology
-            .bind_cpu(&set, CpuBindingFlags::THREAD)
-            .map_err(|e| e.to_string())
-    }
-
-    fn pin(&self, place: Place) -> Result<(), String> {
         let mut cpus = CpuSet::new();
         cpus.set(place.pu);
         self.topology
@@ -488,6 +478,12 @@ mod tests {
         let m = synthetic("core:2 pu:1");
         let p = plan(&m, None);
         assert_eq!(p.shards.len(), 2);
+        // One core per node: no node can spare one for the service threads.
+        let single = synthetic("pack:4 numa:1 core:1 pu:1");
+        let p = plan(&single, None);
+        assert_eq!((p.shards.len(), p.service.len()), (4, 0));
+        check_balanced(&single, &p);
+        let p = plan(&m, None);
         assert!(p.service.is_empty());
         check_balanced(&m, &p);
         // 2 × 8: one core kept per 8, from the nodes' ends; shards alternate nodes.
