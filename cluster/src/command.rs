@@ -15,10 +15,11 @@ use eddy_storage::ReservoirStats;
 use crate::exec::checkpoint::TaskStats;
 use crate::exec::events::{Outcome, Row};
 use crate::exec::groups::CacheStats;
-use crate::exec::task::{MetricValues, PendingRecord};
+use crate::exec::task::{MetricValues, PendingRecord, Task};
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::node::durable::TaskMeta;
 use crate::node::transfer::Staged;
+use crate::placement::Pinning;
 use crate::route::TaskId;
 
 /// Per-task counters for SHOW STREAMS.
@@ -128,4 +129,23 @@ pub(crate) enum Command {
         reply: oneshot::Sender<()>,
     },
     Unwatch(WatchId),
+    /// Run as one of `count` shards, bound to `pinning`'s place: answer with the tasks
+    /// another shard runs now.
+    Reshard {
+        count: usize,
+        pinning: Option<Arc<Pinning>>,
+        reply: oneshot::Sender<Given>,
+    },
+    /// Run these tasks, given up by other shards.
+    Adopt {
+        tasks: Vec<(TaskId, Task)>,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// What a shard gives up when the shard count changes: its tasks that move, and the
+/// catalog it runs (for the shards that start).
+pub(crate) struct Given {
+    pub(crate) tasks: Vec<(TaskId, Task)>,
+    pub(crate) catalog: Arc<Catalog>,
 }

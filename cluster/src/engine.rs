@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
@@ -26,7 +25,7 @@ use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
 use crate::node::transfer::Staged;
 use crate::placement::{Pinning, Place};
-use crate::route::{partition_for, route, shard_of, TaskId};
+use crate::route::{partition_for, route, TaskId};
 use smallvec::SmallVec;
 
 /// The reply for one inserted event: each partitioner's outcome, and the values of every
@@ -103,7 +102,6 @@ pub struct Engine {
     shards: Shards,
     /// Where reads of tasks active elsewhere go (cluster mode).
     remote: std::sync::OnceLock<Arc<dyn Remote>>,
-    threads: Vec<JoinHandle<()>>,
     log: Arc<dyn EventLog>,
     /// Where tasks keep events and state (`None`: in memory).
     storage: Option<Arc<NodeStorage>>,
@@ -145,10 +143,9 @@ impl Engine {
         log: Arc<dyn EventLog>,
         storage: Option<Arc<NodeStorage>>,
     ) -> Engine {
-        let (shards, threads) = Shards::start(shards, storage.clone(), pinning);
+        let shards = Shards::start(shards, storage.clone(), pinning);
         Engine {
             shards,
-            threads,
             log,
             remote: std::sync::OnceLock::new(),
             storage,
@@ -293,14 +290,29 @@ impl Engine {
     pub async fn install_task(&self, task: &TaskId, staged: Staged) -> Result<u64> {
         let _one = self.checkpointing.lock().await;
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let shard = shard_of(task, self.shards());
         let cmd = Command::Install {
             task: task.clone(),
             staged,
             reply,
         };
-        self.shards.send(shard, cmd).await?;
+        self.shards.send_to(task, cmd).await?;
         rx.await.map_err(|_| engine_gone())?
+    }
+
+    /// Changes the number of shards (`None`: one per core, as `--shards auto`) while
+    /// the node runs: tasks move to their new shards with their state, between two
+    /// checkpoints. Returns the new count.
+    pub async fn reshard(&self, count: Option<usize>) -> Result<usize> {
+        let _one = self.checkpointing.lock().await;
+        if self.is_closing() {
+            return Err(engine_gone());
+        }
+        self.shards.reshard(count).await
+    }
+
+    /// The placement the shards follow, if they are pinned.
+    pub fn pinning(&self) -> Option<Arc<Pinning>> {
+        self.shards.pinning()
     }
 
     /// The node's log.
@@ -327,10 +339,6 @@ impl Engine {
 
     pub fn shards(&self) -> usize {
         self.shards.count()
-    }
-
-    async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
-        self.shards.send(shard, cmd).await
     }
 
     /// Installs a catalog on every shard: creates and drops tasks, adds and removes
@@ -477,16 +485,13 @@ impl Engine {
                 continue;
             }
             let (tx, rx) = oneshot::channel();
-            self.send(
-                shard_of(&task, self.shards()),
-                Command::MetricRows {
-                    task,
-                    metric: metric.to_string(),
-                    key: key.clone(),
-                    reply: tx,
-                },
-            )
-            .await?;
+            let cmd = Command::MetricRows {
+                task: task.clone(),
+                metric: metric.to_string(),
+                key: key.clone(),
+                reply: tx,
+            };
+            self.shards.send_to(&task, cmd).await?;
             waits.push(rx);
         }
         for rx in waits {
@@ -538,22 +543,19 @@ impl Engine {
 
     /// Per shard: where it is pinned (if it is), its tasks' ids, and its queue depth.
     pub async fn shard_report(&self) -> Result<Vec<ShardReport>> {
-        let count = self.shards.count();
-        let mut shards: Vec<ShardReport> = (0..count)
-            .map(|i| ShardReport {
+        let reports = self.shards.report_by_shard().await?;
+        let pinning = self.shards.pinning();
+        Ok(reports
+            .into_iter()
+            .enumerate()
+            .map(|(i, tasks)| ShardReport {
                 shard: i,
-                place: self.shards.place(i),
-                tasks: 0,
-                events: 0,
+                place: pinning.as_ref().map(|p| p.plan.shards[i]),
+                tasks: tasks.len(),
+                events: tasks.iter().map(|t| t.stats.accepted).sum(),
                 queue_depth: self.shards.queue_depth(i),
             })
-            .collect();
-        for t in self.report().await? {
-            let s = &mut shards[shard_of(&t.task, count)];
-            s.tasks += 1;
-            s.events += t.stats.accepted;
-        }
-        Ok(shards)
+            .collect())
     }
 
     /// Attaches a subscription to the tasks of `stream`'s `partitioner`: a metric watch
@@ -653,9 +655,7 @@ impl Engine {
         {
             feed.abort();
         }
-        for shard in 0..self.shards() {
-            let _ = self.send(shard, Command::Unwatch(id)).await;
-        }
+        let _ = self.shards.tell_all(|| Command::Unwatch(id)).await;
     }
 
     /// Quiets the node's background work at shutdown, after the last checkpoint: Kafka's
@@ -670,10 +670,7 @@ impl Engine {
     /// Stops the shard threads after they finish the commands already queued.
     pub fn shutdown(self) {
         self.log.close();
-        drop(self.shards);
-        for t in self.threads {
-            let _ = t.join();
-        }
+        self.shards.stop();
     }
 }
 
@@ -783,14 +780,15 @@ mod tests {
                 .deliver(task.clone(), vec![event(i)], false, i as u64, reply));
         };
         // Idle (once the shard let go of its lock after the catalog): here, at once.
-        once_idle(|| engine.shards.cells[0].try_lock().ok().map(drop));
+        once_idle(|| engine.shards.cell(0).try_lock().ok().map(drop));
         deliver(1);
         let (i, thread, ok) = rx.try_recv().expect("applied before deliver returned");
         assert_eq!((i, thread, ok), (1, std::thread::current().id(), true));
         // Busy: 2 queues; 3 finds the shard idle a moment later but 2 pending, so it
         // queues too; both are applied on the shard's thread, in order.
         {
-            let _busy = engine.shards.cells[0].lock().unwrap();
+            let cell = engine.shards.cell(0);
+            let _busy = cell.lock().unwrap();
             deliver(2);
             assert!(rx.try_recv().is_err(), "applied while the shard was held");
         }
@@ -843,7 +841,8 @@ mod tests {
             assert_eq!(read, row(n, total), "read on the caller, up to date");
         }
         {
-            let _busy = engine.shards.cells[0].lock().unwrap();
+            let cell = engine.shards.cell(0);
+            let _busy = cell.lock().unwrap();
             assert_eq!(engine.shards.read_group(&task, "m", &key), None);
         }
         let metric = catalog.metric("m").unwrap();

@@ -364,6 +364,15 @@ impl GroupTable {
         }
     }
 
+    /// Writes what is pending through the current store handle, then goes on with
+    /// `store` (the same database, another writer: the task moved to another shard).
+    pub fn set_store(&mut self, store: Arc<dyn StateStore>) {
+        self.write_pending();
+        if let Some(b) = &mut self.backing {
+            b.store = store;
+        }
+    }
+
     /// Writes the write-through batch.
     fn write_pending(&mut self) {
         let Some(b) = &self.backing else { return };

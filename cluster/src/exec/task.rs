@@ -300,6 +300,24 @@ impl Task {
         Arc::new(EventCodec::new(self.stream.clone(), filters))
     }
 
+    /// Goes on writing its state through `store`: the task moved to another shard, whose
+    /// writer it must use (a checkpoint freezes each shard's writes apart). Call it
+    /// between checkpoints, when the writers differ only in name.
+    pub fn set_store(&mut self, store: Arc<dyn StateStore>) {
+        let Some(storage) = &mut self.storage else {
+            return;
+        };
+        storage.store = store.clone();
+        for group in self
+            .windows
+            .iter_mut()
+            .flat_map(|w| &mut w.filters)
+            .flat_map(|f| &mut f.groups)
+        {
+            group.table.set_store(store.clone());
+        }
+    }
+
     /// Stops the task if a storage error happened.
     fn check_storage(&mut self) -> Result<()> {
         if let Some(e) = &self.failed {

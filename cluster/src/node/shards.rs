@@ -13,8 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -23,7 +24,8 @@ use eddy_planner::{Error, Result};
 use eddy_storage::{Family, StateStore};
 
 use crate::command::{
-    reply_to_caller, Answers, CheckpointReply, Command, IngestReply, PendingMeta, Reply, TaskReport,
+    reply_to_caller, Answers, CheckpointReply, Command, Given, IngestReply, PendingMeta, Reply,
+    TaskReport,
 };
 use crate::exec::events::Row;
 use crate::exec::task::Task;
@@ -40,90 +42,58 @@ pub(crate) fn engine_gone() -> Error {
 }
 
 /// The queues of a node's shards: how the engine, and a log delivering events, reach a
-/// task's shard.
+/// task's shard. Clones share one set of shards, which `reshard` can change.
 #[derive(Clone)]
 pub struct Shards {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The shards now. A sender picks its shard and queues its command under this read
+    /// lock, so once `reshard` holds it for writing, every command routed by the old set
+    /// is in its shard's queue, ahead of the reshard's own.
+    set: RwLock<Arc<Set>>,
+    /// Shared by commands to every shard, exclusive for `reshard`: a broadcast reaches
+    /// every shard of one set.
+    broadcast: tokio::sync::RwLock<()>,
+    storage: Option<Arc<NodeStorage>>,
+    /// The running shard threads, by index.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// One set of shards: their queues, counters and cells by index.
+struct Set {
     queues: Vec<mpsc::Sender<Command>>,
     /// Per shard, commands sent and not yet handled: counted up before a command is
     /// queued and down by the shard once it handled it, under its lock. Zero under the
     /// lock means nothing sent earlier is still to come.
     pending: Vec<Arc<AtomicUsize>>,
     /// The shards themselves, for reads that borrow an idle one.
-    pub(crate) cells: Vec<Arc<Mutex<Shard>>>,
+    cells: Vec<Arc<Mutex<Shard>>>,
     /// Where each shard's thread is pinned (`None`: where the OS puts it).
     pinning: Option<Arc<Pinning>>,
 }
 
-/// Rows a delivery may apply on the deliverer's thread when the shard is idle; larger
-/// batches go to the shard, so that the caller goes on parsing while shards apply.
-const DELIVER_INLINE_ROWS_MAX: usize = 16;
-
-impl std::fmt::Debug for Shards {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shards")
-            .field("count", &self.count())
-            .finish()
-    }
-}
-
-impl Shards {
-    /// Starts `count` shard threads; with `pinning`, shard i binds itself to the plan's
-    /// place i (a shard that cannot says so and runs unpinned).
-    pub(crate) fn start(
-        count: usize,
-        storage: Option<Arc<NodeStorage>>,
-        pinning: Option<Arc<Pinning>>,
-    ) -> (Shards, Vec<std::thread::JoinHandle<()>>) {
-        assert!(count > 0);
-        let mut queues = Vec::with_capacity(count);
-        let mut cells = Vec::with_capacity(count);
-        let mut threads = Vec::with_capacity(count);
-        let mut pending = Vec::with_capacity(count);
-        for index in 0..count {
-            let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
-            queues.push(tx);
-            let cell = Arc::new(Mutex::new(Shard::new(index, count, storage.clone())));
-            cells.push(cell.clone());
-            let sent = Arc::new(AtomicUsize::new(0));
-            pending.push(sent.clone());
-            let pin = pinning.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("eddy-shard-{index}"))
-                .spawn(move || {
-                    if let Some(Err(e)) = pin.map(|p| p.pin_shard(index)) {
-                        eprintln!("eddy: shard {index} runs unpinned: {e}");
-                    }
-                    Shard::run(&cell, rx, &sent)
-                })
-                .expect("spawn shard thread");
-            threads.push(thread);
-        }
-        (
-            Shards {
-                queues,
-                pending,
-                cells,
-                pinning,
-            },
-            threads,
-        )
-    }
-
-    pub fn count(&self) -> usize {
+impl Set {
+    fn count(&self) -> usize {
         self.queues.len()
     }
 
-    /// Where shard `index` is pinned, if it is.
-    pub fn place(&self, index: usize) -> Option<Place> {
-        self.pinning.as_ref().map(|p| p.plan.shards[index])
+    /// The shard running `task`; `None` once the shards stopped.
+    fn shard_of(&self, task: &TaskId) -> Option<usize> {
+        (self.count() > 0).then(|| shard_of(task, self.count()))
     }
 
-    /// Commands sent to shard `index` and not yet handled.
-    pub fn queue_depth(&self, index: usize) -> usize {
-        self.pending[index].load(Ordering::Acquire)
+    fn try_send(&self, shard: usize, cmd: Command) -> Result<(), TrySendError<Command>> {
+        self.pending[shard].fetch_add(1, Ordering::AcqRel);
+        let sent = self.queues[shard].try_send(cmd);
+        if sent.is_err() {
+            self.pending[shard].fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
     }
 
-    pub(crate) async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
+    async fn send(&self, shard: usize, cmd: Command) -> Result<()> {
         self.pending[shard].fetch_add(1, Ordering::AcqRel);
         let sent = self.queues[shard].send(cmd).await;
         if sent.is_err() {
@@ -132,91 +102,18 @@ impl Shards {
         sent.map_err(|_| engine_gone())
     }
 
-    /// Sends a command to every shard, each with its own reply channel, and gathers the
-    /// replies in shard order.
-    pub(crate) async fn ask_all<T>(
-        &self,
-        mut command: impl FnMut(oneshot::Sender<T>) -> Command,
-    ) -> Result<Vec<T>> {
-        let mut waits = Vec::with_capacity(self.count());
-        for shard in 0..self.count() {
-            let (tx, rx) = oneshot::channel();
-            self.send(shard, command(tx)).await?;
-            waits.push(rx);
-        }
-        let mut out = Vec::with_capacity(waits.len());
-        for rx in waits {
-            out.push(rx.await.map_err(|_| engine_gone())?);
-        }
-        Ok(out)
-    }
-
-    /// Hands a batch to its task's shard; the receiver gets the task's answers. With a
-    /// log, `log_end` is the task's log end after the batch.
-    pub(crate) async fn ingest(
-        &self,
-        task: TaskId,
-        rows: Vec<Row>,
-        values: bool,
-        log_end: Option<u64>,
-    ) -> Result<oneshot::Receiver<IngestReply>> {
-        let (reply, rx) = reply_to_caller();
-        let shard = shard_of(&task, self.count());
-        let cmd = Command::Ingest {
-            task,
-            rows,
-            values,
-            log_end,
-            reply,
-        };
-        self.send(shard, cmd).await?;
-        Ok(rx)
-    }
-
-    /// As `ingest`, but not async: for a log delivering in log order, from its own
-    /// thread or from a caller's under its lock. Waits while the shard's queue is full
-    /// (on a runtime thread, handing that thread's other work on first). Returns false
-    /// once the shards are gone.
-    pub(crate) fn deliver(
-        &self,
-        task: TaskId,
-        rows: Vec<Row>,
-        values: bool,
-        log_end: u64,
-        reply: Reply,
-    ) -> bool {
+    /// Queues `cmd`, waiting while the queue is full, from a thread that may block
+    /// (on a runtime thread, handing that thread's other work on first). False once the
+    /// shard is gone.
+    fn blocking_send(&self, shard: usize, cmd: Command) -> bool {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        use tokio::sync::mpsc::error::TrySendError;
-        let shard = shard_of(&task, self.count());
-        let inline = rows.len() <= DELIVER_INLINE_ROWS_MAX;
-        let cmd = Command::Ingest {
-            task,
-            rows,
-            values,
-            log_end: Some(log_end),
-            reply,
-        };
-        // An idle shard with nothing sent before this is applied here, on the caller's
-        // thread: the answer is ready when the caller looks, and no thread woke.
-        if inline {
-            if let Ok(mut idle) = self.cells[shard].try_lock() {
-                if self.pending[shard].load(Ordering::Acquire) == 0 {
-                    idle.handle(cmd);
-                    return true;
-                }
-            }
-        }
-        let queue = &self.queues[shard];
-        let pending = &self.pending[shard];
-        pending.fetch_add(1, Ordering::AcqRel);
-        let cmd = match queue.try_send(cmd) {
+        let cmd = match self.try_send(shard, cmd) {
             Ok(()) => return true,
-            Err(TrySendError::Closed(_)) => {
-                pending.fetch_sub(1, Ordering::AcqRel);
-                return false;
-            }
+            Err(TrySendError::Closed(_)) => return false,
             Err(TrySendError::Full(cmd)) => cmd,
         };
+        let (queue, pending) = (&self.queues[shard], &self.pending[shard]);
+        pending.fetch_add(1, Ordering::AcqRel);
         let sent = match Handle::try_current().map(|h| h.runtime_flavor()) {
             Err(_) => queue.blocking_send(cmd).is_ok(),
             Ok(RuntimeFlavor::MultiThread) => {
@@ -233,6 +130,238 @@ impl Shards {
             pending.fetch_sub(1, Ordering::AcqRel);
         }
         sent
+    }
+}
+
+/// Rows a delivery may apply on the deliverer's thread when the shard is idle; larger
+/// batches go to the shard, so that the caller goes on parsing while shards apply.
+const DELIVER_INLINE_ROWS_MAX: usize = 16;
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("count", &self.count())
+            .finish()
+    }
+}
+
+/// One shard's thread, its queue and its cell.
+struct Started {
+    queue: mpsc::Sender<Command>,
+    pending: Arc<AtomicUsize>,
+    cell: Arc<Mutex<Shard>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Started {
+    /// Starts shard `shard` as one of `count`; with `pinning`, it binds itself to the
+    /// plan's place `shard` first (a shard that cannot says so and runs unpinned).
+    fn new(shard: Shard, pinning: Option<Arc<Pinning>>) -> Started {
+        let index = shard.index;
+        let (queue, rx) = mpsc::channel(SHARD_QUEUE_MAX);
+        let cell = Arc::new(Mutex::new(shard));
+        let pending = Arc::new(AtomicUsize::new(0));
+        let (shard_cell, sent) = (cell.clone(), pending.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("eddy-shard-{index}"))
+            .spawn(move || {
+                pin(pinning.as_deref(), index);
+                Shard::run(&shard_cell, rx, &sent)
+            })
+            .expect("spawn shard thread");
+        Started {
+            queue,
+            pending,
+            cell,
+            thread,
+        }
+    }
+}
+
+/// Binds the calling shard thread to its place, or says why it cannot.
+fn pin(pinning: Option<&Pinning>, index: usize) {
+    if let Some(Err(e)) = pinning.map(|p| p.pin_shard(index)) {
+        eprintln!("eddy: shard {index} runs unpinned: {e}");
+    }
+}
+
+impl Shards {
+    /// Starts `count` shard threads; with `pinning`, shard i binds itself to the plan's
+    /// place i.
+    pub(crate) fn start(
+        count: usize,
+        storage: Option<Arc<NodeStorage>>,
+        pinning: Option<Arc<Pinning>>,
+    ) -> Shards {
+        assert!(count > 0);
+        let mut set = Set {
+            queues: Vec::with_capacity(count),
+            pending: Vec::with_capacity(count),
+            cells: Vec::with_capacity(count),
+            pinning: pinning.clone(),
+        };
+        let mut threads = Vec::with_capacity(count);
+        for index in 0..count {
+            let shard = Shard::new(index, count, storage.clone(), Arc::default(), false);
+            let started = Started::new(shard, pinning.clone());
+            set.queues.push(started.queue);
+            set.pending.push(started.pending);
+            set.cells.push(started.cell);
+            threads.push(started.thread);
+        }
+        Shards {
+            inner: Arc::new(Inner {
+                set: RwLock::new(Arc::new(set)),
+                broadcast: tokio::sync::RwLock::new(()),
+                storage,
+                threads: Mutex::new(threads),
+            }),
+        }
+    }
+
+    fn set(&self) -> Arc<Set> {
+        self.read().clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Arc<Set>> {
+        self.inner.set.read().expect("shard set lock")
+    }
+
+    pub fn count(&self) -> usize {
+        self.read().count()
+    }
+
+    /// Where shard `index` is pinned, if it is.
+    pub fn place(&self, index: usize) -> Option<Place> {
+        let set = self.read();
+        set.pinning.as_ref()?.plan.shards.get(index).copied()
+    }
+
+    /// The placement the shards follow, if they are pinned.
+    pub fn pinning(&self) -> Option<Arc<Pinning>> {
+        self.read().pinning.clone()
+    }
+
+    /// Commands sent to shard `index` and not yet handled.
+    pub fn queue_depth(&self, index: usize) -> usize {
+        let set = self.read();
+        set.pending.get(index).map_or(0, |p| p.load(Ordering::Acquire))
+    }
+
+    /// Shard `index`'s cell, for tests that hold a shard busy.
+    #[cfg(test)]
+    pub(crate) fn cell(&self, index: usize) -> Arc<Mutex<Shard>> {
+        self.read().cells[index].clone()
+    }
+
+    /// Sends a command to the shard running `task`, waiting while its queue is full.
+    pub(crate) async fn send_to(&self, task: &TaskId, mut cmd: Command) -> Result<()> {
+        loop {
+            let queue = {
+                let set = self.read();
+                let shard = set.shard_of(task).ok_or_else(engine_gone)?;
+                match set.try_send(shard, cmd) {
+                    Ok(()) => return Ok(()),
+                    Err(TrySendError::Closed(_)) => return Err(engine_gone()),
+                    Err(TrySendError::Full(back)) => {
+                        cmd = back;
+                        set.queues[shard].clone()
+                    }
+                }
+            };
+            // Room in the queue, then the choice again: the set may have changed.
+            drop(queue.reserve().await.map_err(|_| engine_gone())?);
+        }
+    }
+
+    /// Sends a command to every shard, each with its own reply channel, and gathers the
+    /// replies in shard order.
+    pub(crate) async fn ask_all<T>(
+        &self,
+        mut command: impl FnMut(oneshot::Sender<T>) -> Command,
+    ) -> Result<Vec<T>> {
+        let _one_set = self.inner.broadcast.read().await;
+        let set = self.set();
+        let mut waits = Vec::with_capacity(set.count());
+        for shard in 0..set.count() {
+            let (tx, rx) = oneshot::channel();
+            set.send(shard, command(tx)).await?;
+            waits.push(rx);
+        }
+        let mut out = Vec::with_capacity(waits.len());
+        for rx in waits {
+            out.push(rx.await.map_err(|_| engine_gone())?);
+        }
+        Ok(out)
+    }
+
+    /// Sends a command that needs no answer to every shard.
+    pub(crate) async fn tell_all(&self, command: impl Fn() -> Command) -> Result<()> {
+        let _one_set = self.inner.broadcast.read().await;
+        let set = self.set();
+        for shard in 0..set.count() {
+            set.send(shard, command()).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands a batch to its task's shard; the receiver gets the task's answers. With a
+    /// log, `log_end` is the task's log end after the batch.
+    pub(crate) async fn ingest(
+        &self,
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+        log_end: Option<u64>,
+    ) -> Result<oneshot::Receiver<IngestReply>> {
+        let (reply, rx) = reply_to_caller();
+        let to = task.clone();
+        let cmd = Command::Ingest {
+            task,
+            rows,
+            values,
+            log_end,
+            reply,
+        };
+        self.send_to(&to, cmd).await?;
+        Ok(rx)
+    }
+
+    /// As `ingest`, but not async: for a log delivering in log order, from its own
+    /// thread or from a caller's under its lock. Waits while the shard's queue is full
+    /// (on a runtime thread, handing that thread's other work on first). Returns false
+    /// once the shards are gone.
+    pub(crate) fn deliver(
+        &self,
+        task: TaskId,
+        rows: Vec<Row>,
+        values: bool,
+        log_end: u64,
+        reply: Reply,
+    ) -> bool {
+        let set = self.read();
+        let Some(shard) = set.shard_of(&task) else {
+            return false;
+        };
+        let inline = rows.len() <= DELIVER_INLINE_ROWS_MAX;
+        let cmd = Command::Ingest {
+            task,
+            rows,
+            values,
+            log_end: Some(log_end),
+            reply,
+        };
+        // An idle shard with nothing sent before this is applied here, on the caller's
+        // thread: the answer is ready when the caller looks, and no thread woke.
+        if inline {
+            if let Ok(mut idle) = set.cells[shard].try_lock() {
+                if set.pending[shard].load(Ordering::Acquire) == 0 {
+                    idle.handle(cmd);
+                    return true;
+                }
+            }
+        }
+        set.blocking_send(shard, cmd)
     }
 
     /// The tasks' answers to batches handed over with `ingest`, in the same order.
@@ -256,19 +385,20 @@ impl Shards {
         metric: &str,
         key: &[Value],
     ) -> Option<Vec<Vec<Value>>> {
+        let set = self.read();
         // Busy (or poisoned: its thread is gone, and the queue says so).
-        let mut shard = self.cells[shard_of(task, self.count())].try_lock().ok()?;
+        let mut shard = set.cells[set.shard_of(task)?].try_lock().ok()?;
         Some(shard.metric_rows(task, metric, Some(key)))
+    }
+
+    /// Counters of every task, per shard.
+    pub async fn report_by_shard(&self) -> Result<Vec<Vec<TaskReport>>> {
+        self.ask_all(Command::Report).await
     }
 
     /// Counters of every task, in task order.
     pub async fn report(&self) -> Result<Vec<TaskReport>> {
-        let mut out: Vec<TaskReport> = self
-            .ask_all(Command::Report)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect();
+        let mut out: Vec<TaskReport> = self.report_by_shard().await?.into_iter().flatten().collect();
         out.sort_by(|a, b| a.task.cmp(&b.task));
         Ok(out)
     }
@@ -281,6 +411,140 @@ impl Shards {
             .into_iter()
             .map(|r| (r.task, r.log_end))
             .collect())
+    }
+
+    /// Changes the number of shards to `count` (`None`: one per core, as `--shards
+    /// auto`), without a restart: new shards start, each task whose shard changes moves
+    /// there with its state, then shards left without tasks stop. Every shard binds
+    /// itself to the new plan's place, the other threads to its service PUs. Returns the
+    /// new count. Call it between checkpoints: a moved task writes through its new
+    /// shard's store writer from then on.
+    ///
+    /// Commands routed before go to the old shard, which handles them before it lets the
+    /// task go; commands routed after wait until the task is on its new shard. So each
+    /// task still applies its commands in the order they were sent.
+    pub(crate) async fn reshard(&self, count: Option<usize>) -> Result<usize> {
+        let _every_shard = self.inner.broadcast.write().await;
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.reshard_now(count))
+            .await
+            .map_err(|e| Error::internal(format!("resharding failed: {e}")))?
+    }
+
+    fn reshard_now(&self, count: Option<usize>) -> Result<usize> {
+        let mut current = self.inner.set.write().expect("shard set lock");
+        let old = current.clone();
+        if old.count() == 0 {
+            return Err(engine_gone());
+        }
+        let pinning = old
+            .pinning
+            .as_ref()
+            .map(|p| Arc::new(p.with_shards(count)));
+        let count = match (&pinning, count) {
+            (Some(p), _) => p.plan.shards.len(),
+            (None, Some(n)) => n,
+            (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+        .max(1);
+        if count == old.count() {
+            return Ok(count);
+        }
+        // Every thread to the service PUs first; each shard then binds itself again.
+        if let Some(Err(e)) = pinning.as_ref().map(|p| p.pin_service(true)) {
+            eprintln!("eddy: the service threads run unpinned: {e}");
+        }
+        // Each shard lets go of the tasks it no longer runs, after the commands queued
+        // before (nothing can be queued meanwhile: the set is locked).
+        let mut waits = Vec::with_capacity(old.count());
+        for shard in 0..old.count() {
+            let (reply, rx) = oneshot::channel();
+            let cmd = Command::Reshard {
+                count,
+                pinning: pinning.clone(),
+                reply,
+            };
+            if !old.blocking_send(shard, cmd) {
+                return Err(engine_gone());
+            }
+            waits.push(rx);
+        }
+        let mut moving = Vec::new();
+        let mut catalog = Arc::default();
+        for rx in waits {
+            let given = rx.blocking_recv().map_err(|_| engine_gone())?;
+            moving.extend(given.tasks);
+            catalog = given.catalog;
+        }
+        let kept = count.min(old.count());
+        let mut set = Set {
+            queues: old.queues[..kept].to_vec(),
+            pending: old.pending[..kept].to_vec(),
+            cells: old.cells[..kept].to_vec(),
+            pinning: pinning.clone(),
+        };
+        let mut threads = self.inner.threads.lock().expect("shard threads lock");
+        for index in kept..count {
+            let shard = Shard::new(
+                index,
+                count,
+                self.inner.storage.clone(),
+                catalog.clone(),
+                true,
+            );
+            let started = Started::new(shard, pinning.clone());
+            set.queues.push(started.queue);
+            set.pending.push(started.pending);
+            set.cells.push(started.cell);
+            threads.push(started.thread);
+        }
+        let mut per_shard: Vec<Vec<(TaskId, Task)>> = (0..count).map(|_| Vec::new()).collect();
+        for (id, task) in moving {
+            per_shard[shard_of(&id, count)].push((id, task));
+        }
+        let mut adopted = Vec::new();
+        for (shard, tasks) in per_shard.into_iter().enumerate() {
+            if tasks.is_empty() {
+                continue;
+            }
+            let (reply, rx) = oneshot::channel();
+            if !set.blocking_send(shard, Command::Adopt { tasks, reply }) {
+                return Err(engine_gone());
+            }
+            adopted.push(rx);
+        }
+        for rx in adopted {
+            rx.blocking_recv().map_err(|_| engine_gone())?;
+        }
+        *current = Arc::new(set);
+        drop(current);
+        // The shards past the new count hold no task; their queues close with the old
+        // set, and they end.
+        drop(old);
+        let gone = threads.split_off(count);
+        drop(threads);
+        for thread in gone {
+            let _ = thread.join();
+        }
+        Ok(count)
+    }
+
+    /// Stops the shard threads after the commands already queued, and waits for them.
+    pub(crate) fn stop(&self) {
+        let empty = Arc::new(Set {
+            queues: Vec::new(),
+            pending: Vec::new(),
+            cells: Vec::new(),
+            pinning: None,
+        });
+        drop(std::mem::replace(
+            &mut *self.inner.set.write().expect("shard set lock"),
+            empty,
+        ));
+        let threads = std::mem::take(&mut *self.inner.threads.lock().expect("shard threads lock"));
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -313,14 +577,57 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    fn new(index: usize, shards: usize, storage: Option<Arc<NodeStorage>>) -> Shard {
+    fn new(
+        index: usize,
+        shards: usize,
+        storage: Option<Arc<NodeStorage>>,
+        catalog: Arc<Catalog>,
+        restored: bool,
+    ) -> Shard {
         Shard {
             index,
             shards,
             tasks: BTreeMap::new(),
             storage,
-            restored: false,
-            catalog: Arc::default(),
+            restored,
+            catalog,
+        }
+    }
+
+    /// Runs as one of `count` shards from now on: binds itself to its new place and
+    /// gives up the tasks another shard runs now.
+    fn reshard(&mut self, count: usize, pinning: Option<&Pinning>) -> Given {
+        self.shards = count;
+        if self.index < count {
+            pin(pinning, self.index);
+        }
+        let leaving: Vec<TaskId> = self
+            .tasks
+            .keys()
+            .filter(|id| shard_of(id, count) != self.index)
+            .cloned()
+            .collect();
+        let tasks = leaving
+            .into_iter()
+            .map(|id| {
+                let task = self.tasks.remove(&id).expect("listed");
+                (id, task)
+            })
+            .collect();
+        Given {
+            tasks,
+            catalog: self.catalog.clone(),
+        }
+    }
+
+    /// Takes tasks another shard gave up; they write their state through this shard's
+    /// store writer from now on.
+    fn adopt(&mut self, tasks: Vec<(TaskId, Task)>) {
+        for (id, mut task) in tasks {
+            if let Some(storage) = &self.storage {
+                task.set_store(Arc::new(storage.store.writer(self.index)));
+            }
+            self.tasks.insert(id, task);
         }
     }
 
@@ -537,6 +844,17 @@ impl Shard {
                 reply,
             } => {
                 let _ = reply.send(self.install(&task, staged));
+            }
+            Command::Reshard {
+                count,
+                pinning,
+                reply,
+            } => {
+                let _ = reply.send(self.reshard(count, pinning.as_deref()));
+            }
+            Command::Adopt { tasks, reply } => {
+                self.adopt(tasks);
+                let _ = reply.send(());
             }
             Command::Checkpoint { reply } => {
                 let _ = reply.send(self.checkpoint());

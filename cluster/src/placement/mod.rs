@@ -261,9 +261,26 @@ pub fn plan(machine: &Machine, shards: Option<usize>) -> Plan {
     }
 }
 
+/// The PUs the log, IO, checkpoint and network threads run on: the plan's service cores,
+/// or, when it keeps none, the PUs carrying the fewest shards (every PU when they carry
+/// as many: the OS then picks the least busy).
+pub fn service_pus(machine: &Machine, plan: &Plan) -> Vec<usize> {
+    if !plan.service.is_empty() {
+        return plan.service.iter().map(|p| p.pu).collect();
+    }
+    let load = |pu: usize| plan.shards.iter().filter(|s| s.pu == pu).count();
+    let least = machine.pus.iter().map(|p| load(p.os_index)).min().unwrap_or(0);
+    machine
+        .pus
+        .iter()
+        .map(|p| p.os_index)
+        .filter(|&pu| load(pu) == least)
+        .collect()
+}
+
 /// Binds threads to their places on the machine the topology describes.
 pub struct Pinning {
-    topology: Topology,
+    topology: std::sync::Arc<Topology>,
     pub machine: Machine,
     pub plan: Plan,
 }
@@ -282,10 +299,36 @@ impl Pinning {
         let machine = Machine::of(&topology, spec.unwrap_or("this machine"))?;
         let plan = plan(&machine, shards);
         Ok(Pinning {
-            topology,
+            topology: std::sync::Arc::new(topology),
             machine,
             plan,
         })
+    }
+
+    /// The plan for another shard count on the same machine.
+    pub fn with_shards(&self, shards: Option<usize>) -> Pinning {
+        Pinning {
+            topology: self.topology.clone(),
+            machine: self.machine.clone(),
+            plan: plan(&self.machine, shards),
+        }
+    }
+
+    /// Binds the calling thread (and the threads it starts from now on, which inherit
+    /// its binding) to the service PUs; with `every_thread`, every thread of the process,
+    /// shards included, which then bind themselves again.
+    pub fn pin_service(&self, every_thread: bool) -> Result<(), String> {
+        let mut cpus = CpuSet::new();
+        for pu in service_pus(&self.machine, &self.plan) {
+            cpus.set(pu);
+        }
+        let flags = match every_thread {
+            true => CpuBindingFlags::PROCESS,
+            false => CpuBindingFlags::THREAD,
+        };
+        self.topology
+            .bind_cpu(&cpus, flags)
+            .map_err(|e| format!("binding the service threads to PUs {cpus}: {e}"))
     }
 
     /// Whether the plan is for the machine this process runs on (threads can be bound).
@@ -509,6 +552,19 @@ mod tests {
         check_balanced(&m, &p);
         let p = plan(&m, Some(16));
         assert_eq!(per_node_counts(&m, &p), vec![1; 16]);
+    }
+
+    #[test]
+    fn service_threads_go_where_shards_are_fewest() {
+        let m = synthetic("core:2 pu:1");
+        assert_eq!(service_pus(&m, &plan(&m, Some(1))), vec![1]);
+        assert_eq!(service_pus(&m, &plan(&m, Some(2))), vec![0, 1]);
+        assert_eq!(service_pus(&m, &plan(&m, Some(3))), vec![1]);
+        let m = synthetic("pack:2 numa:1 core:8 pu:1");
+        let p = plan(&m, None);
+        let kept: Vec<usize> = p.service.iter().map(|s| s.pu).collect();
+        assert_eq!(service_pus(&m, &p), kept);
+        assert!(p.shards.iter().all(|s| !kept.contains(&s.pu)));
     }
 
     /// Adding a shard moves no other shard: shard i's place depends on i alone.
