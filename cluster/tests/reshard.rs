@@ -55,7 +55,10 @@ impl Node {
         let log = LocalLog::open(&dir.join("log"), Duration::from_millis(1)).expect("log");
         let engine = Arc::new(Engine::start(shards, Arc::new(log), Some(storage)));
         let catalog = catalog();
-        engine.apply_catalog(catalog.clone()).await.expect("catalog");
+        engine
+            .apply_catalog(catalog.clone())
+            .await
+            .expect("catalog");
         engine.recover(&catalog).await.expect("recover");
         Node {
             dir,
@@ -122,7 +125,10 @@ async fn rows(engine: &Engine) -> Vec<Vec<Value>> {
     let mut out = Vec::new();
     for name in ["by_card", "by_merchant", "cards"] {
         let metric = catalog.metric(name).expect("metric");
-        let mut rows = engine.metric_rows(stream, metric, None).await.expect("rows");
+        let mut rows = engine
+            .metric_rows(stream, metric, None)
+            .await
+            .expect("rows");
         rows.sort_by_key(|r| format!("{r:?}"));
         out.push(vec![Value::Text(name.into())]);
         out.extend(rows);
@@ -180,7 +186,10 @@ async fn tasks_move_with_their_state_while_events_arrive() {
         }
     }
     assert_eq!(counts, [3, 1, 4, 2, 5, 2]);
-    assert!(midway >= 3, "only {midway} changes happened while events arrived");
+    assert!(
+        midway >= 3,
+        "only {midway} changes happened while events arrived"
+    );
     let got = inserting.await.expect("inserting");
     same_replies(&got, &want);
     assert_eq!(rows(&engine).await, want_rows);

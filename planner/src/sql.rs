@@ -78,6 +78,12 @@ pub enum Statement {
     },
     /// `SHOW name` of a runtime parameter.
     ShowVariable(String),
+    /// `ALTER SYSTEM SET name = value` (`value`: `None` for `DEFAULT`), or `ALTER SYSTEM
+    /// RESET name` (`None`), or `ALTER SYSTEM RESET ALL` (name `all`).
+    AlterSystem {
+        name: String,
+        value: Option<String>,
+    },
     Begin,
     Commit,
     Rollback,
@@ -226,6 +232,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
         ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
         ["ALTER", "STREAM", ..] => parse_alter_stream(&tokens),
+        ["ALTER", "SYSTEM", ..] => parse_alter_system(&tokens),
         ["BEGIN", ..] | ["START", "TRANSACTION", ..] => Ok(Statement::Begin),
         ["COMMIT", ..] | ["END", ..] => Ok(Statement::Commit),
         ["ROLLBACK", ..] | ["ABORT", ..] => Ok(Statement::Rollback),
@@ -453,6 +460,35 @@ fn parse_set(tokens: &[Token]) -> Statement {
             }
         }
         _ => Statement::Set,
+    }
+}
+
+fn parse_alter_system(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).skip(2).collect();
+    let value = |t: &Token| match t {
+        Token::SingleQuotedString(s) => Some(s.clone()),
+        Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case("DEFAULT") => {
+            None
+        }
+        Token::Word(w) => Some(w.value.clone()),
+        other => Some(other.to_string()),
+    };
+    match words.as_slice() {
+        [set, Token::Word(name), op, v]
+            if is_word(set, "SET") && (**op == Token::Eq || is_word(op, "TO")) =>
+        {
+            Ok(Statement::AlterSystem {
+                name: name.value.to_ascii_lowercase(),
+                value: value(v),
+            })
+        }
+        [reset, Token::Word(name)] if is_word(reset, "RESET") => Ok(Statement::AlterSystem {
+            name: name.value.to_ascii_lowercase(),
+            value: None,
+        }),
+        _ => Err(Error::syntax(
+            "syntax error: expected ALTER SYSTEM SET name = value or ALTER SYSTEM RESET name",
+        )),
     }
 }
 
@@ -1141,5 +1177,33 @@ mod tests {
         .unwrap();
         assert_eq!(sql, "SELECT * FROM m WHERE card = 'c''1' AND x = '$2'");
         assert_eq!(count_params("INSERT INTO s VALUES ($1, $2, $3)"), 3);
+    }
+
+    #[test]
+    fn parses_alter_system() {
+        let alter = |name: &str, value: Option<&str>| Statement::AlterSystem {
+            name: name.into(),
+            value: value.map(str::to_string),
+        };
+        for (sql, want) in [
+            ("ALTER SYSTEM SET shards = 3", alter("shards", Some("3"))),
+            (
+                "alter system set Shards to 'auto'",
+                alter("shards", Some("auto")),
+            ),
+            ("ALTER SYSTEM SET shards = DEFAULT", alter("shards", None)),
+            ("ALTER SYSTEM RESET shards", alter("shards", None)),
+            ("ALTER SYSTEM RESET ALL", alter("all", None)),
+        ] {
+            let got = parse_statement(sql).unwrap();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "{sql}");
+        }
+        for bad in [
+            "ALTER SYSTEM",
+            "ALTER SYSTEM SET shards",
+            "ALTER SYSTEM SET = 3",
+        ] {
+            assert!(parse_statement(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -332,6 +332,9 @@ impl Db {
             Statement::ShowCluster => Ok(self.show_cluster()),
             Statement::ShowTasks => self.show_tasks().await,
             Statement::ShowShards => self.show_shards().await,
+            Statement::AlterSystem { name, value } => {
+                self.alter_system(&name, value.as_deref()).await
+            }
             Statement::Subscribe(_)
             | Statement::CopyOut(_)
             | Statement::Declare { .. }
@@ -1301,6 +1304,43 @@ fn late_notices<'a>(
         ));
     }
     out
+}
+
+/// `ALTER SYSTEM SET shards = n | auto | DEFAULT`, `ALTER SYSTEM RESET shards | ALL`.
+impl Db {
+    async fn alter_system(&self, name: &str, value: Option<&str>) -> Result<Executed> {
+        if name != "shards" && !(name == "all" && value.is_none()) {
+            return Err(Error::new(
+                ErrorKind::UndefinedObject,
+                format!("unrecognized configuration parameter \"{name}\""),
+            )
+            .with_hint("ALTER SYSTEM sets shards."));
+        }
+        let count = match value {
+            None => None,
+            Some(v) => crate::settings::parse_shards(v).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidParameter,
+                    format!("invalid value for parameter \"shards\": \"{v}\""),
+                )
+                .with_hint(e)
+            })?,
+        };
+        // One change at a time, and none during DDL.
+        let _ddl = self.ddl.lock().await;
+        self.engine.reshard(count).await?;
+        crate::settings::save(
+            &self.data_dir,
+            "shards",
+            count.map(|n| n.to_string()).as_deref(),
+        )
+        .map_err(|e| {
+            Error::internal(format!(
+                "the shards changed, but keeping the setting for the next start failed: {e}"
+            ))
+        })?;
+        Ok(Executed::command("ALTER SYSTEM"))
+    }
 }
 
 fn show_variable(name: &str) -> Executed {

@@ -14,4 +14,5 @@ pub mod pg_catalog;
 pub mod prepared;
 pub mod query;
 pub mod serve;
+pub mod settings;
 pub mod subscribe;

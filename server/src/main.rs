@@ -41,9 +41,10 @@ enum Command {
         #[arg(long, env = "EDDY_DATA_DIR", default_value = "data")]
         data_dir: PathBuf,
         /// Shard threads: a number, or `auto` for one per core less the cores kept for
-        /// the log, IO and network threads on machines of 4 cores or more.
-        #[arg(long, env = "EDDY_SHARDS", default_value = "auto", value_parser = shard_count)]
-        shards: ShardCount,
+        /// the log, IO and network threads on machines of 4 cores or more. Without it,
+        /// what `ALTER SYSTEM SET shards` kept in the data directory, else `auto`.
+        #[arg(long, env = "EDDY_SHARDS", value_parser = shard_count)]
+        shards: Option<ShardCount>,
         /// Plan shards for the machine this hwloc synthetic description or XML file
         /// describes instead of this one (for trying plans; threads are then not pinned).
         #[arg(long, env = "EDDY_TOPOLOGY")]
@@ -124,14 +125,26 @@ enum Command {
 struct ShardCount(Option<usize>);
 
 fn shard_count(s: &str) -> Result<ShardCount, String> {
-    match s.trim() {
-        "auto" => Ok(ShardCount(None)),
-        n => match n.parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(ShardCount(Some(n))),
-            _ => Err(format!(
-                "expected a number of shards (at least 1) or `auto`, got \"{s}\""
-            )),
-        },
+    eddy_server::settings::parse_shards(s).map(ShardCount)
+}
+
+/// `--shards`, else the count `ALTER SYSTEM` kept in the data directory, else `auto`.
+fn shards_setting(
+    flag: Option<ShardCount>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<ShardCount> {
+    if let Some(flag) = flag {
+        return Ok(flag);
+    }
+    let kept = eddy_server::settings::load(data_dir)?;
+    match kept.get("shards") {
+        Some(text) => shard_count(text).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: shards: {e}",
+                data_dir.join(eddy_server::settings::AUTO_CONF).display()
+            )
+        }),
+        None => Ok(ShardCount(None)),
     }
 }
 
@@ -196,7 +209,13 @@ fn main() -> anyhow::Result<()> {
             session_timeout,
             peer_addr,
         } => {
+            let shards = shards_setting(shards, &data_dir)?;
             let (shards, pinning) = placement(shards, topology.as_deref(), pin_shards)?;
+            // The threads started from here on (the runtime's, the log's, RocksDB's)
+            // inherit the service PUs; each shard binds itself to its own.
+            if let Some(Err(e)) = pinning.as_ref().map(|p| p.pin_service(false)) {
+                eprintln!("eddy: the service threads run unpinned: {e}");
+            }
             let kafka = match kafka {
                 Some(brokers) => Some(KafkaConfig {
                     brokers,

@@ -87,3 +87,136 @@ async fn every_shard_thread_is_pinned_to_its_own_pu_and_show_shards_agrees() {
     drop(client);
     server.terminate();
 }
+
+/// The shards' cpus by shard, and the cpus of every other thread.
+fn pinned(pid: u32) -> (Vec<String>, std::collections::BTreeSet<String>) {
+    let mut shards = Vec::new();
+    let mut others = std::collections::BTreeSet::new();
+    for (name, cpus) in threads(pid) {
+        match name.strip_prefix("eddy-shard-") {
+            Some(_) => shards.push(cpus),
+            None => {
+                others.insert(cpus);
+            }
+        }
+    }
+    (shards, others)
+}
+
+/// `ALTER SYSTEM SET shards` while the node runs: shards start and stop, tasks move with
+/// their state, the service threads follow the plan (on the PU without a shard when there
+/// is one), bad settings are refused, and the setting is kept for the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_count_changes_while_the_node_runs() {
+    let dir = temp_dir("reshard");
+    let (server, port) = spawn_eddy_with(&dir, &["--shards", "1"]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 4);
+             CREATE METRIC m AS SELECT card, COUNT(*) AS n, SUM(amount) AS total FROM pay \
+             WINDOW SLIDING (SIZE 1 HOUR) GROUP BY card;",
+        )
+        .await
+        .unwrap();
+    let insert = |from: usize| {
+        (from..from + 40)
+            .map(|i| {
+                format!(
+                    "('2026-01-01 10:{:02}:{:02}', 'c{}', {i})",
+                    i / 60,
+                    i % 60,
+                    i % 7
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    client
+        .batch_execute(&format!("INSERT INTO pay VALUES {}", insert(0)))
+        .await
+        .unwrap();
+    // One shard: it has PU 0; every other thread runs on PU 1.
+    let (shards, others) = pinned(server.0.id());
+    assert_eq!(shards, ["0"]);
+    assert_eq!(others.into_iter().collect::<Vec<_>>(), ["1"]);
+    let before = simple_rows(&client, "SELECT card, n, total FROM m ORDER BY card").await;
+    assert_eq!(before.len(), 7);
+
+    client
+        .batch_execute("ALTER SYSTEM SET shards = 2")
+        .await
+        .unwrap();
+    let rows = simple_rows(&client, "SHOW SHARDS").await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let tasks: Vec<usize> = rows
+        .iter()
+        .map(|r| r[4].clone().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(tasks, [2, 2]);
+    let (shards, others) = pinned(server.0.id());
+    assert_eq!(shards.len(), 2);
+    assert_ne!(shards[0], shards[1]);
+    // Both PUs carry a shard: the other threads may run on either.
+    assert_eq!(others.into_iter().collect::<Vec<_>>(), ["0-1"]);
+    assert_eq!(
+        simple_rows(&client, "SELECT card, n, total FROM m ORDER BY card").await,
+        before
+    );
+    client
+        .batch_execute(&format!("INSERT INTO pay VALUES {}", insert(40)))
+        .await
+        .unwrap();
+    let after = simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await;
+    assert_eq!(after[0], [Some("80".to_string()), Some("3160".to_string())]);
+
+    // Refused settings name what is wrong, and the session goes on.
+    for (sql, state) in [
+        ("ALTER SYSTEM SET shards = 0", "22023"),
+        ("ALTER SYSTEM SET shards = 'many'", "22023"),
+        ("ALTER SYSTEM SET work_mem = '1MB'", "42704"),
+    ] {
+        let e = client.batch_execute(sql).await.unwrap_err();
+        assert_eq!(e.code().unwrap().code(), state, "{sql}: {e}");
+    }
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 2);
+    drop(client);
+    server.terminate();
+
+    // Kept for the next start without --shards; a flag wins over it.
+    let (server, port) = spawn_eddy_with(&dir, &["--shards", "kept"]);
+    let client = connect_port(port).await;
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 2);
+    assert_eq!(
+        simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await,
+        after
+    );
+    client
+        .batch_execute("ALTER SYSTEM SET shards = 1")
+        .await
+        .unwrap();
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
+    drop(client);
+    server.terminate();
+    let (server, port) = spawn_eddy_with(&dir, &["--shards", "kept"]);
+    let client = connect_port(port).await;
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
+    client
+        .batch_execute("ALTER SYSTEM RESET shards")
+        .await
+        .unwrap();
+    // auto: one shard per core here.
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 2);
+    drop(client);
+    server.terminate();
+    let (server, port) = spawn_eddy_with(&dir, &["--shards", "1"]);
+    let client = connect_port(port).await;
+    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
+    assert_eq!(
+        simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await,
+        after
+    );
+    drop(client);
+    server.terminate();
+}

@@ -245,7 +245,9 @@ impl Shards {
     /// Commands sent to shard `index` and not yet handled.
     pub fn queue_depth(&self, index: usize) -> usize {
         let set = self.read();
-        set.pending.get(index).map_or(0, |p| p.load(Ordering::Acquire))
+        set.pending
+            .get(index)
+            .map_or(0, |p| p.load(Ordering::Acquire))
     }
 
     /// Shard `index`'s cell, for tests that hold a shard busy.
@@ -398,7 +400,12 @@ impl Shards {
 
     /// Counters of every task, in task order.
     pub async fn report(&self) -> Result<Vec<TaskReport>> {
-        let mut out: Vec<TaskReport> = self.report_by_shard().await?.into_iter().flatten().collect();
+        let mut out: Vec<TaskReport> = self
+            .report_by_shard()
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
         out.sort_by(|a, b| a.task.cmp(&b.task));
         Ok(out)
     }
@@ -437,10 +444,7 @@ impl Shards {
         if old.count() == 0 {
             return Err(engine_gone());
         }
-        let pinning = old
-            .pinning
-            .as_ref()
-            .map(|p| Arc::new(p.with_shards(count)));
+        let pinning = old.pinning.as_ref().map(|p| Arc::new(p.with_shards(count)));
         let count = match (&pinning, count) {
             (Some(p), _) => p.plan.shards.len(),
             (None, Some(n)) => n,

@@ -269,7 +269,12 @@ pub fn service_pus(machine: &Machine, plan: &Plan) -> Vec<usize> {
         return plan.service.iter().map(|p| p.pu).collect();
     }
     let load = |pu: usize| plan.shards.iter().filter(|s| s.pu == pu).count();
-    let least = machine.pus.iter().map(|p| load(p.os_index)).min().unwrap_or(0);
+    let least = machine
+        .pus
+        .iter()
+        .map(|p| load(p.os_index))
+        .min()
+        .unwrap_or(0);
     machine
         .pus
         .iter()

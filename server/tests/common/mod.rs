@@ -155,16 +155,17 @@ pub fn spawn_eddy_env(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]
     let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
     command.envs(env.iter().copied());
     command
-        .args([
-            "serve",
-            "--pg-addr",
-            "127.0.0.1:0",
-            "--shards",
-            "2",
-            "--data-dir",
-        ])
-        .arg(dir)
-        .args(args);
+        .args(["serve", "--pg-addr", "127.0.0.1:0", "--data-dir"])
+        .arg(dir);
+    // Two shards unless the test says how many; `--shards kept`: no flag, so the node
+    // runs what ALTER SYSTEM kept in its data directory.
+    match args.iter().position(|a| *a == "--shards") {
+        None => command.args(["--shards", "2"]).args(args),
+        Some(i) if args.get(i + 1) == Some(&"kept") => {
+            command.args(&args[..i]).args(&args[i + 2..])
+        }
+        Some(_) => command.args(args),
+    };
     if !args.contains(&"--http-addr") {
         command.args(["--http-addr", "127.0.0.1:0"]);
     }
