@@ -16,11 +16,11 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::command::{Command, PendingMeta, TaskReport};
+use crate::command::{Answers, Command, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
-use crate::log::{EventLog, LogFuture};
+use crate::log::{EventLog, LogFuture, TaskBatch};
 use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
 use crate::node::transfer::Staged;
@@ -370,8 +370,7 @@ impl Engine {
             .map(|(p, task, indexes, task_rows)| ((p, indexes), (task, task_rows)))
             .unzip();
         let answers = self
-            .log
-            .ingest(&self.shards, stream, batches, values, durable)
+            .ingest_batches(stream, batches, values, durable)
             .await?;
         // Partitioner order is kept so metric values come out in creation order.
         let mut per_partitioner: Vec<Vec<(usize, MetricValues)>> =
@@ -392,6 +391,20 @@ impl Engine {
             }
         }
         Ok(replies)
+    }
+
+    /// `ingest` for events already routed: each task's batch, in order; the answers per
+    /// batch.
+    pub async fn ingest_batches(
+        &self,
+        stream: &StreamDef,
+        batches: Vec<TaskBatch>,
+        values: bool,
+        durable: bool,
+    ) -> Result<Vec<Answers>> {
+        self.log
+            .ingest(&self.shards, stream, batches, values, durable)
+            .await
     }
 
     /// Sends reads of tasks active on other nodes to them (cluster mode).
