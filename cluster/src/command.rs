@@ -81,6 +81,9 @@ pub(crate) fn reply_to_caller() -> (Reply, oneshot::Receiver<IngestReply>) {
     )
 }
 
+/// Stateless work for any shard; it answers through what it captured.
+pub type Job = Box<dyn FnOnce() + Send>;
+
 pub(crate) enum Command {
     Catalog(Arc<Catalog>, oneshot::Sender<Result<()>>),
     Ingest {
@@ -129,6 +132,9 @@ pub(crate) enum Command {
         reply: oneshot::Sender<()>,
     },
     Unwatch(WatchId),
+    /// Run stateless work (parsing and checking rows) that any shard may run: the
+    /// round-robin balancer's commands.
+    Run(Job),
     /// Run as one of `count` shards, bound to `pinning`'s place: answer with the tasks
     /// another shard runs now.
     Reshard {

@@ -16,7 +16,7 @@ use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::command::{Answers, Command, PendingMeta, TaskReport};
+use crate::command::{Answers, Command, Job, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
@@ -308,6 +308,13 @@ impl Engine {
             return Err(engine_gone());
         }
         self.shards.reshard(count).await
+    }
+
+    /// Runs stateless work (parsing and checking rows) on the next shard in turn: the
+    /// round-robin balancer. Key-routed work goes through `ingest`; what every shard
+    /// needs (a catalog) through `apply_catalog`: the two others.
+    pub fn run_anywhere(&self, job: Job) {
+        self.shards.run_anywhere(job)
     }
 
     /// The placement the shards follow, if they are pinned.

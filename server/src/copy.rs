@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
+
 use datafusion::sql::sqlparser::ast::{
     CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
 };
@@ -40,37 +42,103 @@ fn copy_buffer_bytes_max() -> usize {
 /// Rows per Arrow batch a COPY holds, and per batch it hands to the engine.
 pub const COPY_BATCH_ROWS: usize = 8192;
 
+/// Bytes of complete records handed to one parse job.
+const CHUNK_BYTES: usize = 256 << 10;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Format {
     Text,
     Csv,
 }
 
-/// A COPY FROM STDIN in progress: its target and the data received so far.
-pub struct CopyIn {
-    pub stream: Arc<StreamDef>,
+/// Runs a parse job somewhere: on a shard, through the round-robin balancer.
+pub type Runner = Arc<dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync>;
+
+/// How a COPY's text becomes rows: shared by the session and the jobs parsing on shards.
+struct Parser {
+    stream: Arc<StreamDef>,
     targets: Vec<usize>,
     format: Format,
     delimiter: char,
     null: String,
-    header: bool,
     quote: char,
+}
+
+/// The rows of some complete records, checked, as Arrow batches.
+struct Parsed {
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    /// Records seen (the header and rows; not the lines after `\.`).
+    records: usize,
+    /// The `\.` line was among them: the data ends there.
+    ended: bool,
+    bytes: usize,
+}
+
+/// A chunk of complete records, in input order: parsed, or being parsed by a job (which
+/// hands back its text when it fails, to be parsed again with its line numbers).
+enum Chunk {
+    Parsed(std::result::Result<Parsed, Vec<u8>>),
+    Parsing {
+        result: oneshot::Receiver<std::result::Result<Parsed, Vec<u8>>>,
+        bytes: usize,
+    },
+}
+
+impl Chunk {
+    fn bytes(&self) -> usize {
+        match self {
+            Chunk::Parsed(Ok(p)) => p.bytes,
+            Chunk::Parsed(Err(text)) => text.len(),
+            Chunk::Parsing { bytes, .. } => *bytes,
+        }
+    }
+
+    /// Takes a job's result if it is there; false while the job runs.
+    fn poll(&mut self) -> bool {
+        if let Chunk::Parsing { result, .. } = self {
+            match result.try_recv() {
+                Ok(parsed) => *self = Chunk::Parsed(parsed),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// The data needs nothing after this chunk: it failed, or it holds the `\.` line.
+    fn is_last(&self) -> bool {
+        matches!(
+            self,
+            Chunk::Parsed(Err(_)) | Chunk::Parsed(Ok(Parsed { ended: true, .. }))
+        )
+    }
+}
+
+/// A COPY FROM STDIN in progress: its target and the data received so far.
+pub struct CopyIn {
+    pub stream: Arc<StreamDef>,
+    parser: Arc<Parser>,
+    header: bool,
     /// Received bytes after the last complete record.
     pending: Vec<u8>,
     /// How much of `pending` was searched for a record end, and whether that search
     /// ended inside a CSV quoted field.
     scanned: usize,
     in_quotes: bool,
-    /// Records parsed so far, the header included (for line numbers in errors).
-    records: usize,
-    /// The `\.` line was seen: the rest is ignored.
-    ended: bool,
-    /// Parsed rows not yet in a batch, and the batches.
-    staged: Vec<Vec<Value>>,
-    batches: Vec<RecordBatch>,
-    batch_bytes: usize,
-    rows: usize,
-    /// The first error; the statement fails with it when the data ends.
+    /// Complete records not yet parsed.
+    ready: Vec<u8>,
+    chunks: Vec<Chunk>,
+    /// Chunks before this one are parsed, and `parsed_bytes` is what they hold.
+    polled: usize,
+    parsed_bytes: usize,
+    /// A chunk failed or held the `\.` line: later data cannot change the outcome.
+    decided: bool,
+    /// The header line is still to come (parsed on the caller, then skipped).
+    header_pending: bool,
+    /// Where parse jobs run (`None`: on the caller).
+    runner: Option<Runner>,
+    /// The first error of the data as a whole (too large); the statement fails with it
+    /// when the data ends.
     failed: Option<Error>,
 }
 
@@ -111,31 +179,21 @@ impl CopyIn {
         };
         let names: Vec<String> = columns.iter().map(normalize_ident).collect();
         let (stream, targets) = load_target(catalog, &object_name(table_name), &names, "copy")?;
-        let mut copy = CopyIn {
-            stream,
+        let mut parser = Parser {
+            stream: stream.clone(),
             targets,
             format: Format::Text,
             delimiter: '\t',
             null: "\\N".to_string(),
-            header: false,
             quote: '"',
-            pending: Vec::new(),
-            scanned: 0,
-            in_quotes: false,
-            records: 0,
-            ended: false,
-            staged: Vec::new(),
-            batches: Vec::new(),
-            batch_bytes: 0,
-            rows: 0,
-            failed: None,
         };
+        let mut header = false;
         let mut delimiter = None;
         let mut null = None;
         for o in options {
             match o {
                 CopyOption::Format(f) => {
-                    copy.format = match f.value.to_lowercase().as_str() {
+                    parser.format = match f.value.to_lowercase().as_str() {
                         "csv" => Format::Csv,
                         "text" => Format::Text,
                         other => {
@@ -148,8 +206,8 @@ impl CopyIn {
                 }
                 CopyOption::Delimiter(c) => delimiter = Some(*c),
                 CopyOption::Null(s) => null = Some(s.clone()),
-                CopyOption::Header(h) => copy.header = *h,
-                CopyOption::Quote(c) => copy.quote = *c,
+                CopyOption::Header(h) => header = *h,
+                CopyOption::Quote(c) => parser.quote = *c,
                 CopyOption::Encoding(_) | CopyOption::Freeze(_) => {}
                 other => {
                     return Err(Error::unsupported(format!(
@@ -160,7 +218,7 @@ impl CopyIn {
         }
         for o in legacy_options {
             match o {
-                CopyLegacyOption::Csv(_) => copy.format = Format::Csv,
+                CopyLegacyOption::Csv(_) => parser.format = Format::Csv,
                 CopyLegacyOption::Delimiter(c) => delimiter = Some(*c),
                 CopyLegacyOption::Null(s) => null = Some(s.clone()),
                 other => {
@@ -170,32 +228,53 @@ impl CopyIn {
                 }
             }
         }
-        if copy.format == Format::Csv {
-            copy.delimiter = ',';
-            copy.null = String::new();
+        if parser.format == Format::Csv {
+            parser.delimiter = ',';
+            parser.null = String::new();
         }
         if let Some(d) = delimiter {
-            copy.delimiter = d;
+            parser.delimiter = d;
         }
         if let Some(n) = null {
-            copy.null = n;
+            parser.null = n;
         }
-        Ok(copy)
+        Ok(CopyIn {
+            stream,
+            parser: Arc::new(parser),
+            header,
+            pending: Vec::new(),
+            scanned: 0,
+            in_quotes: false,
+            ready: Vec::new(),
+            chunks: Vec::new(),
+            polled: 0,
+            parsed_bytes: 0,
+            decided: false,
+            header_pending: header,
+            runner: None,
+            failed: None,
+        })
+    }
+
+    /// Parses the data's chunks with `runner` (on the shards) instead of the caller.
+    pub fn parse_with(&mut self, runner: Runner) {
+        self.runner = Some(runner);
     }
 
     /// The number of columns the client sends per line.
     pub fn columns(&self) -> usize {
-        self.targets.len()
+        self.parser.targets.len()
     }
 
-    /// Takes the next bytes of the data: parses the complete records among them.
+    /// Takes the next bytes of the data: hands complete records to a parser once there
+    /// are enough of them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
-        if self.failed.is_some() || self.ended {
+        if self.failed.is_some() || self.decided {
             return Ok(());
         }
         self.pending.extend_from_slice(bytes);
-        let csv = self.format == Format::Csv;
-        let quote = self.quote as u32;
+        let csv = self.parser.format == Format::Csv;
+        let quote = self.parser.quote as u32;
         let mut end = None;
         for (i, &b) in self.pending.iter().enumerate().skip(self.scanned) {
             if csv && b as u32 == quote {
@@ -209,55 +288,110 @@ impl CopyIn {
             let rest = self.pending.split_off(end);
             let complete = std::mem::replace(&mut self.pending, rest);
             self.scanned -= end;
-            self.take_records(&complete);
+            self.ready.extend_from_slice(&complete);
+            if self.ready.len() >= CHUNK_BYTES {
+                self.parse_ready();
+            }
         }
         let max = copy_buffer_bytes_max();
-        if self.pending.len() + self.batch_bytes > max {
-            self.fail(
+        if self.held_bytes() > max {
+            self.failed = Some(
                 Error::new(
                     ErrorKind::ResourcesExhausted,
                     format!("COPY data exceeds {max} bytes (EDDY_COPY_BUFFER_BYTES)"),
                 )
                 .with_hint("Split the load into several COPY statements."),
             );
+            self.pending = Vec::new();
+            self.ready = Vec::new();
+            self.chunks = Vec::new();
         }
         Ok(())
     }
 
+    /// What the COPY holds: text not parsed yet, and parsed rows. Takes the results of
+    /// the jobs that finished, in order.
+    fn held_bytes(&mut self) -> usize {
+        while let Some(chunk) = self.chunks.get_mut(self.polled) {
+            if !chunk.poll() {
+                break;
+            }
+            self.parsed_bytes += chunk.bytes();
+            self.decided |= chunk.is_last();
+            self.polled += 1;
+        }
+        let parsing: usize = self.chunks[self.polled..].iter().map(Chunk::bytes).sum();
+        self.pending.len() + self.ready.len() + self.parsed_bytes + parsing
+    }
+
+    /// Hands the complete records received so far to a parser. The first chunk of a
+    /// COPY with a header is parsed here, so the header is known to be in it.
+    fn parse_ready(&mut self) {
+        let text = std::mem::take(&mut self.ready);
+        if text.is_empty() {
+            return;
+        }
+        let parser = self.parser.clone();
+        let header = self.header_pending;
+        let runner = self.runner.as_ref().filter(|_| !header);
+        let Some(runner) = runner else {
+            let parsed = parser.parse(&text, 0, header).map_err(|_| text);
+            if let Ok(p) = &parsed {
+                self.header_pending &= p.records == 0;
+            }
+            self.chunks.push(Chunk::Parsed(parsed));
+            return;
+        };
+        let (tx, result) = oneshot::channel();
+        let bytes = text.len();
+        runner(Box::new(move || {
+            let _ = tx.send(parser.parse(&text, 0, false).map_err(|_| text));
+        }));
+        self.chunks.push(Chunk::Parsing { result, bytes });
+    }
+
     /// Every row of the data, checked, once the client sent all of it.
-    pub fn finish(mut self) -> Result<CopyRows> {
-        if !self.ended && self.failed.is_none() {
-            let rest = std::mem::take(&mut self.pending);
-            self.take_records(&rest);
+    pub async fn finish(mut self) -> Result<CopyRows> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
         }
-        self.seal();
-        match self.failed {
-            Some(e) => Err(e),
-            None => Ok(CopyRows {
-                stream: self.stream,
-                batches: self.batches,
-                rows: self.rows,
-            }),
+        self.ready.append(&mut self.pending);
+        self.parse_ready();
+        let mut batches = Vec::new();
+        let (mut rows, mut records) = (0, 0);
+        for chunk in self.chunks {
+            let parsed = match chunk {
+                Chunk::Parsed(parsed) => parsed,
+                Chunk::Parsing { result, .. } => result
+                    .await
+                    .map_err(|_| Error::internal("a COPY parse job was dropped"))?,
+            };
+            let parsed = match parsed {
+                Ok(parsed) => parsed,
+                // Again, knowing where it starts: the error names its line.
+                Err(text) => self
+                    .parser
+                    .parse(&text, records, self.header && records == 0)?,
+            };
+            records += parsed.records;
+            rows += parsed.rows;
+            batches.extend(parsed.batches);
+            if parsed.ended {
+                break;
+            }
         }
+        Ok(CopyRows {
+            stream: self.stream,
+            batches,
+            rows,
+        })
     }
+}
 
-    fn fail(&mut self, e: Error) {
-        if self.failed.is_none() {
-            self.failed = Some(e);
-        }
-        self.pending = Vec::new();
-        self.staged = Vec::new();
-        self.batches = Vec::new();
-    }
-
-    /// Parses whole records and stages their rows.
-    fn take_records(&mut self, bytes: &[u8]) {
-        if let Err(e) = self.try_take_records(bytes) {
-            self.fail(e);
-        }
-    }
-
-    fn try_take_records(&mut self, bytes: &[u8]) -> Result<()> {
+impl Parser {
+    /// Parses and checks whole records, `before` of them preceding these in the data
+    /// (for line numbers); with `header`, the first is a header and skipped.
+    fn parse(&self, bytes: &[u8], before: usize, header: bool) -> Result<Parsed> {
         let text = std::str::from_utf8(bytes)
             .map_err(|_| Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8"))?;
         let (records, ended) = match self.format {
@@ -277,38 +411,33 @@ impl CopyIn {
                 (records, ended)
             }
         };
-        self.ended = ended;
-        for fields in records {
-            self.records += 1;
-            if self.header && self.records == 1 {
+        let mut parsed = Parsed {
+            batches: Vec::new(),
+            rows: 0,
+            records: records.len(),
+            ended,
+            bytes: 0,
+        };
+        let types = stream_types(&self.stream);
+        let mut staged = Vec::with_capacity(records.len().min(COPY_BATCH_ROWS));
+        for (i, fields) in records.iter().enumerate() {
+            if header && i == 0 {
                 continue;
             }
-            let row = row_from_fields(&self.stream, &self.targets, &fields, self.records)?;
+            let line = before + i + 1;
+            let row = row_from_fields(&self.stream, &self.targets, fields, line)?;
             check_not_null(&self.stream, &row)?;
             Task::event_time(&self.stream, &row)?;
-            self.staged.push(row);
-            if self.staged.len() >= COPY_BATCH_ROWS {
-                self.seal();
+            staged.push(row);
+            if staged.len() >= COPY_BATCH_ROWS || i + 1 == records.len() {
+                let batch = rows_to_batch(stream_schema(&self.stream), &types, &staged)?;
+                parsed.rows += staged.len();
+                parsed.bytes += batch.get_array_memory_size();
+                parsed.batches.push(batch);
+                staged.clear();
             }
         }
-        Ok(())
-    }
-
-    /// Moves the staged rows into a batch.
-    fn seal(&mut self) {
-        if self.staged.is_empty() || self.failed.is_some() {
-            return;
-        }
-        let rows = std::mem::take(&mut self.staged);
-        let types = stream_types(&self.stream);
-        match rows_to_batch(stream_schema(&self.stream), &types, &rows) {
-            Ok(batch) => {
-                self.rows += rows.len();
-                self.batch_bytes += batch.get_array_memory_size();
-                self.batches.push(batch);
-            }
-            Err(e) => self.fail(e),
-        }
+        Ok(parsed)
     }
 
     fn text_fields(&self, line: &str) -> Vec<Option<String>> {
@@ -539,8 +668,12 @@ mod tests {
     }
 
     fn rows(c: CopyIn) -> Result<Vec<Vec<Value>>> {
+        let finished = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(c.finish());
         let mut out = Vec::new();
-        for b in &c.finish()?.batches {
+        for b in &finished?.batches {
             out.extend(eddy_planner::filter::batch_to_rows(b)?);
         }
         Ok(out)
@@ -595,5 +728,43 @@ mod tests {
         c.push(b"4,2026-01-01 00:00:03,d\n").unwrap();
         let e = rows(c).unwrap_err();
         assert!(format!("{e:?}").contains("line 3"), "{e:?}");
+    }
+
+    /// Parse jobs on other threads (as on the shards) give the rows, the line numbers
+    /// and the end of the data exactly as parsing on the caller does.
+    #[test]
+    fn parsing_elsewhere_changes_nothing() {
+        let line = |i: usize| format!("{i},2026-01-01 00:00:00,note {i} {}\n", "x".repeat(i % 50));
+        let data: String = (0..40_000).map(line).collect();
+        assert!(data.len() > 4 * CHUNK_BYTES);
+        let runner: Runner = Arc::new(|job| {
+            std::thread::spawn(job);
+        });
+        let load = |data: &str, elsewhere: bool| {
+            let mut c = copy_for("COPY s FROM STDIN (FORMAT csv)");
+            if elsewhere {
+                c.parse_with(runner.clone());
+            }
+            for piece in data.as_bytes().chunks(65_536) {
+                c.push(piece).unwrap();
+            }
+            rows(c)
+        };
+        let here = load(&data, false).unwrap();
+        assert_eq!(here.len(), 40_000);
+        assert_eq!(load(&data, true).unwrap(), here);
+        // A bad line deep in the data: the same error, with its line number.
+        let bad = data.replacen("31234,", "x,", 1);
+        let (e1, e2) = (
+            load(&bad, false).unwrap_err(),
+            load(&bad, true).unwrap_err(),
+        );
+        assert_eq!(format!("{e1:?}"), format!("{e2:?}"));
+        assert!(format!("{e2:?}").contains("line 31235"), "{e2:?}");
+        // `\.` early on: the bad lines after it do not count.
+        let head: String = (0..20).map(line).collect();
+        let ended = format!("{head}\\.\n{bad}");
+        assert_eq!(load(&ended, true).unwrap(), load(&ended, false).unwrap());
+        assert_eq!(load(&ended, true).unwrap().len(), 20);
     }
 }

@@ -300,9 +300,11 @@ impl Db {
             }
             Statement::Copy(copy) => {
                 let catalog = self.catalog();
-                Ok(Executed::new(Output::CopyIn(CopyIn::bind(
-                    &catalog, &copy,
-                )?)))
+                let mut copy = CopyIn::bind(&catalog, &copy)?;
+                // Parsing and checking rows is stateless: any shard, in turn.
+                let engine = self.engine.clone();
+                copy.parse_with(Arc::new(move |job| engine.run_anywhere(job)));
+                Ok(Executed::new(Output::CopyIn(copy)))
             }
             Statement::Query(sql) => {
                 let ctx = self.query_context()?;
@@ -460,7 +462,7 @@ impl Db {
     /// Parses and applies a finished COPY; nothing is applied if any row is bad.
     pub async fn finish_copy(&self, copy: CopyIn, durable: bool) -> Result<Executed> {
         // Every check that can fail ran before the first row reaches a task.
-        let copy = copy.finish()?;
+        let copy = copy.finish().await?;
         let stream = copy.stream;
         let mut late = Vec::new();
         for batch in &copy.batches {

@@ -24,8 +24,8 @@ use eddy_planner::{Error, Result};
 use eddy_storage::{Family, StateStore};
 
 use crate::command::{
-    reply_to_caller, Answers, CheckpointReply, Command, Given, IngestReply, PendingMeta, Reply,
-    TaskReport,
+    reply_to_caller, Answers, CheckpointReply, Command, Given, IngestReply, Job, PendingMeta,
+    Reply, TaskReport,
 };
 use crate::exec::events::Row;
 use crate::exec::task::Task;
@@ -57,6 +57,8 @@ struct Inner {
     /// every shard of one set.
     broadcast: tokio::sync::RwLock<()>,
     storage: Option<Arc<NodeStorage>>,
+    /// The round-robin balancer's next shard.
+    next: AtomicUsize,
     /// The running shard threads, by index.
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -214,6 +216,7 @@ impl Shards {
                 set: RwLock::new(Arc::new(set)),
                 broadcast: tokio::sync::RwLock::new(()),
                 storage,
+                next: AtomicUsize::new(0),
                 threads: Mutex::new(threads),
             }),
         }
@@ -295,6 +298,26 @@ impl Shards {
             out.push(rx.await.map_err(|_| engine_gone())?);
         }
         Ok(out)
+    }
+
+    /// Runs stateless work on the next shard in turn whose queue has room (the
+    /// round-robin balancer), or on the calling thread when every queue is full or the
+    /// shards are gone, so a flood of work waits for the shards instead of queueing.
+    pub fn run_anywhere(&self, job: Job) {
+        let set = self.read();
+        let count = set.count();
+        let first = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let mut cmd = Command::Run(job);
+        for k in 0..count {
+            match set.try_send((first + k) % count, cmd) {
+                Ok(()) => return,
+                Err(TrySendError::Full(back) | TrySendError::Closed(back)) => cmd = back,
+            }
+        }
+        drop(set);
+        if let Command::Run(job) = cmd {
+            job();
+        }
     }
 
     /// Sends a command that needs no answer to every shard.
@@ -856,6 +879,7 @@ impl Shard {
             } => {
                 let _ = reply.send(self.reshard(count, pinning.as_deref()));
             }
+            Command::Run(job) => job(),
             Command::Adopt { tasks, reply } => {
                 self.adopt(tasks);
                 let _ = reply.send(());
