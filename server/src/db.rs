@@ -12,6 +12,7 @@ use pgwire::api::Type;
 use eddy_cluster::placement::Pinning;
 use eddy_cluster::{
     Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
+    TaskId,
 };
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, ReturningItem};
@@ -279,7 +280,9 @@ impl Db {
                 let stream = catalog
                     .stream(&name)
                     .ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
-                Ok(plan_rows(StreamDag::new(&catalog, stream).explain_stream()))
+                let mut lines = StreamDag::new(&catalog, stream).explain_stream();
+                lines.extend(where_it_runs(stream, self.engine.shards()));
+                Ok(plan_rows(lines))
             }
             Statement::ExplainMetric(name) => {
                 let catalog = self.catalog();
@@ -1267,6 +1270,50 @@ fn duration_text(us: i64) -> String {
     } else {
         format_duration_us(us).to_lowercase()
     }
+}
+
+/// `EXPLAIN STREAM`'s account of where each part of the stream's plan runs on this node:
+/// the stateless part on any shard (round-robin), each task's DAG on its shard (route
+/// by key), catalog changes on every shard (broadcast).
+fn where_it_runs(stream: &StreamDef, shards: usize) -> Vec<String> {
+    let mut lines = vec![
+        format!(
+            "Runs on {shards} shard{}",
+            if shards == 1 { "" } else { "s" }
+        ),
+        "  Parse and check rows: COPY on any shard, round-robin; INSERT on the session; \
+         Kafka JSON on the source's consumer"
+            .to_string(),
+    ];
+    for p in 0..stream.partitioner_count() {
+        let by = match stream.partitioners.get(p) {
+            Some(&col) => format!("hash of {}", stream.columns[col].name),
+            None => "one task".to_string(),
+        };
+        let mut per_shard = vec![Vec::new(); shards.max(1)];
+        for partition in 0..stream.tasks_per_partitioner() {
+            let task = TaskId {
+                stream: stream.name.clone(),
+                partitioner: p,
+                partition,
+            };
+            per_shard[eddy_cluster::route::shard_of(&task, shards.max(1))]
+                .push(partition.to_string());
+        }
+        let spread: Vec<String> = per_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, tasks)| !tasks.is_empty())
+            .map(|(shard, tasks)| format!("shard {shard}: {}", tasks.join(", ")))
+            .collect();
+        lines.push(format!(
+            "  Route by key ({by}) to the task's shard, which runs Window, Filter, GroupBy \
+             and Aggregators: tasks on {}",
+            spread.join("; ")
+        ));
+    }
+    lines.push("  Catalog changes: every shard, broadcast".to_string());
+    lines
 }
 
 fn plan_rows(lines: Vec<String>) -> Executed {
