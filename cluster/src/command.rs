@@ -15,6 +15,7 @@ use eddy_storage::ReservoirStats;
 use crate::exec::checkpoint::TaskStats;
 use crate::exec::events::{Outcome, Row};
 use crate::exec::groups::CacheStats;
+use crate::exec::passes::Passes;
 use crate::exec::task::{MetricValues, PendingRecord, Task};
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::node::durable::TaskMeta;
@@ -92,6 +93,8 @@ pub(crate) enum Command {
         values: bool,
         /// The task's log end after these rows (with a log).
         log_end: Option<u64>,
+        /// Their WHERE results, when the stateless stage computed them.
+        passes: Option<Passes>,
         reply: Reply,
     },
     /// Flush and record every task, freeze the shard's cut of the held store, answer,

@@ -18,6 +18,7 @@ use eddy_planner::{Error, Result};
 
 use crate::command::{Answers, Command, Job, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
+use crate::exec::passes::Passes;
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::log::{EventLog, LogFuture, TaskBatch};
@@ -371,10 +372,27 @@ impl Engine {
         values: bool,
         durable: bool,
     ) -> Result<Vec<EventReply>> {
+        self.ingest_with(stream, rows, None, values, durable).await
+    }
+
+    /// `ingest`, with the rows' WHERE results when the stateless stage computed them
+    /// (`passes`, one per row): each task takes its rows' share.
+    pub async fn ingest_with(
+        &self,
+        stream: &StreamDef,
+        rows: Vec<Row>,
+        passes: Option<&Passes>,
+        values: bool,
+        durable: bool,
+    ) -> Result<Vec<EventReply>> {
         let mut replies = vec![EventReply::default(); rows.len()];
+        let passes = passes.filter(|p| p.len() == rows.len());
         let (places, batches): (Vec<_>, Vec<_>) = route(stream, &rows)
             .into_iter()
-            .map(|(p, task, indexes, task_rows)| ((p, indexes), (task, task_rows)))
+            .map(|(p, task, indexes, rows)| {
+                let passes = passes.map(|all| all.select(&indexes));
+                ((p, indexes), TaskBatch { task, rows, passes })
+            })
             .unzip();
         let answers = self
             .ingest_batches(stream, batches, values, durable)
@@ -795,9 +813,14 @@ mod tests {
             let reply: crate::command::Reply = Box::new(move |r| {
                 let _ = tx.send((i, std::thread::current().id(), r.is_ok()));
             });
-            assert!(engine
-                .shards
-                .deliver(task.clone(), vec![event(i)], false, i as u64, reply));
+            assert!(engine.shards.deliver(
+                task.clone(),
+                vec![event(i)],
+                false,
+                i as u64,
+                None,
+                reply
+            ));
         };
         // Idle (once the shard let go of its lock after the catalog): here, at once.
         once_idle(|| engine.shards.cell(0).try_lock().ok().map(drop));

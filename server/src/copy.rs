@@ -21,6 +21,7 @@ use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind, Result};
 
 use datafusion::arrow::record_batch::RecordBatch;
+use eddy_cluster::exec::passes::{Passes, Predicates};
 use eddy_cluster::Task;
 use eddy_planner::bind::{check_not_null, value_from_text};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
@@ -57,6 +58,8 @@ pub type Runner = Arc<dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync>;
 /// How a COPY's text becomes rows: shared by the session and the jobs parsing on shards.
 struct Parser {
     stream: Arc<StreamDef>,
+    /// The WHERE predicates of the stream's metrics, evaluated where the rows are parsed.
+    predicates: Predicates,
     targets: Vec<usize>,
     format: Format,
     delimiter: char,
@@ -66,7 +69,7 @@ struct Parser {
 
 /// The rows of some complete records, checked, as Arrow batches.
 struct Parsed {
-    batches: Vec<RecordBatch>,
+    batches: Vec<ParsedBatch>,
     rows: usize,
     /// Records seen (the header and rows; not the lines after `\.`).
     records: usize,
@@ -142,10 +145,13 @@ pub struct CopyIn {
     failed: Option<Error>,
 }
 
+/// Checked rows, and whether each passes each WHERE of the stream's metrics.
+pub type ParsedBatch = (RecordBatch, Option<Passes>);
+
 /// The rows of a finished COPY, checked, as batches in input order.
 pub struct CopyRows {
     pub stream: Arc<StreamDef>,
-    pub batches: Vec<RecordBatch>,
+    pub batches: Vec<ParsedBatch>,
     pub rows: usize,
 }
 
@@ -181,6 +187,7 @@ impl CopyIn {
         let (stream, targets) = load_target(catalog, &object_name(table_name), &names, "copy")?;
         let mut parser = Parser {
             stream: stream.clone(),
+            predicates: Predicates::of(catalog, &stream)?,
             targets,
             format: Format::Text,
             delimiter: '\t',
@@ -431,9 +438,13 @@ impl Parser {
             staged.push(row);
             if staged.len() >= COPY_BATCH_ROWS || i + 1 == records.len() {
                 let batch = rows_to_batch(stream_schema(&self.stream), &types, &staged)?;
+                let passes = match self.predicates.is_empty() {
+                    true => None,
+                    false => Some(self.predicates.evaluate(&batch)?),
+                };
                 parsed.rows += staged.len();
                 parsed.bytes += batch.get_array_memory_size();
-                parsed.batches.push(batch);
+                parsed.batches.push((batch, passes));
                 staged.clear();
             }
         }
@@ -673,7 +684,7 @@ mod tests {
             .unwrap()
             .block_on(c.finish());
         let mut out = Vec::new();
-        for b in &finished?.batches {
+        for (b, _) in &finished?.batches {
             out.extend(eddy_planner::filter::batch_to_rows(b)?);
         }
         Ok(out)

@@ -281,7 +281,7 @@ impl Db {
                     .stream(&name)
                     .ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
                 let mut lines = StreamDag::new(&catalog, stream).explain_stream();
-                lines.extend(where_it_runs(stream, self.engine.shards()));
+                lines.extend(where_it_runs(&catalog, stream, self.engine.shards()));
                 Ok(plan_rows(lines))
             }
             Statement::ExplainMetric(name) => {
@@ -468,9 +468,12 @@ impl Db {
         let copy = copy.finish().await?;
         let stream = copy.stream;
         let mut late = Vec::new();
-        for batch in &copy.batches {
+        for (batch, passes) in &copy.batches {
             let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
-            let replies = self.engine.ingest(&stream, rows, false, durable).await?;
+            let replies = self
+                .engine
+                .ingest_with(&stream, rows, passes.as_ref(), false, durable)
+                .await?;
             late.extend(replies.into_iter().map(|r| r.outcomes));
         }
         Ok(Executed {
@@ -1275,7 +1278,7 @@ fn duration_text(us: i64) -> String {
 /// `EXPLAIN STREAM`'s account of where each part of the stream's plan runs on this node:
 /// the stateless part on any shard (round-robin), each task's DAG on its shard (route
 /// by key), catalog changes on every shard (broadcast).
-fn where_it_runs(stream: &StreamDef, shards: usize) -> Vec<String> {
+fn where_it_runs(catalog: &Catalog, stream: &StreamDef, shards: usize) -> Vec<String> {
     let mut lines = vec![
         format!(
             "Runs on {shards} shard{}",
@@ -1285,6 +1288,17 @@ fn where_it_runs(stream: &StreamDef, shards: usize) -> Vec<String> {
          Kafka JSON on the source's consumer"
             .to_string(),
     ];
+    if catalog
+        .metrics_of(&stream.name)
+        .iter()
+        .any(|m| m.filter.is_some())
+    {
+        lines.push(
+            "  WHERE clauses: evaluated with COPY's parsing, on any shard; for INSERT and \
+             Kafka, in the task"
+                .to_string(),
+        );
+    }
     for p in 0..stream.partitioner_count() {
         let by = match stream.partitioners.get(p) {
             Some(&col) => format!("hash of {}", stream.columns[col].name),

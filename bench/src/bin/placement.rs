@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use eddy_bench::XorShift;
+use eddy_cluster::log::TaskBatch;
 use eddy_cluster::placement::Pinning;
 use eddy_cluster::route::partition_for;
 use eddy_cluster::{Engine, MemoryLog, Row, TaskId};
@@ -106,7 +107,7 @@ fn statements(
     events: usize,
     ips: u64,
     per_statement: usize,
-) -> Vec<Vec<(TaskId, Vec<Row>)>> {
+) -> Vec<Vec<TaskBatch>> {
     let mut rng = XorShift(0x2545_f491_4f6c_dd1d ^ from as u64);
     let addresses: Vec<Value> = (0..ips)
         .map(|i| Value::Text(format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255).into()))
@@ -134,7 +135,11 @@ fn statements(
                         partitioner: 0,
                         partition: p as u32,
                     };
-                    (task, rows)
+                    TaskBatch {
+                        task,
+                        rows,
+                        passes: None,
+                    }
                 })
                 .collect(),
         );
@@ -173,7 +178,7 @@ fn run_one(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
         None,
     ));
     runtime.block_on(engine.apply_catalog(catalog.clone()))?;
-    let ingest = |batches: Vec<(TaskId, Vec<Row>)>| {
+    let ingest = |batches: Vec<TaskBatch>| {
         let (engine, stream) = (engine.clone(), stream.clone());
         runtime.spawn(async move {
             engine

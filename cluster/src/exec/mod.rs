@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod events;
 pub mod groups;
 pub mod key;
+pub mod passes;
 pub mod split;
 pub mod task;
 pub mod watch;

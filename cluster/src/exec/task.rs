@@ -34,6 +34,7 @@ use smallvec::SmallVec;
 
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::exec::key::{pack, unpack};
+use crate::exec::passes::Passes;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
@@ -925,6 +926,17 @@ impl Task {
     /// Processes a batch of events in order. With `values`, returns after each event the
     /// values of every metric of the task for that event's group.
     pub fn ingest(&mut self, rows: &[Row], values: bool) -> Result<Vec<(Outcome, MetricValues)>> {
+        self.ingest_with(rows, values, None)
+    }
+
+    /// `ingest`, taking the rows' WHERE results from `passes` where it has them (the
+    /// stateless stage computed them on another shard).
+    pub fn ingest_with(
+        &mut self,
+        rows: &[Row],
+        values: bool,
+        passes: Option<&Passes>,
+    ) -> Result<Vec<(Outcome, MetricValues)>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -946,19 +958,28 @@ impl Task {
             .any(|f| f.predicate.is_some() && f.bit.is_some());
         if has_predicates {
             bits.resize(rows.len(), 0);
-            let predicates: Vec<(Filter, u32)> = self
-                .windows
-                .iter()
-                .flat_map(|w| w.filters.iter())
-                .filter_map(|f| Some((f.predicate.clone()?, f.bit?)))
-                .collect();
-            let batch = rows_to_batch(
-                stream_schema(&self.stream),
-                &stream_types(&self.stream),
-                rows,
-            )?;
-            for (predicate, bit) in predicates {
-                for (i, pass) in predicate.evaluate(&batch)?.into_iter().enumerate() {
+            let passes = passes.filter(|p| p.len() == rows.len());
+            let mut batch = None;
+            for f in self.windows.iter().flat_map(|w| w.filters.iter()) {
+                let (Some(predicate), Some(bit)) = (&f.predicate, f.bit) else {
+                    continue;
+                };
+                let given = f.key.predicate.as_deref().and_then(|p| passes?.of(p));
+                let results: Vec<bool> = match given {
+                    Some(given) => given.collect(),
+                    None => {
+                        let batch = match &batch {
+                            Some(b) => b,
+                            None => batch.insert(rows_to_batch(
+                                stream_schema(&self.stream),
+                                &stream_types(&self.stream),
+                                rows,
+                            )?),
+                        };
+                        predicate.evaluate(batch)?
+                    }
+                };
+                for (i, pass) in results.into_iter().enumerate() {
                     if pass {
                         bits[i] |= 1u64 << bit;
                     }

@@ -268,7 +268,7 @@ impl EventLog for LocalLog {
             let mut records = Vec::with_capacity(batches.len());
             let mut waits = Vec::with_capacity(batches.len());
             let mut deliveries = Vec::with_capacity(batches.len());
-            for (task, rows) in batches {
+            for TaskBatch { task, rows, passes } in batches {
                 let encoded = rows
                     .iter()
                     .map(|r| {
@@ -279,7 +279,7 @@ impl EventLog for LocalLog {
                     .collect();
                 records.push((task.clone(), encoded));
                 let (reply, rx) = reply_to_caller();
-                deliveries.push((task, rows, reply));
+                deliveries.push((task, rows, passes, reply));
                 waits.push(rx);
             }
             // The caller waits for the tasks' answers alone: a failed append answers each
@@ -290,12 +290,12 @@ impl EventLog for LocalLog {
                 durable,
                 Box::new(move |result| match result {
                     Ok(ends) => {
-                        for ((task, rows, reply), end) in deliveries.into_iter().zip(ends) {
-                            shards.deliver(task, rows, values, end, reply);
+                        for ((task, rows, passes, reply), end) in deliveries.into_iter().zip(ends) {
+                            shards.deliver(task, rows, values, end, passes, reply);
                         }
                     }
                     Err(e) => {
-                        for (_, _, reply) in deliveries {
+                        for (_, _, _, reply) in deliveries {
                             reply(Err(e.clone()));
                         }
                     }
@@ -336,7 +336,7 @@ impl EventLog for LocalLog {
                 for chunk in rows.chunks(REPLAY_BATCH_ROWS) {
                     end += chunk.len() as u64;
                     let rx = shards
-                        .ingest(task.clone(), chunk.to_vec(), false, Some(end))
+                        .ingest(task.clone(), chunk.to_vec(), false, Some(end), None)
                         .await?;
                     applying.push(rx);
                 }

@@ -28,6 +28,7 @@ use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::Result;
 
 use crate::exec::events::Row;
+use crate::exec::passes::Passes;
 use crate::node::shards::Shards;
 use crate::route::TaskId;
 
@@ -39,8 +40,13 @@ pub type LogFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>
 
 pub use crate::command::{Answer, Answers};
 
-/// One task's events of a statement.
-pub type TaskBatch = (TaskId, Vec<Row>);
+/// One task's events of a statement, with their WHERE results when the stateless stage
+/// computed them (the embedded logs hand them to the task; Kafka's tasks evaluate).
+pub struct TaskBatch {
+    pub task: TaskId,
+    pub rows: Vec<Row>,
+    pub passes: Option<Passes>,
+}
 
 /// Where events are made durable before tasks apply them. See the module docs.
 pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
@@ -100,8 +106,12 @@ impl EventLog for MemoryLog {
     ) -> LogFuture<'a, Vec<Answers>> {
         Box::pin(async move {
             let mut waits = Vec::with_capacity(batches.len());
-            for (task, rows) in batches {
-                waits.push(shards.ingest(task, rows, values, None).await?);
+            for b in batches {
+                waits.push(
+                    shards
+                        .ingest(b.task, b.rows, values, None, b.passes)
+                        .await?,
+                );
             }
             Shards::answers(waits).await
         })

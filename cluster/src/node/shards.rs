@@ -28,6 +28,7 @@ use crate::command::{
     Reply, TaskReport,
 };
 use crate::exec::events::Row;
+use crate::exec::passes::Passes;
 use crate::exec::task::Task;
 use crate::node::durable::{task_meta_key, task_prefix, NodeStorage, TaskMeta};
 use crate::node::transfer::{Staged, STATE_FAMILIES};
@@ -86,6 +87,8 @@ impl Set {
         (self.count() > 0).then(|| shard_of(task, self.count()))
     }
 
+    // A full queue hands the command back, whatever its size.
+    #[allow(clippy::result_large_err)]
     fn try_send(&self, shard: usize, cmd: Command) -> Result<(), TrySendError<Command>> {
         self.pending[shard].fetch_add(1, Ordering::AcqRel);
         let sent = self.queues[shard].try_send(cmd);
@@ -338,6 +341,7 @@ impl Shards {
         rows: Vec<Row>,
         values: bool,
         log_end: Option<u64>,
+        passes: Option<Passes>,
     ) -> Result<oneshot::Receiver<IngestReply>> {
         let (reply, rx) = reply_to_caller();
         let to = task.clone();
@@ -346,6 +350,7 @@ impl Shards {
             rows,
             values,
             log_end,
+            passes,
             reply,
         };
         self.send_to(&to, cmd).await?;
@@ -362,6 +367,7 @@ impl Shards {
         rows: Vec<Row>,
         values: bool,
         log_end: u64,
+        passes: Option<Passes>,
         reply: Reply,
     ) -> bool {
         let set = self.read();
@@ -374,6 +380,7 @@ impl Shards {
             rows,
             values,
             log_end: Some(log_end),
+            passes,
             reply,
         };
         // An idle shard with nothing sent before this is applied here, on the caller's
@@ -849,11 +856,12 @@ impl Shard {
                 rows,
                 values,
                 log_end,
+                passes,
                 reply,
             } => {
                 let result = match self.tasks.get_mut(&task) {
                     Some(t) => {
-                        let result = t.ingest(&rows, values);
+                        let result = t.ingest_with(&rows, values, passes.as_ref());
                         if let (Ok(_), Some(end)) = (&result, log_end) {
                             t.log_end = end;
                         }

@@ -534,7 +534,7 @@ impl Kafka {
                     })
                 })
             };
-            if !shards.deliver(task, rows, values, end as u64, reply) {
+            if !shards.deliver(task, rows, values, end as u64, None, reply) {
                 return;
             }
         }

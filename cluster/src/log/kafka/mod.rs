@@ -305,10 +305,14 @@ impl EventLog for Kafka {
         _durable: bool,
     ) -> LogFuture<'a, Vec<Answers>> {
         Box::pin(async move {
-            let sizes: Vec<usize> = batches.iter().map(|(_, rows)| rows.len()).collect();
+            // The tasks evaluate their WHERE themselves: results do not travel through Kafka.
+            let sizes: Vec<usize> = batches.iter().map(|b| b.rows.len()).collect();
             let events: Vec<(TaskId, crate::exec::events::Row)> = batches
                 .into_iter()
-                .flat_map(|(task, rows)| rows.into_iter().map(move |r| (task.clone(), r)))
+                .flat_map(|b| {
+                    let task = b.task;
+                    b.rows.into_iter().map(move |r| (task.clone(), r))
+                })
                 .collect();
             let mut answers = self
                 .publisher
