@@ -1284,8 +1284,8 @@ fn where_it_runs(catalog: &Catalog, stream: &StreamDef, shards: usize) -> Vec<St
             "Runs on {shards} shard{}",
             if shards == 1 { "" } else { "s" }
         ),
-        "  Parse and check rows: COPY on any shard, round-robin; INSERT on the session; \
-         Kafka JSON on the source's consumer"
+        "  Parse and check rows: COPY and Kafka JSON on any shard, round-robin; INSERT on \
+         the session"
             .to_string(),
     ];
     if catalog

@@ -57,7 +57,7 @@ fn args() -> Result<Args> {
     let mut a = Args {
         events: 2_000_000,
         ips: 100_000,
-        runs: 3,
+        runs: 5,
         batch: 1000,
         one: None,
     };

@@ -90,6 +90,8 @@ pub struct Kafka {
     me: Weak<Kafka>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The node's shards, once recovery starts: external records are decoded on them.
+    shards: std::sync::OnceLock<Shards>,
     pub stats: Arc<KafkaStats>,
 }
 
@@ -141,6 +143,7 @@ impl Kafka {
             me: me.clone(),
             stop,
             threads: Mutex::new(vec![replies]),
+            shards: std::sync::OnceLock::new(),
             stats,
         }))
     }
@@ -239,6 +242,7 @@ impl Kafka {
         catalog: &Catalog,
         applied: BTreeMap<TaskId, u64>,
     ) -> Result<u64> {
+        let _ = self.shards.set(shards.clone());
         self.install(&Catalog::default(), catalog).await?;
         let mut ends = Vec::new();
         for (stream, task) in tasks_of(catalog) {

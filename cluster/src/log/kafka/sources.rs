@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -25,6 +25,9 @@ use super::{Kafka, POLL_BATCH_MAX};
 use crate::exec::events::Row;
 use crate::exec::task::Task;
 use crate::route::{dir_name, route, TaskId};
+
+/// External records per decoding job.
+const DECODE_PIECE: usize = 512;
 
 /// A running consumer of a stream's external topic.
 pub(super) struct SourceRun {
@@ -143,14 +146,10 @@ impl Kafka {
                 continue;
             }
             let mut rows: Vec<Row> = Vec::with_capacity(batch.len());
-            for m in &batch {
+            for (m, row) in batch.iter().zip(self.decode(&stream, &batch)) {
                 let payload = m.payload().unwrap_or_default();
-                let row = row_from_json(&stream, payload).and_then(|r| {
-                    Task::event_time(&stream, &r)?;
-                    Ok(r)
-                });
                 match row {
-                    Ok(r) => rows.push(Row::from(r)),
+                    Ok(r) => rows.push(r),
                     Err(e) => {
                         let origin = format!("{}/{}@{}", m.topic(), m.partition(), m.offset());
                         let sent = runtime.block_on(self.dead_letter(
@@ -189,6 +188,50 @@ impl Kafka {
                 eprintln!("eddy: kafka: committing {}: {e}", source.topic);
             }
         }
+    }
+
+    /// The rows of external records (or why each does not fit), in order. The JSON is
+    /// decoded on the shards, round-robin, in pieces of `DECODE_PIECE` records: stateless
+    /// work, off this consumer's thread.
+    fn decode(&self, stream: &Arc<StreamDef>, batch: &[OwnedMessage]) -> Vec<Result<Row>> {
+        let decode = |stream: &StreamDef, payload: &[u8]| {
+            let row = row_from_json(stream, payload)?;
+            Task::event_time(stream, &row)?;
+            Ok(Row::from(row))
+        };
+        let Some(shards) = self.shards.get() else {
+            return batch
+                .iter()
+                .map(|m| decode(stream, m.payload().unwrap_or_default()))
+                .collect();
+        };
+        let waits: Vec<_> = batch
+            .chunks(DECODE_PIECE)
+            .map(|piece| {
+                let payloads: Vec<Vec<u8>> = piece
+                    .iter()
+                    .map(|m| m.payload().unwrap_or_default().to_vec())
+                    .collect();
+                let (tx, rx) = std::sync::mpsc::channel();
+                let stream = stream.clone();
+                shards.run_anywhere(Box::new(move || {
+                    let rows: Vec<Result<Row>> =
+                        payloads.iter().map(|p| decode(&stream, p)).collect();
+                    let _ = tx.send(rows);
+                }));
+                (piece.len(), rx)
+            })
+            .collect();
+        waits
+            .into_iter()
+            .flat_map(|(n, rx)| {
+                rx.recv().unwrap_or_else(|_| {
+                    (0..n)
+                        .map(|_| Err(Error::internal("a decoding job was dropped")))
+                        .collect()
+                })
+            })
+            .collect()
     }
 
     /// External records sent to dead-letter topics, by stream.
