@@ -9,8 +9,9 @@
 //! 2. Runs `engine --mode task` against the window length (1 minute … 1 day) and the
 //!    number of keys (10k, 100k, 1M), and `frontdoor` (single_on, single_off, batch, copy,
 //!    lookup), each as a subprocess with a time cap, and parses their JSON; then the
-//!    percentiles (MEDIAN, PERCENTILE_CONT(0.99)) at 100k keys, and `hopping`, the share of
-//!    hopping results that differ from the exact sliding window.
+//!    percentiles (MEDIAN, PERCENTILE_CONT(0.99)) at 100k keys, `hopping`, the share of
+//!    hopping results that differ from the exact sliding window, and `placement`, HiBench's
+//!    fixed window on 1 and 2 shards, pinned and not.
 //! 3. Runs one per-event scoring workload (COUNT/SUM/AVG of the card's last 5 minutes,
 //!    the event included) side by side on a real `eddy serve`, PostgreSQL 15 and Redis 7
 //!    (Debian packages, installed when missing), each started on free loopback ports in a
@@ -193,7 +194,7 @@ fn build_release(logs: &Path, results: &mut Results) -> Result<PathBuf> {
 
 /// Fails unless `dir` has every binary the suite runs.
 fn check_binaries(dir: &Path) -> Result<()> {
-    for name in ["engine", "frontdoor", "eddy", "hopping"] {
+    for name in ["engine", "frontdoor", "eddy", "hopping", "placement"] {
         let path = dir.join(name);
         if !path.is_file() {
             bail!(
@@ -328,6 +329,31 @@ fn hopping(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> R
         command: procs::command_line(&cmd),
     });
     results.hopping = Some(procs::run_json(&mut cmd, "hopping", plan.engine_cap, logs)?);
+    Ok(())
+}
+
+/// HiBench's fixed window on 1 and 2 shards, pinned and not (`placement`), as raw JSON.
+fn placement(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
+    let mut cmd = Command::new(bin_dir.join("placement"));
+    match plan.engine_events < 1_000_000 {
+        true => cmd.args(["--events", "20000", "--ips", "1000", "--runs", "1"]),
+        false => cmd.args(["--events", "2000000", "--runs", "5"]),
+    };
+    results.commands.push(Step {
+        step: "placement: HiBench fixed window, 1 and 2 shards, pinned and not".to_string(),
+        command: procs::command_line(&cmd),
+    });
+    let report = procs::run_json(&mut cmd, "placement", plan.engine_cap * 4, logs)?;
+    let rates: Vec<f64> = report["configurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["events_per_sec"].as_f64())
+        .collect();
+    if rates.len() != 4 || rates.iter().any(|r| *r <= 0.0) {
+        bail!("placement gave no throughput: {report}");
+    }
+    results.placement = Some(report);
     Ok(())
 }
 
@@ -562,6 +588,9 @@ fn main() -> Result<()> {
     engine_sweeps(&plan, &bin_dir, &logs, &mut results);
     if let Err(e) = hopping(&plan, &bin_dir, &logs, &mut results) {
         results.failures.push(format!("hopping: {e:#}"));
+    }
+    if let Err(e) = placement(&plan, &bin_dir, &logs, &mut results) {
+        results.failures.push(format!("placement: {e:#}"));
     }
     if let Err(e) = frontdoor(&plan, &bin_dir, &logs, &mut results) {
         results.failures.push(format!("frontdoor: {e:#}"));

@@ -61,6 +61,8 @@ pub struct Results {
     pub engine_percentiles: Option<EngineRun>,
     /// `hopping`'s report.
     pub hopping: Option<serde_json::Value>,
+    /// `placement`'s report.
+    pub placement: Option<serde_json::Value>,
     pub frontdoor: Vec<FrontdoorRun>,
     pub scoring_workload: Option<Workload>,
     pub scoring: Vec<ScoreRun>,
@@ -170,6 +172,40 @@ MEDIAN and PERCENTILE_CONT(0.99) of the amount per card, \
             );
         }
         let _ = writeln!(s);
+    }
+    if let Some(p) = &r.placement {
+        let _ = writeln!(
+            s,
+            "## Placement: HiBench fixed window on 1 and 2 shards\n\n{} ({} events, median of \
+             {} runs).\n\n| shards | pinned | events/s | p50 (ms) | p99 (ms) | p99.9 (ms) |\n\
+             |---:|:---:|---:|---:|---:|---:|",
+            p["workload"].as_str().unwrap_or_default(),
+            p["events"],
+            p["runs"]
+        );
+        for c in p["configurations"].as_array().into_iter().flatten() {
+            let l = &c["latency_us"];
+            let ms = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1000.0;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                c["shards"],
+                if c["pinned"].as_bool() == Some(true) { "yes" } else { "no" },
+                c["events_per_sec"].as_f64().unwrap_or(0.0),
+                ms(&l["p50"]),
+                ms(&l["p99"]),
+                ms(&l["p999"])
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nPinning costs {} % (1 shard) and {} % (2 shards); 1 → 2 shards scales {}× \
+             unpinned and {}× pinned.\n",
+            p["pinning_cost_pct"]["1_shard"],
+            p["pinning_cost_pct"]["2_shards"],
+            p["scaling_1_to_2_shards"]["unpinned"],
+            p["scaling_1_to_2_shards"]["pinned"]
+        );
     }
     frontdoor_table(&mut s, &r.frontdoor);
     scoring_table(&mut s, r);
