@@ -318,11 +318,6 @@ impl Engine {
         self.shards.run_anywhere(job)
     }
 
-    /// The placement the shards follow, if they are pinned.
-    pub fn pinning(&self) -> Option<Arc<Pinning>> {
-        self.shards.pinning()
-    }
-
     /// The node's log.
     pub fn log(&self) -> &Arc<dyn EventLog> {
         &self.log

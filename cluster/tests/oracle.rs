@@ -1657,7 +1657,7 @@ impl Harness {
         self.sent += size;
         // Every other batch arrives with its WHERE results computed ahead, as the
         // round-robin stage computes them for COPY on another shard.
-        let passes = (first % 2 == 0).then(|| {
+        let passes = first.is_multiple_of(2).then(|| {
             let stream = self.catalog.stream("s").expect("stream s");
             let batch = rows_to_batch(stream_schema(stream), &stream_types(stream), &rows)
                 .expect("rows to a batch");

@@ -10,8 +10,6 @@ use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::filter::Filter;
 use eddy_planner::Result;
 
-use crate::exec::task::FILTERS_PER_TASK_MAX;
-
 /// The distinct WHERE predicates of a stream's metrics, compiled.
 pub struct Predicates {
     texts: Arc<[String]>,
@@ -19,12 +17,13 @@ pub struct Predicates {
 }
 
 impl Predicates {
-    /// The predicates of `stream`'s metrics in `catalog` (at most a task's filters).
+    /// The predicates of `stream`'s metrics in `catalog`: the first 64 (one bit each of a
+    /// row's word; a task evaluates any other itself).
     pub fn of(catalog: &Catalog, stream: &StreamDef) -> Result<Predicates> {
         let mut texts: Vec<String> = Vec::new();
         for metric in catalog.metrics_of(&stream.name) {
             if let Some(text) = &metric.filter {
-                if !texts.contains(text) && texts.len() < FILTERS_PER_TASK_MAX {
+                if !texts.contains(text) && texts.len() < u64::BITS as usize {
                     texts.push(text.clone());
                 }
             }

@@ -32,7 +32,7 @@ use crate::exec::passes::Passes;
 use crate::exec::task::Task;
 use crate::node::durable::{task_meta_key, task_prefix, NodeStorage, TaskMeta};
 use crate::node::transfer::{Staged, STATE_FAMILIES};
-use crate::placement::{Pinning, Place};
+use crate::placement::Pinning;
 use crate::route::{shard_of, TaskId};
 
 /// Commands waiting per shard before senders wait.
@@ -78,6 +78,14 @@ struct Set {
 }
 
 impl Set {
+    /// Adds a started shard as the next one; returns its thread.
+    fn push(&mut self, started: Started) -> std::thread::JoinHandle<()> {
+        self.queues.push(started.queue);
+        self.pending.push(started.pending);
+        self.cells.push(started.cell);
+        started.thread
+    }
+
     fn count(&self) -> usize {
         self.queues.len()
     }
@@ -208,11 +216,7 @@ impl Shards {
         let mut threads = Vec::with_capacity(count);
         for index in 0..count {
             let shard = Shard::new(index, count, storage.clone(), Arc::default(), false);
-            let started = Started::new(shard, pinning.clone());
-            set.queues.push(started.queue);
-            set.pending.push(started.pending);
-            set.cells.push(started.cell);
-            threads.push(started.thread);
+            threads.push(set.push(Started::new(shard, pinning.clone())));
         }
         Shards {
             inner: Arc::new(Inner {
@@ -235,12 +239,6 @@ impl Shards {
 
     pub fn count(&self) -> usize {
         self.read().count()
-    }
-
-    /// Where shard `index` is pinned, if it is.
-    pub fn place(&self, index: usize) -> Option<Place> {
-        let set = self.read();
-        set.pinning.as_ref()?.plan.shards.get(index).copied()
     }
 
     /// The placement the shards follow, if they are pinned.
@@ -526,11 +524,7 @@ impl Shards {
                 catalog.clone(),
                 true,
             );
-            let started = Started::new(shard, pinning.clone());
-            set.queues.push(started.queue);
-            set.pending.push(started.pending);
-            set.cells.push(started.cell);
-            threads.push(started.thread);
+            threads.push(set.push(Started::new(shard, pinning.clone())));
         }
         let mut per_shard: Vec<Vec<(TaskId, Task)>> = (0..count).map(|_| Vec::new()).collect();
         for (id, task) in moving {

@@ -190,7 +190,11 @@ MEDIAN and PERCENTILE_CONT(0.99) of the amount per card, \
                 s,
                 "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
                 c["shards"],
-                if c["pinned"].as_bool() == Some(true) { "yes" } else { "no" },
+                if c["pinned"].as_bool() == Some(true) {
+                    "yes"
+                } else {
+                    "no"
+                },
                 c["events_per_sec"].as_f64().unwrap_or(0.0),
                 ms(&l["p50"]),
                 ms(&l["p99"]),
