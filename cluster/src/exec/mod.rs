@@ -3,6 +3,7 @@
 //! one shard thread that owns the task, and knows nothing of shards, logs or nodes.
 
 pub mod checkpoint;
+mod dedup;
 pub mod events;
 pub mod groups;
 pub mod key;

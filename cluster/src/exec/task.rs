@@ -13,7 +13,7 @@
 //!   expiring or a tumbling window moving on) is handed to the metric's watchers once
 //!   for that event, with its values after the event.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use eddy_planner::aggregate::{AggFunc, AggState};
@@ -29,6 +29,7 @@ use eddy_storage::{
 };
 
 use crate::exec::checkpoint::{Checkpoint, TaskStats};
+use crate::exec::dedup::SeenIds;
 use crate::exec::events::{Event, EventCodec, Outcome, Row};
 use smallvec::SmallVec;
 
@@ -148,8 +149,7 @@ pub struct Task {
     time: Option<i64>,
     seq: u64,
     /// Remembered event ids (hashbrown's seeded foldhash: SipHash was 5% of a shard).
-    dedup_ids: hashbrown::HashSet<Value>,
-    dedup_order: VecDeque<(i64, Value)>,
+    seen_ids: SeenIds,
     reservoir: Box<dyn Reservoir<Event>>,
     windows: Vec<WindowExec>,
     metrics: Vec<MetricSlot>,
@@ -221,8 +221,7 @@ impl Task {
             partitioner,
             time: None,
             seq: 0,
-            dedup_ids: hashbrown::HashSet::new(),
-            dedup_order: VecDeque::new(),
+            seen_ids: SeenIds::default(),
             reservoir: Box::new(MemReservoir::default()),
             windows: Vec::new(),
             metrics: Vec::new(),
@@ -273,8 +272,7 @@ impl Task {
                 (w.head, w.tail, w.epoch) = (head, tail, epoch);
             }
             for (ts, id) in cp.dedup {
-                task.dedup_ids.insert(id.clone());
-                task.dedup_order.push_back((ts, id));
+                task.seen_ids.restore(ts, id);
             }
             mark = Some(cp.reservoir);
         }
@@ -375,7 +373,7 @@ impl Task {
                 .iter()
                 .map(|w| (window_hash(&w.key), w.head, w.tail, w.epoch))
                 .collect(),
-            dedup: self.dedup_order.iter().cloned().collect(),
+            dedup: self.seen_ids.entries().cloned().collect(),
             reservoir: Vec::new(),
         };
         Ok(Some(PendingRecord { record, reservoir }))
@@ -1108,11 +1106,14 @@ impl Task {
             .event_id
             .map(|c| row[c].clone())
             .filter(|v| !v.is_null());
+        let mut id_hash = 0;
         if let Some(id) = &id {
-            if self.dedup_ids.contains(id) {
+            let (seen, hash) = self.seen_ids.seen(id);
+            if seen {
                 self.stats.duplicates += 1;
                 return Ok(Outcome::Duplicate);
             }
+            id_hash = hash;
         }
         if let Some(t) = self.time {
             if ts < t.saturating_sub(self.stream.lateness_us) {
@@ -1129,8 +1130,7 @@ impl Task {
             row: row.clone(),
         };
         if let Some(id) = id {
-            self.dedup_ids.insert(id.clone());
-            self.dedup_order.push_back((ts, id));
+            self.seen_ids.record(id_hash, ts, id);
         }
         self.reservoir.insert(event.clone());
         let new_t = self.time.map_or(ts, |t| t.max(ts));
@@ -1173,13 +1173,7 @@ impl Task {
         let horizon = t
             .saturating_sub(self.stream.lateness_us)
             .saturating_sub(DEDUP_EXTRA_US);
-        while let Some((ts, _)) = self.dedup_order.front() {
-            if *ts >= horizon {
-                break;
-            }
-            let (_, id) = self.dedup_order.pop_front().expect("front exists");
-            self.dedup_ids.remove(&id);
-        }
+        self.seen_ids.forget_before(horizon);
         Ok(())
     }
 
