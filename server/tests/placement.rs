@@ -143,6 +143,20 @@ async fn the_shard_count_changes_while_the_node_runs() {
     assert_eq!(others.into_iter().collect::<Vec<_>>(), ["1"]);
     let before = simple_rows(&client, "SELECT card, n, total FROM m ORDER BY card").await;
     assert_eq!(before.len(), 7);
+    // A subscription open across the change: its watchers move with the tasks.
+    let watching = connect_port(port).await;
+    watching
+        .batch_execute("BEGIN; DECLARE c CURSOR FOR SELECT card, n, total FROM m EMIT CHANGES")
+        .await
+        .unwrap();
+    // Each change row is the metric's row and the event time it came with.
+    let mut first: Vec<_> = simple_rows(&watching, "FETCH ALL FROM c")
+        .await
+        .into_iter()
+        .map(|r| r[..3].to_vec())
+        .collect();
+    first.sort();
+    assert_eq!(first, before);
 
     client
         .batch_execute("ALTER SYSTEM SET shards = 2")
@@ -170,6 +184,21 @@ async fn the_shard_count_changes_while_the_node_runs() {
         .unwrap();
     let after = simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await;
     assert_eq!(after[0], [Some("80".to_string()), Some("3160".to_string())]);
+    // The subscription saw every card change after the move: its last row per card is
+    // the metric's row now.
+    let now = simple_rows(&client, "SELECT card, n, total FROM m ORDER BY card").await;
+    let mut last = std::collections::BTreeMap::new();
+    while last.len() < now.len() || last.values().cloned().collect::<Vec<_>>() != now {
+        let rows = simple_rows(&watching, "FETCH ALL FROM c WITH (timeout = '5 seconds')").await;
+        assert!(
+            !rows.is_empty(),
+            "the subscription stopped at {last:?}, want {now:?}"
+        );
+        for row in rows {
+            last.insert(row[0].clone(), row[..3].to_vec());
+        }
+    }
+    drop(watching);
 
     // Refused settings name what is wrong, and the session goes on.
     for (sql, state) in [
