@@ -103,4 +103,12 @@ impl<C: ClientInfo> ClientInfo for Deferred<'_, C> {
     fn session_extensions(&self) -> &SessionExtensions {
         self.0.session_extensions()
     }
+
+    fn sni_server_name(&self) -> Option<&str> {
+        self.0.sni_server_name()
+    }
+
+    fn client_certificates<'a>(&self) -> Option<&[rustls_pki_types::CertificateDer<'a>]> {
+        self.0.client_certificates()
+    }
 }

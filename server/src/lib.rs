@@ -4,6 +4,7 @@
 //! Architecture invariant: this is the only crate that knows pgwire. It binds statements
 //! through the planner and hands rows to the engine; it never reaches into operator state.
 
+pub mod auth;
 pub mod cells;
 pub mod cluster;
 pub mod copy;

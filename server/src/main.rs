@@ -103,6 +103,12 @@ enum Command {
             value_parser = key_value
         )]
         kafka_properties: Vec<(String, String)>,
+        /// A file whose first line is the superuser `eddy`'s password (or the
+        /// `EDDY_PASSWORD` environment variable): clients then authenticate with
+        /// SCRAM-SHA-256. It replaces the secret kept in the data directory; without
+        /// either, the kept one applies, and with none Eddy trusts loopback clients only.
+        #[arg(long, env = "EDDY_PASSWORD_FILE")]
+        password_file: Option<PathBuf>,
     },
     /// Print the machine as hwloc sees it, where the shards would run, and what a hop
     /// between NUMA nodes costs.
@@ -208,7 +214,19 @@ fn main() -> anyhow::Result<()> {
             replicas,
             session_timeout,
             peer_addr,
+            password_file,
         } => {
+            let password = match password_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string(),
+                ),
+                None => std::env::var("EDDY_PASSWORD").ok(),
+            };
             let shards = shards_setting(shards, &data_dir)?;
             let (shards, pinning) = placement(shards, topology.as_deref(), pin_shards)?;
             // The threads started from here on (the runtime's, the log's, RocksDB's)
@@ -253,6 +271,7 @@ fn main() -> anyhow::Result<()> {
                 commit_delay: std::time::Duration::from_millis(commit_delay),
                 kafka,
                 session_threads: io_threads,
+                password,
             }))
         }
     }

@@ -162,6 +162,7 @@ pub struct Session {
 /// The handlers of one connection.
 pub struct Handlers {
     session: Arc<Session>,
+    startup: Arc<crate::auth::Startup>,
     cancel: Arc<DefaultCancelHandler>,
 }
 
@@ -170,27 +171,36 @@ impl Handlers {
         db: Arc<Db>,
         manager: Arc<ConnectionManager>,
         peer: Option<tokio::net::TcpStream>,
+        secrets: Option<&Arc<crate::auth::Secrets>>,
     ) -> Handlers {
+        let cancel = Arc::new(DefaultCancelHandler::new(manager.clone()));
+        let session = Arc::new(Session {
+            db,
+            manager,
+            copy: Mutex::new(None),
+            parser: Arc::new(EddyParser),
+            cursors: Mutex::new(HashMap::new()),
+            live_portals: Mutex::new(HashMap::new()),
+            rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
+            in_block: std::sync::atomic::AtomicBool::new(false),
+            synchronous_commit: std::sync::atomic::AtomicBool::new(true),
+            application_name: Mutex::new(None),
+            format: Mutex::new(Arc::new({
+                let mut options = FormatOptions::default();
+                options.time_zone = "UTC".to_string();
+                options
+            })),
+            peer,
+        });
+        let startup = Arc::new(crate::auth::Startup::new(
+            session.clone(),
+            secrets,
+            session.manager.clone(),
+        ));
         Handlers {
-            cancel: Arc::new(DefaultCancelHandler::new(manager.clone())),
-            session: Arc::new(Session {
-                db,
-                manager,
-                copy: Mutex::new(None),
-                parser: Arc::new(EddyParser),
-                cursors: Mutex::new(HashMap::new()),
-                live_portals: Mutex::new(HashMap::new()),
-                rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
-                in_block: std::sync::atomic::AtomicBool::new(false),
-                synchronous_commit: std::sync::atomic::AtomicBool::new(true),
-                application_name: Mutex::new(None),
-                format: Mutex::new(Arc::new({
-                    let mut options = FormatOptions::default();
-                    options.time_zone = "UTC".to_string();
-                    options
-                })),
-                peer,
-            }),
+            session,
+            startup,
+            cancel,
         }
     }
 }
@@ -205,7 +215,7 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        self.session.clone()
+        self.startup.clone()
     }
 
     fn copy_handler(&self) -> Arc<impl CopyHandler> {
@@ -235,13 +245,7 @@ impl NoopStartupHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let metadata = client.metadata();
-        let sent = metadata
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("timezone"))
-            .map(|(_, v)| v.clone())
-            .or_else(|| startup_option(metadata.get("options")?, "timezone"));
-        if let Some(zone) = sent.and_then(|v| self.set_time_zone(&v).ok()) {
+        if let Some(zone) = self.startup_time_zone(client.metadata()) {
             client
                 .feed(PgWireBackendMessage::ParameterStatus(
                     pgwire::messages::startup::ParameterStatus::new("TimeZone".into(), zone),
@@ -253,6 +257,17 @@ impl NoopStartupHandler for Session {
 }
 
 impl Session {
+    /// Makes the TimeZone a client sent at startup (a parameter, or in `options`) the
+    /// session's; returns its canonical name, or `None` if it sent none or an unknown one.
+    pub(crate) fn startup_time_zone(&self, metadata: &HashMap<String, String>) -> Option<String> {
+        let sent = metadata
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("timezone"))
+            .map(|(_, v)| v.clone())
+            .or_else(|| startup_option(metadata.get("options")?, "timezone"));
+        sent.and_then(|v| self.set_time_zone(&v).ok())
+    }
+
     fn format(&self) -> Arc<FormatOptions> {
         self.format.lock().expect("session lock").clone()
     }

@@ -28,6 +28,9 @@ pub struct Config {
     pub kafka: Option<eddy_cluster::KafkaConfig>,
     /// Threads that run client sessions (`SessionThreads`), at least one.
     pub session_threads: usize,
+    /// The superuser's password, replacing the one kept (`None`: the kept one, or trust
+    /// on loopback only when there is none).
+    pub password: Option<String>,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -41,6 +44,15 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: &Config) -> anyhow::Result<Server> {
+        let secrets = crate::auth::Secrets::load(&config.data_dir, config.password.as_deref())?;
+        if secrets.is_none() && !config.pg_addr.ip().is_loopback() {
+            anyhow::bail!(
+                "refusing to listen on {} without a password: anyone who reaches it could \
+                 read and write everything. Set EDDY_PASSWORD or --password-file (clients \
+                 then authenticate with SCRAM-SHA-256), or listen on 127.0.0.1",
+                config.pg_addr
+            );
+        }
         let db = Db::open(
             &config.data_dir,
             config.shards,
@@ -85,12 +97,14 @@ impl Server {
                         let Ok(socket) = socket.into_std() else { continue };
                         let db = accept_db.clone();
                         let manager = manager.clone();
+                        let secrets = secrets.clone();
                         open.spawn_on(async move {
                             let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
                                 return;
                             };
                             let _ = socket.set_nodelay(true);
-                            let handlers = Handlers::new(db, manager, peer_of(&socket));
+                            let handlers =
+                                Handlers::new(db, manager, peer_of(&socket), secrets.as_ref());
                             let _ = pgwire::tokio::process_socket(socket, None, handlers).await;
                         }, sessions.next());
                     }

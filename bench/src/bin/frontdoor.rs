@@ -211,6 +211,7 @@ fn main() -> Result<()> {
         commit_delay: Duration::from_millis(10),
         kafka: None,
         session_threads: a.io_threads.unwrap_or_else(default_io_threads).max(1),
+        password: None,
     }))?;
     let client_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

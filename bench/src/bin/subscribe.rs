@@ -288,6 +288,7 @@ async fn main() -> Result<()> {
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
         session_threads: eddy_server::serve::default_io_threads(),
+        password: None,
     })
     .await?;
     let lat = latency(&server, &a).await?;

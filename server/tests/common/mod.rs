@@ -29,6 +29,7 @@ pub async fn start(dir: &Path) -> Server {
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
         session_threads: 2,
+        password: None,
     })
     .await
     .unwrap()
