@@ -576,6 +576,11 @@ impl Engine {
 
     /// Per shard: where it is pinned (if it is), its tasks' ids, and its queue depth.
     pub async fn shard_report(&self) -> Result<Vec<ShardReport>> {
+        // Depths first: the report's own command counts in its shard's queue until the
+        // shard is done with it, which may be after its answer arrives.
+        let depths: Vec<usize> = (0..self.shards.count())
+            .map(|i| self.shards.queue_depth(i))
+            .collect();
         let reports = self.shards.report_by_shard().await?;
         let pinning = self.shards.pinning();
         Ok(reports
@@ -586,7 +591,7 @@ impl Engine {
                 place: pinning.as_ref().map(|p| p.plan.shards[i]),
                 tasks: tasks.len(),
                 events: tasks.iter().map(|t| t.stats.accepted).sum(),
-                queue_depth: self.shards.queue_depth(i),
+                queue_depth: depths.get(i).copied().unwrap_or(0),
             })
             .collect())
     }

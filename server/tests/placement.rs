@@ -66,7 +66,8 @@ async fn every_shard_thread_is_pinned_to_its_own_pu_and_show_shards_agrees() {
         assert_eq!(get(0), i.to_string());
         assert_eq!(get(1), shards[i].1, "shard {i}: {row:?} against {shards:?}");
         assert_eq!(get(3), "0");
-        assert_eq!(get(6), "0");
+        // Nothing waits for an idle shard, but a periodic checkpoint may be passing.
+        assert!(get(6).parse::<usize>().unwrap() <= 1, "{row:?}");
         tasks += get(4).parse::<usize>().unwrap();
         events += get(5).parse::<u64>().unwrap();
     }
