@@ -588,7 +588,7 @@ impl Engine {
             .enumerate()
             .map(|(i, tasks)| ShardReport {
                 shard: i,
-                place: pinning.as_ref().map(|p| p.plan.shards[i]),
+                place: pinning.as_ref().and_then(|p| p.plan.shards.get(i).copied()),
                 tasks: tasks.len(),
                 events: tasks.iter().map(|t| t.stats.accepted).sum(),
                 queue_depth: depths.get(i).copied().unwrap_or(0),

@@ -2,14 +2,16 @@
 //! state while a client keeps inserting, and every event's answer, every metric row and
 //! the state a restart recovers are exactly those of a node that never changed.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eddy_cluster::{Engine, EventReply, LocalLog, NodeStorage, Row, StorageConfig};
+use common::{catalog_of, tiny_chunks};
+use eddy_cluster::{Engine, EventReply, LocalLog, NodeStorage, Row};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::types::Value;
-use eddy_storage::ReservoirConfig;
 
 const DDL: [&str; 4] = [
     "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
@@ -26,12 +28,7 @@ const DDL: [&str; 4] = [
 ];
 
 fn catalog() -> Arc<Catalog> {
-    let mut catalog = Catalog::default();
-    for sql in DDL {
-        let stmt = eddy_planner::sql::parse_statement(sql).expect("parse");
-        catalog = eddy_planner::ddl::apply(&catalog, &stmt).expect("ddl").0;
-    }
-    Arc::new(catalog)
+    catalog_of(&DDL)
 }
 
 struct Node {
@@ -43,15 +40,8 @@ impl Node {
     /// A node on `dir` with `shards` shards, its embedded log and small chunks (so moved
     /// tasks read sealed chunks back from disk).
     async fn open(dir: PathBuf, shards: usize) -> Node {
-        let config = StorageConfig {
-            reservoir: ReservoirConfig {
-                chunk_bytes_max: 2048,
-                segment_bytes_max: 16 << 10,
-                cache_bytes_max: 16 << 10,
-            },
-            ..Default::default()
-        };
-        let storage = Arc::new(NodeStorage::open(&dir.join("state"), config).expect("storage"));
+        let storage =
+            Arc::new(NodeStorage::open(&dir.join("state"), tiny_chunks()).expect("storage"));
         let log = LocalLog::open(&dir.join("log"), Duration::from_millis(1)).expect("log");
         let engine = Arc::new(Engine::start(shards, Arc::new(log), Some(storage)));
         let catalog = catalog();

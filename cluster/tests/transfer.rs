@@ -3,14 +3,16 @@
 //! rejected and change nothing; an installed task answers and goes on exactly as the
 //! sender's.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::{catalog_of, tiny_chunks};
 use eddy_cluster::node::transfer::{Fault, Have, Piece};
-use eddy_cluster::{Engine, MemoryLog, NodeStorage, Row, StorageConfig, TaskId};
+use eddy_cluster::{Engine, MemoryLog, NodeStorage, Row, TaskId};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::types::Value;
-use eddy_storage::ReservoirConfig;
 
 const DDL: [&str; 2] = [
     "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
@@ -45,26 +47,13 @@ impl Node {
 }
 
 fn catalog() -> Arc<Catalog> {
-    let mut catalog = Catalog::default();
-    for sql in DDL {
-        let stmt = eddy_planner::sql::parse_statement(sql).expect("parse");
-        catalog = eddy_planner::ddl::apply(&catalog, &stmt).expect("ddl").0;
-    }
-    Arc::new(catalog)
+    catalog_of(&DDL)
 }
 
 async fn node(name: &str) -> Node {
     let dir = std::env::temp_dir().join(format!("eddy-transfer-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = StorageConfig {
-        reservoir: ReservoirConfig {
-            chunk_bytes_max: 2048,
-            segment_bytes_max: 16 << 10,
-            cache_bytes_max: 16 << 10,
-        },
-        ..Default::default()
-    };
-    let storage = Arc::new(NodeStorage::open(&dir, config).expect("storage"));
+    let storage = Arc::new(NodeStorage::open(&dir, tiny_chunks()).expect("storage"));
     let engine = Arc::new(Engine::start(1, Arc::new(MemoryLog), Some(storage.clone())));
     engine.apply_catalog(catalog()).await.expect("catalog");
     Node {

@@ -63,10 +63,7 @@ impl Secrets {
                 mock_key: mock_key.to_vec(),
             };
             std::fs::create_dir_all(data_dir)?;
-            let tmp = data_dir.join(format!("{SECRET_FILE}.tmp"));
-            std::fs::write(&tmp, secrets.encode())?;
-            std::fs::File::open(&tmp)?.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
+            crate::settings::replace_file(data_dir, SECRET_FILE, secrets.encode().as_bytes())?;
             return Ok(Some(Arc::new(secrets)));
         }
         match std::fs::read_to_string(&path) {

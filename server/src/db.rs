@@ -1209,16 +1209,7 @@ pub(crate) fn persist(data_dir: &Path, catalog: &Catalog) -> Result<()> {
         .map(|s| format!("{s}{CATALOG_SEPARATOR}"))
         .collect();
     let path = data_dir.join(CATALOG_FILE);
-    let tmp = data_dir.join(format!("{CATALOG_FILE}.tmp"));
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
-    };
-    write().map_err(|e| {
+    crate::settings::replace_file(data_dir, CATALOG_FILE, text.as_bytes()).map_err(|e| {
         Error::new(
             ErrorKind::Internal,
             format!("could not write {}: {e}", path.display()),

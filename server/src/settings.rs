@@ -60,10 +60,19 @@ pub fn save(dir: &Path, name: &str, value: Option<&str>) -> std::io::Result<()> 
     for (name, value) in &settings {
         text.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
     }
-    let tmp = dir.join(format!("{AUTO_CONF}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, dir.join(AUTO_CONF))
+    replace_file(dir, AUTO_CONF, text.as_bytes())
+}
+
+/// Replaces `dir/name` with `bytes` at once: a crash leaves the old file or the new one,
+/// durably (the file and the directory are fsynced).
+pub fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

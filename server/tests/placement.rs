@@ -214,39 +214,29 @@ async fn the_shard_count_changes_while_the_node_runs() {
     drop(client);
     server.terminate();
 
-    // Kept for the next start without --shards; a flag wins over it.
-    let (server, port) = spawn_eddy_with(&dir, &["--shards", "kept"]);
-    let client = connect_port(port).await;
-    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 2);
-    assert_eq!(
-        simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await,
-        after
-    );
-    client
-        .batch_execute("ALTER SYSTEM SET shards = 1")
-        .await
-        .unwrap();
-    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
-    drop(client);
-    server.terminate();
-    let (server, port) = spawn_eddy_with(&dir, &["--shards", "kept"]);
-    let client = connect_port(port).await;
-    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
-    client
-        .batch_execute("ALTER SYSTEM RESET shards")
-        .await
-        .unwrap();
-    // auto: one shard per core here.
-    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 2);
-    drop(client);
-    server.terminate();
-    let (server, port) = spawn_eddy_with(&dir, &["--shards", "1"]);
-    let client = connect_port(port).await;
-    assert_eq!(simple_rows(&client, "SHOW SHARDS").await.len(), 1);
-    assert_eq!(
-        simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await,
-        after
-    );
-    drop(client);
-    server.terminate();
+    // Kept for the next start without --shards; a flag wins over it. Each start:
+    // (flags, shards it runs, a change, shards after the change); the state survives.
+    let kept: &[&str] = &["--shards", "kept"];
+    let one: &[&str] = &["--shards", "1"];
+    for (flags, at_start, change, changed) in [
+        (kept, 2, Some("ALTER SYSTEM SET shards = 1"), 1),
+        // RESET is auto: one shard per core here.
+        (kept, 1, Some("ALTER SYSTEM RESET shards"), 2),
+        (one, 1, None, 1),
+    ] {
+        let (server, port) = spawn_eddy_with(&dir, flags);
+        let client = connect_port(port).await;
+        let shards = || async { simple_rows(&client, "SHOW SHARDS").await.len() };
+        assert_eq!(shards().await, at_start, "{flags:?}");
+        assert_eq!(
+            simple_rows(&client, "SELECT sum(n), sum(total) FROM m").await,
+            after
+        );
+        if let Some(sql) = change {
+            client.batch_execute(sql).await.unwrap();
+        }
+        assert_eq!(shards().await, changed, "{flags:?} after {change:?}");
+        drop(client);
+        server.terminate();
+    }
 }

@@ -44,42 +44,26 @@ const THROUGHPUT_BATCH: usize = 4096;
 /// Statements in flight in the throughput phase.
 const IN_FLIGHT: usize = 4;
 
+#[derive(clap::Parser)]
 struct Args {
+    /// Events per run.
+    #[arg(long, default_value_t = 2_000_000)]
     events: usize,
+    /// Distinct IP addresses.
+    #[arg(long, default_value_t = 100_000)]
     ips: u64,
-    runs: usize,
-    batch: usize,
-    /// `--one SHARDS PINNED`: run one configuration (the child process).
-    one: Option<(usize, bool)>,
-}
-
-fn args() -> Result<Args> {
-    let mut a = Args {
-        events: 2_000_000,
-        ips: 100_000,
-        runs: 5,
-        batch: 1000,
-        one: None,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let value = || argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--events" => a.events = value().parse()?,
-            "--ips" => a.ips = value().parse()?,
-            "--runs" => a.runs = value().parse::<usize>()?.max(1),
-            "--batch" => a.batch = value().parse::<usize>()?.max(1),
-            "--one" => {
-                let pinned = argv.get(i + 2).cloned().unwrap_or_default();
-                a.one = Some((value().parse()?, pinned.parse()?));
-                i += 1;
-            }
-            other => bail!("unknown argument {other}; use --events N --ips N --runs N --batch N"),
-        }
-        i += 2;
-    }
-    Ok(a)
+    /// Runs of each configuration (the median is reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
+    /// Events per statement in the latency phase.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// Runs one configuration with this many shards, in this process (the child).
+    #[arg(long)]
+    one: Option<usize>,
+    /// With `--one`: the shards are pinned.
+    #[arg(long)]
+    pinned: bool,
 }
 
 fn catalog() -> Result<Catalog> {
@@ -215,7 +199,8 @@ fn run_one(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
     let throughput = a.events as f64 / seconds;
 
     // What statements of `--batch` events sustain one at a time, for a second...
-    let work = statements(&stream, a.events, a.events, a.ips, a.batch);
+    let batch = a.batch as usize;
+    let work = statements(&stream, a.events, a.events, a.ips, batch);
     let started = Instant::now();
     let mut sustained = 0;
     for statement in work {
@@ -227,8 +212,8 @@ fn run_one(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
     let capacity = sustained as f64 / started.elapsed().as_secs_f64();
     // ...and their latency at half that rate, for two seconds, later in event time.
     let rate = capacity * 0.5;
-    let paced = ((rate * 2.0) as usize).max(a.batch);
-    let work = statements(&stream, a.events + sustained, paced, a.ips, a.batch);
+    let paced = ((rate * 2.0) as usize).max(batch);
+    let work = statements(&stream, a.events + sustained, paced, a.ips, batch);
     let interval = Duration::from_secs_f64(a.batch as f64 / rate);
     let mut latencies = Vec::with_capacity(work.len());
     runtime.block_on(async {
@@ -282,7 +267,8 @@ fn child(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
             &a.ips.to_string(),
         ])
         .args(["--batch", &a.batch.to_string()])
-        .args(["--one", &shards.to_string(), &pinned.to_string()])
+        .args(["--one", &shards.to_string()])
+        .args(pinned.then_some("--pinned"))
         .output()
         .context("running a configuration")?;
     if !out.status.success() {
@@ -300,9 +286,12 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let a = args()?;
-    if let Some((shards, pinned)) = a.one {
-        println!("{}", serde_json::to_string(&run_one(&a, shards, pinned)?)?);
+    let a = <Args as clap::Parser>::parse();
+    if let Some(shards) = a.one {
+        println!(
+            "{}",
+            serde_json::to_string(&run_one(&a, shards, a.pinned)?)?
+        );
         return Ok(());
     }
     let configs = [(1, false), (1, true), (2, false), (2, true)];

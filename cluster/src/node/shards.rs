@@ -78,6 +78,15 @@ struct Set {
 }
 
 impl Set {
+    fn new(pinning: Option<Arc<Pinning>>) -> Set {
+        Set {
+            queues: Vec::new(),
+            pending: Vec::new(),
+            cells: Vec::new(),
+            pinning,
+        }
+    }
+
     /// Adds a started shard as the next one; returns its thread.
     fn push(&mut self, started: Started) -> std::thread::JoinHandle<()> {
         self.queues.push(started.queue);
@@ -207,12 +216,7 @@ impl Shards {
         pinning: Option<Arc<Pinning>>,
     ) -> Shards {
         assert!(count > 0);
-        let mut set = Set {
-            queues: Vec::with_capacity(count),
-            pending: Vec::with_capacity(count),
-            cells: Vec::with_capacity(count),
-            pinning: pinning.clone(),
-        };
+        let mut set = Set::new(pinning.clone());
         let mut threads = Vec::with_capacity(count);
         for index in 0..count {
             let shard = Shard::new(index, count, storage.clone(), Arc::default(), false);
@@ -559,12 +563,7 @@ impl Shards {
 
     /// Stops the shard threads after the commands already queued, and waits for them.
     pub(crate) fn stop(&self) {
-        let empty = Arc::new(Set {
-            queues: Vec::new(),
-            pending: Vec::new(),
-            cells: Vec::new(),
-            pinning: None,
-        });
+        let empty = Arc::new(Set::new(None));
         drop(std::mem::replace(
             &mut *self.inner.set.write().expect("shard set lock"),
             empty,
