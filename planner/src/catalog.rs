@@ -172,7 +172,13 @@ pub struct Catalog {
     pub metrics: BTreeMap<String, Arc<MetricDef>>,
     /// Object names in creation order; metrics appear in RETURNING * in this order.
     pub order: Vec<String>,
+    /// Roles, owners and grants.
+    pub access: crate::access::Access,
 }
+
+/// What ends each statement in the catalog file, and in a record of several statements
+/// on the catalog topic.
+pub const STATEMENT_END: &str = "\n-- eddy:end\n";
 
 impl Catalog {
     pub fn stream(&self, name: &str) -> Option<&Arc<StreamDef>> {
@@ -195,7 +201,8 @@ impl Catalog {
 
     /// Every object's creating statement in creation order, as the catalog file stores it.
     pub fn statements(&self) -> Vec<String> {
-        self.order
+        let mut out: Vec<String> = self
+            .order
             .iter()
             .filter_map(|n| {
                 self.streams
@@ -203,6 +210,8 @@ impl Catalog {
                     .map(|s| s.sql.clone())
                     .or_else(|| self.metrics.get(n).map(|m| m.sql.clone()))
             })
-            .collect()
+            .collect();
+        out.extend(self.access.statements(self));
+        out
     }
 }

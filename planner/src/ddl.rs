@@ -126,8 +126,10 @@ pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome
             }
             for d in &dependents {
                 next.metrics.remove(d);
+                next.access.forget(d);
             }
             next.streams.remove(name);
+            next.access.forget(name);
             next.order.retain(|n| n != name && !dependents.contains(n));
             DdlOutcome::changed("DROP STREAM")
         }
@@ -148,6 +150,7 @@ pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome
                 ));
             }
             next.metrics.remove(name);
+            next.access.forget(name);
             next.order.retain(|n| n != name);
             DdlOutcome::changed("DROP METRIC")
         }
@@ -159,6 +162,10 @@ pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome
                 .insert(stream.clone(), Arc::new(add_column(old, column, ty)?));
             DdlOutcome::changed("ALTER STREAM")
         }
+        Statement::Access(a) => match next.access.apply(catalog, a)? {
+            None => DdlOutcome::changed(a.tag()),
+            Some(notice) => DdlOutcome::skipped(a.tag(), notice),
+        },
         _ => return Err(Error::internal("not a DDL statement")),
     };
     Ok((next, outcome))

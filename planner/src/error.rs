@@ -31,6 +31,14 @@ pub enum ErrorKind {
     ResourcesExhausted,
     /// A configured limit was reached (a subscription fell too far behind).
     LimitExceeded,
+    /// A named limit of the node (`limits`) was reached by one statement or message.
+    ProgramLimitExceeded,
+    /// A connection limit was reached.
+    TooManyConnections,
+    /// The role may not do this (`GRANT`, ownership, superuser).
+    InsufficientPrivilege,
+    /// Bytes that are not UTF-8.
+    InvalidEncoding,
     /// DECLARE outside a transaction block.
     NoActiveTransaction,
     DuplicateCursor,

@@ -4,6 +4,7 @@
 //! Architecture invariant: this crate does no IO. It knows nothing of sockets, threads,
 //! files, pgwire or storage engines; everything here is a function from facts to values.
 
+pub mod access;
 pub mod aggregate;
 pub mod bind;
 pub mod catalog;

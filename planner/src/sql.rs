@@ -84,6 +84,8 @@ pub enum Statement {
         name: String,
         value: Option<String>,
     },
+    /// Roles and privileges: `CREATE|ALTER|DROP ROLE`, `GRANT`, `REVOKE`, `ALTER … OWNER TO`.
+    Access(crate::access::AccessStatement),
     Begin,
     Commit,
     Rollback,
@@ -141,7 +143,7 @@ pub fn normalize_ident(ident: &Ident) -> String {
 }
 
 /// A word token as an object name: unquoted words are lower-cased.
-fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
+pub(crate) fn word_name(w: &datafusion::sql::sqlparser::tokenizer::Word) -> String {
     if w.quote_style.is_some() {
         w.value.clone()
     } else {
@@ -231,6 +233,13 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["DESCRIBE", ..] | ["DESC", ..] => Ok(Statement::Describe(single_name(&tokens, 1)?)),
         ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
         ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
+        ["CREATE", "ROLE" | "USER", ..]
+        | ["ALTER", "ROLE" | "USER", ..]
+        | ["DROP", "ROLE" | "USER", ..]
+        | ["GRANT", ..]
+        | ["REVOKE", ..]
+        | ["ALTER", "METRIC", ..] => access_statement(&tokens),
+        ["ALTER", "STREAM", ..] if nth_word_is(&tokens, 3, "OWNER") => access_statement(&tokens),
         ["ALTER", "STREAM", ..] => parse_alter_stream(&tokens),
         ["ALTER", "SYSTEM", ..] => parse_alter_system(&tokens),
         ["BEGIN", ..] | ["START", "TRANSACTION", ..] => Ok(Statement::Begin),
@@ -252,7 +261,21 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
     }
 }
 
-fn is_word(t: &Token, word: &str) -> bool {
+fn access_statement(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    crate::access::parse(&words).map(Statement::Access)
+}
+
+/// Whether the `n`th significant token is the keyword `word`.
+fn nth_word_is(tokens: &[Token], n: usize, word: &str) -> bool {
+    tokens
+        .iter()
+        .filter(|t| !is_ws(t))
+        .nth(n)
+        .is_some_and(|t| is_word(t, word))
+}
+
+pub(crate) fn is_word(t: &Token, word: &str) -> bool {
     matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word))
 }
 

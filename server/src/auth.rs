@@ -1,23 +1,26 @@
 //! Who may connect. Without a password Eddy trusts every connection, and so listens only
 //! on loopback. With one (`EDDY_PASSWORD` or `--password-file` at start), every
-//! connection authenticates with SCRAM-SHA-256 as the superuser `eddy`; cleartext and md5
-//! are never offered. A wrong password and an unknown user fail alike (28P01): another
-//! name gets a mock salt, fixed per name, and a secret no password matches, as
-//! PostgreSQL does.
+//! connection authenticates with SCRAM-SHA-256: as the superuser `eddy`, or as a role of
+//! the catalog with LOGIN and a PASSWORD (`CREATE ROLE`); cleartext and md5 are never
+//! offered. A wrong password and an unknown user fail alike (28P01): another name gets a
+//! mock salt, fixed per name, and a verifier no password matches, as PostgreSQL does.
 //!
-//! The secret is kept in `DATA_DIR/auth.scram`: the salt, the iteration count and the
-//! salted password (what pgwire's SCRAM verifier derives its keys from), never the
-//! password; a password given at start replaces it.
+//! Passwords are kept only as SCRAM verifiers in PostgreSQL's form
+//! (`SCRAM-SHA-256$iterations:salt$stored-key:server-key`): the superuser's in
+//! `DATA_DIR/auth.scram`, the roles' in the catalog. A verifier proves a client's password
+//! without being one: it cannot log in.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use futures::Sink;
-use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth};
+use pgwire::api::auth::sasl::scram::{gen_salted_password, ScramAuth, ScramSecret};
 use pgwire::api::auth::sasl::SASLAuthStartupHandler;
 use pgwire::api::auth::{
     AuthSource, DefaultServerParameterProvider, LoginInfo, Password, ServerParameterProvider,
@@ -27,21 +30,125 @@ use pgwire::api::{ClientInfo, ConnectionManager};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
+use eddy_planner::access::SUPERUSER;
+use eddy_planner::{Error, ErrorKind};
+
+use crate::db::Db;
 use crate::pg::Session;
 
-/// The superuser, the only role until roles exist.
-pub const SUPERUSER: &str = "eddy";
 /// SCRAM-SHA-256 iterations, PostgreSQL's default.
 pub const ITERATIONS: usize = 4096;
-/// The file that keeps the superuser's SCRAM secret.
+/// The file that keeps the superuser's SCRAM verifier.
 pub const SECRET_FILE: &str = "auth.scram";
 
-/// The superuser's SCRAM secret, and the key mock salts are made from.
+/// A SCRAM-SHA-256 verifier.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Verifier {
+    iterations: usize,
+    salt: Vec<u8>,
+    stored_key: Vec<u8>,
+    server_key: Vec<u8>,
+}
+
+impl Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Verifier(…)")
+    }
+}
+
+impl Verifier {
+    /// A verifier of `password` with a fresh salt.
+    pub fn of_password(password: &str) -> Verifier {
+        let salt: [u8; 16] = rand::random();
+        Verifier::of_salted(
+            ITERATIONS,
+            salt.to_vec(),
+            &gen_salted_password(password, &salt, ITERATIONS),
+        )
+    }
+
+    fn of_salted(iterations: usize, salt: Vec<u8>, salted: &[u8]) -> Verifier {
+        match ScramSecret::verifier_from_salted_password(salt, salted.to_vec(), iterations) {
+            ScramSecret::Verifier {
+                salt,
+                iterations,
+                stored_key,
+                server_key,
+            } => Verifier {
+                iterations,
+                salt,
+                stored_key,
+                server_key,
+            },
+            ScramSecret::SaltedPassword { .. } => unreachable!("a verifier is made"),
+        }
+    }
+
+    /// Reads PostgreSQL's form.
+    pub fn parse(text: &str) -> Option<Verifier> {
+        let rest = text.trim().strip_prefix("SCRAM-SHA-256$")?;
+        let (head, keys) = rest.split_once('$')?;
+        let (iterations, salt) = head.split_once(':')?;
+        let (stored, server) = keys.split_once(':')?;
+        let v = Verifier {
+            iterations: iterations.parse().ok().filter(|n| *n > 0)?,
+            salt: STANDARD.decode(salt).ok()?,
+            stored_key: STANDARD.decode(stored).ok()?,
+            server_key: STANDARD.decode(server).ok()?,
+        };
+        (v.stored_key.len() == 32 && v.server_key.len() == 32).then_some(v)
+    }
+
+    pub fn encode(&self) -> String {
+        format!(
+            "SCRAM-SHA-256${}:{}${}:{}",
+            self.iterations,
+            STANDARD.encode(&self.salt),
+            STANDARD.encode(&self.stored_key),
+            STANDARD.encode(&self.server_key)
+        )
+    }
+
+    fn secret(&self) -> ScramSecret {
+        ScramSecret::Verifier {
+            salt: self.salt.clone(),
+            iterations: self.iterations,
+            stored_key: self.stored_key.clone(),
+            server_key: self.server_key.clone(),
+        }
+    }
+}
+
+/// The verifier a `PASSWORD '…'` clause keeps: a verifier given as such (as psql's
+/// `\password` sends it), else one made from the password.
+pub fn verifier_of(password: &str) -> eddy_planner::Result<String> {
+    if password.starts_with("SCRAM-SHA-256$") {
+        return Verifier::parse(password)
+            .map(|v| v.encode())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidParameter,
+                    "the password is a malformed SCRAM-SHA-256 verifier",
+                )
+            });
+    }
+    if password.len() == 35 && password.starts_with("md5") {
+        return Err(Error::unsupported("md5 passwords are not supported")
+            .with_hint("Give the password itself, or a SCRAM-SHA-256 verifier."));
+    }
+    if password.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidParameter,
+            "the password is empty",
+        ));
+    }
+    Ok(Verifier::of_password(password).encode())
+}
+
+/// The superuser's verifier, and the key mock salts are made from.
 #[derive(Debug)]
 pub struct Secrets {
-    salt: Vec<u8>,
-    iterations: usize,
-    salted: Vec<u8>,
+    superuser: Verifier,
     mock_key: Vec<u8>,
 }
 
@@ -50,68 +157,64 @@ impl Secrets {
     /// given; `None` when there is neither (trust).
     pub fn load(data_dir: &Path, password: Option<&str>) -> anyhow::Result<Option<Arc<Secrets>>> {
         let path = data_dir.join(SECRET_FILE);
-        if let Some(password) = password {
-            if password.is_empty() {
-                anyhow::bail!("the password is empty");
-            }
-            let salt: [u8; 16] = rand::random();
-            let mock_key: [u8; 32] = rand::random();
-            let secrets = Secrets {
-                salted: gen_salted_password(password, &salt, ITERATIONS),
-                salt: salt.to_vec(),
-                iterations: ITERATIONS,
-                mock_key: mock_key.to_vec(),
-            };
-            std::fs::create_dir_all(data_dir)?;
-            crate::settings::replace_file(data_dir, SECRET_FILE, secrets.encode().as_bytes())?;
-            return Ok(Some(Arc::new(secrets)));
-        }
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Secrets::decode(&text)
-                .map(|s| Some(Arc::new(s)))
-                .ok_or_else(|| anyhow::anyhow!("{} is not a SCRAM secret", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let secrets = match password {
+            Some("") => anyhow::bail!("the password is empty"),
+            Some(password) => Secrets {
+                superuser: Verifier::of_password(password),
+                mock_key: rand::random::<[u8; 32]>().to_vec(),
+            },
+            None => match std::fs::read_to_string(&path) {
+                Ok(text) => Secrets::decode(&text)
+                    .ok_or_else(|| anyhow::anyhow!("{} is not a SCRAM secret", path.display()))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        std::fs::create_dir_all(data_dir)?;
+        crate::settings::replace_file(data_dir, SECRET_FILE, secrets.encode().as_bytes())?;
+        Ok(Some(Arc::new(secrets)))
     }
 
-    /// `SCRAM-SHA-256$iterations:salt$salted$mock-key`, in hex.
+    /// The verifier on the first line, the mock key in hex on the second.
     fn encode(&self) -> String {
-        format!(
-            "SCRAM-SHA-256${}:{}${}${}\n",
-            self.iterations,
-            hex(&self.salt),
-            hex(&self.salted),
-            hex(&self.mock_key)
-        )
+        format!("{}\n{}\n", self.superuser.encode(), hex(&self.mock_key))
     }
 
     fn decode(text: &str) -> Option<Secrets> {
-        let rest = text.trim().strip_prefix("SCRAM-SHA-256$")?;
+        let mut lines = text.lines();
+        let first = lines.next()?;
+        if let Some(superuser) = Verifier::parse(first) {
+            return Some(Secrets {
+                superuser,
+                mock_key: unhex(lines.next()?.trim())?,
+            });
+        }
+        // The form before verifiers: iterations, salt, salted password and mock key in hex.
+        let rest = first.trim().strip_prefix("SCRAM-SHA-256$")?;
         let mut parts = rest.split('$');
         let (iterations, salt) = parts.next()?.split_once(':')?;
+        let (salt, salted) = (unhex(salt)?, unhex(parts.next()?)?);
         Some(Secrets {
-            iterations: iterations.parse().ok()?,
-            salt: unhex(salt)?,
-            salted: unhex(parts.next()?)?,
+            superuser: Verifier::of_salted(iterations.parse().ok()?, salt, &salted),
             mock_key: unhex(parts.next()?)?,
         })
     }
 
-    /// What a login as `user` is checked against.
-    fn password_of(&self, user: Option<&str>) -> Password {
-        if user == Some(SUPERUSER) {
-            return Password::new(Some(self.salt.clone()), self.salted.clone());
-        }
-        // The same salt for a name each time, so nothing tells it from a real role.
+    /// What nobody's password matches, with a salt fixed per name so that nothing tells
+    /// an unknown name from a real role.
+    fn mock(&self, user: Option<&str>) -> ScramSecret {
         let mut salt = Vec::with_capacity(16);
         for round in 0u8..2 {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             (&self.mock_key, user, round).hash(&mut h);
             salt.extend_from_slice(&h.finish().to_be_bytes());
         }
-        let nothing: [u8; 32] = rand::random();
-        Password::new(Some(salt), nothing.to_vec())
+        ScramSecret::Verifier {
+            salt,
+            iterations: ITERATIONS,
+            stored_key: rand::random::<[u8; 32]>().to_vec(),
+            server_key: rand::random::<[u8; 32]>().to_vec(),
+        }
     }
 }
 
@@ -126,13 +229,36 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Verifiers by login name: the superuser's, and the roles' of the current catalog.
 #[derive(Debug)]
-struct Source(Arc<Secrets>);
+struct Source {
+    secrets: Arc<Secrets>,
+    db: Weak<Db>,
+}
 
 #[async_trait]
 impl AuthSource for Source {
-    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        Ok(self.0.password_of(login.user()))
+    async fn get_password(&self, _login: &LoginInfo) -> PgWireResult<Password> {
+        Err(PgWireError::UnsupportedSASLAuthMethod(
+            "cleartext".to_string(),
+        ))
+    }
+
+    async fn get_scram_secret(&self, login: &LoginInfo) -> PgWireResult<(ScramSecret, Option<()>)> {
+        let user = login.user();
+        if user == Some(SUPERUSER) {
+            return Ok((self.secrets.superuser.secret(), None));
+        }
+        let role = user.and_then(|user| {
+            let catalog = self.db.upgrade()?.catalog();
+            let role = catalog.access.roles.get(user)?;
+            role.login
+                .then(|| role.verifier.as_deref().and_then(Verifier::parse))?
+        });
+        Ok((
+            role.map_or_else(|| self.secrets.mock(user), |v| v.secret()),
+            None,
+        ))
     }
 }
 
@@ -166,8 +292,11 @@ impl Startup {
         manager: Arc<ConnectionManager>,
     ) -> Startup {
         let scram = secrets.map(|s| {
-            let mut auth = ScramAuth::new(Arc::new(Source(s.clone())));
-            auth.set_iterations(s.iterations);
+            let source = Source {
+                secrets: s.clone(),
+                db: Arc::downgrade(session.db()),
+            };
+            let auth = ScramAuth::new(Arc::new(source));
             SASLAuthStartupHandler::new(Arc::new(Parameters(session.clone())))
                 .with_scram(auth)
                 .with_connection_manager(manager)
@@ -188,6 +317,10 @@ impl StartupHandler for Startup {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        if let PgWireFrontendMessage::Startup(startup) = &message {
+            let user = startup.parameters.get("user").cloned().unwrap_or_default();
+            self.session.log_in_as(user);
+        }
         match &self.scram {
             // The failure names the user the client logged in as, as PostgreSQL's does
             // (SCRAM's own user name is usually empty).

@@ -4,7 +4,8 @@
 //! so a bad line fails the statement and applies nothing. A line `\.` ends the data, as
 //! psql sends it from scripts. Complete records are parsed as they arrive and held as
 //! Arrow batches (a few bytes per value, not a `Value` each), and the raw text is let
-//! go: a COPY holds about its columnar size, within `copy_buffer_bytes_max()`.
+//! go: a COPY holds about its columnar size, within `session_memory_bytes`
+//! (`limits`).
 
 use std::sync::Arc;
 
@@ -23,23 +24,11 @@ use eddy_planner::{Error, ErrorKind, Result};
 use datafusion::arrow::record_batch::RecordBatch;
 use eddy_cluster::exec::passes::{Passes, Predicates};
 use eddy_cluster::Task;
+
+use crate::limits::{Limit, Limits};
 use eddy_planner::bind::{check_not_null, value_from_text};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
 
-/// Bytes of parsed rows (Arrow) and unparsed text one COPY may hold before it is applied,
-/// unless `EDDY_COPY_BUFFER_BYTES` says otherwise.
-pub const COPY_BUFFER_BYTES_MAX: usize = 1 << 30;
-
-/// The COPY buffer bound in force (read once).
-fn copy_buffer_bytes_max() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("EDDY_COPY_BUFFER_BYTES")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(COPY_BUFFER_BYTES_MAX)
-    })
-}
 /// Rows per Arrow batch a COPY holds, and per batch it hands to the engine.
 pub const COPY_BATCH_ROWS: usize = 8192;
 
@@ -143,6 +132,8 @@ pub struct CopyIn {
     /// The first error of the data as a whole (too large); the statement fails with it
     /// when the data ends.
     failed: Option<Error>,
+    /// `session_memory_bytes` and `max_copy_row_bytes` when the COPY began.
+    limits: Arc<Limits>,
 }
 
 /// Checked rows, and whether each passes each WHERE of the stream's metrics.
@@ -260,7 +251,13 @@ impl CopyIn {
             header_pending: header,
             runner: None,
             failed: None,
+            limits: Arc::new(Limits::default()),
         })
+    }
+
+    /// Holds the COPY to these limits instead of the defaults.
+    pub fn limit(&mut self, limits: Arc<Limits>) {
+        self.limits = limits;
     }
 
     /// Parses the data's chunks with `runner` (on the shards) instead of the caller.
@@ -300,15 +297,20 @@ impl CopyIn {
                 self.parse_ready();
             }
         }
-        let max = copy_buffer_bytes_max();
-        if self.held_bytes() > max {
-            self.failed = Some(
-                Error::new(
-                    ErrorKind::ResourcesExhausted,
-                    format!("COPY data exceeds {max} bytes (EDDY_COPY_BUFFER_BYTES)"),
-                )
-                .with_hint("Split the load into several COPY statements."),
-            );
+        let held = self.held_bytes() as u64;
+        let too_much = self
+            .limits
+            .check(
+                Limit::CopyRowBytes,
+                self.pending.len() as u64,
+                "a row of COPY data",
+            )
+            .and_then(|_| {
+                self.limits
+                    .check(Limit::SessionMemoryBytes, held, "the COPY data held")
+            });
+        if let Err(e) = too_much {
+            self.failed = Some(e);
             self.pending = Vec::new();
             self.ready = Vec::new();
             self.chunks = Vec::new();

@@ -14,6 +14,7 @@ use eddy_cluster::{
     Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
     TaskId,
 };
+use eddy_planner::access::{self, Need, SUPERUSER};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -26,6 +27,7 @@ use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, pg_type, Cell, Column};
 use crate::copy::{CopyIn, CopyLines};
+use crate::limits::{Limit, Limits};
 use crate::query;
 use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHandle};
 
@@ -34,7 +36,7 @@ const CATALOG_FILE: &str = "catalog.sql";
 /// The embedded log's directory under the data directory.
 const LOG_DIR: &str = "log";
 /// Separates statements in the catalog file (a line of its own).
-const CATALOG_SEPARATOR: &str = "\n-- eddy:end\n";
+const CATALOG_SEPARATOR: &str = eddy_planner::catalog::STATEMENT_END;
 
 /// What a statement produced.
 pub enum Output {
@@ -112,6 +114,8 @@ pub struct Db {
     pub(crate) data_dir: PathBuf,
     pub(crate) ddl: tokio::sync::Mutex<()>,
     subscriptions: Arc<Registry>,
+    /// The limits clients meet (`limits`), as `ALTER SYSTEM` last set them.
+    pub(crate) limits: Arc<Limits>,
 }
 
 impl Db {
@@ -200,6 +204,7 @@ impl Db {
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
+            limits: Arc::new(Limits::from_settings(&crate::settings::load(data_dir)?)),
         });
         let weak = Arc::downgrade(&db);
         tokio::spawn(async move {
@@ -223,6 +228,10 @@ impl Db {
 
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().expect("catalog lock").clone()
+    }
+
+    pub fn limits(&self) -> &Arc<Limits> {
+        &self.limits
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -255,6 +264,9 @@ impl Db {
     pub async fn subscribe(&self, sql: &str, opening: Opening) -> Result<SubscriptionHandle> {
         let _guard = self.ddl.lock().await;
         let query = ContinuousQuery::plan(&self.catalog(), sql).await?;
+        let open = self.subscriptions.list().len() as u64;
+        self.limits
+            .check(Limit::Subscriptions, open + 1, "open subscriptions")?;
         subscribe::open(&self.subscriptions, &self.engine, query, opening).await
     }
 
@@ -263,15 +275,58 @@ impl Db {
         self.execute_statement(sql::parse_statement(text)?).await
     }
 
-    /// Executes a parsed statement. Cursors and continuous queries belong to a session
-    /// and are run there (`pg::Session`).
+    /// Executes a parsed statement as the superuser. Cursors and continuous queries
+    /// belong to a session and are run there (`pg::Session`).
     pub async fn execute_statement(&self, stmt: Statement) -> Result<Executed> {
+        self.execute_by(SUPERUSER, stmt).await
+    }
+
+    /// Fails with 42501 unless `role` may run `stmt`. DDL is judged when it runs
+    /// (`ddl`), against the catalog it makes.
+    pub async fn authorize(&self, role: &str, stmt: &Statement) -> Result<()> {
+        let catalog = self.catalog();
+        if catalog.access.is_superuser(role) {
+            return Ok(());
+        }
+        let needs = match stmt {
+            Statement::Insert(insert) => {
+                let template = eddy_planner::bind::InsertTemplate::new(&catalog, insert)?;
+                vec![Need::Insert(template.stream.name.clone())]
+            }
+            Statement::Copy(copy) => {
+                vec![Need::Insert(
+                    CopyIn::bind(&catalog, copy)?.stream.name.clone(),
+                )]
+            }
+            Statement::Query(q) | Statement::Subscribe(q) => self.reads(q).await?,
+            Statement::Declare { query, .. } => self.reads(query).await?,
+            Statement::CopyOut(copy) => self.reads(&copy.query).await?,
+            Statement::AlterSystem { .. } => vec![Need::Superuser],
+            _ => Vec::new(),
+        };
+        catalog.access.check(&catalog, role, &needs)
+    }
+
+    /// SELECT on every stream and metric a query reads.
+    async fn reads(&self, sql: &str) -> Result<Vec<Need>> {
+        let ctx = self.query_context()?;
+        let (plan, _, _) = query::describe(&ctx, sql).await?;
+        Ok(query::tables_read(&plan)
+            .into_iter()
+            .map(Need::Select)
+            .collect())
+    }
+
+    /// Executes a parsed statement for `role`, which `authorize` let run it (DDL is
+    /// judged here).
+    pub async fn execute_by(&self, role: &str, stmt: Statement) -> Result<Executed> {
         match stmt {
             Statement::CreateStream { .. }
             | Statement::CreateMetric(_)
             | Statement::DropStream { .. }
             | Statement::DropMetric { .. }
-            | Statement::AlterStreamAddColumn { .. } => self.ddl(&stmt).await,
+            | Statement::AlterStreamAddColumn { .. }
+            | Statement::Access(_) => self.ddl(role, stmt).await,
             Statement::ShowStreams => self.show_streams().await,
             Statement::ShowMetrics => Ok(self.show_metrics()),
             Statement::Describe(name) => self.describe(&name),
@@ -304,6 +359,7 @@ impl Db {
             Statement::Copy(copy) => {
                 let catalog = self.catalog();
                 let mut copy = CopyIn::bind(&catalog, &copy)?;
+                copy.limit(self.limits.clone());
                 // Parsing and checking rows is stateless: any shard, in turn.
                 let engine = self.engine.clone();
                 copy.parse_with(Arc::new(move |job| engine.run_anywhere(job)));
@@ -351,7 +407,23 @@ impl Db {
                 tag: "SET",
                 rows: None,
             })),
-            Statement::ShowVariable(name) => Ok(show_variable(&name)),
+            Statement::ShowVariable(name) if name == "limits" => Ok(Executed::rows(
+                ["name", "setting", "default", "what it bounds"]
+                    .into_iter()
+                    .map(Column::text)
+                    .collect(),
+                self.limits
+                    .table()
+                    .into_iter()
+                    .map(|row| row.into_iter().map(Cell::Text).collect())
+                    .collect(),
+            )),
+            Statement::ShowVariable(name) => Ok(match self.limits.show(&name) {
+                Some(value) => {
+                    Executed::rows(vec![Column::text(&name)], vec![vec![Cell::Text(value)]])
+                }
+                None => show_variable(&name),
+            }),
             Statement::Begin => Ok(Executed::new(Output::Begin)),
             Statement::Commit => Ok(Executed::new(Output::Commit("COMMIT"))),
             Statement::Rollback => Ok(Executed::new(Output::Commit("ROLLBACK"))),
@@ -359,17 +431,36 @@ impl Db {
         }
     }
 
-    async fn ddl(&self, stmt: &Statement) -> Result<Executed> {
+    async fn ddl(&self, role: &str, mut stmt: Statement) -> Result<Executed> {
+        // Only a verifier of a password reaches the catalog.
+        if let Statement::Access(access) = &mut stmt {
+            if let Some(password) = access.password_mut() {
+                *password = crate::auth::verifier_of(password)?;
+            }
+        }
         let _guard = self.ddl.lock().await;
         let current = self.catalog();
         let (
-            next,
+            mut next,
             DdlOutcome {
                 tag,
                 notice,
                 changed,
             },
-        ) = ddl::apply(&current, stmt)?;
+        ) = ddl::apply(&current, &stmt)?;
+        let needs = access::ddl_needs(&current, &next, role, &stmt);
+        current.access.check(&current, role, &needs)?;
+        // What a role other than a superuser creates is its own.
+        if !current.access.is_superuser(role) {
+            let created = match &stmt {
+                Statement::CreateStream { create, .. } => Some(sql::object_name(&create.name)),
+                Statement::CreateMetric(m) => Some(m.name.clone()),
+                _ => None,
+            };
+            if let Some(name) = created.filter(|_| changed) {
+                next.access.owners.insert(name, role.to_string());
+            }
+        }
         let external = next.streams.values().find(|s| s.source.is_some());
         if let (Some(s), None) = (external, self.engine.log_as::<Kafka>()) {
             return Err(Error::new(
@@ -416,6 +507,8 @@ impl Db {
         durable: bool,
     ) -> Result<Executed> {
         let n = plan.rows.len();
+        self.limits
+            .check(Limit::InsertRows, n as u64, "rows in the INSERT")?;
         for row in &plan.rows {
             Task::event_time(&plan.stream, row)?;
         }
@@ -1188,6 +1281,11 @@ impl Db {
 /// The catalog the statements make, in order.
 pub(crate) fn catalog_of(statements: &[String]) -> Result<Catalog> {
     let mut catalog = Catalog::default();
+    // A record of the catalog topic may hold several statements (the access rules).
+    let statements = statements
+        .iter()
+        .flat_map(|s| s.split(CATALOG_SEPARATOR))
+        .filter(|s| !s.trim().is_empty());
     for stmt in statements {
         let parsed = sql::parse_statement(stmt).map_err(|e| in_statement(e, stmt))?;
         catalog = ddl::apply(&catalog, &parsed)
@@ -1363,12 +1461,24 @@ fn late_notices<'a>(
 /// `ALTER SYSTEM SET shards = n | auto | DEFAULT`, `ALTER SYSTEM RESET shards | ALL`.
 impl Db {
     async fn alter_system(&self, name: &str, value: Option<&str>) -> Result<Executed> {
+        if Limits::is_limit(name) {
+            self.limits.set(name, value)?;
+            return self.keep_setting(name, value);
+        }
         if name != "shards" && !(name == "all" && value.is_none()) {
             return Err(Error::new(
                 ErrorKind::UndefinedObject,
                 format!("unrecognized configuration parameter \"{name}\""),
             )
-            .with_hint("ALTER SYSTEM sets shards."));
+            .with_hint("ALTER SYSTEM sets shards and the limits (see SHOW LIMITS)."));
+        }
+        if name == "all" {
+            for (kept, _) in crate::settings::load(&self.data_dir).unwrap_or_default() {
+                if Limits::is_limit(&kept) {
+                    self.limits.set(&kept, None)?;
+                    self.keep_setting(&kept, None)?;
+                }
+            }
         }
         let count = match value {
             None => None,
@@ -1383,14 +1493,14 @@ impl Db {
         // One change at a time, and none during DDL.
         let _ddl = self.ddl.lock().await;
         self.engine.reshard(count).await?;
-        crate::settings::save(
-            &self.data_dir,
-            "shards",
-            count.map(|n| n.to_string()).as_deref(),
-        )
-        .map_err(|e| {
+        self.keep_setting("shards", count.map(|n| n.to_string()).as_deref())
+    }
+
+    /// Keeps a setting that already applies for the next start.
+    fn keep_setting(&self, name: &str, value: Option<&str>) -> Result<Executed> {
+        crate::settings::save(&self.data_dir, name, value).map_err(|e| {
             Error::internal(format!(
-                "the shards changed, but keeping the setting for the next start failed: {e}"
+                "{name} changed, but keeping the setting for the next start failed: {e}"
             ))
         })?;
         Ok(Executed::command("ALTER SYSTEM"))

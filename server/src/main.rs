@@ -109,6 +109,16 @@ enum Command {
         /// either, the kept one applies, and with none Eddy trusts loopback clients only.
         #[arg(long, env = "EDDY_PASSWORD_FILE")]
         password_file: Option<PathBuf>,
+        /// A PEM file with the server's certificate chain: clients that ask (psql
+        /// `sslmode=require`, pgjdbc `ssl=true`) get TLS. Needs --tls-key.
+        #[arg(long, env = "EDDY_TLS_CERT", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// A PEM file with the certificate's private key.
+        #[arg(long, env = "EDDY_TLS_KEY", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Refuse clients that do not use TLS (FATAL 28000).
+        #[arg(long, env = "EDDY_TLS_REQUIRED")]
+        tls_required: bool,
     },
     /// Print the machine as hwloc sees it, where the shards would run, and what a hop
     /// between NUMA nodes costs.
@@ -215,6 +225,9 @@ fn main() -> anyhow::Result<()> {
             session_timeout,
             peer_addr,
             password_file,
+            tls_cert,
+            tls_key,
+            tls_required,
         } => {
             let password = match password_file {
                 Some(path) => Some(
@@ -272,6 +285,8 @@ fn main() -> anyhow::Result<()> {
                 kafka,
                 session_threads: io_threads,
                 password,
+                tls: tls_cert.zip(tls_key),
+                tls_required,
             }))
         }
     }

@@ -47,9 +47,11 @@ use crate::cells::{
 use crate::copy::{CopyIn, CopyLines};
 use crate::db::{Db, Executed, Output};
 use crate::deferred::Deferred;
+use crate::limits::{Limit, Limits};
 use crate::prepared::{Bound, Fast, Prepared};
 use crate::query;
 use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
+use eddy_planner::access::Need;
 
 /// The SQLSTATE of an Eddy error.
 pub fn sqlstate(kind: ErrorKind) -> &'static str {
@@ -71,6 +73,10 @@ pub fn sqlstate(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidParameter => "22023",
         ErrorKind::ResourcesExhausted => "53000",
         ErrorKind::LimitExceeded => "53400",
+        ErrorKind::ProgramLimitExceeded => "54000",
+        ErrorKind::TooManyConnections => "53300",
+        ErrorKind::InsufficientPrivilege => "42501",
+        ErrorKind::InvalidEncoding => "22021",
         ErrorKind::NoActiveTransaction => "25P01",
         ErrorKind::DuplicateCursor => "42P03",
         ErrorKind::UndefinedCursor => "34000",
@@ -157,6 +163,10 @@ pub struct Session {
     /// A second handle on the client's socket, to notice a disconnect while a continuous
     /// query waits for rows (pgwire reads the socket only between messages).
     peer: Option<tokio::net::TcpStream>,
+    /// The name the client logged in with.
+    login: std::sync::OnceLock<String>,
+    /// The node has no password: any name not a role's acts as the superuser.
+    trusted: bool,
 }
 
 /// The handlers of one connection.
@@ -174,11 +184,12 @@ impl Handlers {
         secrets: Option<&Arc<crate::auth::Secrets>>,
     ) -> Handlers {
         let cancel = Arc::new(DefaultCancelHandler::new(manager.clone()));
+        let limits = db.limits().clone();
         let session = Arc::new(Session {
             db,
             manager,
             copy: Mutex::new(None),
-            parser: Arc::new(EddyParser),
+            parser: Arc::new(EddyParser(limits)),
             cursors: Mutex::new(HashMap::new()),
             live_portals: Mutex::new(HashMap::new()),
             rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
@@ -191,6 +202,8 @@ impl Handlers {
                 options
             })),
             peer,
+            login: std::sync::OnceLock::new(),
+            trusted: secrets.is_none(),
         });
         let startup = Arc::new(crate::auth::Startup::new(
             session.clone(),
@@ -401,6 +414,41 @@ fn holder(
 }
 
 impl Session {
+    pub(crate) fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+
+    pub(crate) fn log_in_as(&self, user: String) {
+        let _ = self.login.set(user);
+    }
+
+    /// The role the session acts as now.
+    fn role(&self) -> String {
+        self.role_in(&self.db.catalog()).to_string()
+    }
+
+    /// The role the session acts as under `catalog`.
+    fn role_in(&self, catalog: &eddy_planner::catalog::Catalog) -> &str {
+        let login = self.login.get().map_or("", String::as_str);
+        catalog.access.acting(login, self.trusted)
+    }
+
+    /// Fails with 42501 unless the session's role may run the prepared statement's fast
+    /// path (bound against the current catalog).
+    fn may_run(&self, bound: &Bound) -> eddy_planner::Result<()> {
+        let catalog = &bound.catalog;
+        let role = self.role_in(catalog);
+        if catalog.access.is_superuser(role) {
+            return Ok(());
+        }
+        let need = match &bound.fast {
+            Fast::Insert(template) => Need::Insert(template.stream.name.clone()),
+            Fast::Lookup(lookup) => Need::Select(lookup.metric_name().to_string()),
+            Fast::General => return Ok(()),
+        };
+        catalog.access.check(catalog, role, &[need])
+    }
+
     /// Statements that belong to the session (cursors, settings, transaction ends), and
     /// everything else through the database.
     async fn run<C: ClientInfo>(
@@ -408,6 +456,8 @@ impl Session {
         client: &C,
         stmt: Statement,
     ) -> eddy_planner::Result<Executed> {
+        let role = self.role();
+        self.db.authorize(&role, &stmt).await?;
         match stmt {
             Statement::Declare {
                 name,
@@ -497,7 +547,7 @@ impl Session {
                 self.end_transaction().await;
                 self.db.execute_statement(stmt).await
             }
-            other => self.db.execute_statement(other).await,
+            other => self.db.execute_by(&role, other).await,
         }
     }
 
@@ -632,6 +682,8 @@ impl Session {
             client: client_of(client, self.application_name(client)),
             rows_max: self.rows_max.load(Ordering::Relaxed),
         };
+        let stmt = Statement::Subscribe(query.to_string());
+        self.db.authorize(&self.role(), &stmt).await?;
         self.db.subscribe(query, opening).await
     }
 
@@ -788,7 +840,16 @@ impl SimpleQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let statements = match sql::split_statements(query) {
+        let statements = match self
+            .db
+            .limits()
+            .check(
+                Limit::StatementBytes,
+                query.len() as u64,
+                "the query string",
+            )
+            .and_then(|_| sql::split_statements(query))
+        {
             Ok(s) => s,
             Err(e) => return Ok(vec![Response::Error(Box::new(error_info(&e)))]),
         };
@@ -843,7 +904,7 @@ impl SimpleQueryHandler for Session {
 
 /// Parses at Parse time so syntax errors surface there, as in PostgreSQL; the parsed
 /// statement is kept for every execution.
-pub struct EddyParser;
+pub struct EddyParser(Arc<Limits>);
 
 #[async_trait]
 impl QueryParser for EddyParser {
@@ -858,6 +919,9 @@ impl QueryParser for EddyParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
+        self.0
+            .check(Limit::StatementBytes, sql.len() as u64, "the statement")
+            .map_err(|e| user_error(&e))?;
         let mut statements = sql::split_statements(sql).map_err(|e| user_error(&e))?;
         match statements.len() {
             0 => Ok(None),
@@ -1063,6 +1127,7 @@ impl Session {
         let prepared = &portal.statement.statement;
         if prepared.cacheable() {
             let bound = self.bind(prepared).await?;
+            self.may_run(&bound)?;
             match &bound.fast {
                 Fast::Insert(template) => {
                     let types = self.parameter_types(portal).await?;

@@ -240,6 +240,23 @@ pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Ve
     Ok((columns, rows_of_batches(&batches)))
 }
 
+/// The streams and metrics a plan reads (the catalog tables of `pg_catalog` and
+/// `information_schema` are everyone's), its subqueries included.
+pub fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::logical_expr::LogicalPlan;
+    let mut out = std::collections::BTreeSet::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if scan.table_name.schema().is_none_or(|s| s == "public") {
+                out.insert(scan.table_name.table().to_string());
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out.into_iter().collect()
+}
+
 /// A query's logical plan, with its result columns and parameter types, without
 /// running it.
 pub async fn describe(
@@ -447,6 +464,11 @@ impl PointLookup {
 
     /// The group's row, projected; `Ok(None)` when a key's value cannot be taken
     /// exactly (the general path then runs the query, and says what is wrong).
+    /// The metric the lookup reads.
+    pub fn metric_name(&self) -> &str {
+        &self.metric.name
+    }
+
     pub async fn run(
         &self,
         engine: &Engine,

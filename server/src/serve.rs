@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::db::Db;
 use crate::pg::Handlers;
+use crate::wire::Door;
 
 /// Settings of one server.
 #[derive(Clone, Debug)]
@@ -31,6 +32,10 @@ pub struct Config {
     /// The superuser's password, replacing the one kept (`None`: the kept one, or trust
     /// on loopback only when there is none).
     pub password: Option<String>,
+    /// A certificate chain and its private key, in PEM files: clients that ask get TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Refuse clients that do not use TLS.
+    pub tls_required: bool,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -53,6 +58,13 @@ impl Server {
                 config.pg_addr
             );
         }
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(crate::wire::tls_acceptor(cert, key)?),
+            None if config.tls_required => {
+                anyhow::bail!("--tls-required needs a certificate: give --tls-cert and --tls-key")
+            }
+            None => None,
+        };
         let db = Db::open(
             &config.data_dir,
             config.shards,
@@ -74,6 +86,7 @@ impl Server {
         let http_addr = http.as_ref().map(|l| l.local_addr()).transpose()?;
         let sessions = SessionThreads::start(config.session_threads)?;
         let manager = Arc::new(ConnectionManager::new());
+        let door = Arc::new(Door::new(tls, config.tls_required, db.limits().clone()));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
         let metrics_db = db.clone();
@@ -98,6 +111,7 @@ impl Server {
                         let db = accept_db.clone();
                         let manager = manager.clone();
                         let secrets = secrets.clone();
+                        let door = door.clone();
                         open.spawn_on(async move {
                             let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
                                 return;
@@ -105,7 +119,7 @@ impl Server {
                             let _ = socket.set_nodelay(true);
                             let handlers =
                                 Handlers::new(db, manager, peer_of(&socket), secrets.as_ref());
-                            let _ = pgwire::tokio::process_socket(socket, None, handlers).await;
+                            crate::wire::serve(door, socket, handlers).await;
                         }, sessions.next());
                     }
                     Some(_) = open.join_next(), if !open.is_empty() => {}

@@ -212,6 +212,8 @@ fn main() -> Result<()> {
         kafka: None,
         session_threads: a.io_threads.unwrap_or_else(default_io_threads).max(1),
         password: None,
+        tls: None,
+        tls_required: false,
     }))?;
     let client_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -289,6 +289,8 @@ async fn main() -> Result<()> {
         kafka: None,
         session_threads: eddy_server::serve::default_io_threads(),
         password: None,
+        tls: None,
+        tls_required: false,
     })
     .await?;
     let lat = latency(&server, &a).await?;

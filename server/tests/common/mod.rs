@@ -30,6 +30,8 @@ pub async fn start(dir: &Path) -> Server {
         kafka: None,
         session_threads: 2,
         password: None,
+        tls: None,
+        tls_required: false,
     })
     .await
     .unwrap()

@@ -36,6 +36,13 @@ impl Kafka {
         for name in current.metrics.keys().filter(|n| next.metric(n).is_none()) {
             records.push((format!("metric/{name}"), None));
         }
+        if current.access != next.access {
+            let statements = next.access.statements(next);
+            records.push((
+                ACCESS_KEY.to_string(),
+                Some(statements.join(eddy_planner::catalog::STATEMENT_END)),
+            ));
+        }
         let catalog = self.config.catalog_topic();
         let mut deliveries = Vec::new();
         for (key, sql) in &records {
@@ -100,12 +107,19 @@ pub(super) type Latest = HashMap<String, (i64, Option<String>)>;
 
 /// The statements of the live objects, streams first, each kind in the order it was last
 /// written.
+/// The key of the record that holds the catalog's roles, owners and grants.
+const ACCESS_KEY: &str = "access";
+
 pub(super) fn live_statements(latest: &Latest) -> Vec<String> {
-    let mut live: Vec<(bool, i64, &String)> = latest
+    // Streams, then metrics, then the access rules, which name both.
+    let rank = |key: &str| match key {
+        _ if key.starts_with("stream/") => 0,
+        ACCESS_KEY => 2,
+        _ => 1,
+    };
+    let mut live: Vec<(u8, i64, &String)> = latest
         .iter()
-        .filter_map(|(key, (offset, sql))| {
-            Some((!key.starts_with("stream/"), *offset, sql.as_ref()?))
-        })
+        .filter_map(|(key, (offset, sql))| Some((rank(key), *offset, sql.as_ref()?)))
         .collect();
     live.sort();
     live.into_iter().map(|(_, _, sql)| sql.clone()).collect()
