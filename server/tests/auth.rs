@@ -129,3 +129,206 @@ fn without_a_password_only_loopback_is_served() {
         "{said}"
     );
 }
+
+/// The SQLSTATE a statement fails with (`None`: it ran).
+async fn fails(client: &tokio_postgres::Client, sql: &str) -> Option<String> {
+    client.batch_execute(sql).await.err().map(|e| code(&e))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_decide_every_kind_of_statement() {
+    let dir = temp_dir("grants");
+    let (server, port) = spawn_eddy_env(&dir, &[], &[("EDDY_PASSWORD", "root-pw")]);
+    let admin = connect(port, "eddy", Some("root-pw")).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE STREAM pay (card TEXT, amount BIGINT, ts TIMESTAMP) WITH (event_time = 'ts');
+             CREATE METRIC spend AS SELECT card, SUM(amount) AS total FROM pay
+               WINDOW SLIDING (SIZE 1 HOUR) GROUP BY card;
+             CREATE ROLE writer LOGIN PASSWORD 'w-pw';
+             CREATE USER reader PASSWORD 'r-pw';
+             CREATE ROLE nobody LOGIN PASSWORD 'n-pw';
+             CREATE ROLE cannot_log_in PASSWORD 'c-pw';
+             GRANT INSERT ON STREAM pay TO writer;
+             GRANT SELECT ON METRIC spend TO reader;",
+        )
+        .await
+        .unwrap();
+    let writer = connect(port, "writer", Some("w-pw")).await.unwrap();
+    let reader = connect(port, "reader", Some("r-pw")).await.unwrap();
+    let nobody = connect(port, "nobody", Some("n-pw")).await.unwrap();
+    let no_login = connect(port, "cannot_log_in", Some("c-pw")).await.unwrap_err();
+    assert_eq!(code(&no_login), "28P01");
+    assert_eq!(code(&connect(port, "writer", Some("r-pw")).await.unwrap_err()), "28P01");
+
+    let insert = "INSERT INTO pay VALUES ('c1', 5, '2026-01-01 00:00:00')";
+    let total = || async {
+        simple_rows(&admin, "SELECT total FROM spend WHERE card = 'c1'").await
+    };
+    // INSERT, RETURNING and COPY FROM take INSERT on the stream.
+    assert_eq!(fails(&writer, insert).await, None);
+    assert_eq!(
+        simple_rows(&writer, &format!("{insert} RETURNING spend.total")).await,
+        [[Some("10".to_string())]]
+    );
+    for denied in [&reader, &nobody] {
+        assert_eq!(fails(denied, insert).await.as_deref(), Some("42501"));
+        assert_eq!(fails(denied, "COPY pay FROM STDIN").await.as_deref(), Some("42501"));
+        assert_eq!(fails(denied, "SELECT 1").await, None, "the session goes on");
+    }
+    // A prepared INSERT takes its fast path, checked at each execution.
+    let prepared = "INSERT INTO pay VALUES ($1, $2, '2026-01-01 00:00:01')";
+    writer.execute(prepared, &[&"c1", &1i64]).await.unwrap();
+    let denied = reader.execute(prepared, &[&"c1", &1i64]).await.unwrap_err();
+    assert_eq!(code(&denied), "42501");
+    // Denied statements changed nothing.
+    assert_eq!(total().await, [[Some("11".to_string())]]);
+
+    // SELECT, prepared point lookups, EMIT CHANGES and COPY TO take SELECT.
+    assert_eq!(fails(&reader, "SELECT * FROM spend").await, None);
+    let lookup = "SELECT total FROM spend WHERE card = $1";
+    assert_eq!(reader.query(lookup, &[&"c1"]).await.unwrap().len(), 1);
+    for denied in [&writer, &nobody] {
+        assert_eq!(fails(denied, "SELECT * FROM spend").await.as_deref(), Some("42501"));
+        assert_eq!(code(&denied.query(lookup, &[&"c1"]).await.unwrap_err()), "42501");
+        assert_eq!(
+            fails(denied, "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES").await.as_deref(),
+            Some("42501")
+        );
+        let _ = denied.batch_execute("ROLLBACK").await;
+        assert_eq!(
+            fails(denied, "COPY (SELECT * FROM spend) TO STDOUT").await.as_deref(),
+            Some("42501")
+        );
+    }
+    assert_eq!(
+        fails(&reader, "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES; CLOSE c; COMMIT").await,
+        None
+    );
+    // The stream's events are not the metric's: reading them takes SELECT on the stream.
+    assert_eq!(fails(&reader, "SELECT * FROM pay").await.as_deref(), Some("42501"));
+    assert_eq!(fails(&reader, "SELECT * FROM spend WHERE card IN (SELECT card FROM pay)").await.as_deref(), Some("42501"));
+
+    // DDL takes ownership or the superuser.
+    for sql in [
+        "DROP METRIC spend",
+        "ALTER STREAM pay ADD COLUMN note TEXT",
+        "CREATE METRIC mine AS SELECT COUNT(*) FROM pay WINDOW SLIDING (SIZE 1 HOUR)",
+        "GRANT SELECT ON METRIC spend TO nobody",
+        "GRANT SELECT ON ALL METRICS TO nobody",
+        "CREATE ROLE sneaky SUPERUSER",
+        "ALTER ROLE nobody SUPERUSER",
+        "ALTER SYSTEM SET max_insert_rows = 10",
+    ] {
+        assert_eq!(fails(&writer, sql).await.as_deref(), Some("42501"), "{sql}");
+    }
+    // A role owns what it creates, and may share it.
+    writer
+        .batch_execute(
+            "CREATE STREAM own (x BIGINT, ts TIMESTAMP) WITH (event_time = 'ts');
+             CREATE METRIC own_count AS SELECT COUNT(*) AS n FROM own WINDOW SLIDING (SIZE 1 HOUR);
+             INSERT INTO own VALUES (1, '2026-01-01 00:00:00');
+             GRANT SELECT ON METRIC own_count TO nobody;
+             ALTER ROLE writer PASSWORD 'w-pw2';",
+        )
+        .await
+        .unwrap();
+    assert_eq!(simple_rows(&nobody, "SELECT n FROM own_count").await, [[Some("1".to_string())]]);
+    assert_eq!(fails(&nobody, "SELECT * FROM own").await.as_deref(), Some("42501"));
+    assert_eq!(fails(&admin, "DROP ROLE writer").await.as_deref(), Some("2BP01"));
+    // ON ALL METRICS covers metrics made later; REVOKE takes effect at once, on prepared
+    // statements too.
+    admin.batch_execute("GRANT SELECT ON ALL METRICS TO nobody; CREATE METRIC later AS SELECT COUNT(*) FROM pay WINDOW SLIDING (SIZE 1 HOUR)").await.unwrap();
+    assert_eq!(fails(&nobody, "SELECT * FROM later").await, None);
+    let statement = reader.prepare(lookup).await.unwrap();
+    reader.query(&statement, &[&"c1"]).await.unwrap();
+    admin.batch_execute("REVOKE SELECT ON METRIC spend FROM reader").await.unwrap();
+    assert_eq!(code(&reader.query(&statement, &[&"c1"]).await.unwrap_err()), "42501");
+    // Errors name what is missing.
+    assert_eq!(fails(&admin, "GRANT SELECT ON METRIC nothing TO reader").await.as_deref(), Some("42P01"));
+    assert_eq!(fails(&admin, "GRANT SELECT ON METRIC spend TO ghost").await.as_deref(), Some("42704"));
+    assert_eq!(fails(&admin, "GRANT INSERT ON METRIC spend TO reader").await.as_deref(), Some("22023"));
+    assert_eq!(fails(&admin, "CREATE ROLE reader").await.as_deref(), Some("42P07"));
+    drop((admin, writer, reader, nobody));
+    server.terminate();
+
+    // Roles and grants are kept, and only as verifiers.
+    let kept = std::fs::read_to_string(dir.join("catalog.sql")).unwrap();
+    for secret in ["w-pw", "r-pw", "n-pw", "root-pw"] {
+        assert!(!kept.contains(secret), "{secret} in {kept}");
+    }
+    assert!(kept.contains("SCRAM-SHA-256$4096:"), "{kept}");
+    let (server, port) = spawn_eddy_env(&dir, &[], &[]);
+    let writer = connect(port, "writer", Some("w-pw2")).await.unwrap();
+    assert_eq!(fails(&writer, insert).await, None);
+    assert_eq!(fails(&writer, "SELECT * FROM spend").await.as_deref(), Some("42501"));
+    let nobody = connect(port, "nobody", Some("n-pw")).await.unwrap();
+    assert_eq!(fails(&nobody, "SELECT * FROM later").await, None);
+    drop((writer, nobody));
+    server.terminate();
+}
+
+/// A self-signed certificate and its key, made with openssl.
+fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{made:?}");
+    (cert, key)
+}
+
+fn psql_with(conninfo: &str, sql: &str) -> std::process::Output {
+    std::process::Command::new("psql")
+        .args(["-X", "-v", "ON_ERROR_STOP=1", "-Atc", sql, conninfo])
+        .output()
+        .expect("psql runs")
+}
+
+#[test]
+fn tls_when_asked_and_only_tls_when_required() {
+    let dir = temp_dir("tls");
+    let (cert, key) = certificate(&dir.join("pki"));
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (server, port) = spawn_eddy_env(
+        &dir.join("data"),
+        &["--tls-cert", cert, "--tls-key", key],
+        &[("EDDY_PASSWORD", "tls-pw")],
+    );
+    let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
+    let tls = psql_with(&format!("{base} sslmode=require"), "SELECT ssl FROM (SELECT true AS ssl) t");
+    assert!(tls.status.success(), "{tls:?}");
+    // Without TLS, still served unless TLS is required.
+    let plain = psql_with(&format!("{base} sslmode=disable"), "SELECT 1");
+    assert!(plain.status.success(), "{plain:?}");
+    server.terminate();
+
+    let (server, port) = spawn_eddy_env(
+        &dir.join("data"),
+        &["--tls-cert", cert, "--tls-key", key, "--tls-required"],
+        &[],
+    );
+    let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
+    let tls = psql_with(&format!("{base} sslmode=require"), "SELECT 42");
+    assert_eq!(String::from_utf8_lossy(&tls.stdout).trim(), "42", "{tls:?}");
+    let plain = psql_with(&format!("{base} sslmode=disable"), "SELECT 1");
+    assert!(!plain.status.success());
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert!(said.contains("TLS is required"), "{said}");
+    server.terminate();
+
+    // --tls-required without a certificate does not start.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["serve", "--pg-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tls-required", "--data-dir"])
+        .arg(dir.join("data2"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-cert"), "{out:?}");
+}
