@@ -116,6 +116,8 @@ pub struct CopyIn {
     /// How much of `pending` was searched for a record end, and whether that search
     /// ended inside a CSV quoted field.
     scanned: usize,
+    /// Where in `pending` the record being received starts.
+    row_start: usize,
     in_quotes: bool,
     /// Complete records not yet parsed.
     ready: Vec<u8>,
@@ -242,6 +244,7 @@ impl CopyIn {
             header,
             pending: Vec::new(),
             scanned: 0,
+            row_start: 0,
             in_quotes: false,
             ready: Vec::new(),
             chunks: Vec::new(),
@@ -280,18 +283,23 @@ impl CopyIn {
         let csv = self.parser.format == Format::Csv;
         let quote = self.parser.quote as u32;
         let mut end = None;
+        let mut longest = 0;
         for (i, &b) in self.pending.iter().enumerate().skip(self.scanned) {
             if csv && b as u32 == quote {
                 self.in_quotes = !self.in_quotes;
             } else if b == b'\n' && !self.in_quotes {
+                longest = longest.max(i + 1 - self.row_start);
+                self.row_start = i + 1;
                 end = Some(i + 1);
             }
         }
         self.scanned = self.pending.len();
+        longest = longest.max(self.pending.len() - self.row_start);
         if let Some(end) = end {
             let rest = self.pending.split_off(end);
             let complete = std::mem::replace(&mut self.pending, rest);
             self.scanned -= end;
+            self.row_start -= end;
             self.ready.extend_from_slice(&complete);
             if self.ready.len() >= CHUNK_BYTES {
                 self.parse_ready();
@@ -300,11 +308,7 @@ impl CopyIn {
         let held = self.held_bytes() as u64;
         let too_much = self
             .limits
-            .check(
-                Limit::CopyRowBytes,
-                self.pending.len() as u64,
-                "a row of COPY data",
-            )
+            .check(Limit::CopyRowBytes, longest as u64, "a row of COPY data")
             .and_then(|_| {
                 self.limits
                     .check(Limit::SessionMemoryBytes, held, "the COPY data held")

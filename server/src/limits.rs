@@ -15,8 +15,10 @@ use eddy_planner::{Error, ErrorKind};
 /// One limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
-    /// Open client connections, authenticated or not.
+    /// Sessions: connections that sent their startup message.
     Connections,
+    /// Connections still logging in (each is dropped after `authentication_timeout`).
+    PendingConnections,
     /// Open connections that log in as one role.
     ConnectionsPerRole,
     /// One protocol message (a query, a COPY data message, a bind), checked from its
@@ -55,13 +57,20 @@ struct Spec {
 const MIB: u64 = 1 << 20;
 
 /// The limits, their names and defaults.
-const SPECS: [Spec; 9] = [
+const SPECS: [Spec; 10] = [
     Spec {
         limit: Limit::Connections,
         name: "max_connections",
         default: 500,
         unit: Unit::Count,
-        what: "open client connections, logged in or not (53300)",
+        what: "sessions: connections that sent their startup message (53300)",
+    },
+    Spec {
+        limit: Limit::PendingConnections,
+        name: "max_pending_connections",
+        default: 4096,
+        unit: Unit::Count,
+        what: "connections still logging in; past it new sockets are closed at once",
     },
     Spec {
         limit: Limit::ConnectionsPerRole,

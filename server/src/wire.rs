@@ -9,8 +9,9 @@
 //! - a query (`Q`) or a statement to prepare (`P`) whose text is not UTF-8 gets 22021,
 //!   and the session goes on (pgwire would read the bytes as U+FFFD and run them);
 //! - a client that has not logged in within `authentication_timeout` is dropped;
-//! - past `max_connections`, or `max_connections_per_role` for its role, a client gets
-//!   FATAL 53300 in answer to its startup message;
+//! - past `max_connections` sessions, or `max_connections_per_role` for its role, a
+//!   client gets FATAL 53300 in answer to its startup message; past
+//!   `max_pending_connections` still logging in, a new socket is closed at once;
 //! - with `--tls-required`, a plaintext client gets FATAL 28000.
 
 use std::collections::{HashMap, VecDeque};
@@ -43,7 +44,9 @@ pub struct Door {
     tls: Option<TlsAcceptor>,
     tls_required: bool,
     limits: Arc<Limits>,
-    open: AtomicUsize,
+    /// Connections still logging in, and sessions.
+    pending: AtomicUsize,
+    sessions: AtomicUsize,
     per_role: Mutex<HashMap<String, usize>>,
 }
 
@@ -53,50 +56,48 @@ impl Door {
             tls,
             tls_required,
             limits,
-            open: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            sessions: AtomicUsize::new(0),
             per_role: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
     }
 }
 
 /// One connection's place in the counts, given back when it closes.
 struct Ticket<'a> {
     door: &'a Door,
+    /// The role it was admitted as (`None`: still logging in).
     role: Option<String>,
 }
 
 impl<'a> Ticket<'a> {
-    fn new(door: &'a Door) -> Ticket<'a> {
-        door.open.fetch_add(1, Ordering::Relaxed);
-        Ticket { door, role: None }
+    /// A place among the connections logging in, if there is one.
+    fn new(door: &'a Door) -> Option<Ticket<'a>> {
+        let pending = door.pending.fetch_add(1, Ordering::Relaxed);
+        let ticket = Ticket { door, role: None };
+        (pending < door.limits.get(Limit::PendingConnections) as usize).then_some(ticket)
     }
 
-    /// Counts the connection for `role`; the refusal when a limit is passed.
+    /// Admits the connection as a session of `role`; the refusal when a limit is passed.
     fn admit(&mut self, role: &str) -> Result<(), ErrorInfo> {
         let limits = &self.door.limits;
-        if self.door.open() as u64 > limits.get(Limit::Connections) {
+        let mut per_role = self.door.per_role.lock().expect("door lock");
+        if self.door.sessions.load(Ordering::Relaxed) as u64 >= limits.get(Limit::Connections) {
             return Err(fatal(
                 "53300",
                 "sorry, too many clients already".to_string(),
             ));
         }
-        let mut per_role = self.door.per_role.lock().expect("door lock");
-        let n = per_role.entry(role.to_string()).or_insert(0);
-        if *n as u64 >= limits.get(Limit::ConnectionsPerRole) {
-            if *n == 0 {
-                per_role.remove(role);
-            }
+        let n = per_role.get(role).copied().unwrap_or(0);
+        if n as u64 >= limits.get(Limit::ConnectionsPerRole) {
             return Err(fatal(
                 "53300",
                 format!("too many connections for role \"{role}\""),
             ));
         }
-        *n += 1;
+        per_role.insert(role.to_string(), n + 1);
+        self.door.sessions.fetch_add(1, Ordering::Relaxed);
+        self.door.pending.fetch_sub(1, Ordering::Relaxed);
         self.role = Some(role.to_string());
         Ok(())
     }
@@ -104,14 +105,16 @@ impl<'a> Ticket<'a> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.door.open.fetch_sub(1, Ordering::Relaxed);
-        if let Some(role) = &self.role {
-            let mut per_role = self.door.per_role.lock().expect("door lock");
-            if let Some(n) = per_role.get_mut(role) {
-                *n -= 1;
-                if *n == 0 {
-                    per_role.remove(role);
-                }
+        let Some(role) = &self.role else {
+            self.door.pending.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
+        self.door.sessions.fetch_sub(1, Ordering::Relaxed);
+        let mut per_role = self.door.per_role.lock().expect("door lock");
+        if let Some(n) = per_role.get_mut(role) {
+            *n -= 1;
+            if *n == 0 {
+                per_role.remove(role);
             }
         }
     }
@@ -123,7 +126,9 @@ fn fatal(code: &str, message: String) -> ErrorInfo {
 
 /// Serves one client until it leaves, breaks the protocol or passes a limit.
 pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, handlers: H) {
-    let mut ticket = Ticket::new(&door);
+    let Some(mut ticket) = Ticket::new(&door) else {
+        return;
+    };
     let login = tokio::time::sleep(door.limits.timeout(Limit::AuthenticationTimeout));
     tokio::pin!(login);
     let Ok(addr) = socket.peer_addr() else { return };
@@ -163,11 +168,14 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
             Some(Ok(message)) => message,
             Some(Err(e)) => {
                 // The stream cannot be followed past a refused or malformed message.
-                let e = match refusal(&e) {
-                    Some(info) => PgWireError::UserError(Box::new(info)),
-                    None => e,
-                };
-                let _ = process_error(&mut socket, e, false).await;
+                let info = refusal(&e).unwrap_or_else(|| {
+                    let mut info = ErrorInfo::from(e);
+                    info.severity = "FATAL".to_string();
+                    info
+                });
+                let _ = socket
+                    .send(PgWireBackendMessage::ErrorResponse(info.into()))
+                    .await;
                 return;
             }
             None => return,

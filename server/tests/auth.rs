@@ -157,14 +157,17 @@ async fn grants_decide_every_kind_of_statement() {
     let writer = connect(port, "writer", Some("w-pw")).await.unwrap();
     let reader = connect(port, "reader", Some("r-pw")).await.unwrap();
     let nobody = connect(port, "nobody", Some("n-pw")).await.unwrap();
-    let no_login = connect(port, "cannot_log_in", Some("c-pw")).await.unwrap_err();
+    let no_login = connect(port, "cannot_log_in", Some("c-pw"))
+        .await
+        .unwrap_err();
     assert_eq!(code(&no_login), "28P01");
-    assert_eq!(code(&connect(port, "writer", Some("r-pw")).await.unwrap_err()), "28P01");
+    assert_eq!(
+        code(&connect(port, "writer", Some("r-pw")).await.unwrap_err()),
+        "28P01"
+    );
 
     let insert = "INSERT INTO pay VALUES ('c1', 5, '2026-01-01 00:00:00')";
-    let total = || async {
-        simple_rows(&admin, "SELECT total FROM spend WHERE card = 'c1'").await
-    };
+    let total = || async { simple_rows(&admin, "SELECT total FROM spend WHERE card = 'c1'").await };
     // INSERT, RETURNING and COPY FROM take INSERT on the stream.
     assert_eq!(fails(&writer, insert).await, None);
     assert_eq!(
@@ -173,7 +176,10 @@ async fn grants_decide_every_kind_of_statement() {
     );
     for denied in [&reader, &nobody] {
         assert_eq!(fails(denied, insert).await.as_deref(), Some("42501"));
-        assert_eq!(fails(denied, "COPY pay FROM STDIN").await.as_deref(), Some("42501"));
+        assert_eq!(
+            fails(denied, "COPY pay FROM STDIN").await.as_deref(),
+            Some("42501")
+        );
         assert_eq!(fails(denied, "SELECT 1").await, None, "the session goes on");
     }
     // A prepared INSERT takes its fast path, checked at each execution.
@@ -189,25 +195,53 @@ async fn grants_decide_every_kind_of_statement() {
     let lookup = "SELECT total FROM spend WHERE card = $1";
     assert_eq!(reader.query(lookup, &[&"c1"]).await.unwrap().len(), 1);
     for denied in [&writer, &nobody] {
-        assert_eq!(fails(denied, "SELECT * FROM spend").await.as_deref(), Some("42501"));
-        assert_eq!(code(&denied.query(lookup, &[&"c1"]).await.unwrap_err()), "42501");
         assert_eq!(
-            fails(denied, "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES").await.as_deref(),
+            fails(denied, "SELECT * FROM spend").await.as_deref(),
+            Some("42501")
+        );
+        assert_eq!(
+            code(&denied.query(lookup, &[&"c1"]).await.unwrap_err()),
+            "42501"
+        );
+        assert_eq!(
+            fails(
+                denied,
+                "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES"
+            )
+            .await
+            .as_deref(),
             Some("42501")
         );
         let _ = denied.batch_execute("ROLLBACK").await;
         assert_eq!(
-            fails(denied, "COPY (SELECT * FROM spend) TO STDOUT").await.as_deref(),
+            fails(denied, "COPY (SELECT * FROM spend) TO STDOUT")
+                .await
+                .as_deref(),
             Some("42501")
         );
     }
     assert_eq!(
-        fails(&reader, "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES; CLOSE c; COMMIT").await,
+        fails(
+            &reader,
+            "BEGIN; DECLARE c CURSOR FOR SELECT * FROM spend EMIT CHANGES; CLOSE c; COMMIT"
+        )
+        .await,
         None
     );
     // The stream's events are not the metric's: reading them takes SELECT on the stream.
-    assert_eq!(fails(&reader, "SELECT * FROM pay").await.as_deref(), Some("42501"));
-    assert_eq!(fails(&reader, "SELECT * FROM spend WHERE card IN (SELECT card FROM pay)").await.as_deref(), Some("42501"));
+    assert_eq!(
+        fails(&reader, "SELECT * FROM pay").await.as_deref(),
+        Some("42501")
+    );
+    assert_eq!(
+        fails(
+            &reader,
+            "SELECT * FROM spend WHERE card IN (SELECT card FROM pay)"
+        )
+        .await
+        .as_deref(),
+        Some("42501")
+    );
 
     // DDL takes ownership or the superuser.
     for sql in [
@@ -233,22 +267,55 @@ async fn grants_decide_every_kind_of_statement() {
         )
         .await
         .unwrap();
-    assert_eq!(simple_rows(&nobody, "SELECT n FROM own_count").await, [[Some("1".to_string())]]);
-    assert_eq!(fails(&nobody, "SELECT * FROM own").await.as_deref(), Some("42501"));
-    assert_eq!(fails(&admin, "DROP ROLE writer").await.as_deref(), Some("2BP01"));
+    assert_eq!(
+        simple_rows(&nobody, "SELECT n FROM own_count").await,
+        [[Some("1".to_string())]]
+    );
+    assert_eq!(
+        fails(&nobody, "SELECT * FROM own").await.as_deref(),
+        Some("42501")
+    );
+    assert_eq!(
+        fails(&admin, "DROP ROLE writer").await.as_deref(),
+        Some("2BP01")
+    );
     // ON ALL METRICS covers metrics made later; REVOKE takes effect at once, on prepared
     // statements too.
     admin.batch_execute("GRANT SELECT ON ALL METRICS TO nobody; CREATE METRIC later AS SELECT COUNT(*) FROM pay WINDOW SLIDING (SIZE 1 HOUR)").await.unwrap();
     assert_eq!(fails(&nobody, "SELECT * FROM later").await, None);
     let statement = reader.prepare(lookup).await.unwrap();
     reader.query(&statement, &[&"c1"]).await.unwrap();
-    admin.batch_execute("REVOKE SELECT ON METRIC spend FROM reader").await.unwrap();
-    assert_eq!(code(&reader.query(&statement, &[&"c1"]).await.unwrap_err()), "42501");
+    admin
+        .batch_execute("REVOKE SELECT ON METRIC spend FROM reader")
+        .await
+        .unwrap();
+    assert_eq!(
+        code(&reader.query(&statement, &[&"c1"]).await.unwrap_err()),
+        "42501"
+    );
     // Errors name what is missing.
-    assert_eq!(fails(&admin, "GRANT SELECT ON METRIC nothing TO reader").await.as_deref(), Some("42P01"));
-    assert_eq!(fails(&admin, "GRANT SELECT ON METRIC spend TO ghost").await.as_deref(), Some("42704"));
-    assert_eq!(fails(&admin, "GRANT INSERT ON METRIC spend TO reader").await.as_deref(), Some("22023"));
-    assert_eq!(fails(&admin, "CREATE ROLE reader").await.as_deref(), Some("42P07"));
+    assert_eq!(
+        fails(&admin, "GRANT SELECT ON METRIC nothing TO reader")
+            .await
+            .as_deref(),
+        Some("42P01")
+    );
+    assert_eq!(
+        fails(&admin, "GRANT SELECT ON METRIC spend TO ghost")
+            .await
+            .as_deref(),
+        Some("42704")
+    );
+    assert_eq!(
+        fails(&admin, "GRANT INSERT ON METRIC spend TO reader")
+            .await
+            .as_deref(),
+        Some("22023")
+    );
+    assert_eq!(
+        fails(&admin, "CREATE ROLE reader").await.as_deref(),
+        Some("42P07")
+    );
     drop((admin, writer, reader, nobody));
     server.terminate();
 
@@ -261,7 +328,10 @@ async fn grants_decide_every_kind_of_statement() {
     let (server, port) = spawn_eddy_env(&dir, &[], &[]);
     let writer = connect(port, "writer", Some("w-pw2")).await.unwrap();
     assert_eq!(fails(&writer, insert).await, None);
-    assert_eq!(fails(&writer, "SELECT * FROM spend").await.as_deref(), Some("42501"));
+    assert_eq!(
+        fails(&writer, "SELECT * FROM spend").await.as_deref(),
+        Some("42501")
+    );
     let nobody = connect(port, "nobody", Some("n-pw")).await.unwrap();
     assert_eq!(fails(&nobody, "SELECT * FROM later").await, None);
     drop((writer, nobody));
@@ -273,7 +343,17 @@ fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
     std::fs::create_dir_all(dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+        ])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
@@ -302,7 +382,10 @@ fn tls_when_asked_and_only_tls_when_required() {
         &[("EDDY_PASSWORD", "tls-pw")],
     );
     let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
-    let tls = psql_with(&format!("{base} sslmode=require"), "SELECT ssl FROM (SELECT true AS ssl) t");
+    let tls = psql_with(
+        &format!("{base} sslmode=require"),
+        "SELECT ssl FROM (SELECT true AS ssl) t",
+    );
     assert!(tls.status.success(), "{tls:?}");
     // Without TLS, still served unless TLS is required.
     let plain = psql_with(&format!("{base} sslmode=disable"), "SELECT 1");
@@ -325,10 +408,21 @@ fn tls_when_asked_and_only_tls_when_required() {
 
     // --tls-required without a certificate does not start.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args(["serve", "--pg-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tls-required", "--data-dir"])
+        .args([
+            "serve",
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--tls-required",
+            "--data-dir",
+        ])
         .arg(dir.join("data2"))
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-cert"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--tls-cert"),
+        "{out:?}"
+    );
 }

@@ -252,7 +252,8 @@ async fn create_and_learn(nodes: &[Node]) {
              amount BIGINT) WITH (event_time = 'ts', event_id = 'id', partition_by = 'card', \
              partitions = 12); \
              CREATE METRIC total AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM pay \
-             WINDOW INFINITE GROUP BY card;",
+             WINDOW INFINITE GROUP BY card; \
+             CREATE ROLE watcher LOGIN; GRANT SELECT ON METRIC total TO watcher;",
         )
         .await
         .unwrap();
@@ -266,6 +267,28 @@ async fn create_and_learn(nodes: &[Node]) {
             assert!(
                 Instant::now() < deadline,
                 "{} never learned the metric",
+                n.id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Roles and grants reach every node: `watcher` reads the metric, not the stream.
+        loop {
+            let (c, conn) = tokio_postgres::connect(
+                &format!("host=127.0.0.1 port={} user=watcher dbname=eddy", n.port),
+                tokio_postgres::NoTls,
+            )
+            .await
+            .unwrap();
+            tokio::spawn(conn);
+            let stream = c.batch_execute("SELECT * FROM pay").await;
+            let denied = stream.err().and_then(|e| e.code().cloned());
+            if denied == Some(tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                c.batch_execute("SELECT * FROM total").await.unwrap();
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never learned the grants",
                 n.id
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
