@@ -53,6 +53,9 @@ use crate::query;
 use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
 use eddy_planner::access::Need;
 
+/// The most rows one Execute returns before `PortalSuspended`, whatever the client asks.
+const EXECUTE_ROWS_MAX: i32 = 1 << 16;
+
 /// The SQLSTATE of an Eddy error.
 pub fn sqlstate(kind: ErrorKind) -> &'static str {
     match kind {
@@ -1337,6 +1340,13 @@ impl ExtendedQueryHandler for Session {
         let portal = match client.portal_store().get_portal(&name) {
             Some(Entry::Value(p)) if is_continuous(&p.statement.statement.stmt) => p,
             _ => {
+                // pgwire sizes its row buffer by the row limit: a negative one means none
+                // (as in PostgreSQL), and a huge one is served in pieces.
+                let mut message = message;
+                message.max_rows = match message.max_rows {
+                    n if n < 0 => 0,
+                    n => n.min(EXECUTE_ROWS_MAX),
+                };
                 // Answers wait for Sync, except a COPY's, which the client waits for.
                 let result = self._on_execute(&mut Deferred(client), message).await;
                 if matches!(client.state(), PgWireConnectionState::CopyInProgress(_)) {

@@ -247,7 +247,7 @@ fn refusal(e: &PgWireError) -> Option<ErrorInfo> {
         return None;
     };
     let refused = io.get_ref()?.downcast_ref::<Refused>()?;
-    let mut info = fatal("54000", refused.message.clone());
+    let mut info = fatal(refused.code, refused.message.clone());
     info.hint = Some(refused.hint.clone());
     Some(info)
 }
@@ -340,6 +340,7 @@ impl AsyncWrite for Io {
 /// A message the guard refused, carried as the io error that ends the stream.
 #[derive(Debug)]
 struct Refused {
+    code: &'static str,
     message: String,
     hint: String,
 }
@@ -372,8 +373,9 @@ impl Guard {
     }
 }
 
-/// Follows the message framing of the bytes read, to refuse an oversized message from
-/// its header and to find query texts that are not UTF-8, without copying anything.
+/// Follows the message framing of the bytes read: refuses an oversized message from its
+/// header, finds query texts that are not UTF-8, and refuses a malformed message of the
+/// extended protocol (whose body it copies) before pgwire decodes it.
 struct Frames {
     limits: Arc<Limits>,
     /// The messages read so far; the first (startup) has no type byte.
@@ -385,7 +387,18 @@ struct Frames {
     text: Utf8Check,
     /// Messages (by number) whose text is not UTF-8, with the first bad byte.
     invalid: VecDeque<(u64, u8)>,
+    /// The body so far of a message whose structure is checked (`STRUCTURED`).
+    structured: Vec<u8>,
+    /// In a query: a NUL came before its last byte.
+    early_nul: bool,
 }
+
+/// Messages whose structure pgwire's decoder trusts (it panics on counts and lengths
+/// that run past the body, and reads the next message from where it stopped): Parse,
+/// Bind, Describe, Execute, Close, FunctionCall, Sync, Flush, Terminate, CopyDone,
+/// CopyFail, and the first message (startup). A query (`Q`) is checked as it streams:
+/// its text ends at its last byte.
+const STRUCTURED: &[u8] = b"PBDECFSHXcf";
 
 impl Frames {
     fn new(limits: Arc<Limits>) -> Frames {
@@ -397,6 +410,8 @@ impl Frames {
             body: None,
             text: Utf8Check::default(),
             invalid: VecDeque::new(),
+            structured: Vec::new(),
+            early_nul: false,
         }
     }
 
@@ -449,6 +464,7 @@ impl Frames {
                             "startup message".to_string()
                         };
                         return Err(Refused {
+                            code: "54000",
                             message: format!(
                                 "{what} of {len} bytes exceeds max_message_bytes ({max})"
                             ),
@@ -457,29 +473,172 @@ impl Frames {
                     }
                     self.text = Utf8Check::for_kind(kind);
                     self.body = Some((kind, len - 4));
-                    self.end_if_empty();
+                    self.structured.clear();
+                    self.early_nul = kind == b'Q' && len == 4;
+                    self.end_if_empty()?;
                 }
-                Some((_, left)) => {
+                Some((kind, left)) => {
                     let take = (*left).min(bytes.len() as u64) as usize;
                     *left -= take as u64;
+                    if self.messages == 0 || STRUCTURED.contains(kind) {
+                        self.structured.extend_from_slice(&bytes[..take]);
+                    }
+                    if *kind == b'Q' && self.messages > 0 {
+                        let last = if *left == 0 {
+                            take.checked_sub(1)
+                        } else {
+                            None
+                        };
+                        let nul = bytes[..take].iter().position(|b| *b == 0);
+                        self.early_nul |= nul.is_some_and(|i| Some(i) != last)
+                            || (last.is_some() && nul.is_none());
+                    }
                     self.text.feed(&bytes[..take]);
                     bytes = &bytes[take..];
-                    self.end_if_empty();
+                    self.end_if_empty()?;
                 }
             }
         }
         Ok(())
     }
 
-    fn end_if_empty(&mut self) {
-        if let Some((_, 0)) = self.body {
-            if let Some(byte) = self.text.bad() {
-                self.invalid.push_back((self.messages, byte));
+    fn end_if_empty(&mut self) -> Result<(), Refused> {
+        let Some((kind, 0)) = self.body else {
+            return Ok(());
+        };
+        let checked = self.messages == 0 || STRUCTURED.contains(&kind);
+        let query = self.messages > 0 && kind == b'Q';
+        if (checked && !well_formed(kind, &self.structured)) || (query && self.early_nul) {
+            return Err(Refused {
+                code: "08P01",
+                message: format!(
+                    "invalid message format: a malformed message of type '{}'",
+                    kind as char
+                ),
+                hint: "The client broke the protocol; the connection cannot go on.".to_string(),
+            });
+        }
+        if let Some(byte) = self.text.bad() {
+            self.invalid.push_back((self.messages, byte));
+        }
+        self.body = None;
+        self.messages += 1;
+        Ok(())
+    }
+}
+
+/// Whether a message body of type `kind` holds what its counts and lengths say.
+fn well_formed(kind: u8, body: &[u8]) -> bool {
+    let mut r = Cursor(body);
+    let ok = match kind {
+        // The first message: a startup (protocol, then name-value pairs up to an empty
+        // name), a cancel request, or an SSL or GSS request.
+        0 => match r.int(4) {
+            Some(80877102) => r.take(r.0.len().min(260)),
+            Some(80877103 | 80877104) => true,
+            Some(_) => {
+                while r.0.first().is_some_and(|b| *b != 0) {
+                    if !(r.cstring() && r.cstring()) {
+                        return false;
+                    }
+                }
+                r.take(1)
             }
-            self.body = None;
-            self.messages += 1;
+            None => false,
+        },
+        b'P' => r.cstring() && r.cstring() && r.counted(|r| r.take(4)),
+        b'B' => {
+            r.cstring()
+                && r.cstring()
+                && r.counted(|r| r.take(2))
+                && r.counted(|r| r.value())
+                && r.counted(|r| r.take(2))
+        }
+        b'D' | b'C' => r.take(1) && r.cstring(),
+        b'E' => r.cstring() && r.take(4),
+        b'f' => r.cstring(),
+        b'F' => r.take(4) && r.counted(|r| r.take(2)) && r.counted(|r| r.value()) && r.take(2),
+        _ => true,
+    };
+    ok && r.0.is_empty()
+}
+
+/// Reads a message body from the front.
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> bool {
+        match self.0.get(n..) {
+            Some(rest) => {
+                self.0 = rest;
+                true
+            }
+            None => false,
         }
     }
+
+    fn cstring(&mut self) -> bool {
+        match self.0.iter().position(|b| *b == 0) {
+            Some(end) => self.take(end + 1),
+            None => false,
+        }
+    }
+
+    fn int(&mut self, n: usize) -> Option<i64> {
+        let bytes = self.0.get(..n)?;
+        self.0 = &self.0[n..];
+        Some(match n {
+            2 => i64::from(i16::from_be_bytes([bytes[0], bytes[1]])),
+            _ => i64::from(i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])),
+        })
+    }
+
+    /// An int16 count, then that many items.
+    fn counted(&mut self, mut item: impl FnMut(&mut Self) -> bool) -> bool {
+        match self.int(2) {
+            Some(n) if n >= 0 => (0..n).all(|_| item(self)),
+            _ => false,
+        }
+    }
+
+    /// An int32 length (-1: NULL), then that many bytes.
+    fn value(&mut self) -> bool {
+        match self.int(4) {
+            Some(-1) => true,
+            Some(n) if n >= 0 => self.take(n as usize),
+            _ => false,
+        }
+    }
+}
+
+/// Reads `bytes` as a client's, from its startup message on, the way `serve` does: each
+/// message passes the guard before pgwire decodes it. For the fuzz tests; the number of
+/// messages decoded.
+pub fn decode_as_served(bytes: &[u8]) -> usize {
+    use pgwire::messages::{DecodeContext, ProtocolVersion};
+    let mut frames = Frames::new(Arc::new(Limits::default()));
+    let mut ctx = DecodeContext::new(ProtocolVersion::PROTOCOL3_0);
+    ctx.awaiting_frontend_ssl = false;
+    let mut buf = bytes::BytesMut::new();
+    let mut decoded = 0;
+    // In odd pieces, as reads come.
+    for piece in bytes.chunks(7) {
+        if frames.scan(piece).is_err() {
+            break;
+        }
+        buf.extend_from_slice(piece);
+        loop {
+            match PgWireFrontendMessage::decode(&mut buf, &ctx) {
+                Ok(Some(_)) => {
+                    decoded += 1;
+                    ctx.awaiting_frontend_startup = false;
+                }
+                Ok(None) => break,
+                Err(_) => return decoded,
+            }
+        }
+    }
+    decoded
 }
 
 impl AsyncRead for Guard {

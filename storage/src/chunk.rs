@@ -89,6 +89,24 @@ pub fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// The batch of a chunk's payload, once its length and checksum match its header: a
+/// damaged payload is refused before Arrow reads it. (A payload whose checksum matches
+/// is trusted to be one `encode_batch` wrote: Arrow allocates what its LZ4 frames
+/// declare.)
+pub fn check_payload(header: &ChunkHeader, payload: &[u8]) -> Result<RecordBatch, String> {
+    if payload.len() != header.payload_len as usize {
+        return Err(format!(
+            "the payload has {} bytes, the header says {}",
+            payload.len(),
+            header.payload_len
+        ));
+    }
+    if crc32fast::hash(payload) != header.crc {
+        return Err("bad checksum".into());
+    }
+    decode_batch(payload)
+}
+
 /// The batch of a payload written by `encode_batch`.
 pub fn decode_batch(payload: &[u8]) -> Result<RecordBatch, String> {
     let mut reader =

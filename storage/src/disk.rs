@@ -23,7 +23,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
-use crate::chunk::{decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES};
+use crate::chunk::{
+    check_payload, decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES,
+};
 use crate::reservoir::{
     ChunkCodec, Durable, MemReservoir, Owed, PendingMark, Reservoir, ReservoirError,
     ReservoirStats, Timed,
@@ -288,16 +290,14 @@ fn read_chunk<E>(
             chunk.number
         )
     })?;
-    if crc32fast::hash(&payload) != chunk.header.crc {
-        return Err(format!(
-            "{}: chunk {} at byte {} has a bad checksum",
+    let batch = check_payload(&chunk.header, &payload).map_err(|e| {
+        format!(
+            "{}: chunk {} at byte {}: {e}",
             path.display(),
             chunk.number,
             chunk.offset
-        ));
-    }
-    let batch = decode_batch(&payload)
-        .map_err(|e| format!("{}: chunk {}: {e}", path.display(), chunk.number))?;
+        )
+    })?;
     let events = codec
         .decode(&batch)
         .map_err(|e| format!("{}: chunk {}: {e}", path.display(), chunk.number))?;
