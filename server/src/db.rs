@@ -367,7 +367,7 @@ impl Db {
             }
             Statement::Query(sql) => {
                 let ctx = self.query_context()?;
-                let (columns, rows) = query::run(&ctx, &sql).await?;
+                let (columns, rows) = query::run_within(&ctx, &sql, &self.limits).await?;
                 Ok(Executed::new(Output::Rows {
                     columns,
                     rows,
@@ -376,7 +376,7 @@ impl Db {
             }
             Statement::CopyOut(copy) if !copy.subscribe => {
                 let ctx = self.query_context()?;
-                let (columns, rows) = query::run(&ctx, &copy.query).await?;
+                let (columns, rows) = query::run_within(&ctx, &copy.query, &self.limits).await?;
                 let mut encoder = CopyLines::new(&columns, &copy);
                 let mut lines = Vec::with_capacity(rows.len() + 1);
                 lines.extend(encoder.header());

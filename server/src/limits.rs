@@ -219,9 +219,9 @@ impl Limits {
         let n = self.get(spec.limit);
         Some(match spec.unit {
             Unit::Count => n.to_string(),
-            Unit::Bytes if n % (1 << 30) == 0 => format!("{}GB", n >> 30),
-            Unit::Bytes if n % MIB == 0 => format!("{}MB", n >> 20),
-            Unit::Bytes if n % 1024 == 0 => format!("{}kB", n >> 10),
+            Unit::Bytes if n.is_multiple_of(1 << 30) => format!("{}GB", n >> 30),
+            Unit::Bytes if n.is_multiple_of(MIB) => format!("{}MB", n >> 20),
+            Unit::Bytes if n.is_multiple_of(1024) => format!("{}kB", n >> 10),
             Unit::Bytes => format!("{n}B"),
             Unit::Seconds => format!("{n}s"),
         })

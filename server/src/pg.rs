@@ -620,7 +620,7 @@ impl Session {
             }
         } else {
             let ctx = self.db.query_context()?;
-            let (columns, rows) = query::run(&ctx, query).await?;
+            let (columns, rows) = query::run_within(&ctx, query, self.db.limits()).await?;
             Cursor {
                 columns,
                 rows: CursorRows::Done(rows.into()),

@@ -26,6 +26,7 @@ use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
 use crate::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
+use crate::limits::{Limit, Limits};
 use crate::pg_catalog;
 
 #[derive(Debug)]
@@ -225,13 +226,31 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
 
 /// Runs a SELECT (or any query DataFusion plans) and returns its columns and rows.
 pub async fn run(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
+    run_within(ctx, sql, &Limits::default()).await
+}
+
+/// `run`, failing with 54000 once the result holds more than `session_memory_bytes`.
+pub async fn run_within(
+    ctx: &SessionContext,
+    sql: &str,
+    limits: &Limits,
+) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
+    use futures::StreamExt;
     let plan = pg_catalog::plan(ctx, sql).await.map_err(unwrap_external)?;
     let df = ctx
         .execute_logical_plan(plan)
         .await
         .map_err(unwrap_external)?;
     let schema = df.schema().as_arrow().clone();
-    let batches = df.collect().await.map_err(unwrap_external)?;
+    let mut stream = df.execute_stream().await.map_err(unwrap_external)?;
+    let mut batches = Vec::new();
+    let mut held = 0u64;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(unwrap_external)?;
+        held += batch.get_array_memory_size() as u64;
+        limits.check(Limit::SessionMemoryBytes, held, "the query's result")?;
+        batches.push(batch);
+    }
     let columns = schema
         .fields()
         .iter()

@@ -79,21 +79,21 @@ impl<'a> Ticket<'a> {
     }
 
     /// Admits the connection as a session of `role`; the refusal when a limit is passed.
-    fn admit(&mut self, role: &str) -> Result<(), ErrorInfo> {
+    fn admit(&mut self, role: &str) -> Result<(), Box<ErrorInfo>> {
         let limits = &self.door.limits;
         let mut per_role = self.door.per_role.lock().expect("door lock");
         if self.door.sessions.load(Ordering::Relaxed) as u64 >= limits.get(Limit::Connections) {
-            return Err(fatal(
+            return Err(Box::new(fatal(
                 "53300",
                 "sorry, too many clients already".to_string(),
-            ));
+            )));
         }
         let n = per_role.get(role).copied().unwrap_or(0);
         if n as u64 >= limits.get(Limit::ConnectionsPerRole) {
-            return Err(fatal(
+            return Err(Box::new(fatal(
                 "53300",
                 format!("too many connections for role \"{role}\""),
-            ));
+            )));
         }
         per_role.insert(role.to_string(), n + 1);
         self.door.sessions.fetch_add(1, Ordering::Relaxed);
@@ -188,16 +188,16 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
         if let PgWireFrontendMessage::Startup(startup) = &message {
             let user = startup.parameters.get("user").cloned().unwrap_or_default();
             let refused = if door.tls_required && !secure {
-                Err(fatal(
+                Err(Box::new(fatal(
                     "28000",
                     format!("TLS is required: \"{user}\" may not connect without it"),
-                ))
+                )))
             } else {
                 ticket.admit(&user)
             };
             if let Err(info) = refused {
                 let _ = socket
-                    .send(PgWireBackendMessage::ErrorResponse(info.into()))
+                    .send(PgWireBackendMessage::ErrorResponse((*info).into()))
                     .await;
                 return;
             }
@@ -837,12 +837,12 @@ mod tests {
         limits.set("max_message_bytes", Some("1kB")).unwrap();
         let mut guard = Frames::new(limits);
         // Startup (untyped), then a query of 100 bytes, then one of 2 kB.
-        let mut startup = 16u32.to_be_bytes().to_vec();
-        startup.extend_from_slice(&[0, 3, 0, 0, b'u', 0, b'x', 0, 0, 0, 0, 0]);
-        guard.scan(&startup[..16]).unwrap();
+        let mut startup = 13u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(&[0, 3, 0, 0, b'u', 0, b'x', 0, 0]);
+        guard.scan(&startup).unwrap();
         let mut q = vec![b'Q'];
         q.extend_from_slice(&104u32.to_be_bytes());
-        q.extend(std::iter::repeat(b'x').take(99));
+        q.extend(std::iter::repeat_n(b'x', 99));
         q.push(0);
         guard.scan(&q).unwrap();
         let mut big = vec![b'Q'];

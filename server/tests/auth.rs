@@ -154,6 +154,22 @@ async fn grants_decide_every_kind_of_statement() {
         )
         .await
         .unwrap();
+    // psql's \du lists them.
+    assert_eq!(
+        simple_rows(
+            &admin,
+            "SELECT rolname, rolcanlogin FROM pg_roles ORDER BY 1"
+        )
+        .await,
+        [
+            ["cannot_log_in", "f"],
+            ["eddy", "t"],
+            ["nobody", "t"],
+            ["reader", "t"],
+            ["writer", "t"],
+        ]
+        .map(|r| r.map(|c| Some(c.to_string())).to_vec())
+    );
     let writer = connect(port, "writer", Some("w-pw")).await.unwrap();
     let reader = connect(port, "reader", Some("r-pw")).await.unwrap();
     let nobody = connect(port, "nobody", Some("n-pw")).await.unwrap();

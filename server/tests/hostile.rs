@@ -172,6 +172,12 @@ async fn every_limit_gives_its_error_and_the_session_goes_on() {
     );
     assert_eq!(events().await, [[Some("11".to_string())]]);
 
+    // A result larger than a session may hold.
+    assert_eq!(
+        code(&admin, "SELECT repeat('x', 100000)").await.as_deref(),
+        Some("54000")
+    );
+
     // COPY: a row too long, and more data than a session may hold.
     let long_row = format!(
         "c1,1,2026-01-01 00:00:00\n{},1,2026-01-01 00:00:00\n",

@@ -35,6 +35,8 @@ const NAMESPACE_INFORMATION_SCHEMA: i32 = 13_000;
 /// The one role until roles exist: the bootstrap superuser's oid in PostgreSQL.
 const ROLE_OID: i32 = 10;
 const ROLE_NAME: &str = "eddy";
+/// The oid of the first role of the catalog's own (`CREATE ROLE`), in name order.
+const ROLE_OID_BASE: i32 = 1_000_000_000;
 const DATABASE_OID: i32 = 16_383;
 const OID_BASE: i32 = 16_384;
 /// The oids PostgreSQL gives its own catalogs, for `'pg_class'::regclass` and friends.
@@ -214,7 +216,7 @@ impl Snapshot {
         }
         let mut tables = BTreeMap::new();
         let mut empty_tables = HashSet::new();
-        for (name, rows, table) in tables::build(&relations)? {
+        for (name, rows, table) in tables::build(&relations, &catalog.access)? {
             if rows == 0 {
                 empty_tables.insert(name);
             }

@@ -20,7 +20,7 @@ use eddy_planner::{Error, Result};
 
 use super::{
     Relation, Snapshot, DATABASE_OID, DEFAULT_COLLATION, NAMESPACE_INFORMATION_SCHEMA,
-    NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, ROLE_NAME, ROLE_OID, TYPES,
+    NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, ROLE_NAME, ROLE_OID, ROLE_OID_BASE, TYPES,
 };
 
 /// The access methods: a stream is stored as `heap` says it is to psql.
@@ -137,7 +137,22 @@ fn repeat<T: Clone>(v: T, n: usize) -> std::iter::RepeatN<T> {
 }
 
 /// Every `pg_catalog` table with its row count.
-pub(super) fn build(relations: &[Relation]) -> Result<Vec<(&'static str, usize, Arc<MemTable>)>> {
+pub(super) fn build(
+    relations: &[Relation],
+    access: &eddy_planner::access::Access,
+) -> Result<Vec<(&'static str, usize, Arc<MemTable>)>> {
+    // The superuser, then the catalog's roles (`\du`).
+    let roles: Vec<(i32, &str, bool, bool)> = std::iter::once((ROLE_OID, ROLE_NAME, true, true))
+        .chain(access.roles.values().enumerate().map(|(i, r)| {
+            (
+                ROLE_OID_BASE + i as i32,
+                r.name.as_str(),
+                r.superuser,
+                r.login,
+            )
+        }))
+        .collect();
+    let n_roles = roles.len();
     use DataType::{Boolean, Int16, Int32, Utf8};
     let n = relations.len();
     let attributes: Vec<(&Relation, usize)> = relations
@@ -313,19 +328,19 @@ pub(super) fn build(relations: &[Relation]) -> Result<Vec<(&'static str, usize, 
             .int("collnamespace", repeat(NAMESPACE_PG_CATALOG, 2))
             .text("collprovider", ["d", "c"])
             .build()?,
-        Table::new("pg_roles", 1)
-            .int("oid", [ROLE_OID])
-            .text("rolname", [ROLE_NAME])
-            .boolean("rolsuper", [true])
-            .boolean("rolinherit", [true])
-            .boolean("rolcreaterole", [true])
-            .boolean("rolcreatedb", [true])
-            .boolean("rolcanlogin", [true])
-            .boolean("rolreplication", [false])
-            .int("rolconnlimit", [-1])
-            .text("rolpassword", ["********"])
+        Table::new("pg_roles", n_roles)
+            .int("oid", roles.iter().map(|r| r.0))
+            .text("rolname", roles.iter().map(|r| r.1))
+            .boolean("rolsuper", roles.iter().map(|r| r.2))
+            .boolean("rolinherit", repeat(true, n_roles))
+            .boolean("rolcreaterole", roles.iter().map(|r| r.2))
+            .boolean("rolcreatedb", roles.iter().map(|r| r.2))
+            .boolean("rolcanlogin", roles.iter().map(|r| r.3))
+            .boolean("rolreplication", repeat(false, n_roles))
+            .int("rolconnlimit", repeat(-1, n_roles))
+            .text("rolpassword", repeat("********", n_roles))
             .nulls("rolvaliduntil", Utf8)
-            .boolean("rolbypassrls", [false])
+            .boolean("rolbypassrls", repeat(false, n_roles))
             .nulls("rolconfig", text_list_type())
             .build()?,
         Table::new("pg_database", 1)
