@@ -16,11 +16,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use datafusion::sql::sqlparser::tokenizer::Token;
-
-use crate::catalog::Catalog;
 use crate::error::{Error, ErrorKind, Result};
-use crate::sql::{is_word, word_name};
+
+/// What the rules need to know of the catalog's objects.
+pub trait Objects {
+    fn is_stream(&self, name: &str) -> bool;
+    fn is_metric(&self, name: &str) -> bool;
+}
 
 /// The built-in superuser.
 pub const SUPERUSER: &str = "eddy";
@@ -175,7 +177,7 @@ impl Access {
     }
 
     /// Whether `role` has what `need` asks for.
-    pub fn may(&self, catalog: &Catalog, role: &str, need: &Need) -> bool {
+    pub fn may(&self, catalog: &dyn Objects, role: &str, need: &Need) -> bool {
         match need {
             Need::Superuser => self.is_superuser(role),
             Need::Own(object) => self.owns(role, object),
@@ -187,7 +189,7 @@ impl Access {
                     Need::Select(_) => Privilege::Select,
                     _ => Privilege::Insert,
                 };
-                let (one, all) = if catalog.metrics.contains_key(object) {
+                let (one, all) = if catalog.is_metric(object) {
                     (Target::Metric(object.clone()), Target::AllMetrics)
                 } else {
                     (Target::Stream(object.clone()), Target::AllStreams)
@@ -204,7 +206,7 @@ impl Access {
     }
 
     /// Fails with 42501 unless `role` has every need.
-    pub fn check(&self, catalog: &Catalog, role: &str, needs: &[Need]) -> Result<()> {
+    pub fn check(&self, catalog: &dyn Objects, role: &str, needs: &[Need]) -> Result<()> {
         if self.is_superuser(role) {
             return Ok(());
         }
@@ -216,7 +218,11 @@ impl Access {
 
     /// Applies a statement about roles or privileges to `catalog`'s objects; the tag,
     /// or a notice when it did nothing.
-    pub fn apply(&mut self, catalog: &Catalog, stmt: &AccessStatement) -> Result<Option<String>> {
+    pub fn apply(
+        &mut self,
+        catalog: &dyn Objects,
+        stmt: &AccessStatement,
+    ) -> Result<Option<String>> {
         match stmt {
             AccessStatement::CreateRole { name, options } => {
                 if name == SUPERUSER || self.roles.contains_key(name) {
@@ -355,7 +361,7 @@ impl Access {
     }
 
     /// The statements that make these rules again, after the objects of `catalog`.
-    pub fn statements(&self, catalog: &Catalog) -> Vec<String> {
+    pub fn statements(&self, catalog: &dyn Objects) -> Vec<String> {
         let mut out = Vec::new();
         for role in self.roles.values() {
             let mut sql = format!(
@@ -374,7 +380,7 @@ impl Access {
             out.push(sql);
         }
         for (object, owner) in &self.owners {
-            let kind = if catalog.metrics.contains_key(object) {
+            let kind = if catalog.is_metric(object) {
                 "METRIC"
             } else {
                 "STREAM"
@@ -405,49 +411,6 @@ impl Access {
     }
 }
 
-/// What a DDL statement needs of its role, judged from the catalog before it (`before`)
-/// and after it (`after`).
-pub fn ddl_needs(
-    before: &Catalog,
-    after: &Catalog,
-    role: &str,
-    stmt: &crate::sql::Statement,
-) -> Vec<Need> {
-    use crate::sql::Statement;
-    let existing = |name: &str| {
-        (before.streams.contains_key(name) || before.metrics.contains_key(name))
-            .then(|| Need::Own(name.to_string()))
-    };
-    match stmt {
-        Statement::CreateStream { .. } => Vec::new(),
-        Statement::CreateMetric(m) => after
-            .metric(&m.name)
-            .filter(|_| before.metric(&m.name).is_none())
-            .map(|def| Need::Own(def.stream.clone()))
-            .into_iter()
-            .collect(),
-        Statement::DropStream { name, .. } | Statement::DropMetric { name, .. } => {
-            existing(name).into_iter().collect()
-        }
-        Statement::AlterStreamAddColumn { stream, .. } => existing(stream).into_iter().collect(),
-        Statement::Access(a) => match a {
-            AccessStatement::AlterRole { name, options }
-                if name == role && options.login.is_none() && options.superuser.is_none() =>
-            {
-                Vec::new()
-            }
-            AccessStatement::Grant { target, .. } | AccessStatement::Revoke { target, .. } => {
-                match target {
-                    Target::Stream(n) | Target::Metric(n) => existing(n).into_iter().collect(),
-                    _ => vec![Need::Superuser],
-                }
-            }
-            _ => vec![Need::Superuser],
-        },
-        _ => vec![Need::Superuser],
-    }
-}
-
 fn set_options(role: &mut Role, options: &RoleOptions) -> Result<()> {
     if let Some(login) = options.login {
         role.login = login;
@@ -467,12 +430,13 @@ fn set_options(role: &mut Role, options: &RoleOptions) -> Result<()> {
     Ok(())
 }
 
-fn check_target(catalog: &Catalog, target: &Target) -> Result<()> {
+fn check_target(catalog: &dyn Objects, target: &Target) -> Result<()> {
     match target {
-        Target::Stream(n) if !catalog.streams.contains_key(n) => {
-            Err(crate::bind::undefined_stream(n))
-        }
-        Target::Metric(n) if !catalog.metrics.contains_key(n) => Err(Error::new(
+        Target::Stream(n) if !catalog.is_stream(n) => Err(Error::new(
+            ErrorKind::UndefinedTable,
+            format!("stream \"{n}\" does not exist"),
+        )),
+        Target::Metric(n) if !catalog.is_metric(n) => Err(Error::new(
             ErrorKind::UndefinedTable,
             format!("metric \"{n}\" does not exist"),
         )),
@@ -494,9 +458,9 @@ fn undefined_role(name: &str) -> Error {
     )
 }
 
-fn denied(catalog: &Catalog, role: &str, need: &Need) -> Error {
+fn denied(catalog: &dyn Objects, role: &str, need: &Need) -> Error {
     let kind = |object: &str| {
-        if catalog.metrics.contains_key(object) {
+        if catalog.is_metric(object) {
             "metric"
         } else {
             "stream"
@@ -529,291 +493,4 @@ fn denied(catalog: &Catalog, role: &str, need: &Need) -> Error {
 /// A name as a quoted identifier.
 fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Parses `CREATE|ALTER|DROP ROLE|USER`, `GRANT`, `REVOKE` and `ALTER STREAM|METRIC …
-/// OWNER TO`, given the statement's tokens without whitespace.
-pub fn parse(words: &[&Token]) -> Result<AccessStatement> {
-    let mut p = Words { words, at: 0 };
-    let first = p.keyword()?;
-    match first.as_str() {
-        "CREATE" | "ALTER" => {
-            let kind = p.keyword()?;
-            if kind == "STREAM" || kind == "METRIC" {
-                let name = p.name()?;
-                p.expect("OWNER")?;
-                p.expect("TO")?;
-                let owner = p.name()?;
-                p.end()?;
-                let target = if kind == "STREAM" {
-                    Target::Stream(name)
-                } else {
-                    Target::Metric(name)
-                };
-                return Ok(AccessStatement::SetOwner { target, owner });
-            }
-            let user = kind == "USER";
-            if !user && kind != "ROLE" {
-                return Err(Error::syntax(format!("syntax error at or near \"{kind}\"")));
-            }
-            let name = p.name()?;
-            let mut options = RoleOptions::default();
-            if first == "CREATE" && user {
-                options.login = Some(true);
-            }
-            p.skip("WITH");
-            while !p.done() {
-                match p.keyword()?.as_str() {
-                    "LOGIN" => options.login = Some(true),
-                    "NOLOGIN" => options.login = Some(false),
-                    "SUPERUSER" => options.superuser = Some(true),
-                    "NOSUPERUSER" => options.superuser = Some(false),
-                    "ENCRYPTED" => {}
-                    "PASSWORD" => {
-                        options.password = Some(match p.next() {
-                            Some(Token::SingleQuotedString(s)) => Some(s.clone()),
-                            Some(t) if is_word(t, "NULL") => None,
-                            _ => {
-                                return Err(Error::syntax(
-                                    "syntax error: PASSWORD takes a string or NULL",
-                                ))
-                            }
-                        })
-                    }
-                    other => {
-                        return Err(Error::unsupported(format!(
-                            "role option {other} is not supported"
-                        ))
-                        .with_hint(
-                            "Roles take LOGIN, NOLOGIN, SUPERUSER, NOSUPERUSER and PASSWORD.",
-                        ))
-                    }
-                }
-            }
-            let name = name.clone();
-            Ok(if first == "CREATE" {
-                AccessStatement::CreateRole { name, options }
-            } else {
-                AccessStatement::AlterRole { name, options }
-            })
-        }
-        "DROP" => {
-            let kind = p.keyword()?;
-            if kind != "ROLE" && kind != "USER" {
-                return Err(Error::syntax(format!("syntax error at or near \"{kind}\"")));
-            }
-            let if_exists = p.skip("IF") && p.expect("EXISTS").is_ok();
-            let names = p.names()?;
-            p.end()?;
-            Ok(AccessStatement::DropRole { names, if_exists })
-        }
-        "GRANT" | "REVOKE" => {
-            let mut privileges = Vec::new();
-            loop {
-                match p.keyword()?.as_str() {
-                    "SELECT" => privileges.push(Privilege::Select),
-                    "INSERT" => privileges.push(Privilege::Insert),
-                    "ALL" => {
-                        p.skip("PRIVILEGES");
-                        privileges.extend([Privilege::Select, Privilege::Insert]);
-                    }
-                    other => {
-                        return Err(Error::unsupported(format!(
-                            "privilege {other} is not supported"
-                        ))
-                        .with_hint("Grant SELECT, INSERT or ALL."))
-                    }
-                }
-                if !matches!(p.peek(), Some(Token::Comma)) {
-                    break;
-                }
-                p.at += 1;
-            }
-            p.expect("ON")?;
-            let kind = p.keyword()?;
-            let target = match kind.as_str() {
-                "STREAM" => Target::Stream(p.name()?),
-                "METRIC" => Target::Metric(p.name()?),
-                "ALL" => match p.keyword()?.as_str() {
-                    "STREAMS" => Target::AllStreams,
-                    "METRICS" => Target::AllMetrics,
-                    other => {
-                        return Err(Error::syntax(format!(
-                            "syntax error at or near \"{other}\""
-                        )))
-                    }
-                },
-                other => return Err(
-                    Error::syntax(format!("syntax error at or near \"{other}\"")).with_hint(
-                        "Write ON STREAM name, ON METRIC name, ON ALL STREAMS or ON ALL METRICS.",
-                    ),
-                ),
-            };
-            // A metric reads no events of its own: ALL means SELECT there.
-            if matches!(target, Target::Metric(_) | Target::AllMetrics) && privileges.len() == 2 {
-                privileges.retain(|p| *p == Privilege::Select);
-            }
-            p.expect(if first == "GRANT" { "TO" } else { "FROM" })?;
-            let roles = p.names()?;
-            p.end()?;
-            Ok(if first == "GRANT" {
-                AccessStatement::Grant {
-                    privileges,
-                    target,
-                    roles,
-                }
-            } else {
-                AccessStatement::Revoke {
-                    privileges,
-                    target,
-                    roles,
-                }
-            })
-        }
-        _ => Err(Error::syntax(format!(
-            "syntax error at or near \"{first}\""
-        ))),
-    }
-}
-
-/// A cursor over a statement's tokens.
-struct Words<'a> {
-    words: &'a [&'a Token],
-    at: usize,
-}
-
-impl Words<'_> {
-    fn done(&self) -> bool {
-        self.at >= self.words.len()
-    }
-
-    fn peek(&self) -> Option<&Token> {
-        self.words.get(self.at).copied()
-    }
-
-    fn next(&mut self) -> Option<&Token> {
-        let t = self.words.get(self.at).copied();
-        self.at += 1;
-        t
-    }
-
-    fn keyword(&mut self) -> Result<String> {
-        match self.next() {
-            Some(Token::Word(w)) if w.quote_style.is_none() => Ok(w.value.to_ascii_uppercase()),
-            Some(t) => Err(Error::syntax(format!("syntax error at or near \"{t}\""))),
-            None => Err(Error::syntax("syntax error at end of input")),
-        }
-    }
-
-    fn name(&mut self) -> Result<String> {
-        match self.next() {
-            Some(Token::Word(w)) => Ok(word_name(w)),
-            Some(t) => Err(Error::syntax(format!("syntax error at or near \"{t}\""))),
-            None => Err(Error::syntax("syntax error at end of input")),
-        }
-    }
-
-    fn names(&mut self) -> Result<Vec<String>> {
-        let mut out = vec![self.name()?];
-        while matches!(self.peek(), Some(Token::Comma)) {
-            self.at += 1;
-            out.push(self.name()?);
-        }
-        Ok(out)
-    }
-
-    fn skip(&mut self, word: &str) -> bool {
-        let found = self.peek().is_some_and(|t| is_word(t, word));
-        if found {
-            self.at += 1;
-        }
-        found
-    }
-
-    fn expect(&mut self, word: &str) -> Result<()> {
-        if self.skip(word) {
-            Ok(())
-        } else {
-            Err(Error::syntax(match self.peek() {
-                Some(t) => format!("syntax error at or near \"{t}\": expected {word}"),
-                None => format!("syntax error at end of input: expected {word}"),
-            }))
-        }
-    }
-
-    fn end(&self) -> Result<()> {
-        match self.peek() {
-            None => Ok(()),
-            Some(t) => Err(Error::syntax(format!("syntax error at or near \"{t}\""))),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sql::{parse_statement, Statement};
-
-    fn access(sql: &str) -> AccessStatement {
-        match parse_statement(sql).unwrap() {
-            Statement::Access(a) => a,
-            other => panic!("{sql}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn role_and_grant_statements_parse() {
-        assert_eq!(
-            access("CREATE ROLE ana WITH LOGIN PASSWORD 'x'"),
-            AccessStatement::CreateRole {
-                name: "ana".into(),
-                options: RoleOptions {
-                    login: Some(true),
-                    superuser: None,
-                    password: Some(Some("x".into()))
-                },
-            }
-        );
-        assert!(
-            matches!(access("create user \"Bo\""), AccessStatement::CreateRole { name, options } if name == "Bo" && options.login == Some(true))
-        );
-        assert_eq!(
-            access("GRANT SELECT, INSERT ON STREAM pay TO ana, bo"),
-            AccessStatement::Grant {
-                privileges: vec![Privilege::Select, Privilege::Insert],
-                target: Target::Stream("pay".into()),
-                roles: vec!["ana".into(), "bo".into()],
-            }
-        );
-        assert_eq!(
-            access("REVOKE ALL PRIVILEGES ON ALL METRICS FROM ana"),
-            AccessStatement::Revoke {
-                privileges: vec![Privilege::Select],
-                target: Target::AllMetrics,
-                roles: vec!["ana".into()]
-            }
-        );
-        assert_eq!(
-            access("ALTER METRIC m OWNER TO ana"),
-            AccessStatement::SetOwner {
-                target: Target::Metric("m".into()),
-                owner: "ana".into()
-            }
-        );
-        assert_eq!(
-            access("DROP ROLE IF EXISTS a, b"),
-            AccessStatement::DropRole {
-                names: vec!["a".into(), "b".into()],
-                if_exists: true
-            }
-        );
-        for bad in [
-            "GRANT UPDATE ON STREAM s TO a",
-            "GRANT SELECT ON TABLE s TO a",
-            "CREATE ROLE a CREATEDB",
-            "GRANT SELECT ON STREAM s a",
-        ] {
-            assert!(parse_statement(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -176,6 +176,16 @@ pub struct Catalog {
     pub access: crate::access::Access,
 }
 
+impl crate::access::Objects for Catalog {
+    fn is_stream(&self, name: &str) -> bool {
+        self.streams.contains_key(name)
+    }
+
+    fn is_metric(&self, name: &str) -> bool {
+        self.metrics.contains_key(name)
+    }
+}
+
 /// What ends each statement in the catalog file, and in a record of several statements
 /// on the catalog topic.
 pub const STATEMENT_END: &str = "\n-- eddy:end\n";

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::access::{AccessStatement, Need, Target};
 use crate::bind::{bind_create_metric, bind_create_stream, undefined_stream};
 use crate::catalog::{Catalog, ColumnDef, StreamDef};
 use crate::error::{Error, ErrorKind, Result};
@@ -233,4 +234,41 @@ fn add_column(old: &StreamDef, column: &str, ty: &str) -> Result<StreamDef> {
         not_null: false,
     });
     Ok(next)
+}
+
+/// What a DDL statement needs of its role, judged from the catalog before it (`before`)
+/// and after it (`after`).
+pub fn needs(before: &Catalog, after: &Catalog, role: &str, stmt: &Statement) -> Vec<Need> {
+    let existing = |name: &str| {
+        (before.streams.contains_key(name) || before.metrics.contains_key(name))
+            .then(|| Need::Own(name.to_string()))
+    };
+    match stmt {
+        Statement::CreateStream { .. } => Vec::new(),
+        Statement::CreateMetric(m) => after
+            .metric(&m.name)
+            .filter(|_| before.metric(&m.name).is_none())
+            .map(|def| Need::Own(def.stream.clone()))
+            .into_iter()
+            .collect(),
+        Statement::DropStream { name, .. } | Statement::DropMetric { name, .. } => {
+            existing(name).into_iter().collect()
+        }
+        Statement::AlterStreamAddColumn { stream, .. } => existing(stream).into_iter().collect(),
+        Statement::Access(a) => match a {
+            AccessStatement::AlterRole { name, options }
+                if name == role && options.login.is_none() && options.superuser.is_none() =>
+            {
+                Vec::new()
+            }
+            AccessStatement::Grant { target, .. } | AccessStatement::Revoke { target, .. } => {
+                match target {
+                    Target::Stream(n) | Target::Metric(n) => existing(n).into_iter().collect(),
+                    _ => vec![Need::Superuser],
+                }
+            }
+            _ => vec![Need::Superuser],
+        },
+        _ => vec![Need::Superuser],
+    }
 }

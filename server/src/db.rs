@@ -14,7 +14,7 @@ use eddy_cluster::{
     Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
     TaskId,
 };
-use eddy_planner::access::{self, Need, SUPERUSER};
+use eddy_planner::access::{Need, SUPERUSER};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
@@ -304,7 +304,7 @@ impl Db {
             Statement::AlterSystem { .. } => vec![Need::Superuser],
             _ => Vec::new(),
         };
-        catalog.access.check(&catalog, role, &needs)
+        catalog.access.check(catalog.as_ref(), role, &needs)
     }
 
     /// SELECT on every stream and metric a query reads.
@@ -435,7 +435,7 @@ impl Db {
         // Only a verifier of a password reaches the catalog.
         if let Statement::Access(access) = &mut stmt {
             if let Some(password) = access.password_mut() {
-                *password = crate::auth::verifier_of(password)?;
+                *password = crate::scram::verifier_of(password)?;
             }
         }
         let _guard = self.ddl.lock().await;
@@ -448,8 +448,8 @@ impl Db {
                 changed,
             },
         ) = ddl::apply(&current, &stmt)?;
-        let needs = access::ddl_needs(&current, &next, role, &stmt);
-        current.access.check(&current, role, &needs)?;
+        let needs = ddl::needs(&current, &next, role, &stmt);
+        current.access.check(current.as_ref(), role, &needs)?;
         // What a role other than a superuser creates is its own.
         if !current.access.is_superuser(role) {
             let created = match &stmt {

@@ -15,6 +15,7 @@ pub mod pg;
 pub mod pg_catalog;
 pub mod prepared;
 pub mod query;
+pub mod scram;
 pub mod serve;
 pub mod settings;
 pub mod subscribe;

@@ -33,7 +33,7 @@ pub enum Limit {
     /// Open continuous queries on the node (`EMIT CHANGES`).
     Subscriptions,
     /// What one session holds for a statement in progress: the data of a COPY, which
-    /// applies all or nothing at its end.
+    /// applies all or nothing at its end, or the result of a query.
     SessionMemoryBytes,
     /// Time from connecting to being logged in; a client slower than this is dropped.
     AuthenticationTimeout,
@@ -119,7 +119,7 @@ const SPECS: [Spec; 10] = [
         name: "session_memory_bytes",
         default: 1024 * MIB,
         unit: Unit::Bytes,
-        what: "data one session holds for a statement in progress: a COPY's (54000)",
+        what: "what a session holds for a statement in progress: a COPY's data, a query's result (54000)",
     },
     Spec {
         limit: Limit::AuthenticationTimeout,

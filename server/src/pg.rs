@@ -449,7 +449,7 @@ impl Session {
             Fast::Lookup(lookup) => Need::Select(lookup.metric_name().to_string()),
             Fast::General => return Ok(()),
         };
-        catalog.access.check(catalog, role, &[need])
+        catalog.access.check(catalog.as_ref(), role, &[need])
     }
 
     /// Statements that belong to the session (cursors, settings, transaction ends), and
