@@ -58,12 +58,15 @@ impl Server {
                 config.pg_addr
             );
         }
-        let tls = match &config.tls {
-            Some((cert, key)) => Some(crate::wire::tls_acceptor(cert, key)?),
+        let (tls, http_tls) = match &config.tls {
+            Some((cert, key)) => (
+                Some(crate::wire::tls_acceptor(cert, key, b"postgresql")?),
+                Some(crate::wire::tls_acceptor(cert, key, b"http/1.1")?),
+            ),
             None if config.tls_required => {
                 anyhow::bail!("--tls-required needs a certificate: give --tls-cert and --tls-key")
             }
-            None => None,
+            None => (None, None),
         };
         let db = Db::open(
             &config.data_dir,
@@ -102,7 +105,20 @@ impl Server {
                             None => std::future::pending().await,
                         }
                     } => {
-                        open.spawn(answer_http(socket, metrics_db.clone()));
+                        let db = metrics_db.clone();
+                        match http_tls.clone() {
+                            // With a certificate, /metrics is HTTPS too.
+                            Some(tls) => open.spawn(async move {
+                                let handshake = tokio::time::timeout(
+                                    std::time::Duration::from_secs(5),
+                                    tls.accept(socket),
+                                );
+                                if let Ok(Ok(socket)) = handshake.await {
+                                    answer_http(socket, db).await;
+                                }
+                            }),
+                            None => open.spawn(answer_http(socket, db)),
+                        };
                     }
                     accepted = listener.accept() => {
                         let Ok((socket, _)) = accepted else { continue };
@@ -252,7 +268,10 @@ async fn sole<T>(mut arc: Arc<T>) -> Result<T, Arc<T>> {
 }
 
 /// Answers one HTTP request: `GET /metrics` gets the node's counters; anything else 404.
-async fn answer_http(mut socket: tokio::net::TcpStream, db: Arc<Db>) {
+async fn answer_http<S>(mut socket: S, db: Arc<Db>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut request = Vec::new();
     let mut buf = [0u8; 1024];

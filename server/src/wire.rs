@@ -770,8 +770,13 @@ fn utf8_width(first: u8) -> usize {
     }
 }
 
-/// The TLS acceptor for a certificate chain and key in PEM files.
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<TlsAcceptor> {
+/// The TLS acceptor for a certificate chain and key in PEM files, for clients of the
+/// application protocol `alpn` (`postgresql`, or `http/1.1` for /metrics).
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    alpn: &[u8],
+) -> anyhow::Result<TlsAcceptor> {
     use pgwire::tokio::tokio_rustls::rustls;
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -788,7 +793,7 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Re
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
-    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -408,10 +408,39 @@ fn tls_when_asked_and_only_tls_when_required() {
     assert!(plain.status.success(), "{plain:?}");
     server.terminate();
 
+    let http = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let http_addr = format!("127.0.0.1:{http}");
     let (server, port) = spawn_eddy_env(
         &dir.join("data"),
-        &["--tls-cert", cert, "--tls-key", key, "--tls-required"],
+        &[
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "--tls-required",
+            "--http-addr",
+            &http_addr,
+        ],
         &[],
+    );
+    // /metrics takes the same certificate.
+    let metrics = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--cacert",
+            cert,
+            "--resolve",
+            &format!("localhost:{http}:127.0.0.1"),
+        ])
+        .arg(format!("https://localhost:{http}/metrics"))
+        .output()
+        .expect("curl runs");
+    assert!(
+        String::from_utf8_lossy(&metrics.stdout).contains("# TYPE "),
+        "{metrics:?}"
     );
     let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
     let tls = psql_with(&format!("{base} sslmode=require"), "SELECT 42");
