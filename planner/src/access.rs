@@ -432,10 +432,7 @@ fn set_options(role: &mut Role, options: &RoleOptions) -> Result<()> {
 
 fn check_target(catalog: &dyn Objects, target: &Target) -> Result<()> {
     match target {
-        Target::Stream(n) if !catalog.is_stream(n) => Err(Error::new(
-            ErrorKind::UndefinedTable,
-            format!("stream \"{n}\" does not exist"),
-        )),
+        Target::Stream(n) if !catalog.is_stream(n) => Err(crate::error::undefined_stream(n)),
         Target::Metric(n) if !catalog.is_metric(n) => Err(Error::new(
             ErrorKind::UndefinedTable,
             format!("metric \"{n}\" does not exist"),

@@ -241,12 +241,7 @@ fn invalid_option(key: &str, text: &str, expected: &str) -> Error {
     .with_hint(format!("Expected {expected}."))
 }
 
-pub fn undefined_stream(name: &str) -> Error {
-    Error::new(
-        ErrorKind::UndefinedTable,
-        format!("stream \"{name}\" does not exist"),
-    )
-}
+pub use crate::error::undefined_stream;
 
 pub fn bind_create_metric(catalog: &Catalog, m: &MetricAst) -> Result<MetricDef> {
     let select = &m.select;

@@ -89,3 +89,11 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// 42P01 for a stream that is not in the catalog.
+pub fn undefined_stream(name: &str) -> Error {
+    Error::new(
+        ErrorKind::UndefinedTable,
+        format!("stream \"{name}\" does not exist"),
+    )
+}

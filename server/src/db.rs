@@ -264,7 +264,7 @@ impl Db {
     pub async fn subscribe(&self, sql: &str, opening: Opening) -> Result<SubscriptionHandle> {
         let _guard = self.ddl.lock().await;
         let query = ContinuousQuery::plan(&self.catalog(), sql).await?;
-        let open = self.subscriptions.list().len() as u64;
+        let open = self.subscriptions.open_count() as u64;
         self.limits
             .check(Limit::Subscriptions, open + 1, "open subscriptions")?;
         subscribe::open(&self.subscriptions, &self.engine, query, opening).await

@@ -558,6 +558,11 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// Subscriptions open now.
+    pub fn open_count(&self) -> usize {
+        self.open.lock().expect("registry lock").len()
+    }
+
     pub fn list(&self) -> Vec<Arc<Subscription>> {
         self.open
             .lock()

@@ -5,46 +5,10 @@
 
 mod common;
 
-use common::{simple_rows, spawn_eddy_env, temp_dir};
-
-async fn connect(
-    port: u16,
-    user: &str,
-    password: Option<&str>,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let mut config = format!("host=127.0.0.1 port={port} user={user} dbname=eddy");
-    if let Some(p) = password {
-        config.push_str(&format!(" password='{p}'"));
-    }
-    let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    Ok(client)
-}
-
-fn code(e: &tokio_postgres::Error) -> String {
-    e.code()
-        .map(|c| c.code().to_string())
-        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
-}
-
-fn psql(port: u16, password: &str) -> std::process::Output {
-    std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "eddy",
-            "-d",
-            "eddy",
-        ])
-        .args(["-v", "VERBOSITY=verbose", "-Atc", "SELECT 41 + 1"])
-        .env("PGPASSWORD", password)
-        .output()
-        .expect("psql runs")
-}
+use common::{
+    connect_as as connect, fails, psql, refused_start, simple_rows, spawn_eddy_env,
+    sqlstate as code, temp_dir,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_prove_the_password_with_scram() {
@@ -79,9 +43,14 @@ async fn clients_prove_the_password_with_scram() {
     assert!(connect(port, "eddy", None).await.is_err());
 
     // psql, as a user runs it.
-    let ok = psql(port, "s3cret pass");
+    let as_eddy = |password: &str| {
+        let conninfo =
+            format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password='{password}'");
+        psql(&conninfo, "SELECT 41 + 1", "")
+    };
+    let ok = as_eddy("s3cret pass");
     assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "42", "{ok:?}");
-    let bad = psql(port, "nope");
+    let bad = as_eddy("nope");
     assert!(!bad.status.success());
     let said = String::from_utf8_lossy(&bad.stderr).to_lowercase();
     assert!(
@@ -109,30 +78,24 @@ async fn clients_prove_the_password_with_scram() {
 #[test]
 fn without_a_password_only_loopback_is_served() {
     let dir = temp_dir("auth-open");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args([
-            "serve",
+    let data = dir.to_str().unwrap();
+    let said = refused_start(
+        &[
             "--pg-addr",
             "0.0.0.0:0",
             "--http-addr",
             "127.0.0.1:0",
-        ])
-        .args(["--shards", "1", "--data-dir"])
-        .arg(&*dir)
-        .env_remove("EDDY_PASSWORD")
-        .output()
-        .expect("eddy runs");
-    assert!(!out.status.success());
-    let said = String::from_utf8_lossy(&out.stderr);
+            "--shards",
+            "1",
+            "--data-dir",
+            data,
+        ],
+        &[],
+    );
     assert!(
         said.contains("refusing to listen on 0.0.0.0:0 without a password"),
         "{said}"
     );
-}
-
-/// The SQLSTATE a statement fails with (`None`: it ran).
-async fn fails(client: &tokio_postgres::Client, sql: &str) -> Option<String> {
-    client.batch_execute(sql).await.err().map(|e| code(&e))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,13 +343,6 @@ fn certificate(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
     (cert, key)
 }
 
-fn psql_with(conninfo: &str, sql: &str) -> std::process::Output {
-    std::process::Command::new("psql")
-        .args(["-X", "-v", "ON_ERROR_STOP=1", "-Atc", sql, conninfo])
-        .output()
-        .expect("psql runs")
-}
-
 #[test]
 fn tls_when_asked_and_only_tls_when_required() {
     let dir = temp_dir("tls");
@@ -398,13 +354,10 @@ fn tls_when_asked_and_only_tls_when_required() {
         &[("EDDY_PASSWORD", "tls-pw")],
     );
     let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
-    let tls = psql_with(
-        &format!("{base} sslmode=require"),
-        "SELECT ssl FROM (SELECT true AS ssl) t",
-    );
+    let tls = psql(&format!("{base} sslmode=require"), "SELECT 1", "");
     assert!(tls.status.success(), "{tls:?}");
     // Without TLS, still served unless TLS is required.
-    let plain = psql_with(&format!("{base} sslmode=disable"), "SELECT 1");
+    let plain = psql(&format!("{base} sslmode=disable"), "SELECT 1", "");
     assert!(plain.status.success(), "{plain:?}");
     server.terminate();
 
@@ -443,31 +396,27 @@ fn tls_when_asked_and_only_tls_when_required() {
         "{metrics:?}"
     );
     let base = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy password=tls-pw");
-    let tls = psql_with(&format!("{base} sslmode=require"), "SELECT 42");
+    let tls = psql(&format!("{base} sslmode=require"), "SELECT 42", "");
     assert_eq!(String::from_utf8_lossy(&tls.stdout).trim(), "42", "{tls:?}");
-    let plain = psql_with(&format!("{base} sslmode=disable"), "SELECT 1");
+    let plain = psql(&format!("{base} sslmode=disable"), "SELECT 1", "");
     assert!(!plain.status.success());
     let said = String::from_utf8_lossy(&plain.stderr);
     assert!(said.contains("TLS is required"), "{said}");
     server.terminate();
 
     // --tls-required without a certificate does not start.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args([
-            "serve",
+    let data = dir.join("data2");
+    let said = refused_start(
+        &[
             "--pg-addr",
             "127.0.0.1:0",
             "--http-addr",
             "127.0.0.1:0",
             "--tls-required",
             "--data-dir",
-        ])
-        .arg(dir.join("data2"))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--tls-cert"),
-        "{out:?}"
+            data.to_str().unwrap(),
+        ],
+        &[],
     );
+    assert!(said.contains("--tls-cert"), "{said}");
 }

@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::{frontend_message as message, startup_message as startup};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -220,21 +222,6 @@ fn fuzz(target: &str, seeds: &[Vec<u8>], n: usize, check: impl Fn(&[u8])) {
 }
 
 // ---- the wire ----
-
-fn startup(user: &str) -> Vec<u8> {
-    let params = format!("user\0{user}\0database\0eddy\0\0");
-    let mut out = ((8 + params.len()) as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(&196608u32.to_be_bytes());
-    out.extend_from_slice(params.as_bytes());
-    out
-}
-
-fn message(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![kind];
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(body);
-    out
-}
 
 /// Frontend messages of every kind a session sends after logging in.
 fn wire_seeds() -> Vec<Vec<u8>> {

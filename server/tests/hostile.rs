@@ -11,22 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use common::{connect_port, simple_rows, spawn_eddy, temp_dir};
-
-fn startup(user: &str) -> Vec<u8> {
-    let params = format!("user\0{user}\0database\0eddy\0\0");
-    let mut out = ((8 + params.len()) as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(&196608u32.to_be_bytes());
-    out.extend_from_slice(params.as_bytes());
-    out
-}
-
-fn message(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![kind];
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(body);
-    out
-}
+use common::{
+    connect_as, connect_port, fails as code, frontend_message as message, psql, simple_rows,
+    spawn_eddy, startup_message as startup, temp_dir,
+};
 
 fn query(text: &[u8]) -> Vec<u8> {
     let mut body = text.to_vec();
@@ -71,56 +59,9 @@ async fn logged_in(port: u16, user: &str) -> TcpStream {
     s
 }
 
-async fn code(client: &tokio_postgres::Client, sql: &str) -> Option<String> {
-    client.batch_execute(sql).await.err().map(|e| {
-        e.code()
-            .map(|c| c.code().to_string())
-            .unwrap_or_else(|| e.to_string())
-    })
-}
-
-async fn connect_as(
-    port: u16,
-    user: &str,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user={user} dbname=eddy"),
-        tokio_postgres::NoTls,
-    )
-    .await?;
-    tokio::spawn(conn);
-    Ok(client)
-}
-
 fn psql_copy(port: u16, data: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "eddy",
-            "-d",
-            "eddy",
-        ])
-        .args(["-c", "COPY pay FROM STDIN WITH (FORMAT csv)"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("psql runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(data.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    let conninfo = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy");
+    psql(&conninfo, "COPY pay FROM STDIN WITH (FORMAT csv)", data)
 }
 
 const SCHEMA: &str =
@@ -216,13 +157,13 @@ async fn every_limit_gives_its_error_and_the_session_goes_on() {
     // Connections of one role, then of the node.
     let mut limited = Vec::new();
     for _ in 0..3 {
-        limited.push(connect_as(port, "limited").await.unwrap());
+        limited.push(connect_as(port, "limited", None).await.unwrap());
     }
-    let refused = connect_as(port, "limited").await.err().unwrap();
+    let refused = connect_as(port, "limited", None).await.err().unwrap();
     assert_eq!(refused.code().map(|c| c.code()), Some("53300"), "{refused}");
     drop(limited);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    connect_as(port, "limited")
+    connect_as(port, "limited", None)
         .await
         .expect("a place came free");
     admin
@@ -231,7 +172,7 @@ async fn every_limit_gives_its_error_and_the_session_goes_on() {
         .unwrap();
     let mut open = Vec::new();
     let refused = loop {
-        match connect_as(port, &format!("u{}", open.len())).await {
+        match connect_as(port, &format!("u{}", open.len()), None).await {
             Ok(c) => open.push(c),
             Err(e) => break e,
         }

@@ -14,7 +14,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
-use common::{connect_port, kafka_addr, simple_rows, spawn_eddy_with, temp_dir};
+use common::{connect_port, kafka_addr, refused_start, simple_rows, spawn_eddy_with, temp_dir};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
@@ -489,22 +489,23 @@ async fn kafka_properties_reach_the_clients() {
     let dir = temp_dir("kafka-property");
     let kafka = kafka_addr();
     let cluster = cluster("prop");
-    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args([
-            "serve",
+    let said = refused_start(
+        &[
             "--pg-addr",
             "127.0.0.1:0",
             "--http-addr",
             "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(&*dir)
-        .args(["--kafka", &kafka, "--cluster", &cluster])
-        .args(["--kafka-property", "no.such.property=1"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{said}");
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--kafka",
+            &kafka,
+            "--cluster",
+            &cluster,
+            "--kafka-property",
+            "no.such.property=1",
+        ],
+        &[],
+    );
     assert!(
         said.contains("No such configuration property") && said.contains("no.such.property"),
         "{said}"

@@ -73,14 +73,83 @@ pub async fn connect(server: &Server) -> tokio_postgres::Client {
 
 /// A client of the server listening on loopback `port`.
 pub async fn connect_port(port: u16) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=eddy dbname=eddy"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
+    connect_as(port, "eddy", None).await.unwrap()
+}
+
+/// A client that logs in as `user`, with `password` if given.
+pub async fn connect_as(
+    port: u16,
+    user: &str,
+    password: Option<&str>,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = format!("host=127.0.0.1 port={port} user={user} dbname=eddy");
+    if let Some(p) = password {
+        config.push_str(&format!(" password='{p}'"));
+    }
+    let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
-    client
+    Ok(client)
+}
+
+/// The SQLSTATE of an error (or what it says, without one).
+pub fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+/// The SQLSTATE a simple query fails with (`None`: it ran).
+pub async fn fails(client: &tokio_postgres::Client, sql: &str) -> Option<String> {
+    client.batch_execute(sql).await.err().map(|e| sqlstate(&e))
+}
+
+/// psql on `conninfo` running `sql`, with `stdin` as its input (COPY data).
+pub fn psql(conninfo: &str, sql: &str, stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new("psql")
+        .args(["-X", "-v", "ON_ERROR_STOP=1", "-Atc", sql, conninfo])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `eddy serve` with `args`, which must make it refuse to start; what it said.
+pub fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .arg("serve")
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("EDDY_PASSWORD")
+        .output()
+        .expect("eddy runs");
+    assert!(!out.status.success(), "eddy started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A startup message of protocol 3.0 for `user`, as clients send it first.
+pub fn startup_message(user: &str) -> Vec<u8> {
+    let params = format!("user\0{user}\0database\0eddy\0\0");
+    let mut out = ((8 + params.len()) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&196608u32.to_be_bytes());
+    out.extend_from_slice(params.as_bytes());
+    out
+}
+
+/// A frontend message: its type byte, length and body.
+pub fn frontend_message(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![kind];
+    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(body);
+    out
 }
 
 /// A result row in text form (`None` for NULL).
