@@ -514,6 +514,7 @@ impl Db {
         }
         let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
         let want = plan.returning.is_some();
+        let _polling = durable.then(crate::busy::Committing::start);
         let replies = self
             .engine
             .ingest(&plan.stream, rows.clone(), want, durable)

@@ -5,6 +5,7 @@
 //! through the planner and hands rows to the engine; it never reaches into operator state.
 
 pub mod auth;
+pub mod busy;
 pub mod cells;
 pub mod cluster;
 pub mod copy;

@@ -57,6 +57,11 @@ enum Command {
         /// per core).
         #[arg(long, env = "EDDY_IO_THREADS")]
         io_threads: Option<usize>,
+        /// Microseconds a session thread keeps polling its sockets after it answers,
+        /// before it sleeps: a client that sends its next statement within it is read
+        /// without a wake-up (tens of microseconds on a virtual machine). 0: never.
+        #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
+        busy_poll: u64,
         /// Seconds between checkpoints (state flushed, log truncated).
         #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
         checkpoint_interval: f64,
@@ -213,6 +218,7 @@ fn main() -> anyhow::Result<()> {
             topology,
             pin_shards,
             io_threads,
+            busy_poll,
             checkpoint_interval,
             commit_delay,
             kafka,
@@ -284,6 +290,7 @@ fn main() -> anyhow::Result<()> {
                 commit_delay: std::time::Duration::from_millis(commit_delay),
                 kafka,
                 session_threads: io_threads,
+                busy_poll: std::time::Duration::from_micros(busy_poll),
                 password,
                 tls: tls_cert.zip(tls_key),
                 tls_required,

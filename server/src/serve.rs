@@ -29,6 +29,9 @@ pub struct Config {
     pub kafka: Option<eddy_cluster::KafkaConfig>,
     /// Threads that run client sessions (`SessionThreads`), at least one.
     pub session_threads: usize,
+    /// How long a session thread keeps polling its sockets after it answers, before it
+    /// sleeps (`busy.rs`); zero: never.
+    pub busy_poll: std::time::Duration,
     /// The superuser's password, replacing the one kept (`None`: the kept one, or trust
     /// on loopback only when there is none).
     pub password: Option<String>,
@@ -87,7 +90,7 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|l| l.local_addr()).transpose()?;
-        let sessions = SessionThreads::start(config.session_threads)?;
+        let sessions = SessionThreads::start(config.session_threads, config.busy_poll)?;
         let manager = Arc::new(ConnectionManager::new());
         let door = Arc::new(Door::new(tls, config.tls_required, db.limits().clone()));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -205,7 +208,7 @@ struct SessionThreads {
 }
 
 impl SessionThreads {
-    fn start(n: usize) -> std::io::Result<SessionThreads> {
+    fn start(n: usize, busy_poll: std::time::Duration) -> std::io::Result<SessionThreads> {
         let mut out = SessionThreads {
             handles: Vec::new(),
             turn: std::sync::atomic::AtomicUsize::new(0),
@@ -218,6 +221,9 @@ impl SessionThreads {
                 .build()?;
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             out.handles.push(runtime.handle().clone());
+            if !busy_poll.is_zero() {
+                runtime.spawn(crate::busy::poll(busy_poll));
+            }
             out.stops.push(stop);
             out.threads.push(
                 std::thread::Builder::new()

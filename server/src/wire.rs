@@ -162,6 +162,7 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
                 next = socket.next() => next,
             }
         } else {
+            crate::busy::answered();
             socket.next().await
         };
         let message = match next {

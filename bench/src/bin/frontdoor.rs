@@ -3,6 +3,9 @@
 //!
 //! - `single_on` / `single_off`: one event per round trip, `INSERT … RETURNING *`, with
 //!   `synchronous_commit` on (fsync per statement, group commit) and off;
+//! - `single_on_polling` / `single_off_polling`: the same from a client that polls its
+//!   socket between statements instead of sleeping (its runtime keeps yielding), so the
+//!   server's answer needs no wake-up: what the server gives a latency-tuned client;
 //! - `batch`: multi-row `INSERT … RETURNING *` of `--batch` rows per statement;
 //! - `copy`: `COPY … FROM STDIN` of `--copy-rows` rows;
 //! - `lookup`: prepared point lookups of a metric's group (`WHERE card = $1`).
@@ -41,7 +44,16 @@ struct Args {
     /// Threads of the server's runtime (default: as `eddy serve`, one per core).
     #[arg(long, env = "EDDY_IO_THREADS")]
     io_threads: Option<usize>,
-    /// Run one mode: single_on, single_off, batch, copy or lookup.
+    /// Microseconds the server's session threads poll after answering (as `eddy serve
+    /// --busy-poll`; 0: they sleep at once).
+    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
+    busy_poll: u64,
+    /// The server's `--commit-delay`, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    commit_delay: u64,
+    /// Run one mode: single_on, single_off, single_on_polling, single_off_polling
+    /// (the client polls its socket between statements instead of sleeping, as a
+    /// latency-tuned client does), batch, copy or lookup.
     #[arg(long)]
     only: Option<String>,
 }
@@ -75,11 +87,16 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram")
 }
 
+fn single_mode(sync: &str, polling: bool) -> String {
+    format!("single_{sync}{}", if polling { "_polling" } else { "" })
+}
+
 async fn single(
     client: &Client,
     a: &Args,
     next: &mut u64,
     sync: &str,
+    polling: bool,
 ) -> Result<serde_json::Value> {
     client
         .batch_execute(&format!("SET synchronous_commit = {sync}"))
@@ -90,6 +107,14 @@ async fn single(
     let mut h = histogram();
     let started = Instant::now();
     let mut n = 0;
+    // A client that polls keeps its runtime awake: the server's answer wakes nobody.
+    let poller = polling.then(|| {
+        tokio::spawn(async {
+            loop {
+                tokio::task::yield_now().await;
+            }
+        })
+    });
     while started.elapsed().as_secs_f64() < a.seconds {
         let (id, ts, card, amount) = event(*next, a.cards);
         *next += 1;
@@ -98,8 +123,16 @@ async fn single(
         h.record(t.elapsed().as_micros().max(1) as u64)?;
         n += 1;
     }
+    if let Some(poller) = poller {
+        poller.abort();
+    }
     client.batch_execute("SET synchronous_commit = on").await?;
-    Ok(summary(&format!("single_{sync}"), n, started.elapsed(), &h))
+    Ok(summary(
+        &single_mode(sync, polling),
+        n,
+        started.elapsed(),
+        &h,
+    ))
 }
 
 async fn batch(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::Value> {
@@ -208,9 +241,10 @@ fn main() -> Result<()> {
         shards: a.shards,
         pinning: None,
         checkpoint_interval: Duration::from_secs(10),
-        commit_delay: Duration::from_millis(10),
+        commit_delay: Duration::from_millis(a.commit_delay),
         kafka: None,
         session_threads: a.io_threads.unwrap_or_else(default_io_threads).max(1),
+        busy_poll: Duration::from_micros(a.busy_poll),
         password: None,
         tls: None,
         tls_required: false,
@@ -232,11 +266,12 @@ fn main() -> Result<()> {
         let mut next = 0u64;
         let mut results = Vec::new();
         let wants = |m: &str| a.only.as_deref().is_none_or(|o| o == m);
-        if wants("single_on") {
-            results.push(single(&client, &a, &mut next, "on").await?);
-        }
-        if wants("single_off") {
-            results.push(single(&client, &a, &mut next, "off").await?);
+        for polling in [false, true] {
+            for sync in ["on", "off"] {
+                if wants(&single_mode(sync, polling)) {
+                    results.push(single(&client, &a, &mut next, sync, polling).await?);
+                }
+            }
         }
         if wants("batch") {
             results.push(batch(&client, &a, &mut next).await?);

@@ -288,6 +288,7 @@ async fn main() -> Result<()> {
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
         session_threads: eddy_server::serve::default_io_threads(),
+        busy_poll: std::time::Duration::from_micros(eddy_server::busy::DEFAULT_US),
         password: None,
         tls: None,
         tls_required: false,

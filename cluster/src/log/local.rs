@@ -90,8 +90,8 @@ struct Files {
     owed_since: Option<Instant>,
     /// Continuations for the committer, in append order.
     waiting: VecDeque<Waiting>,
-    /// The committer is running continuations it took from `waiting`: appends wait
-    /// behind them.
+    /// The committer took continuations from `waiting` and has yet to run them: appends
+    /// wait behind them. (An fsync owed to the commit delay alone holds nobody up.)
     running: bool,
     closed: bool,
 }
@@ -493,7 +493,7 @@ impl Shared {
             } else {
                 Vec::new()
             };
-            files.running = true;
+            files.running = !waiting.is_empty();
             drop(files);
             let synced = self.commit(unsynced);
             for w in waiting {
@@ -635,6 +635,36 @@ mod tests {
             "a durable continuation runs on the committer"
         );
         assert_eq!(ran[2].1, caller, "a written append takes no thread hop");
+        drop(log);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_fsync_owed_to_the_delay_holds_no_written_append_up() {
+        let dir = temp("delay");
+        // A 1 ms delay: the committer fsyncs all through the loop, with no continuation
+        // of its own to run; written appends go on past it, on the caller's thread.
+        let log = LocalLog::open(&dir, Duration::from_millis(1)).unwrap();
+        let caller = std::thread::current().id();
+        let started = Instant::now();
+        let mut appends = 0u64;
+        while started.elapsed() < Duration::from_millis(300)
+            || log.stats().commits.load(Ordering::SeqCst) < 20
+        {
+            let (tx, rx) = mpsc::channel();
+            log.append(
+                vec![(task(0), vec![vec![b'x'; 64]])],
+                false,
+                Box::new(move |r| tx.send((r, std::thread::current().id())).unwrap()),
+            );
+            let (r, ran_on) = rx
+                .try_recv()
+                .expect("the continuation ran before append returned");
+            r.unwrap();
+            assert_eq!(ran_on, caller);
+            appends += 1;
+        }
+        assert!(appends > 0);
         drop(log);
         let _ = std::fs::remove_dir_all(&dir);
     }

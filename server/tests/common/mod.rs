@@ -29,6 +29,7 @@ pub async fn start(dir: &Path) -> Server {
         commit_delay: std::time::Duration::from_millis(10),
         kafka: None,
         session_threads: 2,
+        busy_poll: std::time::Duration::from_micros(eddy_server::busy::DEFAULT_US),
         password: None,
         tls: None,
         tls_required: false,
