@@ -33,6 +33,49 @@ use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHan
 
 /// Rows per engine call when a COPY is applied.
 const CATALOG_FILE: &str = "catalog.sql";
+/// The data directory's lock file: held (flock) by the one server that uses the
+/// directory, with its PID inside.
+const LOCK_FILE: &str = "eddy.pid";
+
+/// The lock on a data directory, held for the server's life. The OS lets go of it when
+/// the process ends however it ends (kill -9 included), so no stale lock outlives it.
+pub struct DirLock(#[allow(dead_code)] std::fs::File);
+
+impl DirLock {
+    /// Takes `data_dir` (made if missing) for this process, or says which process has it:
+    /// two servers on one directory would each remove what the other still reads.
+    pub fn take(data_dir: &Path) -> anyhow::Result<DirLock> {
+        use std::io::{Read, Seek, Write};
+        std::fs::create_dir_all(data_dir)?;
+        let path = data_dir.join(LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                anyhow::bail!(
+                    "the data directory {} is in use by another eddy (PID {}): stop it first, \
+                     or give this one another --data-dir",
+                    data_dir.display(),
+                    pid.trim()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                anyhow::bail!("could not lock {}: {e}", path.display())
+            }
+        }
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
+        Ok(DirLock(file))
+    }
+}
 /// The embedded log's directory under the data directory.
 const LOG_DIR: &str = "log";
 /// Separates statements in the catalog file (a line of its own).
@@ -116,12 +159,14 @@ pub struct Db {
     subscriptions: Arc<Registry>,
     /// The limits clients meet (`limits`), as `ALTER SYSTEM` last set them.
     pub(crate) limits: Arc<Limits>,
+    lock: DirLock,
 }
 
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
     /// With `kafka`, Kafka is the log and the catalog topic the catalog's source.
     pub async fn open(
+        lock: DirLock,
         data_dir: &Path,
         shards: usize,
         pinning: Option<Arc<Pinning>>,
@@ -205,6 +250,7 @@ impl Db {
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
             limits: Arc::new(Limits::from_settings(&crate::settings::load(data_dir)?)),
+            lock,
         });
         let weak = Arc::downgrade(&db);
         tokio::spawn(async move {
@@ -238,10 +284,10 @@ impl Db {
         &self.engine
     }
 
-    /// The engine, with everything else of the database (its query context's tables
-    /// hold the engine too) dropped.
-    pub fn into_engine(self) -> Arc<Engine> {
-        self.engine
+    /// The engine and the data directory's lock, with everything else of the database
+    /// (its query context's tables hold the engine too) dropped.
+    pub fn into_engine(self) -> (Arc<Engine>, DirLock) {
+        (self.engine, self.lock)
     }
 
     /// A DataFusion context with every stream and metric of the current catalog as a

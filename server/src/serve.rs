@@ -52,6 +52,8 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: &Config) -> anyhow::Result<Server> {
+        // Before anything in the directory is read or written.
+        let lock = crate::db::DirLock::take(&config.data_dir)?;
         let secrets = crate::auth::Secrets::load(&config.data_dir, config.password.as_deref())?;
         if secrets.is_none() && !config.pg_addr.ip().is_loopback() {
             anyhow::bail!(
@@ -72,6 +74,7 @@ impl Server {
             None => (None, None),
         };
         let db = Db::open(
+            lock,
             &config.data_dir,
             config.shards,
             config.pinning.clone(),
@@ -177,9 +180,13 @@ impl Server {
         if let Err(e) = self.db.engine().last_checkpoint().await {
             eprintln!("eddy: the checkpoint at shutdown failed: {e}");
         }
-        let engine = match sole(self.db).await {
-            Ok(db) => sole(db.into_engine()).await,
-            Err(db) => Err(db.engine().clone()),
+        // The directory stays locked until the state store is closed.
+        let (engine, lock) = match sole(self.db).await {
+            Ok(db) => {
+                let (engine, lock) = db.into_engine();
+                (sole(engine).await, Some(lock))
+            }
+            Err(db) => (Err(db.engine().clone()), None),
         };
         let closed = tokio::task::spawn_blocking(move || match engine {
             Ok(engine) => engine.shutdown(),
@@ -190,6 +197,7 @@ impl Server {
             }
         });
         let _ = closed.await;
+        drop(lock);
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{connect_port, kafka_addr, simple_rows, spawn_eddy_with, temp_dir};
+use common::{connect_port, kafka_addr, refused_start, simple_rows, spawn_eddy_with, temp_dir};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
@@ -33,6 +33,68 @@ fn ts_text(id: i64) -> String {
 
 fn card_of(id: i64) -> String {
     format!("c{}", (id * 7919) % 13)
+}
+
+/// A second server on a data directory in use refuses to start before it touches it
+/// (two would each remove checkpoints the other still reads), and the lock goes with
+/// the first server, even when it is killed with -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_per_data_directory() {
+    let dir = temp_dir("crash-lock");
+    let (first, port) = spawn_eddy_with(&dir, &[]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', event_id = 'id', partition_by = 'card', partitions = 2); \
+             CREATE METRIC m AS SELECT card, COUNT(*) AS n FROM s WINDOW INFINITE GROUP BY card; \
+             INSERT INTO s VALUES (1, '2026-01-01 00:00:00', 'a'), (2, '2026-01-01 00:00:01', 'b')",
+        )
+        .await
+        .unwrap();
+    let pid = first.0.id();
+    let dir_arg = dir.to_str().unwrap();
+    let said = refused_start(
+        &[
+            "--pg-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir_arg,
+        ],
+        &[],
+    );
+    assert!(
+        said.contains(&format!("is in use by another eddy (PID {pid})")),
+        "{said}"
+    );
+    // The first server goes on, its checkpoints untouched.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client
+        .batch_execute("INSERT INTO s VALUES (3, '2026-01-01 00:00:02', 'a')")
+        .await
+        .unwrap();
+    let rows = simple_rows(&client, "SELECT card, n FROM m ORDER BY card").await;
+    assert_eq!(
+        rows,
+        [
+            [Some("a".into()), Some("2".into())],
+            [Some("b".into()), Some("1".into())]
+        ]
+    );
+    drop(client);
+    drop(first); // kill -9
+    let (_second, port) = spawn_eddy_with(&dir, &[]);
+    let client = connect_port(port).await;
+    let rows = simple_rows(&client, "SELECT card, n FROM m ORDER BY card").await;
+    assert_eq!(
+        rows,
+        [
+            [Some("a".into()), Some("2".into())],
+            [Some("b".into()), Some("1".into())]
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
