@@ -45,6 +45,10 @@ thread_local! {
 /// next: opens the window of its thread's poller.
 pub fn answered() {
     ANSWERED.set(Some(Instant::now()));
+    wake_poller();
+}
+
+fn wake_poller() {
     if let Some(poller) = POLLER.take() {
         poller.wake();
     }
@@ -59,9 +63,7 @@ impl Committing {
     pub fn start() -> Committing {
         let (n, since) = COMMITTING.get();
         COMMITTING.set((n + 1, since.or_else(|| Some(Instant::now()))));
-        if let Some(poller) = POLLER.take() {
-            poller.wake();
-        }
+        wake_poller();
         Committing(())
     }
 }
