@@ -31,15 +31,21 @@ use crate::limits::{Limit, Limits};
 use crate::query;
 use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHandle};
 
-/// Rows per engine call when a COPY is applied.
+/// The catalog's CREATE statements, in the data directory.
 const CATALOG_FILE: &str = "catalog.sql";
 /// The data directory's lock file: held (flock) by the one server that uses the
 /// directory, with its PID inside.
 const LOCK_FILE: &str = "eddy.pid";
+/// The embedded log's directory under the data directory.
+const LOG_DIR: &str = "log";
+/// Separates statements in the catalog file (a line of its own).
+const CATALOG_SEPARATOR: &str = eddy_planner::catalog::STATEMENT_END;
 
 /// The lock on a data directory, held for the server's life. The OS lets go of it when
 /// the process ends however it ends (kill -9 included), so no stale lock outlives it.
-pub struct DirLock(#[allow(dead_code)] std::fs::File);
+pub struct DirLock {
+    _file: std::fs::File,
+}
 
 impl DirLock {
     /// Takes `data_dir` (made if missing) for this process, or says which process has it:
@@ -73,13 +79,9 @@ impl DirLock {
         file.set_len(0)?;
         file.rewind()?;
         writeln!(file, "{}", std::process::id())?;
-        Ok(DirLock(file))
+        Ok(DirLock { _file: file })
     }
 }
-/// The embedded log's directory under the data directory.
-const LOG_DIR: &str = "log";
-/// Separates statements in the catalog file (a line of its own).
-const CATALOG_SEPARATOR: &str = eddy_planner::catalog::STATEMENT_END;
 
 /// What a statement produced.
 pub enum Output {

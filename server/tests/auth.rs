@@ -78,20 +78,7 @@ async fn clients_prove_the_password_with_scram() {
 #[test]
 fn without_a_password_only_loopback_is_served() {
     let dir = temp_dir("auth-open");
-    let data = dir.to_str().unwrap();
-    let said = refused_start(
-        &[
-            "--pg-addr",
-            "0.0.0.0:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--shards",
-            "1",
-            "--data-dir",
-            data,
-        ],
-        &[],
-    );
+    let said = refused_start(&dir, &["--pg-addr", "0.0.0.0:0", "--shards", "1"], &[]);
     assert!(
         said.contains("refusing to listen on 0.0.0.0:0 without a password"),
         "{said}"
@@ -406,17 +393,6 @@ fn tls_when_asked_and_only_tls_when_required() {
 
     // --tls-required without a certificate does not start.
     let data = dir.join("data2");
-    let said = refused_start(
-        &[
-            "--pg-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--tls-required",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let said = refused_start(&data, &["--tls-required"], &[]);
     assert!(said.contains("--tls-cert"), "{said}");
 }

@@ -53,18 +53,7 @@ async fn one_server_per_data_directory() {
         .await
         .unwrap();
     let pid = first.0.id();
-    let dir_arg = dir.to_str().unwrap();
-    let said = refused_start(
-        &[
-            "--pg-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir_arg,
-        ],
-        &[],
-    );
+    let said = refused_start(&dir, &[], &[]);
     assert!(
         said.contains(&format!("is in use by another eddy (PID {pid})")),
         "{said}"

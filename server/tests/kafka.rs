@@ -490,13 +490,8 @@ async fn kafka_properties_reach_the_clients() {
     let kafka = kafka_addr();
     let cluster = cluster("prop");
     let said = refused_start(
+        &dir,
         &[
-            "--pg-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
             "--kafka",
             &kafka,
             "--cluster",

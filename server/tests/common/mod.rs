@@ -123,11 +123,16 @@ pub fn psql(conninfo: &str, sql: &str, stdin: &str) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
-/// Runs `eddy serve` with `args`, which must make it refuse to start; what it said.
-pub fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .arg("serve")
-        .args(args)
+/// Runs `eddy serve` on `dir` with `args` (on free loopback ports unless they say
+/// `--pg-addr`), which must make it refuse to start; what it said.
+pub fn refused_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
+    command.arg("serve").arg("--data-dir").arg(dir).args(args);
+    if !args.contains(&"--pg-addr") {
+        command.args(["--pg-addr", "127.0.0.1:0"]);
+    }
+    let out = command
+        .args(["--http-addr", "127.0.0.1:0"])
         .envs(env.iter().copied())
         .env_remove("EDDY_PASSWORD")
         .output()
