@@ -31,6 +31,7 @@ pub mod route;
 pub use command::TaskReport;
 pub use engine::{Engine, EventReply};
 pub use exec::events::{Event, Outcome, Row};
+pub use exec::groups::CacheConfig;
 pub use exec::task::{Task, TaskStorage};
 pub use exec::watch::{Change, WatchId, WatchTarget, Watcher};
 pub use log::{EventLog, Kafka, KafkaConfig, LocalLog, LogStats, MemoryLog};

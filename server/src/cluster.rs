@@ -42,7 +42,7 @@ pub(crate) fn follow_catalog(db: &Arc<Db>) {
             }
             seen = records;
             if let Err(e) = adopt(&db).await {
-                eprintln!("eddy: adopting the cluster's catalog: {e}");
+                tracing::warn!("adopting the cluster's catalog: {e}");
             }
         }
     });

@@ -6,14 +6,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use pgwire::api::Type;
 
-use eddy_cluster::placement::Pinning;
-use eddy_cluster::{
-    Engine, EventLog, Kafka, KafkaConfig, LocalLog, NodeStorage, Outcome, Row, StorageConfig, Task,
-    TaskId,
-};
+use eddy_cluster::{Engine, EventLog, Kafka, LocalLog, NodeStorage, Outcome, Row, Task, TaskId};
 use eddy_planner::access::{Need, SUPERUSER};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{bind_insert, ReturningItem};
@@ -27,9 +24,12 @@ use eddy_planner::{Error, ErrorKind, Result};
 
 use crate::cells::{cell_of, pg_type, Cell, Column};
 use crate::copy::{CopyIn, CopyLines};
+use crate::histogram::Timings;
 use crate::limits::{Limit, Limits};
 use crate::query;
-use crate::subscribe::{self, ContinuousQuery, Opening, Registry, SubscriptionHandle};
+use crate::subscribe::{
+    self, ContinuousQuery, Opening, Registry, Subscription, SubscriptionHandle,
+};
 
 /// The catalog's CREATE statements, in the data directory.
 const CATALOG_FILE: &str = "catalog.sql";
@@ -161,24 +161,19 @@ pub struct Db {
     subscriptions: Arc<Registry>,
     /// The limits clients meet (`limits`), as `ALTER SYSTEM` last set them.
     pub(crate) limits: Arc<Limits>,
+    timings: Timings,
     lock: DirLock,
 }
 
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
     /// With `kafka`, Kafka is the log and the catalog topic the catalog's source.
-    pub async fn open(
-        lock: DirLock,
-        data_dir: &Path,
-        shards: usize,
-        pinning: Option<Arc<Pinning>>,
-        checkpoint_interval: std::time::Duration,
-        commit_delay: std::time::Duration,
-        kafka: Option<KafkaConfig>,
-    ) -> anyhow::Result<Arc<Db>> {
+    pub async fn open(lock: DirLock, config: &crate::serve::Config) -> anyhow::Result<Arc<Db>> {
+        let data_dir = config.data_dir.as_path();
+        let kafka = config.kafka.clone();
         std::fs::create_dir_all(data_dir)?;
         check_log_kind(data_dir, kafka.is_some())?;
-        let storage = NodeStorage::open(data_dir, StorageConfig::from_env())
+        let storage = NodeStorage::open(data_dir, config.storage)
             .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;
         let path = data_dir.join(CATALOG_FILE);
         let mut statements: Vec<String> = if path.exists() {
@@ -192,7 +187,10 @@ impl Db {
         };
         let mut publish = false;
         let log: Arc<dyn EventLog> = match kafka {
-            None => Arc::new(LocalLog::open(&data_dir.join(LOG_DIR), commit_delay)?),
+            None => Arc::new(LocalLog::open(
+                &data_dir.join(LOG_DIR),
+                config.commit_delay,
+            )?),
             Some(config) => {
                 let kafka = Kafka::connect(config)
                     .await
@@ -211,8 +209,8 @@ impl Db {
             }
         };
         let engine = Arc::new(Engine::start_pinned(
-            shards,
-            pinning,
+            config.shards,
+            config.pinning.clone(),
             log,
             Some(Arc::new(storage)),
         ));
@@ -237,7 +235,7 @@ impl Db {
             .await
             .map_err(|e| anyhow::anyhow!("replaying the log: {e}"))?;
         if replayed > 0 {
-            eprintln!("eddy: replayed {replayed} logged events");
+            tracing::info!("replayed {replayed} logged events");
         }
         // What was recovered becomes the new base: the replayed log can go.
         engine
@@ -251,18 +249,24 @@ impl Db {
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
-            limits: Arc::new(Limits::from_settings(&crate::settings::load(data_dir)?)),
+            timings: Timings::default(),
+            limits: Arc::new(Limits::from_layers(
+                &config.limits,
+                &crate::settings::load(data_dir)?,
+            )),
             lock,
         });
         let weak = Arc::downgrade(&db);
+        let checkpoint_interval = config.checkpoint_interval;
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(checkpoint_interval).await;
                 let Some(db) = weak.upgrade() else { break };
+                let started = Instant::now();
                 match db.engine.checkpoint().await {
-                    Ok(_) => {}
+                    Ok(_) => db.timings.checkpoint.record(started.elapsed()),
                     Err(_) if db.engine.is_closing() => break,
-                    Err(e) => eprintln!("eddy: checkpoint failed: {e}"),
+                    Err(e) => tracing::warn!("checkpoint failed: {e}"),
                 }
             }
         });
@@ -276,6 +280,11 @@ impl Db {
 
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().expect("catalog lock").clone()
+    }
+
+    /// The node's latency histograms (`/metrics`).
+    pub fn timings(&self) -> &Timings {
+        &self.timings
     }
 
     pub fn limits(&self) -> &Arc<Limits> {
@@ -563,10 +572,12 @@ impl Db {
         let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
         let want = plan.returning.is_some();
         let _polling = durable.then(crate::busy::Committing::start);
+        let started = Instant::now();
         let replies = self
             .engine
             .ingest(&plan.stream, rows.clone(), want, durable)
             .await?;
+        self.timings.ingest.record(started.elapsed());
         let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes[..]));
         let output = match plan.returning {
             None => Output::Command {
@@ -612,10 +623,12 @@ impl Db {
         let mut late = Vec::new();
         for (batch, passes) in &copy.batches {
             let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
+            let started = Instant::now();
             let replies = self
                 .engine
                 .ingest_with(&stream, rows, passes.as_ref(), false, durable)
                 .await?;
+            self.timings.ingest.record(started.elapsed());
             late.extend(replies.into_iter().map(|r| r.outcomes));
         }
         Ok(Executed {
@@ -1082,14 +1095,6 @@ impl Db {
             let roles = kafka.roles();
             let offsets: std::collections::HashMap<&eddy_cluster::TaskId, u64> =
                 report.iter().map(|r| (&r.task, r.log_end)).collect();
-            let task_label = |t: &eddy_cluster::TaskId| {
-                format!(
-                    "{{stream=\"{}\",partitioner=\"{}\",partition=\"{}\"}}",
-                    label(&t.stream),
-                    t.partitioner,
-                    t.partition
-                )
-            };
             family(
                 "eddy_task_active",
                 "gauge",
@@ -1139,12 +1144,59 @@ impl Db {
                     .collect(),
             );
         }
+        let per_task = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
+            report
+                .iter()
+                .map(|r| (task_label(&r.task), f(r) as f64))
+                .collect()
+        };
+        family(
+            "eddy_task_events_total",
+            "counter",
+            "Events each task of this node accepted.",
+            per_task(&|r| r.stats.accepted),
+        );
+        family(
+            "eddy_task_stored_events",
+            "gauge",
+            "Events held in each task's reservoir.",
+            per_task(&|r| r.stored_events as u64),
+        );
         let subs = self.subscriptions.list();
+        let mut per_metric = std::collections::BTreeMap::<String, f64>::new();
+        for sub in &subs {
+            let on = sub
+                .query
+                .metric
+                .as_ref()
+                .map_or(&sub.query.stream.name, |m| &m.name);
+            *per_metric.entry(on.to_string()).or_default() += 1.0;
+        }
         family(
             "eddy_subscriptions",
             "gauge",
-            "Open continuous queries.",
-            vec![(String::new(), subs.len() as f64)],
+            "Open continuous queries, by the metric (or stream) they read.",
+            per_metric
+                .into_iter()
+                .map(|(on, n)| (format!("{{metric=\"{}\"}}", label(&on)), n))
+                .collect(),
+        );
+        let per_sub = |f: &dyn Fn(&Subscription) -> u64| -> Vec<(String, f64)> {
+            subs.iter()
+                .map(|s| (format!("{{subscription=\"{}\"}}", s.id), f(s) as f64))
+                .collect()
+        };
+        family(
+            "eddy_subscription_rows_sent_total",
+            "counter",
+            "Rows each open subscription sent to its client.",
+            per_sub(&|s| s.rows_sent()),
+        );
+        family(
+            "eddy_subscription_rows_queued",
+            "gauge",
+            "Rows each open subscription holds for a reader that has not taken them yet.",
+            per_sub(&|s| s.queued() as u64),
         );
         family(
             "eddy_subscription_rows_coalesced_total",
@@ -1155,6 +1207,7 @@ impl Db {
                 subs.iter().map(|s| s.rows_coalesced()).sum::<u64>() as f64,
             )],
         );
+        self.timings.write(&mut out);
         Ok(out)
     }
 
@@ -1505,6 +1558,16 @@ fn late_notices<'a>(
         ));
     }
     out
+}
+
+/// A task's labels in `/metrics`.
+fn task_label(t: &eddy_cluster::TaskId) -> String {
+    format!(
+        "{{stream=\"{}\",partitioner=\"{}\",partition=\"{}\"}}",
+        label(&t.stream),
+        t.partitioner,
+        t.partition
+    )
 }
 
 /// `ALTER SYSTEM SET shards = n | auto | DEFAULT`, `ALTER SYSTEM RESET shards | ALL`.

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use eddy_planner::{Error, ErrorKind};
 
+use crate::config::LimitLayers;
+
 /// One limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
@@ -152,15 +154,15 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The defaults, with the values kept in `settings` (those that do not parse are
-    /// reported and left at their default).
-    pub fn from_settings(settings: &BTreeMap<String, String>) -> Limits {
+    /// The defaults, then the file's limits, the ones `ALTER SYSTEM` kept (`kept`; those
+    /// that do not parse are reported and skipped), then the environment's.
+    pub fn from_layers(layers: &LimitLayers, kept: &BTreeMap<String, String>) -> Limits {
         let limits = Limits::default();
-        for (name, value) in settings {
+        for (name, value) in layers.file.iter().chain(kept).chain(&layers.env) {
             if Limits::is_limit(name) {
                 if let Err(e) = limits.set(name, Some(value)) {
-                    eprintln!(
-                        "eddy: ignoring {name} in {}: {}",
+                    tracing::warn!(
+                        "ignoring {name} in {}: {}",
                         crate::settings::AUTO_CONF,
                         e.message
                     );
@@ -168,6 +170,11 @@ impl Limits {
             }
         }
         limits
+    }
+
+    /// Every limit's name.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        SPECS.iter().map(|s| s.name)
     }
 
     pub fn get(&self, limit: Limit) -> u64 {
@@ -266,6 +273,13 @@ fn index(limit: Limit) -> usize {
         .iter()
         .position(|s| s.limit == limit)
         .expect("every limit has a spec")
+}
+
+/// A positive size in bytes: a number, or one with kB, MB or GB (`--chunk-cache-bytes`).
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    parse(Unit::Bytes, text).map(|n| n as usize).ok_or_else(|| {
+        format!("expected a positive size: bytes, or a number with kB, MB or GB, got \"{text}\"")
+    })
 }
 
 /// A positive value in `unit`, with PostgreSQL's unit suffixes.

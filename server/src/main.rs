@@ -4,11 +4,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use std::time::Duration;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use eddy_cluster::placement::{describe, Pinning};
-use eddy_cluster::KafkaConfig;
+use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
+use eddy_server::config;
 use eddy_server::serve::{default_io_threads, run, Config};
+use eddy_storage::{ReservoirConfig, RocksConfig};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
 /// decodes, the shards drop), where glibc's arenas spent about a sixth of eddy's CPU.
@@ -29,102 +33,11 @@ struct Cli {
 #[derive(Subcommand)]
 #[allow(clippy::large_enum_variant)] // parsed once, at start
 enum Command {
-    /// Start the server (embedded single node).
-    Serve {
-        /// Address of the PostgreSQL protocol listener.
-        #[arg(long, env = "EDDY_PG_ADDR", default_value = "127.0.0.1:5433")]
-        pg_addr: SocketAddr,
-        /// Address of the HTTP listener for `GET /metrics` (Prometheus text format).
-        #[arg(long, env = "EDDY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
-        http_addr: SocketAddr,
-        /// Directory for the catalog and data.
-        #[arg(long, env = "EDDY_DATA_DIR", default_value = "data")]
-        data_dir: PathBuf,
-        /// Shard threads: a number, or `auto` for one per core less the cores kept for
-        /// the log, IO and network threads on machines of 4 cores or more. Without it,
-        /// what `ALTER SYSTEM SET shards` kept in the data directory, else `auto`.
-        #[arg(long, env = "EDDY_SHARDS", value_parser = shard_count)]
-        shards: Option<ShardCount>,
-        /// Plan shards for the machine this hwloc synthetic description or XML file
-        /// describes instead of this one (for trying plans; threads are then not pinned).
-        #[arg(long, env = "EDDY_TOPOLOGY")]
-        topology: Option<String>,
-        /// Pin each shard thread to its own PU, with its memory on the PU's NUMA node.
-        #[arg(long, env = "EDDY_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
-        pin_shards: bool,
-        /// Session threads, each a single-threaded runtime that runs its sessions' SQL,
-        /// point reads and log writes; the background runtime gets as many (default: one
-        /// per core).
-        #[arg(long, env = "EDDY_IO_THREADS")]
-        io_threads: Option<usize>,
-        /// Microseconds a session thread keeps polling its sockets after it answers,
-        /// before it sleeps: a client that sends its next statement within it is read
-        /// without a wake-up (tens of microseconds on a virtual machine). 0: never.
-        #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
-        busy_poll: u64,
-        /// Seconds between checkpoints (state flushed, log truncated).
-        #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
-        checkpoint_interval: f64,
-        /// With `synchronous_commit = off`, the longest (milliseconds) an acknowledged
-        /// event waits for the fsync that makes it durable.
-        #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = 10)]
-        commit_delay: u64,
-        /// Kafka bootstrap servers: Kafka becomes the log (cluster mode).
-        #[arg(long, env = "EDDY_KAFKA")]
-        kafka: Option<String>,
-        /// This node's id in the cluster (default: generated once, kept in the data
-        /// directory).
-        #[arg(long, env = "EDDY_NODE_ID")]
-        node_id: Option<String>,
-        /// The cluster's name: the prefix of its Kafka topics and its consumer group.
-        #[arg(long, env = "EDDY_CLUSTER", default_value = "eddy")]
-        cluster: String,
-        /// The physical machine this node runs on (default: the hostname). No two copies
-        /// of a task go to one host, so several nodes on one machine can stand for
-        /// several machines in tests.
-        #[arg(long, env = "EDDY_HOST_ID")]
-        host_id: Option<String>,
-        /// Copies of each task in cluster mode, the active one included (1: no replicas).
-        #[arg(long, env = "EDDY_REPLICAS", default_value_t = 2,
-              value_parser = clap::value_parser!(u32).range(1..=16))]
-        replicas: u32,
-        /// Seconds a silent node stays a member (cluster mode): a dead node's tasks move
-        /// to their replicas once it has passed. At least 6 (Kafka's default minimum).
-        #[arg(long, env = "EDDY_SESSION_TIMEOUT", default_value_t = 6.0)]
-        session_timeout: f64,
-        /// Where the peer service (gRPC) listens, in cluster mode; port 0: any free port.
-        #[arg(long, env = "EDDY_PEER_ADDR", default_value = "127.0.0.1:0")]
-        peer_addr: SocketAddr,
-        /// Replication factor of the topics Eddy creates.
-        #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
-        kafka_replication: i32,
-        /// A librdkafka property for every Kafka client of the node, over Eddy's own
-        /// (repeatable; in the environment, comma-separated): TLS, SASL, batching.
-        #[arg(
-            long = "kafka-property",
-            value_name = "KEY=VALUE",
-            env = "EDDY_KAFKA_PROPERTIES",
-            value_delimiter = ',',
-            value_parser = key_value
-        )]
-        kafka_properties: Vec<(String, String)>,
-        /// A file whose first line is the superuser `eddy`'s password (or the
-        /// `EDDY_PASSWORD` environment variable): clients then authenticate with
-        /// SCRAM-SHA-256. It replaces the secret kept in the data directory; without
-        /// either, the kept one applies, and with none Eddy trusts loopback clients only.
-        #[arg(long, env = "EDDY_PASSWORD_FILE")]
-        password_file: Option<PathBuf>,
-        /// A PEM file with the server's certificate chain: clients that ask (psql
-        /// `sslmode=require`, pgjdbc `ssl=true`) get TLS. Needs --tls-key.
-        #[arg(long, env = "EDDY_TLS_CERT", requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// A PEM file with the certificate's private key.
-        #[arg(long, env = "EDDY_TLS_KEY", requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-        /// Refuse clients that do not use TLS (FATAL 28000).
-        #[arg(long, env = "EDDY_TLS_REQUIRED")]
-        tls_required: bool,
-    },
+    /// Start the server (embedded single node, or a cluster node with --kafka).
+    Serve(ServeArgs),
+    /// Print the configuration `eddy serve` would run with, given the same flags, as an
+    /// eddy.toml: every setting and limit with its value and where the value came from.
+    Config(ServeArgs),
     /// Print the machine as hwloc sees it, where the shards would run, and what a hop
     /// between NUMA nodes costs.
     Topology {
@@ -141,6 +54,148 @@ enum Command {
     },
 }
 
+/// The settings of `eddy serve`. Each is a flag, an environment variable, and a key of
+/// eddy.toml (`config.rs`), strongest first.
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A TOML file of settings (keys as the flags, without dashes) and a [limits] table.
+    #[arg(long, env = eddy_server::config::ENV)]
+    config: Option<PathBuf>,
+
+    /// Address of the PostgreSQL protocol listener.
+    #[arg(long, env = "EDDY_PG_ADDR", default_value = "127.0.0.1:5433")]
+    pg_addr: SocketAddr,
+    /// Address of the HTTP listener for `GET /metrics` (Prometheus text format).
+    #[arg(long, env = "EDDY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+    http_addr: SocketAddr,
+    /// Directory for the catalog and data.
+    #[arg(long, env = "EDDY_DATA_DIR", default_value = "data")]
+    data_dir: PathBuf,
+    /// Shard threads: a number, or `auto` for one per core less the cores kept for
+    /// the log, IO and network threads on machines of 4 cores or more. Without it,
+    /// what `ALTER SYSTEM SET shards` kept in the data directory, else `auto`.
+    #[arg(long, env = "EDDY_SHARDS", value_parser = shard_count)]
+    shards: Option<ShardCount>,
+    /// Plan shards for the machine this hwloc synthetic description or XML file
+    /// describes instead of this one (for trying plans; threads are then not pinned).
+    #[arg(long, env = "EDDY_TOPOLOGY")]
+    topology: Option<String>,
+    /// Pin each shard thread to its own PU, with its memory on the PU's NUMA node.
+    #[arg(long, env = "EDDY_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pin_shards: bool,
+    /// Session threads, each a single-threaded runtime that runs its sessions' SQL,
+    /// point reads and log writes; the background runtime gets as many (default: one
+    /// per core).
+    #[arg(long, env = "EDDY_IO_THREADS")]
+    io_threads: Option<usize>,
+    /// Microseconds a session thread keeps polling its sockets after it answers,
+    /// before it sleeps: a client that sends its next statement within it is read
+    /// without a wake-up (tens of microseconds on a virtual machine). 0: never.
+    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
+    busy_poll: u64,
+    /// Seconds between checkpoints (state flushed, log truncated).
+    #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
+    checkpoint_interval: f64,
+    /// With `synchronous_commit = off`, the longest (milliseconds) an acknowledged
+    /// event waits for the fsync that makes it durable.
+    #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = 10)]
+    commit_delay: u64,
+    /// Kafka bootstrap servers: Kafka becomes the log (cluster mode).
+    #[arg(long, env = "EDDY_KAFKA")]
+    kafka: Option<String>,
+    /// This node's id in the cluster (default: generated once, kept in the data
+    /// directory).
+    #[arg(long, env = "EDDY_NODE_ID")]
+    node_id: Option<String>,
+    /// The cluster's name: the prefix of its Kafka topics and its consumer group.
+    #[arg(long, env = "EDDY_CLUSTER", default_value = "eddy")]
+    cluster: String,
+    /// The physical machine this node runs on (default: the hostname). No two copies
+    /// of a task go to one host, so several nodes on one machine can stand for
+    /// several machines in tests.
+    #[arg(long, env = "EDDY_HOST_ID")]
+    host_id: Option<String>,
+    /// Copies of each task in cluster mode, the active one included (1: no replicas).
+    #[arg(long, env = "EDDY_REPLICAS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    replicas: u32,
+    /// Seconds a silent node stays a member (cluster mode): a dead node's tasks move
+    /// to their replicas once it has passed. At least 6 (Kafka's default minimum).
+    #[arg(long, env = "EDDY_SESSION_TIMEOUT", default_value_t = 6.0)]
+    session_timeout: f64,
+    /// Where the peer service (gRPC) listens, in cluster mode; port 0: any free port.
+    #[arg(long, env = "EDDY_PEER_ADDR", default_value = "127.0.0.1:0")]
+    peer_addr: SocketAddr,
+    /// Replication factor of the topics Eddy creates.
+    #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
+    kafka_replication: i32,
+    /// A librdkafka property for every Kafka client of the node, over Eddy's own
+    /// (repeatable; in the environment, comma-separated): TLS, SASL, batching.
+    #[arg(
+        long = "kafka-property",
+        value_name = "KEY=VALUE",
+        env = "EDDY_KAFKA_PROPERTIES",
+        value_delimiter = ',',
+        value_parser = key_value
+    )]
+    kafka_properties: Vec<(String, String)>,
+    /// A file whose first line is the superuser `eddy`'s password (or the
+    /// `EDDY_PASSWORD` environment variable): clients then authenticate with
+    /// SCRAM-SHA-256. It replaces the secret kept in the data directory; without
+    /// either, the kept one applies, and with none Eddy trusts loopback clients only.
+    #[arg(long, env = "EDDY_PASSWORD_FILE")]
+    password_file: Option<PathBuf>,
+    /// A PEM file with the server's certificate chain: clients that ask (psql
+    /// `sslmode=require`, pgjdbc `ssl=true`) get TLS. Needs --tls-key.
+    #[arg(long, env = "EDDY_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// A PEM file with the certificate's private key.
+    #[arg(long, env = "EDDY_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Refuse clients that do not use TLS (FATAL 28000).
+    #[arg(long, env = "EDDY_TLS_REQUIRED")]
+    tls_required: bool,
+    /// Log lines as `text` or `json` (one object per line, with span fields).
+    #[arg(long, env = "EDDY_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
+    /// What to log: a level (`error`, `warn`, `info`, `debug`, `trace`) or a tracing
+    /// filter (`info,eddy_cluster=debug`).
+    #[arg(long, env = "EDDY_LOG", default_value = "info")]
+    log: String,
+    /// Statements that take longer (milliseconds) are logged, with their text and
+    /// session; 0 logs every statement, -1 none.
+    #[arg(long, env = "EDDY_SLOW_STATEMENT_MS", default_value_t = 1000,
+          allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    slow_statement_ms: i64,
+    /// Approximate in-memory bytes of the events sealed into one reservoir chunk.
+    #[arg(long, env = "EDDY_CHUNK_BYTES_MAX", default_value = "512kB", value_parser = bytes)]
+    chunk_bytes_max: usize,
+    /// Bytes of one reservoir segment file.
+    #[arg(long, env = "EDDY_SEGMENT_BYTES_MAX", default_value = "64MB", value_parser = bytes)]
+    segment_bytes_max: usize,
+    /// Bytes of decoded chunks each task keeps in memory.
+    #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "2MB", value_parser = bytes)]
+    chunk_cache_bytes: usize,
+    /// Group states in the write-back cache (L1), per GroupBy node of a task.
+    #[arg(long, env = "EDDY_L1_ENTRIES", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    l1_entries: u64,
+    /// Group states in the write-through cache (L2), per GroupBy node of a task (0: none).
+    #[arg(long, env = "EDDY_L2_ENTRIES", default_value_t = 1 << 20)]
+    l2_entries: usize,
+    /// Bytes of one RocksDB memtable (each column family has at most two).
+    #[arg(long, env = "EDDY_ROCKSDB_WRITE_BUFFER_BYTES", default_value = "16MB", value_parser = bytes)]
+    rocksdb_write_buffer_bytes: usize,
+    /// Bytes of the RocksDB block cache all column families share.
+    #[arg(long, env = "EDDY_ROCKSDB_BLOCK_CACHE_BYTES", default_value = "32MB", value_parser = bytes)]
+    rocksdb_block_cache_bytes: usize,
+}
+
+fn bytes(s: &str) -> Result<usize, String> {
+    eddy_server::limits::parse_bytes(s)
+}
+
 /// `--shards`: a number of shards, or `auto` (`None`).
 #[derive(Clone, Copy, Debug)]
 struct ShardCount(Option<usize>);
@@ -149,13 +204,15 @@ fn shard_count(s: &str) -> Result<ShardCount, String> {
     eddy_server::settings::parse_shards(s).map(ShardCount)
 }
 
-/// `--shards`, else the count `ALTER SYSTEM` kept in the data directory, else `auto`.
+/// `--shards` (or `EDDY_SHARDS`), else the count `ALTER SYSTEM` kept in the data
+/// directory, else eddy.toml's (`from_file`), else `auto`.
 fn shards_setting(
-    flag: Option<ShardCount>,
+    given: Option<ShardCount>,
+    from_file: bool,
     data_dir: &std::path::Path,
 ) -> anyhow::Result<ShardCount> {
-    if let Some(flag) = flag {
-        return Ok(flag);
+    if let (Some(given), false) = (given, from_file) {
+        return Ok(given);
     }
     let kept = eddy_server::settings::load(data_dir)?;
     match kept.get("shards") {
@@ -165,7 +222,7 @@ fn shards_setting(
                 data_dir.join(eddy_server::settings::AUTO_CONF).display()
             )
         }),
-        None => Ok(ShardCount(None)),
+        None => Ok(given.unwrap_or(ShardCount(None))),
     }
 }
 
@@ -182,14 +239,14 @@ fn placement(
         Ok(p) => p,
         Err(e) if topology.is_some() => anyhow::bail!(e),
         Err(e) => {
-            eprintln!("eddy: cannot read this machine's topology ({e}); shards run unpinned");
+            tracing::warn!("cannot read this machine's topology ({e}); shards run unpinned");
             return Ok((shards.0.unwrap_or_else(cores), None));
         }
     };
     let count = pinning.plan.shards.len();
     if !pinning.is_this_machine() {
-        eprintln!(
-            "eddy: {count} shards planned for {}; they are not pinned on this machine",
+        tracing::warn!(
+            "{count} shards planned for {}; they are not pinned on this machine",
             pinning.machine.source
         );
         return Ok((count, None));
@@ -198,7 +255,18 @@ fn placement(
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let file = match config::path_in(&args) {
+        Some(path) => Some(config::load(&path)?),
+        None => None,
+    };
+    let mut command = Cli::command();
+    if let Some(file) = &file {
+        command = config::apply(command, &["serve", "config"], file)?;
+    }
+    let matches = command.clone().get_matches_from(&args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let limits = config::LimitLayers::of(file.as_ref())?;
     match cli.command {
         Command::Topology {
             topology,
@@ -210,93 +278,109 @@ fn main() -> anyhow::Result<()> {
             print!("{}", describe(&pinning.machine, &pinning.plan, tasks));
             Ok(())
         }
-        Command::Serve {
-            pg_addr,
-            http_addr,
-            data_dir,
-            shards,
-            topology,
-            pin_shards,
-            io_threads,
-            busy_poll,
-            checkpoint_interval,
-            commit_delay,
-            kafka,
-            node_id,
-            cluster,
-            kafka_replication,
-            kafka_properties,
-            host_id,
-            replicas,
-            session_timeout,
-            peer_addr,
-            password_file,
-            tls_cert,
-            tls_key,
-            tls_required,
-        } => {
-            let password = match password_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(&path)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
-                        .lines()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string(),
-                ),
-                None => std::env::var("EDDY_PASSWORD").ok(),
-            };
-            let shards = shards_setting(shards, &data_dir)?;
-            let (shards, pinning) = placement(shards, topology.as_deref(), pin_shards)?;
-            // The threads started from here on (the runtime's, the log's, RocksDB's)
-            // inherit the service PUs; each shard binds itself to its own.
-            if let Some(Err(e)) = pinning.as_ref().map(|p| p.pin_service(false)) {
-                eprintln!("eddy: the service threads run unpinned: {e}");
-            }
-            let kafka = match kafka {
-                Some(brokers) => Some(KafkaConfig {
-                    brokers,
-                    node: match node_id {
-                        Some(id) => id,
-                        None => node_id_of(&data_dir)?,
-                    },
-                    cluster,
-                    replication: kafka_replication,
-                    properties: kafka_properties,
-                    host: host_id.unwrap_or_else(hostname),
-                    replicas: replicas as usize,
-                    processors: shards as u32,
-                    session_timeout: std::time::Duration::from_secs_f64(session_timeout.max(1.0)),
-                    pg_addr: pg_addr.to_string(),
-                    peer_addr,
-                }),
-                None => None,
-            };
-            let io_threads = io_threads.unwrap_or_else(default_io_threads).max(1);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(io_threads)
-                .enable_all()
-                .thread_name("eddy-io")
-                .build()?;
-            runtime.block_on(run(Config {
-                pg_addr,
-                http_addr: Some(http_addr),
-                data_dir,
-                shards,
-                pinning,
-                checkpoint_interval: std::time::Duration::from_secs_f64(
-                    checkpoint_interval.max(0.01),
-                ),
-                commit_delay: std::time::Duration::from_millis(commit_delay),
-                kafka,
-                session_threads: io_threads,
-                busy_poll: std::time::Duration::from_micros(busy_poll),
-                password,
-                tls: tls_cert.zip(tls_key),
-                tls_required,
-            }))
+        Command::Config(args) => {
+            let (name, sub) = matches.subcommand().expect("a subcommand was parsed");
+            let kept = eddy_server::settings::load(&args.data_dir)?;
+            // The declared order: the file's defaults moved its arguments to the end.
+            let declared = Cli::command();
+            let command = declared
+                .find_subcommand(name)
+                .expect("the parsed subcommand");
+            print!("{}", config::describe(command, sub, file.as_ref(), &kept));
+            Ok(())
+        }
+        Command::Serve(args) => {
+            let shards_from_file = matches
+                .subcommand_matches("serve")
+                .and_then(|m| m.value_source("shards"))
+                == Some(clap::parser::ValueSource::DefaultValue);
+            serve(args, shards_from_file, limits)
         }
     }
+}
+
+fn serve(
+    args: ServeArgs,
+    shards_from_file: bool,
+    limits: config::LimitLayers,
+) -> anyhow::Result<()> {
+    eddy_server::log::init(&args.log, &args.log_format, args.slow_statement_ms)?;
+    let password = match &args.password_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        None => std::env::var("EDDY_PASSWORD").ok(),
+    };
+    let data_dir = args.data_dir;
+    let shards = shards_setting(args.shards, shards_from_file, &data_dir)?;
+    let (shards, pinning) = placement(shards, args.topology.as_deref(), args.pin_shards)?;
+    // The threads started from here on (the runtime's, the log's, RocksDB's) inherit the
+    // service PUs; each shard binds itself to its own.
+    if let Some(Err(e)) = pinning.as_ref().map(|p| p.pin_service(false)) {
+        tracing::warn!("the service threads run unpinned: {e}");
+    }
+    let kafka = match args.kafka {
+        Some(brokers) => Some(KafkaConfig {
+            brokers,
+            node: match args.node_id {
+                Some(id) => id,
+                None => node_id_of(&data_dir)?,
+            },
+            cluster: args.cluster,
+            replication: args.kafka_replication,
+            properties: args.kafka_properties,
+            host: args.host_id.unwrap_or_else(hostname),
+            replicas: args.replicas as usize,
+            processors: shards as u32,
+            session_timeout: Duration::from_secs_f64(args.session_timeout.max(1.0)),
+            pg_addr: args.pg_addr.to_string(),
+            peer_addr: args.peer_addr,
+        }),
+        None => None,
+    };
+    let storage = StorageConfig {
+        reservoir: ReservoirConfig {
+            chunk_bytes_max: args.chunk_bytes_max,
+            segment_bytes_max: args.segment_bytes_max as u64,
+            cache_bytes_max: args.chunk_cache_bytes,
+        },
+        cache: CacheConfig {
+            l1_entries: args.l1_entries as usize,
+            l2_entries: args.l2_entries,
+        },
+        rocks: RocksConfig {
+            write_buffer_bytes: args.rocksdb_write_buffer_bytes.max(1 << 16),
+            block_cache_bytes: args.rocksdb_block_cache_bytes,
+        },
+    };
+    let io_threads = args.io_threads.unwrap_or_else(default_io_threads).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(io_threads)
+        .enable_all()
+        .thread_name("eddy-io")
+        .build()?;
+    runtime.block_on(run(Config {
+        pg_addr: args.pg_addr,
+        http_addr: Some(args.http_addr),
+        data_dir,
+        shards,
+        pinning,
+        checkpoint_interval: Duration::from_secs_f64(args.checkpoint_interval.max(0.01)),
+        commit_delay: Duration::from_millis(args.commit_delay),
+        kafka,
+        session_threads: io_threads,
+        busy_poll: Duration::from_micros(args.busy_poll),
+        password,
+        tls: args.tls_cert.zip(args.tls_key),
+        tls_required: args.tls_required,
+        storage,
+        limits,
+    }))
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {

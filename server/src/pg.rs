@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt};
@@ -35,6 +35,7 @@ use pgwire::messages::response::TransactionStatus;
 use pgwire::messages::PgWireBackendMessage;
 use pgwire::types::format::FormatOptions;
 use postgres_types::FromSql;
+use tracing::Instrument;
 
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::sql::{self, quote_literal, CopyOut, Fetch, Statement};
@@ -47,6 +48,7 @@ use crate::cells::{
 use crate::copy::{CopyIn, CopyLines};
 use crate::db::{Db, Executed, Output};
 use crate::deferred::Deferred;
+use crate::histogram::Kind;
 use crate::limits::{Limit, Limits};
 use crate::prepared::{Bound, Fast, Prepared};
 use crate::query;
@@ -450,6 +452,13 @@ impl Session {
             Fast::General => return Ok(()),
         };
         catalog.access.check(catalog.as_ref(), role, &[need])
+    }
+
+    /// Counts a statement's time in its histogram, and logs it when slow.
+    fn finished(&self, kind: Kind, sql: &str, started: Instant) {
+        let elapsed = started.elapsed();
+        self.db.timings().statement(kind, elapsed);
+        crate::log::statement_done(sql, elapsed);
     }
 
     /// Statements that belong to the session (cursors, settings, transaction ends), and
@@ -883,7 +892,11 @@ impl SimpleQueryHandler for Session {
                     .await
                     .map(|_| Vec::new());
             }
-            match self.run(client, stmt).await {
+            let (kind, started) = (Kind::of(&stmt), Instant::now());
+            let span = tracing::debug_span!("statement", sql = %text);
+            let result = self.run(client, stmt).instrument(span).await;
+            self.finished(kind, &text, started);
+            match result {
                 Ok(executed) => {
                     send_notices(client, &executed.notices).await?;
                     let is_copy = matches!(executed.output, Output::CopyIn(_));
@@ -1482,7 +1495,12 @@ impl ExtendedQueryHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        match self.execute_portal(client, portal).await {
+        let prepared = &portal.statement.statement;
+        let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
+        let span = tracing::debug_span!("statement", sql = %prepared.text);
+        let result = self.execute_portal(client, portal).instrument(span).await;
+        self.finished(kind, &prepared.text, started);
+        match result {
             Ok(executed) => {
                 send_notices(client, &executed.notices).await?;
                 Ok(self.respond(executed, &|i| portal.result_column_format.format_for(i)))

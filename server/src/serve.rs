@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pgwire::api::ConnectionManager;
 use tokio::net::TcpListener;
+use tracing::Instrument;
 
 use crate::db::Db;
 use crate::pg::Handlers;
@@ -39,6 +40,10 @@ pub struct Config {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Refuse clients that do not use TLS.
     pub tls_required: bool,
+    /// The bounds of the state store's caches and the reservoirs' chunks.
+    pub storage: eddy_cluster::StorageConfig,
+    /// The limits from `eddy.toml` and the environment (`ALTER SYSTEM`'s go between).
+    pub limits: crate::config::LimitLayers,
 }
 
 /// A running server: its bound address and the handle to stop it.
@@ -73,16 +78,7 @@ impl Server {
             }
             None => (None, None),
         };
-        let db = Db::open(
-            lock,
-            &config.data_dir,
-            config.shards,
-            config.pinning.clone(),
-            config.checkpoint_interval,
-            config.commit_delay,
-            config.kafka.clone(),
-        )
-        .await?;
+        let db = Db::open(lock, config).await?;
         crate::cluster::follow_catalog(&db);
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
@@ -99,6 +95,8 @@ impl Server {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
         let metrics_db = db.clone();
+        let node = tracing::info_span!("node", id = %node_name(config));
+        let accepting = node.clone();
         let task = tokio::spawn(async move {
             // Every connection's task, so that stopping ends them all.
             let mut open = tokio::task::JoinSet::new();
@@ -134,6 +132,8 @@ impl Server {
                         let manager = manager.clone();
                         let secrets = secrets.clone();
                         let door = door.clone();
+                        let client = socket.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                        let session = tracing::info_span!(parent: &node, "session", client);
                         open.spawn_on(async move {
                             let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
                                 return;
@@ -142,14 +142,14 @@ impl Server {
                             let handlers =
                                 Handlers::new(db, manager, peer_of(&socket), secrets.as_ref());
                             crate::wire::serve(door, socket, handlers).await;
-                        }, sessions.next());
+                        }.instrument(session), sessions.next());
                     }
                     Some(_) = open.join_next(), if !open.is_empty() => {}
                 }
             }
             open.shutdown().await;
             sessions.stop().await;
-        });
+        }.instrument(accepting));
         Ok(Server {
             addr,
             http_addr,
@@ -168,17 +168,17 @@ impl Server {
             let started = std::time::Instant::now();
             match kafka.hand_over().await {
                 Ok(0) => {}
-                Ok(n) => eprintln!(
-                    "eddy: handed over {n} tasks to their replicas in {} ms",
+                Ok(n) => tracing::info!(
+                    "handed over {n} tasks to their replicas in {} ms",
                     started.elapsed().as_millis()
                 ),
-                Err(e) => eprintln!("eddy: handing over the tasks: {e}"),
+                Err(e) => tracing::warn!("handing over the tasks: {e}"),
             }
         }
         let _ = self.stop.send(true);
         let _ = self.task.await;
         if let Err(e) = self.db.engine().last_checkpoint().await {
-            eprintln!("eddy: the checkpoint at shutdown failed: {e}");
+            tracing::warn!("the checkpoint at shutdown failed: {e}");
         }
         // The directory stays locked until the state store is closed.
         let (engine, lock) = match sole(self.db).await {
@@ -192,7 +192,7 @@ impl Server {
             Ok(engine) => engine.shutdown(),
             // Still shared (a stuck blocking call): quiet what can be quieted.
             Err(engine) => {
-                eprintln!("eddy: the engine is still in use 10 s into the shutdown");
+                tracing::warn!("the engine is still in use 10 s into the shutdown");
                 engine.close()
             }
         });
@@ -324,6 +324,11 @@ fn peer_of(socket: &tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
     tokio::net::TcpStream::from_std(std_stream).ok()
 }
 
+/// The node's name in the log: its cluster id, or `local` for the embedded node.
+fn node_name(config: &Config) -> &str {
+    config.kafka.as_ref().map_or("local", |k| k.node.as_str())
+}
+
 /// Runs until a signal, then stops cleanly.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(&config).await?;
@@ -331,10 +336,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let interrupt = tokio::signal::ctrl_c();
     if let Some(http) = server.http_addr {
-        eprintln!("eddy: metrics on http://{http}/metrics");
+        tracing::info!("metrics on http://{http}/metrics");
     }
-    eprintln!(
-        "eddy: listening on {} (PostgreSQL protocol), data dir {}, {} shard{}",
+    tracing::info!(
+        "listening on {} (PostgreSQL protocol), data dir {}, {} shard{}",
         server.addr,
         config.data_dir.display(),
         config.shards,
@@ -344,7 +349,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         _ = interrupt => {}
         _ = term.recv() => {}
     }
-    eprintln!("eddy: shutting down");
+    tracing::info!("shutting down");
     // A stop that hangs (a broker gone away) must not keep the process alive forever.
     if tokio::time::timeout(std::time::Duration::from_secs(60), server.stop())
         .await

@@ -38,40 +38,6 @@ pub struct StorageConfig {
     pub rocks: RocksConfig,
 }
 
-impl StorageConfig {
-    /// The defaults, overridden by `EDDY_CHUNK_BYTES_MAX`, `EDDY_SEGMENT_BYTES_MAX`,
-    /// `EDDY_CHUNK_CACHE_BYTES`, `EDDY_L1_ENTRIES`, `EDDY_L2_ENTRIES`,
-    /// `EDDY_ROCKSDB_WRITE_BUFFER_BYTES` and `EDDY_ROCKSDB_BLOCK_CACHE_BYTES`.
-    pub fn from_env() -> StorageConfig {
-        fn var<T: std::str::FromStr>(name: &str, default: T) -> T {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(default)
-        }
-        let d = StorageConfig::default();
-        StorageConfig {
-            reservoir: ReservoirConfig {
-                chunk_bytes_max: var("EDDY_CHUNK_BYTES_MAX", d.reservoir.chunk_bytes_max).max(1),
-                segment_bytes_max: var("EDDY_SEGMENT_BYTES_MAX", d.reservoir.segment_bytes_max),
-                cache_bytes_max: var("EDDY_CHUNK_CACHE_BYTES", d.reservoir.cache_bytes_max),
-            },
-            cache: CacheConfig {
-                l1_entries: var("EDDY_L1_ENTRIES", d.cache.l1_entries).max(1),
-                l2_entries: var("EDDY_L2_ENTRIES", d.cache.l2_entries),
-            },
-            rocks: RocksConfig {
-                write_buffer_bytes: var(
-                    "EDDY_ROCKSDB_WRITE_BUFFER_BYTES",
-                    d.rocks.write_buffer_bytes,
-                )
-                .max(1 << 16),
-                block_cache_bytes: var("EDDY_ROCKSDB_BLOCK_CACHE_BYTES", d.rocks.block_cache_bytes),
-            },
-        }
-    }
-}
-
 /// A node's transfer counters, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct TransferStats {

@@ -203,7 +203,7 @@ impl Started {
 /// Binds the calling shard thread to its place, or says why it cannot.
 fn pin(pinning: Option<&Pinning>, index: usize) {
     if let Some(Err(e)) = pinning.map(|p| p.pin_shard(index)) {
-        eprintln!("eddy: shard {index} runs unpinned: {e}");
+        tracing::warn!("shard {index} runs unpinned: {e}");
     }
 }
 
@@ -488,7 +488,7 @@ impl Shards {
         }
         // Every thread to the service PUs first; each shard then binds itself again.
         if let Some(Err(e)) = pinning.as_ref().map(|p| p.pin_service(true)) {
-            eprintln!("eddy: the service threads run unpinned: {e}");
+            tracing::warn!("the service threads run unpinned: {e}");
         }
         // Each shard lets go of the tasks it no longer runs, after the commands queued
         // before (nothing can be queued meanwhile: the set is locked).
@@ -708,7 +708,7 @@ impl Shard {
             // Its files do not match its record (a crash during a transfer from a peer):
             // the task starts empty, and its log (or a peer) brings it back.
             Err(e) if meta.is_some() => {
-                eprintln!("eddy: task {id:?} starts empty: {e}");
+                tracing::warn!(task = ?id, "the task starts empty: {e}");
                 self.open_from(id, stream, p, None)
             }
             Err(e) => Err(e),
@@ -785,9 +785,7 @@ impl Shard {
         let mut task = match installed {
             Ok(task) => task,
             Err(e) => {
-                eprintln!(
-                    "eddy: installing a checkpoint of task {id:?} failed, it starts empty: {e}"
-                );
+                tracing::warn!(task = ?id, "installing a checkpoint failed, the task starts empty: {e}");
                 let _ =
                     storage
                         .store

@@ -74,7 +74,7 @@ pub fn start(engine: &Arc<Engine>) -> Result<()> {
             .serve_with_incoming(incoming)
             .await;
         if let Err(e) = served {
-            eprintln!("eddy: the peer service stopped: {e}");
+            tracing::warn!("the peer service stopped: {e}");
         }
     });
     let peers = Arc::new(Peers {
@@ -688,7 +688,7 @@ async fn recover_task(
                 stats
                     .rejected
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                eprintln!("eddy: recovering task {task:?} from node {node}: {e}");
+                tracing::warn!(task = ?task, node = %node, "recovering the task from a peer: {e}");
                 continue;
             }
         };
@@ -698,13 +698,16 @@ async fn recover_task(
                 stats
                     .installed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                eprintln!(
-                    "eddy: task {}/{}/{} recovered from node {node}: offset {end}, {received} bytes received, {reused} kept",
+                tracing::info!(
+                    task = ?task,
+                    "task {}/{}/{} recovered from node {node}: offset {end}, {received} bytes received, {reused} kept",
                     task.stream, task.partitioner, task.partition
                 );
                 return Some(end);
             }
-            Err(e) => eprintln!("eddy: installing task {task:?} from node {node}: {e}"),
+            Err(e) => {
+                tracing::warn!(task = ?task, node = %node, "installing the task from a peer: {e}")
+            }
         }
     }
     None

@@ -33,6 +33,8 @@ pub async fn start(dir: &Path) -> Server {
         password: None,
         tls: None,
         tls_required: false,
+        storage: Default::default(),
+        limits: Default::default(),
     })
     .await
     .unwrap()

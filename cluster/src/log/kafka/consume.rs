@@ -160,7 +160,7 @@ impl Kafka {
         let done = || Ok(made.load(Ordering::Acquire) >= asked);
         let late = || Error::internal("kafka: the task consumer did not follow the catalog");
         if let Err(e) = super::config::wait_until(60, done, late).await {
-            eprintln!("eddy: {e}");
+            tracing::warn!("{e}");
         }
     }
 
@@ -411,7 +411,7 @@ impl Kafka {
                 self.stats.assignments.fetch_add(1, Ordering::Relaxed);
                 self.tasks.reassigns_made.fetch_max(asked, Ordering::AcqRel);
             }
-            Err(e) => eprintln!("eddy: kafka: assigning partitions: {e}"),
+            Err(e) => tracing::warn!("kafka: assigning partitions: {e}"),
         }
     }
 
@@ -433,7 +433,7 @@ impl Kafka {
                         RDKafkaErrorCode::UnknownTopicOrPartition,
                     ))) => break,
                     Some(Err(e)) => {
-                        eprintln!("eddy: kafka: consuming: {e}");
+                        tracing::warn!("kafka: consuming: {e}");
                         break;
                     }
                     None => break,
@@ -504,8 +504,8 @@ impl Kafka {
                     }
                     *next = m.offset() + 1;
                     let Some(row) = m.payload().and_then(codec::decode_row) else {
-                        eprintln!(
-                            "eddy: kafka: an unreadable event at {topic}/{partition}@{}",
+                        tracing::warn!(
+                            "kafka: an unreadable event at {topic}/{partition}@{}",
                             m.offset()
                         );
                         continue;

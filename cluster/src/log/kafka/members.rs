@@ -254,7 +254,7 @@ impl Kafka {
                     let _ = producer.flush(Duration::from_secs(5));
                     published = Some((Instant::now(), plan));
                 }
-                Err((e, _)) => eprintln!("eddy: kafka: publishing the plan: {e}"),
+                Err((e, _)) => tracing::warn!("kafka: publishing the plan: {e}"),
             }
         }
         // Leaving the group at once, rather than when the session times out, moves this
@@ -278,7 +278,7 @@ impl Kafka {
                     self.members.view.write().expect("view lock").plan = plan.clone();
                     self.apply_plan(&plan);
                 }
-                Err(e) => eprintln!("eddy: kafka: an unreadable plan: {e}"),
+                Err(e) => tracing::warn!("kafka: an unreadable plan: {e}"),
             }
         }
     }

@@ -228,7 +228,7 @@ impl Kafka {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                eprintln!("eddy: kafka: a consumer did not close within 20 s; not waiting");
+                tracing::warn!("kafka: a consumer did not close within 20 s; not waiting");
             }
         }
     }
@@ -348,7 +348,7 @@ impl EventLog for Kafka {
             // catalog from its topic) has placed them.
             if self.in_cluster() {
                 if let Err(e) = self.await_plan(next).await {
-                    eprintln!("eddy: {e}");
+                    tracing::warn!("{e}");
                 }
             }
             Ok(())

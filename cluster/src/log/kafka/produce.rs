@@ -84,7 +84,7 @@ impl ProducerContext for ReplyContext {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
             self.stats.replies_failed.fetch_add(1, Ordering::Relaxed);
-            eprintln!("eddy: kafka: replying: {e}");
+            tracing::warn!("kafka: replying: {e}");
         }
     }
 }
@@ -364,7 +364,7 @@ pub(super) fn send_replies(
             }
             Err((e, _)) => {
                 stats.replies_failed.fetch_add(1, Ordering::Relaxed);
-                eprintln!("eddy: kafka: replying: {e}");
+                tracing::warn!("kafka: replying: {e}");
             }
         }
     }

@@ -119,12 +119,12 @@ impl Kafka {
         let consumer: BaseConsumer = match self.config.member(&group).create() {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("eddy: kafka: the consumer of {}: {e}", source.topic);
+                tracing::warn!("kafka: the consumer of {}: {e}", source.topic);
                 return;
             }
         };
         if let Err(e) = consumer.subscribe(&[&source.topic]) {
-            eprintln!("eddy: kafka: subscribing to {}: {e}", source.topic);
+            tracing::warn!("kafka: subscribing to {}: {e}", source.topic);
             return;
         }
         let stopped = || stop.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire);
@@ -135,7 +135,7 @@ impl Kafka {
                 match consumer.poll(wait) {
                     Some(Ok(m)) => batch.push(m.detach()),
                     Some(Err(e)) => {
-                        eprintln!("eddy: kafka: consuming {}: {e}", source.topic);
+                        tracing::warn!("kafka: consuming {}: {e}", source.topic);
                         break;
                     }
                     None => break,
@@ -159,7 +159,7 @@ impl Kafka {
                             &origin,
                         ));
                         if let Err(e) = sent {
-                            eprintln!("eddy: kafka: {e}");
+                            tracing::warn!("kafka: {e}");
                         }
                     }
                 }
@@ -170,7 +170,7 @@ impl Kafka {
                 .collect();
             while let Err(e) = runtime.block_on(self.publisher.send_events(&stream, &events, None))
             {
-                eprintln!("eddy: kafka: ingesting {}: {e}; retrying", source.topic);
+                tracing::warn!("kafka: ingesting {}: {e}; retrying", source.topic);
                 if stopped() {
                     return;
                 }
@@ -185,7 +185,7 @@ impl Kafka {
                 let _ = tpl.add_partition_offset(&topic, partition, Offset::Offset(end));
             }
             if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                eprintln!("eddy: kafka: committing {}: {e}", source.topic);
+                tracing::warn!("kafka: committing {}: {e}", source.topic);
             }
         }
     }
