@@ -85,13 +85,15 @@ struct Node {
     users: Vec<String>,
 }
 
-/// Appends the children of `prefix` (depth-first, in numbering order) to `out`.
+/// Visits the children of `parent` (its key `prefix`), depth-first in numbering order:
+/// `visit(parent, node, depth)`.
 fn walk(
     nodes: &[(Vec<String>, Node)],
     prefix: &[String],
+    parent: Option<&Node>,
     visible: &dyn Fn(&Node) -> bool,
     partitioner: usize,
-    out: &mut Vec<String>,
+    visit: &mut dyn FnMut(Option<&Node>, &Node, usize),
 ) {
     let depth = prefix.len();
     for (key, node) in nodes {
@@ -99,20 +101,21 @@ fn walk(
         if !child || node.partitioner != partitioner || !visible(node) {
             continue;
         }
-        let users = if node.depth == 3 {
-            format!(" -> {}", node.users.join(", "))
-        } else {
-            format!("  [{}]", node.users.join(", "))
-        };
-        out.push(format!(
-            "{}{} {}{}",
-            "  ".repeat(depth + 2),
-            node.id,
-            node.label,
-            users
-        ));
+        visit(parent, node, depth);
         if depth < 3 {
-            walk(nodes, key, visible, partitioner, out);
+            walk(nodes, key, Some(node), visible, partitioner, visit);
+        }
+    }
+}
+
+impl Node {
+    /// Who uses the node: the metrics of a shared node, the result columns of an
+    /// aggregator.
+    fn users_text(&self) -> String {
+        if self.depth == 3 {
+            format!(" -> {}", self.users.join(", "))
+        } else {
+            format!("  [{}]", self.users.join(", "))
         }
     }
 }
@@ -242,12 +245,79 @@ impl StreamDag {
         let mut lines = Vec::new();
         for p in 0..self.stream.partitioner_count() {
             let mut part = Vec::new();
-            walk(&nodes, &[], &visible, p, &mut part);
+            walk(&nodes, &[], None, &visible, p, &mut |_, node, depth| {
+                part.push(format!(
+                    "{}{} {}{}",
+                    "  ".repeat(depth + 2),
+                    node.id,
+                    node.label,
+                    node.users_text()
+                ))
+            });
             if only.is_none() || !part.is_empty() {
                 lines.push(format!("  {}", self.partitioner_label(p)));
                 lines.extend(part);
             }
         }
+        lines
+    }
+
+    /// The DAG of the nodes used by `only` (every node when `None`) as a Graphviz
+    /// digraph: the stream, its partitioners, then Window → Filter → GroupBy →
+    /// Aggregator, each node labelled as in the text form (`EXPLAIN … (FORMAT dot)`).
+    pub fn dot(&self, only: Option<&str>) -> Vec<String> {
+        let nodes = self.nodes();
+        let visible = |n: &Node| {
+            only.is_none_or(|m| {
+                n.users
+                    .iter()
+                    .any(|u| u == m || u.starts_with(&format!("{m}.")))
+            })
+        };
+        let quote = |text: &str| {
+            let text = text.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{}\"", text.replace('\n', "\\n"))
+        };
+        let stream = format!("stream {}", self.stream.name);
+        let mut lines = vec![
+            format!("digraph {} {{", quote(&stream)),
+            "  rankdir=TB;".to_string(),
+            "  node [shape=box, style=rounded, fontname=\"Helvetica\"];".to_string(),
+            format!(
+                "  {} [label={}, shape=cylinder, style=solid];",
+                quote(&stream),
+                quote(&format!("Stream {}", self.stream.name))
+            ),
+        ];
+        for p in 0..self.stream.partitioner_count() {
+            let id = format!("P{}", p + 1);
+            let mut part = Vec::new();
+            walk(&nodes, &[], None, &visible, p, &mut |parent, node, _| {
+                let shape = if node.depth == 3 {
+                    ", shape=ellipse"
+                } else {
+                    ""
+                };
+                let label = format!("{} {}\n{}", node.id, node.label, node.users_text().trim());
+                part.push(format!(
+                    "  {} [label={}{shape}];",
+                    quote(&node.id),
+                    quote(&label)
+                ));
+                let from = parent.map_or(id.as_str(), |n| n.id.as_str());
+                part.push(format!("  {} -> {};", quote(from), quote(&node.id)));
+            });
+            if only.is_none() || !part.is_empty() {
+                lines.push(format!(
+                    "  {} [label={}, shape=folder, style=solid];",
+                    quote(&id),
+                    quote(&self.partitioner_label(p))
+                ));
+                lines.push(format!("  {} -> {};", quote(&stream), quote(&id)));
+                lines.extend(part);
+            }
+        }
+        lines.push("}".to_string());
         lines
     }
 
@@ -313,5 +383,23 @@ mod tests {
         let m = dag.explain_metric("b").join("\n");
         assert!(m.contains("A3 Aggregator MAX(amount) -> b.m"), "{m}");
         assert!(!m.contains("A2"), "{m}");
+        let dot = dag.dot(None);
+        assert_eq!(dot[0], "digraph \"stream p\" {");
+        assert_eq!(dot.last().unwrap(), "}");
+        for line in [
+            "  \"stream p\" -> \"P1\";",
+            "  \"P1\" -> \"W1\";",
+            "  \"W1\" -> \"F2\";",
+            "  \"G1\" -> \"A3\";",
+            "  \"F2\" [label=\"F2 Filter amount > 10\\n[c]\"];",
+            "  \"A1\" [label=\"A1 Aggregator COUNT(*)\\n-> a.n, b.n\", shape=ellipse];",
+        ] {
+            assert!(dot.iter().any(|l| l == line), "no {line} in {dot:#?}");
+        }
+        let only_c = dag.dot(Some("c")).join("\n");
+        assert!(
+            only_c.contains("\"G2\" -> \"A4\"") && !only_c.contains("\"A1\""),
+            "{only_c}"
+        );
     }
 }

@@ -42,8 +42,9 @@ pub enum Statement {
     ShowStreams,
     ShowMetrics,
     Describe(String),
-    ExplainStream(String),
-    ExplainMetric(String),
+    /// `EXPLAIN STREAM s [(FORMAT text | dot)]`: `true` for Graphviz dot.
+    ExplainStream(String, bool),
+    ExplainMetric(String, bool),
     Insert(Box<ast::Insert>),
     Copy(Box<ast::Statement>),
     /// A query for DataFusion, as text.
@@ -232,8 +233,14 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["CLOSE", ..] => parse_close(&tokens),
         ["COPY", "(", ..] | ["COPY", _, "TO"] => parse_copy_out(&tokens),
         ["DESCRIBE", ..] | ["DESC", ..] => Ok(Statement::Describe(single_name(&tokens, 1)?)),
-        ["EXPLAIN", "STREAM", ..] => Ok(Statement::ExplainStream(single_name(&tokens, 2)?)),
-        ["EXPLAIN", "METRIC", ..] => Ok(Statement::ExplainMetric(single_name(&tokens, 2)?)),
+        ["EXPLAIN", "STREAM", ..] => {
+            let (name, dot) = explain_target(&tokens)?;
+            Ok(Statement::ExplainStream(name, dot))
+        }
+        ["EXPLAIN", "METRIC", ..] => {
+            let (name, dot) = explain_target(&tokens)?;
+            Ok(Statement::ExplainMetric(name, dot))
+        }
         ["CREATE", "ROLE" | "USER", ..]
         | ["ALTER", "ROLE" | "USER", ..]
         | ["DROP", "ROLE" | "USER", ..]
@@ -1018,6 +1025,36 @@ fn parse_alter_stream(tokens: &[Token]) -> Result<Statement> {
     })
 }
 
+/// `EXPLAIN STREAM|METRIC name [(FORMAT text | dot)]`: the name, and whether dot.
+fn explain_target(tokens: &[Token]) -> Result<(String, bool)> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    let name = match words.get(2) {
+        Some(Token::Word(w)) => word_name(w),
+        _ => return Err(Error::syntax("syntax error: expected one object name")),
+    };
+    let format = match &words[3..] {
+        [] => return Ok((name, false)),
+        [Token::LParen, Token::Word(option), Token::Word(format), Token::RParen]
+            if option.value.eq_ignore_ascii_case("FORMAT") =>
+        {
+            format.value.to_ascii_lowercase()
+        }
+        _ => {
+            return Err(Error::syntax("syntax error at the end of EXPLAIN")
+                .with_hint("EXPLAIN STREAM name [(FORMAT text | dot)]"))
+        }
+    };
+    match format.as_str() {
+        "text" => Ok((name, false)),
+        "dot" => Ok((name, true)),
+        _ => Err(Error::new(
+            crate::error::ErrorKind::InvalidParameter,
+            format!("unrecognized value for EXPLAIN option \"format\": \"{format}\""),
+        )
+        .with_hint("FORMAT is text (the tree) or dot (a Graphviz digraph).")),
+    }
+}
+
 fn single_name(tokens: &[Token], at: usize) -> Result<String> {
     let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
     match words.get(at) {
@@ -1291,6 +1328,27 @@ impl Words<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn explain_takes_a_format() {
+        let parsed = |sql| parse_statement(sql).unwrap();
+        assert!(matches!(
+            parsed("EXPLAIN STREAM p (FORMAT dot)"),
+            Statement::ExplainStream(n, true) if n == "p"
+        ));
+        assert!(matches!(
+            parsed("explain metric m (format TEXT)"),
+            Statement::ExplainMetric(n, false) if n == "m"
+        ));
+        assert!(matches!(
+            parsed("EXPLAIN STREAM p"),
+            Statement::ExplainStream(n, false) if n == "p"
+        ));
+        let e = parse_statement("EXPLAIN STREAM p (FORMAT svg)").unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidParameter);
+        assert!(parse_statement("EXPLAIN STREAM p (FORMAT)").is_err());
+        assert!(parse_statement("EXPLAIN STREAM p q").is_err());
+    }
 
     #[test]
     fn parses_continuous_queries() {

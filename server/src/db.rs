@@ -387,16 +387,20 @@ impl Db {
             Statement::ShowStreams => self.show_streams().await,
             Statement::ShowMetrics => Ok(self.show_metrics()),
             Statement::Describe(name) => self.describe(&name),
-            Statement::ExplainStream(name) => {
+            Statement::ExplainStream(name, dot) => {
                 let catalog = self.catalog();
                 let stream = catalog
                     .stream(&name)
                     .ok_or_else(|| eddy_planner::bind::undefined_stream(&name))?;
-                let mut lines = StreamDag::new(&catalog, stream).explain_stream();
+                let dag = StreamDag::new(&catalog, stream);
+                if dot {
+                    return Ok(plan_rows(dag.dot(None)));
+                }
+                let mut lines = dag.explain_stream();
                 lines.extend(where_it_runs(&catalog, stream, self.engine.shards()));
                 Ok(plan_rows(lines))
             }
-            Statement::ExplainMetric(name) => {
+            Statement::ExplainMetric(name, dot) => {
                 let catalog = self.catalog();
                 let metric = catalog
                     .metric(&name)
@@ -404,9 +408,12 @@ impl Db {
                 let stream = catalog
                     .stream(&metric.stream)
                     .ok_or_else(|| Error::internal("metric without stream"))?;
-                Ok(plan_rows(
-                    StreamDag::new(&catalog, stream).explain_metric(&name),
-                ))
+                let dag = StreamDag::new(&catalog, stream);
+                Ok(plan_rows(if dot {
+                    dag.dot(Some(&name))
+                } else {
+                    dag.explain_metric(&name)
+                }))
             }
             Statement::Insert(insert) => {
                 let catalog = self.catalog();

@@ -1049,8 +1049,8 @@ impl Session {
             | Statement::ShowStreams
             | Statement::ShowMetrics
             | Statement::Describe(_)
-            | Statement::ExplainStream(_)
-            | Statement::ExplainMetric(_)
+            | Statement::ExplainStream(..)
+            | Statement::ExplainMetric(..)
             | Statement::ShowVariable(_) => match self.db.execute(sql_text).await?.output {
                 Output::Rows { columns, .. } => Ok((Vec::new(), columns)),
                 _ => Ok((Vec::new(), Vec::new())),
