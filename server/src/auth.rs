@@ -67,6 +67,11 @@ impl Secrets {
         Ok(Some(Arc::new(secrets)))
     }
 
+    /// Whether `password` is the superuser's.
+    pub fn accepts(&self, password: &str) -> bool {
+        self.superuser.accepts(password)
+    }
+
     /// The verifier on the first line, the mock key in hex on the second.
     fn encode(&self) -> String {
         format!("{}\n{}\n", self.superuser.encode(), hex(&self.mock_key))

@@ -1170,6 +1170,12 @@ impl Db {
             per_task(&|r| r.stored_events as u64),
         );
         let subs = self.subscriptions.list();
+        family(
+            "eddy_subscriptions",
+            "gauge",
+            "Open continuous queries.",
+            vec![(String::new(), subs.len() as f64)],
+        );
         let mut per_metric = std::collections::BTreeMap::<String, f64>::new();
         for sub in &subs {
             let on = sub
@@ -1180,7 +1186,7 @@ impl Db {
             *per_metric.entry(on.to_string()).or_default() += 1.0;
         }
         family(
-            "eddy_subscriptions",
+            "eddy_metric_subscriptions",
             "gauge",
             "Open continuous queries, by the metric (or stream) they read.",
             per_metric

@@ -13,6 +13,7 @@ pub mod copy;
 pub mod db;
 pub mod deferred;
 pub mod histogram;
+pub mod http;
 pub mod limits;
 pub mod log;
 pub mod pg;

@@ -79,6 +79,19 @@ impl Verifier {
         )
     }
 
+    /// Whether `password` is the one this verifies (HTTP Basic logins).
+    pub fn accepts(&self, password: &str) -> bool {
+        let salted = gen_salted_password(password, &self.salt, self.iterations);
+        let candidate = Verifier::of_salted(self.iterations, self.salt.clone(), &salted);
+        // Every byte compared, whatever the first difference.
+        let diff = candidate
+            .stored_key
+            .iter()
+            .zip(&self.stored_key)
+            .fold(0u8, |d, (a, b)| d | (a ^ b));
+        diff == 0 && candidate.stored_key.len() == self.stored_key.len()
+    }
+
     pub(crate) fn secret(&self) -> ScramSecret {
         ScramSecret::Verifier {
             salt: self.salt.clone(),

@@ -95,6 +95,7 @@ impl Server {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
         let metrics_db = db.clone();
+        let http_secrets = secrets.clone();
         let node = tracing::info_span!("node", id = %node_name(config));
         let accepting = node.clone();
         let task = tokio::spawn(async move {
@@ -103,25 +104,29 @@ impl Server {
             loop {
                 tokio::select! {
                     _ = stopped.changed() => break,
-                    Some(Ok((socket, _))) = async {
+                    Some(Ok((socket, peer))) = async {
                         match &http {
                             Some(l) => Some(l.accept().await),
                             None => std::future::pending().await,
                         }
                     } => {
-                        let db = metrics_db.clone();
+                        let context = crate::http::Context {
+                            db: metrics_db.clone(),
+                            secrets: http_secrets.clone(),
+                            peer: Some(peer),
+                        };
                         match http_tls.clone() {
-                            // With a certificate, /metrics is HTTPS too.
+                            // With a certificate, the HTTP port is HTTPS too.
                             Some(tls) => open.spawn(async move {
                                 let handshake = tokio::time::timeout(
                                     std::time::Duration::from_secs(5),
                                     tls.accept(socket),
                                 );
                                 if let Ok(Ok(socket)) = handshake.await {
-                                    answer_http(socket, db).await;
+                                    crate::http::serve(socket, context).await;
                                 }
                             }),
-                            None => open.spawn(answer_http(socket, db)),
+                            None => open.spawn(crate::http::serve(socket, context)),
                         };
                     }
                     accepted = listener.accept() => {
@@ -279,40 +284,6 @@ async fn sole<T>(mut arc: Arc<T>) -> Result<T, Arc<T>> {
             Err(shared) => return Err(shared),
         }
     }
-}
-
-/// Answers one HTTP request: `GET /metrics` gets the node's counters; anything else 404.
-async fn answer_http<S>(mut socket: S, db: Arc<Db>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut request = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
-        match tokio::time::timeout(std::time::Duration::from_secs(5), socket.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => request.extend_from_slice(&buf[..n]),
-            _ => return,
-        }
-    }
-    let line = String::from_utf8_lossy(&request);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, body) = if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?"))
-    {
-        match db.metrics_text().await {
-            Ok(text) => ("200 OK", text),
-            Err(e) => ("500 Internal Server Error", format!("{e}\n")),
-        }
-    } else {
-        ("404 Not Found", "eddy serves GET /metrics\n".to_string())
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = socket.write_all(response.as_bytes()).await;
-    let _ = socket.shutdown().await;
 }
 
 /// A second handle on a client's socket, to watch for the client closing it.

@@ -265,7 +265,7 @@ async fn storage_is_observable_in_sql_and_over_http() {
     let http = server.http_addr.expect("metrics listener");
     let mut socket = tokio::net::TcpStream::connect(http).await.unwrap();
     socket
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: eddy\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: eddy\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut body = String::new();
@@ -281,7 +281,10 @@ async fn storage_is_observable_in_sql_and_over_http() {
         assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
     }
     let mut socket = tokio::net::TcpStream::connect(http).await.unwrap();
-    socket.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    socket
+        .write_all(b"GET /nothing HTTP/1.1\r\nHost: eddy\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
     let mut body = String::new();
     socket.read_to_string(&mut body).await.unwrap();
     assert!(body.starts_with("HTTP/1.1 404"), "{body}");
