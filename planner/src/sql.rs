@@ -169,7 +169,24 @@ fn tokenize(sql: &str) -> Result<Vec<Token>> {
 }
 
 fn tokens_to_sql(tokens: &[Token]) -> String {
-    tokens.iter().map(|t| t.to_string()).collect::<String>()
+    tokens.iter().map(token_sql).collect::<String>()
+}
+
+/// A token as SQL that reads back as the same token: sqlparser's `Display` leaves the
+/// quotes inside quoted strings and identifiers as they are (`'it's'`), so they are
+/// doubled (escaped in E'…') here.
+fn token_sql(t: &Token) -> String {
+    match t {
+        Token::SingleQuotedString(s) => format!("'{}'", s.replace('\'', "''")),
+        Token::NationalStringLiteral(s) => format!("N'{}'", s.replace('\'', "''")),
+        Token::EscapedStringLiteral(s) => {
+            format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+        }
+        Token::Word(w) if w.quote_style == Some('"') => {
+            format!("\"{}\"", w.value.replace('"', "\"\""))
+        }
+        t => t.to_string(),
+    }
 }
 
 fn is_ws(t: &Token) -> bool {
@@ -1328,6 +1345,22 @@ impl Words<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_statements_keep_quotes_inside_strings_and_names() {
+        let sql = "INSERT INTO t VALUES ('O''Brien', E'it\\'s', N'a''b'); SELECT \"we\"\"ird\" FROM t";
+        let parts = split_statements(sql).unwrap();
+        assert_eq!(
+            parts,
+            [
+                "INSERT INTO t VALUES ('O''Brien', E'it\\'s', N'a''b')",
+                " SELECT \"we\"\"ird\" FROM t"
+            ]
+        );
+        for part in parts {
+            assert_eq!(split_statements(&part).unwrap(), [part.clone()]);
+        }
+    }
 
     #[test]
     fn explain_takes_a_format() {
