@@ -126,6 +126,10 @@ struct ServeArgs {
     /// Where the peer service (gRPC) listens, in cluster mode; port 0: any free port.
     #[arg(long, env = "EDDY_PEER_ADDR", default_value = "127.0.0.1:0")]
     peer_addr: SocketAddr,
+    /// Where the other nodes dial this node's peer service, as HOST:PORT (a name such as
+    /// `eddy1:7000` in a container network). Needed when --peer-addr binds 0.0.0.0.
+    #[arg(long, env = "EDDY_PEER_ADVERTISE", value_parser = host_port)]
+    peer_advertise: Option<String>,
     /// Replication factor of the topics Eddy creates.
     #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
     kafka_replication: i32,
@@ -190,6 +194,18 @@ struct ServeArgs {
     /// Bytes of the RocksDB block cache all column families share.
     #[arg(long, env = "EDDY_ROCKSDB_BLOCK_CACHE_BYTES", default_value = "32MB", value_parser = bytes)]
     rocksdb_block_cache_bytes: usize,
+}
+
+/// `HOST:PORT`, the port not 0.
+fn host_port(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(s.to_string())
+        }
+        _ => Err(format!(
+            "expected HOST:PORT with a port from 1 to 65535, got \"{s}\""
+        )),
+    }
 }
 
 fn bytes(s: &str) -> Result<usize, String> {
@@ -340,6 +356,7 @@ fn serve(
             session_timeout: Duration::from_secs_f64(args.session_timeout.max(1.0)),
             pg_addr: args.pg_addr.to_string(),
             peer_addr: args.peer_addr,
+            peer_advertise: args.peer_advertise,
         }),
         None => None,
     };

@@ -505,6 +505,22 @@ async fn kafka_properties_reach_the_clients() {
         said.contains("No such configuration property") && said.contains("no.such.property"),
         "{said}"
     );
+    // A peer service bound to every interface needs an address the others can dial.
+    let said = refused_start(
+        &dir,
+        &[
+            "--kafka",
+            &kafka,
+            "--cluster",
+            &cluster,
+            "--peer-addr",
+            "0.0.0.0:0",
+        ],
+        &[],
+    );
+    assert!(said.contains("set --peer-advertise HOST:PORT"), "{said}");
+    let said = refused_start(&dir, &["--peer-advertise", "eddy1"], &[]);
+    assert!(said.contains("expected HOST:PORT"), "{said}");
     let (eddy, port) = spawn_eddy_with(
         &dir,
         &[

@@ -45,6 +45,9 @@ pub struct KafkaConfig {
     pub pg_addr: String,
     /// Where the peer service listens (`--peer-addr`; port 0: any free port).
     pub peer_addr: SocketAddr,
+    /// Where the other nodes dial the peer service (`--peer-advertise HOST:PORT`; `None`:
+    /// the bound address, which must then be a specific one).
+    pub peer_advertise: Option<String>,
 }
 
 impl KafkaConfig {

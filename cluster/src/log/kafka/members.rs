@@ -150,7 +150,7 @@ impl Kafka {
             host: self.config.host.clone(),
             processors: self.config.processors,
             pg_addr: self.config.pg_addr.clone(),
-            peer_addr: self.peer_addr().to_string(),
+            peer_addr: self.peer_advertised().to_string(),
             stale,
             leaving: false,
         };

@@ -86,6 +86,8 @@ pub struct Kafka {
     /// The peer service's socket, bound at connect, until the node serves it.
     peer_listener: Mutex<Option<std::net::TcpListener>>,
     peer_addr: std::net::SocketAddr,
+    /// Where the other nodes dial it (`--peer-advertise`, else `peer_addr`).
+    peer_advertised: String,
     /// This node's handle to itself, for the threads it starts.
     me: Weak<Kafka>,
     stop: Arc<AtomicBool>,
@@ -129,6 +131,16 @@ impl Kafka {
         let peer_addr = peer_listener
             .local_addr()
             .map_err(|e| Error::internal(e.to_string()))?;
+        let peer_advertised = match &config.peer_advertise {
+            Some(advertised) => advertised.clone(),
+            None if peer_addr.ip().is_unspecified() => {
+                return Err(Error::internal(format!(
+                    "the peer service listens on {peer_addr}, which other nodes cannot dial: \
+                     set --peer-advertise HOST:PORT to where they reach it"
+                )))
+            }
+            None => peer_addr.to_string(),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let replies = publisher.start_replies(stop.clone())?;
         Ok(Arc::new_cyclic(|me| Kafka {
@@ -140,6 +152,7 @@ impl Kafka {
             members: Members::default(),
             peer_listener: Mutex::new(Some(peer_listener)),
             peer_addr,
+            peer_advertised,
             me: me.clone(),
             stop,
             threads: Mutex::new(vec![replies]),
@@ -161,6 +174,11 @@ impl Kafka {
     /// Where the peer service listens.
     pub fn peer_addr(&self) -> std::net::SocketAddr {
         self.peer_addr
+    }
+
+    /// Where the other nodes dial the peer service.
+    pub fn peer_advertised(&self) -> &str {
+        &self.peer_advertised
     }
 
     /// The peer service's socket, once: whoever serves it takes it.
