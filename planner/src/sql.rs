@@ -1348,7 +1348,8 @@ mod tests {
 
     #[test]
     fn split_statements_keep_quotes_inside_strings_and_names() {
-        let sql = "INSERT INTO t VALUES ('O''Brien', E'it\\'s', N'a''b'); SELECT \"we\"\"ird\" FROM t";
+        let sql =
+            "INSERT INTO t VALUES ('O''Brien', E'it\\'s', N'a''b'); SELECT \"we\"\"ird\" FROM t";
         let parts = split_statements(sql).unwrap();
         assert_eq!(
             parts,
