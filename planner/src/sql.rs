@@ -1359,7 +1359,7 @@ mod tests {
             ]
         );
         for part in parts {
-            assert_eq!(split_statements(&part).unwrap(), [part.clone()]);
+            assert_eq!(split_statements(&part).unwrap(), vec![part]);
         }
     }
 

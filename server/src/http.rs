@@ -107,15 +107,15 @@ async fn answer(request: Request<Incoming>, context: &Context) -> Response<Body>
         },
         (&Method::GET, "/" | "/console") => match login(&request, context) {
             Ok(_) => full(StatusCode::OK, "text/html; charset=utf-8", CONSOLE),
-            Err(refusal) => refusal,
+            Err(refusal) => *refusal,
         },
         (&Method::POST, "/api/sql") => match login(&request, context) {
             Ok(role) => run_sql(request, context, &role).await,
-            Err(refusal) => refusal,
+            Err(refusal) => *refusal,
         },
         (&Method::GET, "/api/subscribe") => match login(&request, context) {
             Ok(role) => subscribe(&request, context, &role).await,
-            Err(refusal) => refusal,
+            Err(refusal) => *refusal,
         },
         (_, "/metrics" | "/" | "/console" | "/api/sql" | "/api/subscribe") => full(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -131,16 +131,16 @@ async fn answer(request: Request<Incoming>, context: &Context) -> Response<Body>
 }
 
 /// The role a request runs as, or the answer that refuses it.
-fn login(request: &Request<Incoming>, context: &Context) -> Result<String, Response<Body>> {
+fn login(request: &Request<Incoming>, context: &Context) -> Result<String, Box<Response<Body>>> {
     let Some(secrets) = &context.secrets else {
         return match context.peer {
             Some(peer) if peer.ip().is_loopback() => Ok(SUPERUSER.to_string()),
-            _ => Err(full(
+            _ => Err(Box::new(full(
                 StatusCode::FORBIDDEN,
                 "text/plain",
                 "eddy has no password: the console answers loopback clients only \
                  (set EDDY_PASSWORD or --password-file)\n",
-            )),
+            ))),
         };
     };
     let challenge = || {
@@ -168,7 +168,7 @@ fn login(request: &Request<Incoming>, context: &Context) -> Result<String, Respo
         })
         .and_then(|raw| String::from_utf8(raw).ok());
     let Some((user, password)) = credentials.as_deref().and_then(|c| c.split_once(':')) else {
-        return Err(challenge());
+        return Err(Box::new(challenge()));
     };
     let verified = if user == SUPERUSER {
         secrets.accepts(password)
@@ -187,7 +187,7 @@ fn login(request: &Request<Incoming>, context: &Context) -> Result<String, Respo
         Ok(user.to_string())
     } else {
         tracing::warn!(user, client = ?context.peer, "HTTP password authentication failed");
-        Err(challenge())
+        Err(Box::new(challenge()))
     }
 }
 

@@ -46,6 +46,30 @@ pub struct Config {
     pub limits: crate::config::LimitLayers,
 }
 
+impl Config {
+    /// An embedded node on `data_dir` with `eddy serve`'s defaults, listening on a free
+    /// loopback port and nowhere for HTTP (for servers started in-process).
+    pub fn embedded(data_dir: PathBuf) -> Config {
+        Config {
+            pg_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_addr: None,
+            data_dir,
+            shards: 1,
+            pinning: None,
+            checkpoint_interval: std::time::Duration::from_secs(10),
+            commit_delay: std::time::Duration::from_millis(10),
+            kafka: None,
+            session_threads: default_io_threads(),
+            busy_poll: std::time::Duration::from_micros(crate::busy::DEFAULT_US),
+            password: None,
+            tls: None,
+            tls_required: false,
+            storage: Default::default(),
+            limits: Default::default(),
+        }
+    }
+}
+
 /// A running server: its bound address and the handle to stop it.
 pub struct Server {
     pub addr: SocketAddr,

@@ -235,19 +235,11 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("eddy-bench-frontdoor-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let server = server_runtime.block_on(Server::start(&Config {
-        pg_addr: "127.0.0.1:0".parse()?,
-        http_addr: None,
-        data_dir: dir.clone(),
         shards: a.shards,
-        pinning: None,
-        checkpoint_interval: Duration::from_secs(10),
         commit_delay: Duration::from_millis(a.commit_delay),
-        kafka: None,
         session_threads: a.io_threads.unwrap_or_else(default_io_threads).max(1),
         busy_poll: Duration::from_micros(a.busy_poll),
-        password: None,
-        tls: None,
-        tls_required: false,
+        ..Config::embedded(dir.clone())
     }))?;
     let client_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -279,19 +279,8 @@ async fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("eddy-bench-subscribe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let server = Server::start(&Config {
-        pg_addr: "127.0.0.1:0".parse()?,
-        http_addr: None,
-        data_dir: dir.clone(),
         shards: a.shards,
-        pinning: None,
-        checkpoint_interval: std::time::Duration::from_secs(10),
-        commit_delay: std::time::Duration::from_millis(10),
-        kafka: None,
-        session_threads: eddy_server::serve::default_io_threads(),
-        busy_poll: std::time::Duration::from_micros(eddy_server::busy::DEFAULT_US),
-        password: None,
-        tls: None,
-        tls_required: false,
+        ..Config::embedded(dir.clone())
     })
     .await?;
     let lat = latency(&server, &a).await?;

@@ -20,21 +20,11 @@ pub fn repo() -> PathBuf {
 
 pub async fn start(dir: &Path) -> Server {
     Server::start(&Config {
-        pg_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: Some("127.0.0.1:0".parse().unwrap()),
-        data_dir: dir.to_path_buf(),
         shards: 2,
-        pinning: None,
         checkpoint_interval: std::time::Duration::from_millis(300),
-        commit_delay: std::time::Duration::from_millis(10),
-        kafka: None,
         session_threads: 2,
-        busy_poll: std::time::Duration::from_micros(eddy_server::busy::DEFAULT_US),
-        password: None,
-        tls: None,
-        tls_required: false,
-        storage: Default::default(),
-        limits: Default::default(),
+        ..Config::embedded(dir.to_path_buf())
     })
     .await
     .unwrap()
