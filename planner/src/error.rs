@@ -1,5 +1,5 @@
-//! Planner errors: one variant per kind of mistake a user can make, so the server can
-//! map each to its SQLSTATE without parsing messages.
+//! Planner errors: one variant per kind of mistake a user can make, each with its
+//! SQLSTATE, so no one parses messages.
 
 /// A user-facing error with PostgreSQL's primary message, optional detail and hint.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +46,40 @@ pub enum ErrorKind {
     /// A node that runs part of the statement cannot be reached now (retry).
     Unavailable,
     Internal,
+}
+
+impl ErrorKind {
+    /// The SQLSTATE PostgreSQL gives this kind of error.
+    pub fn sqlstate(self) -> &'static str {
+        match self {
+            ErrorKind::Syntax => "42601",
+            ErrorKind::UndefinedTable => "42P01",
+            ErrorKind::UndefinedObject => "42704",
+            ErrorKind::DuplicateObject => "42P07",
+            ErrorKind::UndefinedColumn => "42703",
+            ErrorKind::UndefinedFunction => "42883",
+            ErrorKind::Grouping => "42803",
+            ErrorKind::DatatypeMismatch => "42804",
+            ErrorKind::NotNullViolation => "23502",
+            ErrorKind::InvalidText => "22P02",
+            ErrorKind::BadCopyFormat => "22P04",
+            ErrorKind::NumericOutOfRange => "22003",
+            ErrorKind::Unsupported => "0A000",
+            ErrorKind::DependentObjects => "2BP01",
+            ErrorKind::InvalidParameter => "22023",
+            ErrorKind::ResourcesExhausted => "53000",
+            ErrorKind::LimitExceeded => "53400",
+            ErrorKind::ProgramLimitExceeded => "54000",
+            ErrorKind::TooManyConnections => "53300",
+            ErrorKind::InsufficientPrivilege => "42501",
+            ErrorKind::InvalidEncoding => "22021",
+            ErrorKind::NoActiveTransaction => "25P01",
+            ErrorKind::DuplicateCursor => "42P03",
+            ErrorKind::UndefinedCursor => "34000",
+            ErrorKind::Unavailable => "57P03",
+            ErrorKind::Internal => "XX000",
+        }
+    }
 }
 
 impl Error {

@@ -12,14 +12,16 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context};
 use clap::error::{ContextKind, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command};
 
-use crate::limits::Limits;
+use crate::limits::{limit_env, reason, LimitLayers, Limits};
 
 /// The environment variable that names the file when `--config` does not.
 pub const ENV: &str = "EDDY_CONFIG";
@@ -34,43 +36,10 @@ pub struct File {
     limits: BTreeMap<String, String>,
 }
 
-/// The limits from the places a start takes them, weakest first; `ALTER SYSTEM`'s kept
-/// values go between `file` and `env`.
-#[derive(Clone, Debug, Default)]
-pub struct LimitLayers {
-    pub file: BTreeMap<String, String>,
-    /// `EDDY_<NAME>` variables.
-    pub env: BTreeMap<String, String>,
-}
-
-/// The variable that overrides the limit `name`.
-pub fn limit_env(name: &str) -> String {
-    format!("EDDY_{}", name.to_ascii_uppercase())
-}
-
-impl LimitLayers {
-    /// The file's limits and the environment's.
-    pub fn of(file: Option<&File>) -> anyhow::Result<LimitLayers> {
-        let mut env = BTreeMap::new();
-        for name in Limits::names() {
-            if let Ok(value) = std::env::var(limit_env(name)) {
-                Limits::default()
-                    .set(name, Some(&value))
-                    .map_err(|e| anyhow!("{}: {}", limit_env(name), reason(&e)))?;
-                env.insert(name.to_string(), value);
-            }
-        }
-        Ok(LimitLayers {
-            file: file.map(|f| f.limits.clone()).unwrap_or_default(),
-            env,
-        })
-    }
-}
-
-fn reason(e: &eddy_planner::Error) -> String {
-    match &e.hint {
-        Some(hint) => format!("{} ({hint})", e.message),
-        None => e.message.clone(),
+impl File {
+    /// The `[limits]` table, as text.
+    pub fn limits(&self) -> &BTreeMap<String, String> {
+        &self.limits
     }
 }
 
@@ -311,7 +280,7 @@ pub fn describe(
         }
     }
     out.push_str("[limits]\n");
-    let layers = LimitLayers::of(file).unwrap_or_default();
+    let layers = LimitLayers::of(file.map(File::limits)).unwrap_or_default();
     let limits = Limits::from_layers(&layers, kept);
     for row in limits.table() {
         let name = &row[0];
@@ -332,6 +301,71 @@ pub fn describe(
         ));
     }
     out
+}
+
+/// Settings of one server.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub pg_addr: SocketAddr,
+    /// Where `GET /metrics` answers in Prometheus' text format (`None`: nowhere).
+    pub http_addr: Option<SocketAddr>,
+    pub data_dir: PathBuf,
+    pub shards: usize,
+    /// Where the shards are pinned (`None`: where the OS puts them).
+    pub pinning: Option<Arc<eddy_cluster::placement::Pinning>>,
+    /// Time between periodic checkpoints.
+    pub checkpoint_interval: std::time::Duration,
+    /// With `synchronous_commit = off`, the longest a written event waits for its fsync.
+    pub commit_delay: std::time::Duration,
+    /// Kafka as the log (cluster mode); `None`: the embedded local log.
+    pub kafka: Option<eddy_cluster::KafkaConfig>,
+    /// Threads that run client sessions (`SessionThreads`), at least one.
+    pub session_threads: usize,
+    /// How long a session thread keeps polling its sockets after it answers, before it
+    /// sleeps (`busy.rs`); zero: never.
+    pub busy_poll: std::time::Duration,
+    /// The superuser's password, replacing the one kept (`None`: the kept one, or trust
+    /// on loopback only when there is none).
+    pub password: Option<String>,
+    /// A certificate chain and its private key, in PEM files: clients that ask get TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Refuse clients that do not use TLS.
+    pub tls_required: bool,
+    /// The bounds of the state store's caches and the reservoirs' chunks.
+    pub storage: eddy_cluster::StorageConfig,
+    /// The limits from `eddy.toml` and the environment (`ALTER SYSTEM`'s go between).
+    pub limits: crate::limits::LimitLayers,
+}
+
+impl Config {
+    /// An embedded node on `data_dir` with `eddy serve`'s defaults, listening on a free
+    /// loopback port and nowhere for HTTP (for servers started in-process).
+    pub fn embedded(data_dir: PathBuf) -> Config {
+        Config {
+            pg_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_addr: None,
+            data_dir,
+            shards: 1,
+            pinning: None,
+            checkpoint_interval: std::time::Duration::from_secs(10),
+            commit_delay: std::time::Duration::from_millis(10),
+            kafka: None,
+            session_threads: default_io_threads(),
+            busy_poll: std::time::Duration::from_micros(crate::busy::DEFAULT_US),
+            password: None,
+            tls: None,
+            tls_required: false,
+            storage: Default::default(),
+            limits: Default::default(),
+        }
+    }
+}
+
+/// Session threads when none are asked for: one per core. Point lookups borrow idle
+/// shards and so run on these threads: with one thread, two pgbench clients share one
+/// core.
+pub fn default_io_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]
@@ -402,7 +436,7 @@ mod tests {
             text.contains("max_insert_rows = 100000   # default"),
             "{text}"
         );
-        let layers = LimitLayers::of(Some(&f)).unwrap();
+        let layers = LimitLayers::of(Some(f.limits())).unwrap();
         assert_eq!(
             layers.file.get("max_connections").map(String::as_str),
             Some("7")

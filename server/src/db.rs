@@ -168,7 +168,7 @@ pub struct Db {
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
     /// With `kafka`, Kafka is the log and the catalog topic the catalog's source.
-    pub async fn open(lock: DirLock, config: &crate::serve::Config) -> anyhow::Result<Arc<Db>> {
+    pub async fn open(lock: DirLock, config: &crate::config::Config) -> anyhow::Result<Arc<Db>> {
         let data_dir = config.data_dir.as_path();
         let kafka = config.kafka.clone();
         std::fs::create_dir_all(data_dir)?;

@@ -78,7 +78,7 @@ fn json_response(status: StatusCode, value: serde_json::Value) -> Response<Body>
 }
 
 fn error_json(e: &Error) -> serde_json::Value {
-    json!({"sqlstate": crate::pg::sqlstate(e.kind), "message": e.message, "hint": e.hint})
+    json!({"sqlstate": e.kind.sqlstate(), "message": e.message, "hint": e.hint})
 }
 
 /// A failed statement: 400, or 403 for a permission, with the PostgreSQL error.

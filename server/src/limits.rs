@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use eddy_planner::{Error, ErrorKind};
 
-use crate::config::LimitLayers;
-
 /// One limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
@@ -137,6 +135,47 @@ fn spec(limit: Limit) -> &'static Spec {
         .iter()
         .find(|s| s.limit == limit)
         .expect("every limit has a spec")
+}
+
+/// The limits from the places a start takes them, weakest first; `ALTER SYSTEM`'s kept
+/// values go between `file` and `env`.
+#[derive(Clone, Debug, Default)]
+pub struct LimitLayers {
+    pub file: BTreeMap<String, String>,
+    /// `EDDY_<NAME>` variables.
+    pub env: BTreeMap<String, String>,
+}
+
+/// The variable that overrides the limit `name`.
+pub fn limit_env(name: &str) -> String {
+    format!("EDDY_{}", name.to_ascii_uppercase())
+}
+
+impl LimitLayers {
+    /// The file's limits and the environment's.
+    pub fn of(file: Option<&BTreeMap<String, String>>) -> anyhow::Result<LimitLayers> {
+        let mut env = BTreeMap::new();
+        for name in Limits::names() {
+            if let Ok(value) = std::env::var(limit_env(name)) {
+                Limits::default()
+                    .set(name, Some(&value))
+                    .map_err(|e| anyhow::anyhow!("{}: {}", limit_env(name), reason(&e)))?;
+                env.insert(name.to_string(), value);
+            }
+        }
+        Ok(LimitLayers {
+            file: file.cloned().unwrap_or_default(),
+            env,
+        })
+    }
+}
+
+/// An error's message with its hint, for a line of the log or of a refused start.
+pub(crate) fn reason(e: &eddy_planner::Error) -> String {
+    match &e.hint {
+        Some(hint) => format!("{} ({hint})", e.message),
+        None => e.message.clone(),
+    }
 }
 
 /// The node's current limits.

@@ -11,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use eddy_cluster::placement::{describe, Pinning};
 use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
 use eddy_server::config;
+use eddy_server::limits::LimitLayers;
 use eddy_server::serve::{default_io_threads, run, Config};
 use eddy_storage::{ReservoirConfig, RocksConfig};
 
@@ -282,7 +283,7 @@ fn main() -> anyhow::Result<()> {
     }
     let matches = command.clone().get_matches_from(&args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    let limits = config::LimitLayers::of(file.as_ref())?;
+    let limits = LimitLayers::of(file.as_ref().map(config::File::limits))?;
     match cli.command {
         Command::Topology {
             topology,
@@ -315,11 +316,7 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn serve(
-    args: ServeArgs,
-    shards_from_file: bool,
-    limits: config::LimitLayers,
-) -> anyhow::Result<()> {
+fn serve(args: ServeArgs, shards_from_file: bool, limits: LimitLayers) -> anyhow::Result<()> {
     eddy_server::log::init(&args.log, &args.log_format, args.slow_statement_ms)?;
     let password = match &args.password_file {
         Some(path) => Some(

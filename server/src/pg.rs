@@ -58,42 +58,10 @@ use eddy_planner::access::Need;
 /// The most rows one Execute returns before `PortalSuspended`, whatever the client asks.
 const EXECUTE_ROWS_MAX: i32 = 1 << 16;
 
-/// The SQLSTATE of an Eddy error.
-pub fn sqlstate(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::Syntax => "42601",
-        ErrorKind::UndefinedTable => "42P01",
-        ErrorKind::UndefinedObject => "42704",
-        ErrorKind::DuplicateObject => "42P07",
-        ErrorKind::UndefinedColumn => "42703",
-        ErrorKind::UndefinedFunction => "42883",
-        ErrorKind::Grouping => "42803",
-        ErrorKind::DatatypeMismatch => "42804",
-        ErrorKind::NotNullViolation => "23502",
-        ErrorKind::InvalidText => "22P02",
-        ErrorKind::BadCopyFormat => "22P04",
-        ErrorKind::NumericOutOfRange => "22003",
-        ErrorKind::Unsupported => "0A000",
-        ErrorKind::DependentObjects => "2BP01",
-        ErrorKind::InvalidParameter => "22023",
-        ErrorKind::ResourcesExhausted => "53000",
-        ErrorKind::LimitExceeded => "53400",
-        ErrorKind::ProgramLimitExceeded => "54000",
-        ErrorKind::TooManyConnections => "53300",
-        ErrorKind::InsufficientPrivilege => "42501",
-        ErrorKind::InvalidEncoding => "22021",
-        ErrorKind::NoActiveTransaction => "25P01",
-        ErrorKind::DuplicateCursor => "42P03",
-        ErrorKind::UndefinedCursor => "34000",
-        ErrorKind::Unavailable => "57P03",
-        ErrorKind::Internal => "XX000",
-    }
-}
-
 pub fn error_info(e: &Error) -> ErrorInfo {
     let mut info = ErrorInfo::new(
         SEVERITY_ERROR.to_string(),
-        sqlstate(e.kind).to_string(),
+        e.kind.sqlstate().to_string(),
         e.message.clone(),
     );
     info.detail = e.detail.clone();

@@ -1,7 +1,6 @@
 //! `eddy serve`: binds the PostgreSQL listener and runs until SIGINT or SIGTERM.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use pgwire::api::ConnectionManager;
@@ -12,63 +11,7 @@ use crate::db::Db;
 use crate::pg::Handlers;
 use crate::wire::Door;
 
-/// Settings of one server.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub pg_addr: SocketAddr,
-    /// Where `GET /metrics` answers in Prometheus' text format (`None`: nowhere).
-    pub http_addr: Option<SocketAddr>,
-    pub data_dir: PathBuf,
-    pub shards: usize,
-    /// Where the shards are pinned (`None`: where the OS puts them).
-    pub pinning: Option<Arc<eddy_cluster::placement::Pinning>>,
-    /// Time between periodic checkpoints.
-    pub checkpoint_interval: std::time::Duration,
-    /// With `synchronous_commit = off`, the longest a written event waits for its fsync.
-    pub commit_delay: std::time::Duration,
-    /// Kafka as the log (cluster mode); `None`: the embedded local log.
-    pub kafka: Option<eddy_cluster::KafkaConfig>,
-    /// Threads that run client sessions (`SessionThreads`), at least one.
-    pub session_threads: usize,
-    /// How long a session thread keeps polling its sockets after it answers, before it
-    /// sleeps (`busy.rs`); zero: never.
-    pub busy_poll: std::time::Duration,
-    /// The superuser's password, replacing the one kept (`None`: the kept one, or trust
-    /// on loopback only when there is none).
-    pub password: Option<String>,
-    /// A certificate chain and its private key, in PEM files: clients that ask get TLS.
-    pub tls: Option<(PathBuf, PathBuf)>,
-    /// Refuse clients that do not use TLS.
-    pub tls_required: bool,
-    /// The bounds of the state store's caches and the reservoirs' chunks.
-    pub storage: eddy_cluster::StorageConfig,
-    /// The limits from `eddy.toml` and the environment (`ALTER SYSTEM`'s go between).
-    pub limits: crate::config::LimitLayers,
-}
-
-impl Config {
-    /// An embedded node on `data_dir` with `eddy serve`'s defaults, listening on a free
-    /// loopback port and nowhere for HTTP (for servers started in-process).
-    pub fn embedded(data_dir: PathBuf) -> Config {
-        Config {
-            pg_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http_addr: None,
-            data_dir,
-            shards: 1,
-            pinning: None,
-            checkpoint_interval: std::time::Duration::from_secs(10),
-            commit_delay: std::time::Duration::from_millis(10),
-            kafka: None,
-            session_threads: default_io_threads(),
-            busy_poll: std::time::Duration::from_micros(crate::busy::DEFAULT_US),
-            password: None,
-            tls: None,
-            tls_required: false,
-            storage: Default::default(),
-            limits: Default::default(),
-        }
-    }
-}
+pub use crate::config::{default_io_threads, Config};
 
 /// A running server: its bound address and the handle to stop it.
 pub struct Server {
@@ -353,11 +296,4 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         anyhow::bail!("the shutdown did not finish within 60 s");
     }
     Ok(())
-}
-
-/// Session threads when none are asked for: one per core. Point lookups borrow idle
-/// shards and so run on these threads: with one thread, two pgbench clients share one
-/// core.
-pub fn default_io_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
