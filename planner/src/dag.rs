@@ -91,24 +91,33 @@ fn walk(
     nodes: &[(Vec<String>, Node)],
     prefix: &[String],
     parent: Option<&Node>,
-    visible: &dyn Fn(&Node) -> bool,
+    only: Option<&str>,
     partitioner: usize,
     visit: &mut dyn FnMut(Option<&Node>, &Node, usize),
 ) {
     let depth = prefix.len();
     for (key, node) in nodes {
         let child = key.len() == depth + 1 && key[..depth] == *prefix;
-        if !child || node.partitioner != partitioner || !visible(node) {
+        if !child || node.partitioner != partitioner || !node.used_by(only) {
             continue;
         }
         visit(parent, node, depth);
         if depth < 3 {
-            walk(nodes, key, Some(node), visible, partitioner, visit);
+            walk(nodes, key, Some(node), only, partitioner, visit);
         }
     }
 }
 
 impl Node {
+    /// Whether the metric `only` uses the node (every node is used when `None`).
+    fn used_by(&self, only: Option<&str>) -> bool {
+        only.is_none_or(|m| {
+            self.users
+                .iter()
+                .any(|u| u == m || u.starts_with(&format!("{m}.")))
+        })
+    }
+
     /// Who uses the node: the metrics of a shared node, the result columns of an
     /// aggregator.
     fn users_text(&self) -> String {
@@ -235,17 +244,10 @@ impl StreamDag {
     /// Renders the nodes used by `only` (every node when `None`) as an indented tree.
     fn render(&self, only: Option<&str>) -> Vec<String> {
         let nodes = self.nodes();
-        let visible = |n: &Node| {
-            only.is_none_or(|m| {
-                n.users
-                    .iter()
-                    .any(|u| u == m || u.starts_with(&format!("{m}.")))
-            })
-        };
         let mut lines = Vec::new();
         for p in 0..self.stream.partitioner_count() {
             let mut part = Vec::new();
-            walk(&nodes, &[], None, &visible, p, &mut |_, node, depth| {
+            walk(&nodes, &[], None, only, p, &mut |_, node, depth| {
                 part.push(format!(
                     "{}{} {}{}",
                     "  ".repeat(depth + 2),
@@ -267,13 +269,6 @@ impl StreamDag {
     /// Aggregator, each node labelled as in the text form (`EXPLAIN … (FORMAT dot)`).
     pub fn dot(&self, only: Option<&str>) -> Vec<String> {
         let nodes = self.nodes();
-        let visible = |n: &Node| {
-            only.is_none_or(|m| {
-                n.users
-                    .iter()
-                    .any(|u| u == m || u.starts_with(&format!("{m}.")))
-            })
-        };
         let quote = |text: &str| {
             let text = text.replace('\\', "\\\\").replace('"', "\\\"");
             format!("\"{}\"", text.replace('\n', "\\n"))
@@ -292,7 +287,7 @@ impl StreamDag {
         for p in 0..self.stream.partitioner_count() {
             let id = format!("P{}", p + 1);
             let mut part = Vec::new();
-            walk(&nodes, &[], None, &visible, p, &mut |parent, node, _| {
+            walk(&nodes, &[], None, only, p, &mut |parent, node, _| {
                 let shape = if node.depth == 3 {
                     ", shape=ellipse"
                 } else {

@@ -282,9 +282,11 @@ impl Db {
         self.catalog.read().expect("catalog lock").clone()
     }
 
-    /// The node's latency histograms (`/metrics`).
-    pub fn timings(&self) -> &Timings {
-        &self.timings
+    /// Counts a statement's time in its histogram, and logs it when slow.
+    pub fn statement_done(&self, kind: crate::histogram::Kind, sql: &str, started: Instant) {
+        let elapsed = started.elapsed();
+        self.timings.statement(kind, elapsed);
+        crate::log::statement_done(sql, elapsed);
     }
 
     pub fn limits(&self) -> &Arc<Limits> {

@@ -238,8 +238,7 @@ async fn run_sql(request: Request<Incoming>, context: &Context, role: &str) -> R
         Ok(()) => db.execute_by(role, stmt).await,
         Err(e) => Err(e),
     };
-    db.timings().statement(kind, started.elapsed());
-    crate::log::statement_done(text, started.elapsed());
+    db.statement_done(kind, text, started);
     let executed = match executed {
         Ok(executed) => executed,
         Err(e) => return failed(&e),

@@ -422,13 +422,6 @@ impl Session {
         catalog.access.check(catalog.as_ref(), role, &[need])
     }
 
-    /// Counts a statement's time in its histogram, and logs it when slow.
-    fn finished(&self, kind: Kind, sql: &str, started: Instant) {
-        let elapsed = started.elapsed();
-        self.db.timings().statement(kind, elapsed);
-        crate::log::statement_done(sql, elapsed);
-    }
-
     /// Statements that belong to the session (cursors, settings, transaction ends), and
     /// everything else through the database.
     async fn run<C: ClientInfo>(
@@ -863,7 +856,7 @@ impl SimpleQueryHandler for Session {
             let (kind, started) = (Kind::of(&stmt), Instant::now());
             let span = tracing::debug_span!("statement", sql = %text);
             let result = self.run(client, stmt).instrument(span).await;
-            self.finished(kind, &text, started);
+            self.db.statement_done(kind, &text, started);
             match result {
                 Ok(executed) => {
                     send_notices(client, &executed.notices).await?;
@@ -1467,7 +1460,7 @@ impl ExtendedQueryHandler for Session {
         let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
         let span = tracing::debug_span!("statement", sql = %prepared.text);
         let result = self.execute_portal(client, portal).instrument(span).await;
-        self.finished(kind, &prepared.text, started);
+        self.db.statement_done(kind, &prepared.text, started);
         match result {
             Ok(executed) => {
                 send_notices(client, &executed.notices).await?;
