@@ -8,7 +8,7 @@ export CARGO_TARGET_DIR
 .PHONY: serve test bench
 
 serve:
-	.ci/setup
+	.ci/setup build
 	cargo run --release -p eddy-server --bin eddy -- serve
 
 test:
@@ -17,4 +17,5 @@ test:
 # Every benchmark (bench/src/bin/suite.rs): reports in bench/results/. BENCH_ARGS=--quick
 # runs them with tiny sizes.
 bench:
+	storage/rocksdb/build-lib
 	cargo run --release -p eddy-bench --bin suite -- $(BENCH_ARGS)

@@ -13,6 +13,7 @@ rate=${3:-1000}
 aggs=${4:-basic}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
+storage/rocksdb/build-lib
 cargo build --release -q -p eddy-bench --bin engine
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

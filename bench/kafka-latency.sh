@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+storage/rocksdb/build-lib
 cargo build --release -p eddy-server --bin eddy -p eddy-bench --bin kafka_latency
 
 work=$(mktemp -d)

@@ -15,6 +15,7 @@ shift || true
 keys=("$@")
 [ ${#keys[@]} -gt 0 ] || keys=(10000 100000 1000000)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+storage/rocksdb/build-lib
 cargo build --release -q -p eddy-server --bin eddy
 eddy="$CARGO_TARGET_DIR/release/eddy"
 

@@ -22,7 +22,8 @@ fi
 python3 -c 'import psycopg' 2>/dev/null || python3 -m pip install -q "psycopg[binary]" 2>/dev/null \
   || python3 -m pip install -q --break-system-packages "psycopg[binary]"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
-cargo build --release -q --workspace --bins  # the warm target's feature set: -p would rebuild rocksdb
+storage/rocksdb/build-lib
+cargo build --release -q --workspace --bins
 
 work=$(mktemp -d)
 chmod 755 "$work"
