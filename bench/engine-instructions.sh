@@ -20,6 +20,6 @@ trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/task" --collect-atstart=no \
   --toggle-collect='eddy_cluster::exec::task::Task::ingest' \
   "$CARGO_TARGET_DIR/release/engine" --mode task --events "$events" --cards "$cards" \
-  --rate "$rate" --aggs "$aggs" >/dev/null 2>"$out/log"
+  --rate "$rate" --aggs "$aggs" >/dev/null 2>"$out/log" || { tail -5 "$out/log" >&2; exit 1; }
 total=$(awk '/^summary:/ {print $2}' "$out/task")
 echo "{\"events\": $events, \"cards\": $cards, \"rate\": $rate, \"aggs\": \"$aggs\", \"instructions_per_event\": $(( total / events ))}"
