@@ -12,7 +12,7 @@ use eddy_cluster::placement::{describe, Pinning};
 use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
 use eddy_server::config;
 use eddy_server::limits::LimitLayers;
-use eddy_server::serve::{default_io_threads, run, Config};
+use eddy_server::serve::{default_io_threads, run_on, Config};
 use eddy_storage::{ReservoirConfig, RocksConfig};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
@@ -378,23 +378,26 @@ fn serve(args: ServeArgs, shards_from_file: bool, limits: LimitLayers) -> anyhow
         .enable_all()
         .thread_name("eddy-io")
         .build()?;
-    runtime.block_on(run(Config {
-        pg_addr: args.pg_addr,
-        http_addr: Some(args.http_addr),
-        data_dir,
-        shards,
-        pinning,
-        checkpoint_interval: Duration::from_secs_f64(args.checkpoint_interval.max(0.01)),
-        commit_delay: Duration::from_millis(args.commit_delay),
-        kafka,
-        session_threads: io_threads,
-        busy_poll: Duration::from_micros(args.busy_poll),
-        password,
-        tls: args.tls_cert.zip(args.tls_key),
-        tls_required: args.tls_required,
-        storage,
-        limits,
-    }))
+    run_on(
+        &runtime,
+        Config {
+            pg_addr: args.pg_addr,
+            http_addr: Some(args.http_addr),
+            data_dir,
+            shards,
+            pinning,
+            checkpoint_interval: Duration::from_secs_f64(args.checkpoint_interval.max(0.01)),
+            commit_delay: Duration::from_millis(args.commit_delay),
+            kafka,
+            session_threads: io_threads,
+            busy_poll: Duration::from_micros(args.busy_poll),
+            password,
+            tls: args.tls_cert.zip(args.tls_key),
+            tls_required: args.tls_required,
+            storage,
+            limits,
+        },
+    )
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
