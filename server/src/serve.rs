@@ -267,14 +267,14 @@ fn node_name(config: &Config) -> &str {
     config.kafka.as_ref().map_or("local", |k| k.node.as_str())
 }
 
-/// Runs until a signal, then stops cleanly.
-/// Runs the server on `runtime` until it is told to stop. The binary calls this rather
-/// than `block_on(run(..))` itself, so the server's futures are compiled once, here, and
-/// not again into the binary (release builds do not share generic instances).
+/// Runs the server on `runtime` until it is told to stop (`run`). The binary calls this
+/// rather than `block_on(run(..))` itself, so the server's futures are compiled once,
+/// here, and not again into the binary (release builds do not share generic instances).
 pub fn run_on(runtime: &tokio::runtime::Runtime, config: Config) -> anyhow::Result<()> {
     runtime.block_on(run(config))
 }
 
+/// Runs until a signal, then stops cleanly.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(&config).await?;
     // Handlers first: a supervisor may signal as soon as it reads where we listen.
