@@ -274,8 +274,9 @@ pub fn run_on(runtime: &tokio::runtime::Runtime, config: Config) -> anyhow::Resu
     runtime.block_on(run(config))
 }
 
-/// Runs until a signal, then stops cleanly.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// Runs until a signal, then stops cleanly. Private: a caller outside this crate would
+/// compile its future again (`run_on`).
+async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(&config).await?;
     // Handlers first: a supervisor may signal as soon as it reads where we listen.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
