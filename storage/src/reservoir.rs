@@ -198,16 +198,31 @@ impl<E: Timed> MemReservoir<E> {
         if upto <= after {
             return;
         }
-        let (b, start) = self.first_after(after);
-        for (i, block) in self.blocks.range(b..).enumerate() {
-            let from = if i == 0 { start } else { 0 };
-            for (j, e) in block.range(from..).enumerate() {
+        let (first, start) = self.first_after(after);
+        let mut from = start;
+        for (b, block) in self
+            .blocks
+            .range(first..)
+            .enumerate()
+            .map(|(i, k)| (first + i, k))
+        {
+            // A block is at most two slices; iterating them is cheaper than the deque's
+            // own iterator, and this loop runs for every event entering or leaving.
+            let (front, back) = block.as_slices();
+            let (front, back) = match front.get(from..) {
+                Some(rest) => (rest, back),
+                None => (&[][..], &back[from - front.len()..]),
+            };
+            let mut at = from;
+            for e in front.iter().chain(back) {
                 if e.key().0 > upto {
-                    self.hint(upto, b + i, from + j);
+                    self.hint(upto, b, at);
                     return;
                 }
                 f(e);
+                at += 1;
             }
+            from = 0;
         }
         // Past the newest event: the place the next append goes.
         match self.blocks.back() {

@@ -322,6 +322,10 @@ impl Task {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        // Only a store fails; the in-memory engine has none.
+        if self.storage.is_none() {
+            return Ok(());
+        }
         let mut failure = None;
         for w in &mut self.windows {
             for f in &mut w.filters {
@@ -1132,20 +1136,47 @@ impl Task {
         if let Some(id) = id {
             self.seen_ids.record(id_hash, ts, id);
         }
-        self.reservoir.insert(event.clone());
         let new_t = self.time.map_or(ts, |t| t.max(ts));
-        self.time = Some(new_t);
         let mut read = Ok(());
-        for w in &mut self.windows {
-            let old_head = w.head;
-            read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf);
-            if read.is_err() {
-                break;
+        // Every stored event is at or before the old stream time.
+        let stored = match self.time {
+            Some(t) => Some(t),
+            None => self.reservoir.is_empty().then_some(i64::MIN),
+        };
+        self.time = Some(new_t);
+        match stored.filter(|&t| ts > t) {
+            // The newest event: the windows take it before the reservoir does, so no
+            // head range has to be read back to find it.
+            Some(stored) => {
+                for w in &mut self.windows {
+                    let fresh = Some((&event, stored));
+                    read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf, fresh);
+                    if read.is_err() {
+                        break;
+                    }
+                }
+                self.reservoir.insert(event);
             }
-            // An out-of-order event behind the old head edge enters directly; one beyond
-            // it entered with the range scan, or enters later (delayed windows).
-            if ts <= old_head && ts > w.tail {
-                apply_event(w, &event, &mut self.key_buf, true);
+            // An out-of-order event behind a window's head edge enters that window
+            // directly; one beyond it enters with the head range, or later (delayed
+            // windows).
+            None => {
+                let behind = self
+                    .windows
+                    .iter()
+                    .any(|w| ts <= w.head)
+                    .then(|| event.clone());
+                self.reservoir.insert(event);
+                for w in &mut self.windows {
+                    let old_head = w.head;
+                    read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf, None);
+                    if read.is_err() {
+                        break;
+                    }
+                    if let Some(event) = behind.as_ref().filter(|_| ts <= old_head && ts > w.tail) {
+                        apply_event(w, event, &mut self.key_buf, true);
+                    }
+                }
             }
         }
         read.map_err(|e| self.fail(e))?;
@@ -1285,6 +1316,7 @@ fn advance(
     t: i64,
     reservoir: &mut dyn Reservoir<Event>,
     key_buf: &mut Vec<u8>,
+    fresh: Option<(&Event, i64)>,
 ) -> std::result::Result<(), ReservoirError> {
     let spec = w.key.spec;
     let new_head = spec.head_bound(t);
@@ -1317,9 +1349,15 @@ fn advance(
     }
     w.tail = new_tail.max(old_tail);
     if new_head > old_head {
-        reservoir.for_range(old_head.max(w.tail), new_head, &mut |e| {
-            apply_event(w, e, key_buf, true)
-        })?;
+        let from = old_head.max(w.tail);
+        // `fresh` is an event the reservoir does not hold yet, newer than every event it
+        // does (`stored` and before); it enters after them, in key order.
+        if fresh.is_none_or(|(_, stored)| stored > from) {
+            reservoir.for_range(from, new_head, &mut |e| apply_event(w, e, key_buf, true))?;
+        }
+        if let Some((e, _)) = fresh.filter(|(e, _)| e.ts > from && e.ts <= new_head) {
+            apply_event(w, e, key_buf, true);
+        }
         w.head = new_head;
     }
     Ok(())
