@@ -419,13 +419,13 @@ impl AggState {
 impl AggState {
     /// Applies an event whose argument value is `v` (ignored for `COUNT(*)`).
     pub fn insert(&mut self, func: AggFunc, v: &Value, ts: i64, seq: u64) {
-        if func == AggFunc::CountStar {
+        if matches!(func, AggFunc::CountStar) {
             if let AggState::Count(n) = self {
                 *n += 1;
             }
             return;
         }
-        if func == AggFunc::LastValue {
+        if matches!(func, AggFunc::LastValue) {
             if let AggState::Last(last) = self {
                 let newer = match last.as_deref() {
                     Some((lts, lseq, _)) => (ts, seq) > (*lts, *lseq),
@@ -468,14 +468,14 @@ impl AggState {
 
     /// Removes an event that `insert` applied earlier with the same value.
     pub fn remove(&mut self, func: AggFunc, v: &Value) {
-        if func == AggFunc::CountStar {
+        if matches!(func, AggFunc::CountStar) {
             if let AggState::Count(n) = self {
                 *n -= 1;
                 assert!(*n >= 0);
             }
             return;
         }
-        if func == AggFunc::LastValue || v.is_null() {
+        if matches!(func, AggFunc::LastValue) || v.is_null() {
             // LAST_VALUE only changes when the group empties, which drops the group.
             return;
         }

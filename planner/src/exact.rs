@@ -39,6 +39,7 @@ struct Wide {
 }
 
 /// `x` in 2^-64 units when that is an integer of at most 2^FIXED_LIMIT_BITS.
+#[inline]
 fn to_fixed(x: f64) -> Option<i128> {
     if x == 0.0 {
         return Some(0);
@@ -67,6 +68,7 @@ fn to_fixed(x: f64) -> Option<i128> {
     Some(if x < 0.0 { -magnitude } else { magnitude })
 }
 
+#[inline]
 fn fits(v: i128) -> bool {
     v.unsigned_abs() < 1u128 << FIXED_LIMIT_BITS
 }
@@ -161,14 +163,17 @@ impl Wide {
 }
 
 impl ExactSum {
+    #[inline]
     pub fn add(&mut self, x: f64) {
         self.put(x, 1);
     }
 
+    #[inline]
     pub fn sub(&mut self, x: f64) {
         self.put(x, -1);
     }
 
+    #[inline]
     fn put(&mut self, x: f64, sign: i32) {
         if self.wide.is_none() {
             if let Some(units) = to_fixed(x) {

@@ -26,6 +26,7 @@ pub enum WindowSpec {
 
 impl WindowSpec {
     /// The newest event time inside the window at stream time `t` (the head edge).
+    #[inline]
     pub fn head_bound(&self, t: i64) -> i64 {
         match self {
             WindowSpec::Sliding { delay_us, .. } => t.saturating_sub(*delay_us),
@@ -36,6 +37,7 @@ impl WindowSpec {
 
     /// Event times at or below this bound have left the window at stream time `t`
     /// (the tail edge); `None` when nothing ever leaves.
+    #[inline]
     pub fn tail_bound(&self, t: i64) -> Option<i64> {
         match self {
             WindowSpec::Sliding { size_us, delay_us } => {
@@ -50,6 +52,7 @@ impl WindowSpec {
     }
 
     /// How many events of a group the window keeps (count windows only).
+    #[inline]
     pub fn keep(&self) -> Option<usize> {
         match self {
             WindowSpec::Count { events } => Some(*events as usize),

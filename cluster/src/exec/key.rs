@@ -90,7 +90,6 @@ pub fn pack(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
                 buf.extend_from_slice(&v.to_bits().to_le_bytes());
             }
             Value::Text(s) => {
-                buf.reserve(5 + s.len());
                 buf.push(TEXT);
                 buf.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 buf.extend_from_slice(s.as_bytes());

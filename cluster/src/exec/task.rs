@@ -318,6 +318,7 @@ impl Task {
     }
 
     /// Stops the task if a storage error happened.
+    #[inline]
     fn check_storage(&mut self) -> Result<()> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -469,6 +470,7 @@ impl Task {
     }
 
     /// Event time in microseconds of a row.
+    #[inline]
     pub fn event_time(stream: &StreamDef, row: &[Value]) -> Result<i64> {
         match (&row[stream.event_time], stream.event_time_unit) {
             (Value::Timestamp(us), EventTimeUnit::Timestamp) => Ok(*us),
