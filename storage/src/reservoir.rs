@@ -164,10 +164,11 @@ const BLOCK_EVENTS: usize = 4096;
 /// The in-memory reservoir: an ordered deque of ordered blocks. Appends in order are
 /// O(1) and never move stored events (a block fills, then the next one starts), so no
 /// append pays for copying the whole window; an out-of-order insert shifts events
-/// within one block only.
+/// within one block only, and so does an expiry that ends inside the oldest block. A
+/// block is a plain `Vec`, so a scan walks a slice.
 pub struct MemReservoir<E> {
     /// No block is empty; each holds keys above the previous block's.
-    blocks: VecDeque<VecDeque<E>>,
+    blocks: VecDeque<Vec<E>>,
     len: usize,
     /// Events an appended block takes (`BLOCK_EVENTS`; small in tests).
     block_events: usize,
@@ -206,21 +207,12 @@ impl<E: Timed> MemReservoir<E> {
             .enumerate()
             .map(|(i, k)| (first + i, k))
         {
-            // A block is at most two slices; iterating them is cheaper than the deque's
-            // own iterator, and this loop runs for every event entering or leaving.
-            let (front, back) = block.as_slices();
-            let (front, back) = match front.get(from..) {
-                Some(rest) => (rest, back),
-                None => (&[][..], &back[from - front.len()..]),
-            };
-            let mut at = from;
-            for e in front.iter().chain(back) {
+            for (j, e) in block.get(from..).unwrap_or_default().iter().enumerate() {
                 if e.key().0 > upto {
-                    self.hint(upto, b, at);
+                    self.hint(upto, b, from + j);
                     return;
                 }
                 f(e);
-                at += 1;
             }
             from = 0;
         }
@@ -241,13 +233,17 @@ impl<E: Timed> MemReservoir<E> {
     /// event before it is at or below the bound and the one at it above (a hint is only
     /// ever trusted after both checks, so inserts and expiries cannot mislead it).
     fn hinted(&self, bound: i64) -> Option<(usize, usize)> {
-        let (_, mut b, mut i) = self.hints.iter().map(Cell::get).find(|h| h.0 == bound)?;
+        // Newest first: the edge that moved last is the one most likely asked for.
+        let newest = self.next_hint.get() + HINTS;
+        let (_, mut b, mut i) = (1..=HINTS)
+            .map(|k| self.hints[(newest - k) % HINTS].get())
+            .find(|h| h.0 == bound)?;
         if b < self.blocks.len() && i >= self.blocks[b].len() {
             (b, i) = (b + 1, 0);
         }
         let before = match (i, b) {
             (0, 0) => None,
-            (0, _) => self.blocks.get(b - 1)?.back(),
+            (0, _) => self.blocks.get(b - 1)?.last(),
             _ => Some(self.blocks.get(b)?.get(i - 1)?),
         };
         if before.is_some_and(|e| e.key().0 > bound) {
@@ -306,7 +302,7 @@ impl<E: Timed> MemReservoir<E> {
         if let Some(at) = self.hinted(bound) {
             return at;
         }
-        let last_at_most = |block: &VecDeque<E>| block.back().is_some_and(|e| e.key().0 <= bound);
+        let last_at_most = |block: &Vec<E>| block.last().is_some_and(|e| e.key().0 <= bound);
         // Window edges sit near the ends (the head at the newest block, the tail at the
         // oldest), so try those before searching.
         let b = match (self.blocks.front(), self.blocks.back()) {
@@ -363,18 +359,18 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
         let key = event.key();
         self.len += 1;
         match self.blocks.back_mut() {
-            Some(last) if last.back().is_some_and(|e| e.key() > key) => {
+            Some(last) if last.last().is_some_and(|e| e.key() > key) => {
                 let b = self
                     .blocks
-                    .partition_point(|block| block.back().is_some_and(|e| e.key() < key));
+                    .partition_point(|block| block.last().is_some_and(|e| e.key() < key));
                 let block = &mut self.blocks[b];
                 let at = block.partition_point(|e| e.key() < key);
                 block.insert(at, event);
             }
-            Some(last) if last.len() < self.block_events => last.push_back(event),
+            Some(last) if last.len() < self.block_events => last.push(event),
             _ => {
-                let mut block = VecDeque::with_capacity(self.block_events);
-                block.push_back(event);
+                let mut block = Vec::with_capacity(self.block_events);
+                block.push(event);
                 self.blocks.push_back(block);
             }
         }
