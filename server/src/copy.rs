@@ -7,6 +7,7 @@
 //! go: a COPY holds about its columnar size, within `session_memory_bytes`
 //! (`limits`).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -407,8 +408,11 @@ impl Parser {
     fn parse(&self, bytes: &[u8], before: usize, header: bool) -> Result<Parsed> {
         let text = std::str::from_utf8(bytes)
             .map_err(|_| Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8"))?;
-        let (records, ended) = match self.format {
-            Format::Csv => self.csv_records(text)?,
+        match self.format {
+            Format::Csv => {
+                let (records, ended) = self.csv_records(text)?;
+                self.stage(&records, ended, before, header)
+            }
             Format::Text => {
                 let mut ended = false;
                 let records = text
@@ -421,9 +425,19 @@ impl Parser {
                     .filter(|l| !l.is_empty())
                     .map(|l| self.text_fields(l))
                     .collect::<Vec<_>>();
-                (records, ended)
+                self.stage(&records, ended, before, header)
             }
-        };
+        }
+    }
+
+    /// Checks parsed records and stages them as batches.
+    fn stage<S: AsRef<str>>(
+        &self,
+        records: &[Vec<Option<S>>],
+        ended: bool,
+        before: usize,
+        header: bool,
+    ) -> Result<Parsed> {
         let mut parsed = Parsed {
             batches: Vec::new(),
             rows: 0,
@@ -457,7 +471,8 @@ impl Parser {
         Ok(parsed)
     }
 
-    fn text_fields(&self, line: &str) -> Vec<Option<String>> {
+    /// A text line's fields, borrowed from the line unless they hold escapes.
+    fn text_fields<'a>(&self, line: &'a str) -> Vec<Option<Cow<'a, str>>> {
         line.split(self.delimiter)
             .map(|f| {
                 if f == self.null {
@@ -547,10 +562,10 @@ impl Parser {
 }
 
 /// Converts text fields of one COPY line into a row.
-fn row_from_fields(
+fn row_from_fields<S: AsRef<str>>(
     stream: &StreamDef,
     targets: &[usize],
-    fields: &[Option<String>],
+    fields: &[Option<S>],
     line: usize,
 ) -> Result<Vec<Value>> {
     if fields.len() != targets.len() {
@@ -566,7 +581,7 @@ fn row_from_fields(
     let mut row = vec![Value::Null; stream.columns.len()];
     for (f, &c) in fields.iter().zip(targets) {
         if let Some(text) = f {
-            row[c] = value_from_text(text, &stream.columns[c]).map_err(|mut e| {
+            row[c] = value_from_text(text.as_ref(), &stream.columns[c]).map_err(|mut e| {
                 e.detail = Some(format!(
                     "COPY {}, line {line}, column {}",
                     stream.name, stream.columns[c].name
@@ -579,9 +594,9 @@ fn row_from_fields(
 }
 
 /// Undoes COPY text format's backslash escapes.
-fn unescape_text(f: &str) -> String {
+fn unescape_text(f: &str) -> Cow<'_, str> {
     if !f.contains('\\') {
-        return f.to_string();
+        return Cow::Borrowed(f);
     }
     let mut out = String::with_capacity(f.len());
     let mut chars = f.chars();
@@ -599,7 +614,7 @@ fn unescape_text(f: &str) -> String {
             None => out.push('\\'),
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Encodes result rows as the lines of a `COPY … TO STDOUT` (text or CSV), with
