@@ -1,6 +1,6 @@
-//! The event ids a task has seen within its dedup horizon: a hash table of ids (one hash
-//! per event: the lookup's hash records the id if the event is accepted) and the ids in
-//! arrival order with their event times, to forget the old ones.
+//! The event ids a task has seen within its dedup horizon: the ids in arrival order with
+//! their event times (to forget the old ones), and a hash table of their arrival numbers
+//! (one hash per event: the lookup's hash records the id if the event is accepted).
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -12,37 +12,50 @@ use eddy_planner::types::Value;
 
 #[derive(Default)]
 pub(crate) struct SeenIds {
-    table: HashTable<Value>,
+    /// Each id's arrival number, by the id's hash: 8 bytes a bucket, so the table a new
+    /// id probes stays small in cache; the id itself is compared only on a tag match.
+    table: HashTable<u64>,
     hasher: DefaultHashBuilder,
+    /// The ids in arrival order with their event times; the first arrived as `first`.
     order: VecDeque<(i64, Value)>,
+    first: u64,
 }
 
 impl SeenIds {
     /// Whether `id` was seen, and its hash (for `record`).
     pub(crate) fn seen(&self, id: &Value) -> (bool, u64) {
         let hash = self.hasher.hash_one(id);
-        (self.table.find(hash, |v| v == id).is_some(), hash)
+        let (order, first) = (&self.order, self.first);
+        let found = self
+            .table
+            .find(hash, |&n| order[(n - first) as usize].1 == *id)
+            .is_some();
+        (found, hash)
     }
 
     /// Remembers `id` (not seen, of hash `hash`) for an event at `ts`.
     pub(crate) fn record(&mut self, hash: u64, ts: i64, id: Value) {
-        let hasher = &self.hasher;
-        self.table
-            .insert_unique(hash, id.clone(), |v| hasher.hash_one(v));
+        let n = self.first + self.order.len() as u64;
         self.order.push_back((ts, id));
+        let (order, first, hasher) = (&self.order, self.first, &self.hasher);
+        self.table.insert_unique(hash, n, |&m| {
+            hasher.hash_one(&order[(m - first) as usize].1)
+        });
     }
 
     /// Forgets the ids of events before `horizon`.
     pub(crate) fn forget_before(&mut self, horizon: i64) {
-        while let Some((ts, _)) = self.order.front() {
+        while let Some((ts, id)) = self.order.front() {
             if *ts >= horizon {
                 break;
             }
-            let (_, id) = self.order.pop_front().expect("front exists");
-            let hash = self.hasher.hash_one(&id);
-            if let Ok(entry) = self.table.find_entry(hash, |v| *v == id) {
+            let hash = self.hasher.hash_one(id);
+            let first = self.first;
+            if let Ok(entry) = self.table.find_entry(hash, |&n| n == first) {
                 entry.remove();
             }
+            self.order.pop_front();
+            self.first += 1;
         }
     }
 
@@ -81,6 +94,19 @@ mod tests {
         assert!(!ids.seen(&Value::Int(499)).0);
         assert!(ids.seen(&Value::Int(500)).0);
         assert_eq!(ids.entries().count(), 501);
+        // A forgotten id can come back, and is forgotten again in its new turn.
+        let (_, hash) = ids.seen(&Value::Int(499));
+        ids.record(hash, 2000, Value::Int(499));
+        assert!(ids.seen(&Value::Int(499)).0);
+        ids.forget_before(1500);
+        assert!(
+            ids.seen(&Value::Int(499)).0 && !ids.seen(&text).0 && !ids.seen(&Value::Int(999)).0
+        );
+        ids.forget_before(2001);
+        assert!(!ids.seen(&Value::Int(499)).0);
+        assert_eq!(ids.entries().count(), 0);
+        let (_, hash) = ids.seen(&text);
+        ids.record(hash, 2001, text.clone());
         let mut copy = SeenIds::default();
         for (ts, id) in ids.entries() {
             copy.restore(*ts, id.clone());
