@@ -733,6 +733,16 @@ mod tests {
         assert_eq!(rows(c).unwrap_err().kind, ErrorKind::InvalidText);
     }
 
+    #[test]
+    fn text_escapes_are_undone_and_plain_fields_kept() {
+        let mut c = copy_for("COPY s FROM STDIN");
+        c.push(b"1\t2026-01-01 00:00:00\ta\\tb\\\\c\\nd\n2\t2026-01-01 00:00:01\tplain\n")
+            .unwrap();
+        let rows = rows(c).unwrap();
+        assert_eq!(rows[0][2], Value::Text("a\tb\\c\nd".into()));
+        assert_eq!(rows[1][2], Value::Text("plain".into()));
+    }
+
     /// Data cut anywhere, even inside a quoted field with a newline or inside a UTF-8
     /// character, gives the rows of the whole; the error of a bad row holds its line.
     #[test]
