@@ -376,9 +376,20 @@ enum KeySource {
     /// Parameter `$n` (0-based here), typed as its column: its text is the column's
     /// input, read as an INSERT reads it.
     Param(usize),
+    /// Text constants and text parameters joined by `||` (`'c-' || $1`), for a text
+    /// column: joined as strings, with no Arrow batch; NULL if a parameter is NULL, as
+    /// the operator is.
+    Concat(Vec<Piece>),
     /// Any other expression of constants and parameters, compiled against the
     /// parameters' batch (type coercion and constant folding done once).
     Compiled(Arc<dyn datafusion::physical_plan::PhysicalExpr>),
+}
+
+/// A part of a `KeySource::Concat`.
+#[derive(Debug)]
+enum Piece {
+    Text(String),
+    Param(usize),
 }
 
 impl PointLookup {
@@ -509,6 +520,21 @@ impl PointLookup {
                     Some(None) => return Ok(Some(Vec::new())),
                     None => return Ok(None),
                 },
+                KeySource::Concat(pieces) => {
+                    let mut text = String::new();
+                    for piece in pieces {
+                        match piece {
+                            Piece::Text(t) => text.push_str(t),
+                            Piece::Param(n) => match params.get(*n) {
+                                Some(Some(p)) => text.push_str(p),
+                                Some(None) => return Ok(Some(Vec::new())),
+                                None => return Ok(None),
+                            },
+                        }
+                    }
+                    key.push(Value::Text(text.into()));
+                    continue;
+                }
                 KeySource::Compiled(expr) => {
                     if batch.is_none() {
                         match self.param_batch(params) {
@@ -585,10 +611,43 @@ impl PointLookup {
     }
 }
 
+/// The pieces of `e` if it is text constants and text parameters (as DataFusion typed
+/// them) joined by `||`.
+fn concat_pieces(
+    e: &Expr,
+    params: &SchemaRef,
+    param: &dyn Fn(&str) -> Option<usize>,
+) -> Option<Vec<Piece>> {
+    use datafusion::arrow::datatypes::DataType;
+    match e {
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::StringConcat,
+            right,
+        }) => {
+            let mut pieces = concat_pieces(left, params, param)?;
+            pieces.extend(concat_pieces(right, params, param)?);
+            Some(pieces)
+        }
+        Expr::Literal(
+            ScalarValue::Utf8(Some(t))
+            | ScalarValue::Utf8View(Some(t))
+            | ScalarValue::LargeUtf8(Some(t)),
+            _,
+        ) => Some(vec![Piece::Text(t.clone())]),
+        Expr::Placeholder(p) => {
+            let n = param(&p.id)?;
+            (*params.field(n).data_type() == DataType::Utf8).then_some(vec![Piece::Param(n)])
+        }
+        _ => None,
+    }
+}
+
 impl KeySource {
     /// A bare `$n` that DataFusion typed as its text or integer column reads the
     /// parameter's text directly: the same value the cast would give, for these types,
-    /// without it. Any other expression is compiled, once; one that calls a function
+    /// without it; so do text constants and parameters joined by `||`, for a text
+    /// column. Any other expression is compiled, once; one that calls a function
     /// whose value may change between executions (`now()`) is not a lookup (`None`).
     fn of(
         e: Expr,
@@ -615,6 +674,13 @@ impl KeySource {
             ) && *params.field(n).data_type() == col.ty.arrow();
             if direct {
                 return Some(KeySource::Param(n));
+            }
+        }
+        if col.ty == ColumnType::Text
+            && matches!(&e, Expr::BinaryExpr(b) if b.op == Operator::StringConcat)
+        {
+            if let Some(pieces) = concat_pieces(&e, params, &param) {
+                return Some(KeySource::Concat(pieces));
             }
         }
         let changing = e
@@ -645,5 +711,63 @@ impl KeySource {
             .create_physical_expr(e, &schema)
             .ok()
             .map(KeySource::Compiled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{binary_expr, lit, placeholder};
+
+    use super::*;
+
+    fn pieces(e: &Expr, types: &[DataType]) -> Option<Vec<String>> {
+        let params: SchemaRef = Arc::new(Schema::new(
+            types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| Field::new(format!("${}", i + 1), t.clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        let param = |id: &str| {
+            let n = id.trim_start_matches('$').parse::<usize>().ok()? - 1;
+            (n < types.len()).then_some(n)
+        };
+        Some(
+            concat_pieces(e, &params, &param)?
+                .into_iter()
+                .map(|p| match p {
+                    Piece::Text(t) => format!("'{t}'"),
+                    Piece::Param(n) => format!("${}", n + 1),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn text_joined_by_concat_is_read_without_arrow() {
+        let cat = |a, b| binary_expr(a, Operator::StringConcat, b);
+        let e = cat(cat(lit("c-"), placeholder("$1")), placeholder("$2"));
+        assert_eq!(
+            pieces(&e, &[DataType::Utf8, DataType::Utf8]),
+            Some(vec!["'c-'".into(), "$1".into(), "$2".into()])
+        );
+        // A parameter typed otherwise would be cast to text first: compiled instead.
+        assert_eq!(pieces(&e, &[DataType::Int64, DataType::Utf8]), None);
+        // Any other operator or a NULL constant: compiled.
+        assert_eq!(
+            pieces(
+                &binary_expr(lit("c-"), Operator::Plus, placeholder("$1")),
+                &[DataType::Utf8]
+            ),
+            None
+        );
+        assert_eq!(
+            pieces(
+                &cat(lit(ScalarValue::Utf8(None)), placeholder("$1")),
+                &[DataType::Utf8]
+            ),
+            None
+        );
     }
 }

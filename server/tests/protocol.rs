@@ -406,6 +406,16 @@ async fn prepared_fast_paths_answer_as_the_general_path() {
             "SELECT c FROM by_k WHERE k = 'c-' || '3'".into(),
         ),
         (
+            "SELECT k, c FROM by_k WHERE k = $1 || '-' || $2",
+            vec![Box::new("c"), Box::new("2")],
+            "SELECT k, c FROM by_k WHERE k = 'c' || '-' || '2'".into(),
+        ),
+        (
+            "SELECT c FROM by_k WHERE k = 'c-' || $1",
+            vec![Box::new(None::<String>)],
+            "SELECT c FROM by_k WHERE k = 'c-' || NULL".into(),
+        ),
+        (
             "SELECT * FROM by_k WHERE k = $1",
             vec![Box::new("nope")],
             "SELECT * FROM by_k WHERE k = 'nope'".into(),
