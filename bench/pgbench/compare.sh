@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Eddy against PostgreSQL 15, in one run on this machine:
-#   bench/pgbench/compare.sh [SECONDS] [CLIENTS] [GROUPS]
-# 1. prepared point lookups (pgbench);
+#   bench/pgbench/compare.sh [SECONDS] [CLIENTS] [GROUPS] [ROUNDS]
+# 1. prepared point lookups (pgbench), ROUNDS runs of each server in turn (default 3):
+#    this machine's noise moves one run by ±15 %, so the medians are compared;
 # 2. per-event scoring, one event per round trip from psycopg (bench/pgbench/score.py),
 #    with synchronous_commit on and off.
 # Eddy (release build) gets a stream and a metric with GROUPS groups (COPY); PostgreSQL
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-20}
 clients=${2:-2}
 groups=${3:-100000}
+rounds=${4:-3}
 
 export DEBIAN_FRONTEND=noninteractive
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
@@ -81,10 +83,19 @@ tps() {
   pgbench -n -M prepared -f "$work/lookup.sql" -T "$seconds" -c "$clients" -j "$clients" \
     -h 127.0.0.1 -p "$1" -U "$2" "$3" 2>/dev/null | awk '/^tps/ {print $3; exit}'
 }
-eddy_tps=$(tps "$eport" eddy eddy)
-pg_tps=$(tps "$pport" postgres postgres)
+# Alternating, so a slow stretch of the machine lands on both servers.
+eddy_runs=()
+pg_runs=()
+for _ in $(seq 1 "$rounds"); do
+  eddy_runs+=("$(tps "$eport" eddy eddy)")
+  pg_runs+=("$(tps "$pport" postgres postgres)")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+list() { local IFS=,; echo "[$*]"; }
+eddy_tps=$(median "${eddy_runs[@]}")
+pg_tps=$(median "${pg_runs[@]}")
 for sync in on off; do
   python3 bench/pgbench/score.py eddy "host=127.0.0.1 port=$eport user=eddy dbname=eddy" "$seconds" "$groups" "$sync"
   python3 bench/pgbench/score.py postgres "host=127.0.0.1 port=$pport user=postgres dbname=postgres" "$seconds" "$groups" "$sync"
 done
-echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps}}"
+echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"rounds\": $rounds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps, \"eddy_runs\": $(list "${eddy_runs[@]}"), \"postgresql15_runs\": $(list "${pg_runs[@]}")}}"
