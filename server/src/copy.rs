@@ -723,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn text_format_and_bad_line() {
+    fn text_format_escapes_and_bad_line() {
         let mut c = copy_for("COPY s FROM STDIN");
         c.push(b"1\t2026-01-01 00:00:00\t\\N\n").unwrap();
         assert_eq!(rows(c).unwrap()[0][2], Value::Null);
@@ -731,10 +731,7 @@ mod tests {
         c.push(b"1\t2026-01-01 00:00:00\t\\N\n").unwrap();
         c.push(b"oops\t2026-01-01\tx\n").unwrap();
         assert_eq!(rows(c).unwrap_err().kind, ErrorKind::InvalidText);
-    }
-
-    #[test]
-    fn text_escapes_are_undone_and_plain_fields_kept() {
+        // Escapes are undone; a plain field next to them is kept as it is.
         let mut c = copy_for("COPY s FROM STDIN");
         c.push(b"1\t2026-01-01 00:00:00\ta\\tb\\\\c\\nd\n2\t2026-01-01 00:00:01\tplain\n")
             .unwrap();

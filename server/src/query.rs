@@ -376,9 +376,9 @@ enum KeySource {
     /// Parameter `$n` (0-based here), typed as its column: its text is the column's
     /// input, read as an INSERT reads it.
     Param(usize),
-    /// Text constants and text parameters joined by `||` (`'c-' || $1`), for a text
-    /// column: joined as strings, with no Arrow batch; NULL if a parameter is NULL, as
-    /// the operator is.
+    /// A text constant, or text constants and text parameters joined by `||`
+    /// (`'c-' || $1`), for a text column: joined as strings, with no Arrow batch; NULL
+    /// if a parameter is NULL, as the operator is.
     Concat(Vec<Piece>),
     /// Any other expression of constants and parameters, compiled against the
     /// parameters' batch (type coercion and constant folding done once).
@@ -611,8 +611,8 @@ impl PointLookup {
     }
 }
 
-/// The pieces of `e` if it is text constants and text parameters (as DataFusion typed
-/// them) joined by `||`.
+/// The pieces of `e` if it is a text constant or a text parameter (as DataFusion typed
+/// it), or such pieces joined by `||`.
 fn concat_pieces(
     e: &Expr,
     params: &SchemaRef,
@@ -676,9 +676,7 @@ impl KeySource {
                 return Some(KeySource::Param(n));
             }
         }
-        if col.ty == ColumnType::Text
-            && matches!(&e, Expr::BinaryExpr(b) if b.op == Operator::StringConcat)
-        {
+        if col.ty == ColumnType::Text {
             if let Some(pieces) = concat_pieces(&e, params, &param) {
                 return Some(KeySource::Concat(pieces));
             }
@@ -752,6 +750,8 @@ mod tests {
             pieces(&e, &[DataType::Utf8, DataType::Utf8]),
             Some(vec!["'c-'".into(), "$1".into(), "$2".into()])
         );
+        // A lone constant is a key of one piece.
+        assert_eq!(pieces(&lit("c-1"), &[]), Some(vec!["'c-1'".into()]));
         // A parameter typed otherwise would be cast to text first: compiled instead.
         assert_eq!(pieces(&e, &[DataType::Int64, DataType::Utf8]), None);
         // Any other operator or a NULL constant: compiled.
