@@ -6,6 +6,7 @@
 //! holds durably.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -380,8 +381,24 @@ impl Engine {
         values: bool,
         durable: bool,
     ) -> Result<Vec<EventReply>> {
-        let mut replies = vec![EventReply::default(); rows.len()];
-        let passes = passes.filter(|p| p.len() == rows.len());
+        self.submit(stream, rows, passes, values, durable).await
+    }
+
+    /// `ingest_with` in two steps: routes the rows and hands them to the log now (the
+    /// embedded log appends them before this returns; see `EventLog::ingest`), and returns
+    /// the future of their replies. A caller can prepare its next batch while the shards
+    /// apply this one, and submit it before awaiting; futures awaited in submission order
+    /// keep the batches in that order.
+    pub fn submit<'a>(
+        &'a self,
+        stream: &'a StreamDef,
+        rows: Vec<Row>,
+        passes: Option<&Passes>,
+        values: bool,
+        durable: bool,
+    ) -> impl Future<Output = Result<Vec<EventReply>>> + Send + 'a {
+        let n = rows.len();
+        let passes = passes.filter(|p| p.len() == n);
         let (places, batches): (Vec<_>, Vec<_>) = route(stream, &rows)
             .into_iter()
             .map(|(p, task, indexes, rows)| {
@@ -390,27 +407,31 @@ impl Engine {
             })
             .unzip();
         let answers = self
-            .ingest_batches(stream, batches, values, durable)
-            .await?;
-        // Partitioner order is kept so metric values come out in creation order.
-        let mut per_partitioner: Vec<Vec<(usize, MetricValues)>> =
-            vec![Vec::new(); stream.partitioner_count()];
-        for ((p, indexes), answers) in places.into_iter().zip(answers) {
-            for (i, (outcome, vals)) in indexes.into_iter().zip(answers) {
-                replies[i].outcomes.push(outcome);
-                per_partitioner[p].push((i, vals));
-            }
-        }
-        for list in per_partitioner {
-            for (i, vals) in list {
-                let metrics = &mut replies[i].metrics;
-                match metrics.is_empty() {
-                    true => *metrics = vals,
-                    false => metrics.extend(vals),
+            .log
+            .ingest(&self.shards, stream, batches, values, durable);
+        async move {
+            let answers = answers.await?;
+            let mut replies = vec![EventReply::default(); n];
+            // Partitioner order is kept so metric values come out in creation order.
+            let mut per_partitioner: Vec<Vec<(usize, MetricValues)>> =
+                vec![Vec::new(); stream.partitioner_count()];
+            for ((p, indexes), answers) in places.into_iter().zip(answers) {
+                for (i, (outcome, vals)) in indexes.into_iter().zip(answers) {
+                    replies[i].outcomes.push(outcome);
+                    per_partitioner[p].push((i, vals));
                 }
             }
+            for list in per_partitioner {
+                for (i, vals) in list {
+                    let metrics = &mut replies[i].metrics;
+                    match metrics.is_empty() {
+                        true => *metrics = vals,
+                        false => metrics.extend(vals),
+                    }
+                }
+            }
+            Ok(replies)
         }
-        Ok(replies)
     }
 
     /// `ingest` for events already routed: each task's batch, in order; the answers per
@@ -742,6 +763,14 @@ mod tests {
     /// An engine of one shard with stream `p` (one task, returned) and one metric over it:
     /// `CREATE METRIC m AS SELECT card, {aggregates} FROM p WINDOW INFINITE GROUP BY card`.
     async fn one_task(aggregates: &str) -> (Arc<Catalog>, Engine, TaskId) {
+        one_task_on(Arc::new(crate::MemoryLog), aggregates).await
+    }
+
+    /// `one_task` with the engine on `log`.
+    async fn one_task_on(
+        log: Arc<dyn EventLog>,
+        aggregates: &str,
+    ) -> (Arc<Catalog>, Engine, TaskId) {
         let mut catalog = Catalog::default();
         for sql in [
             "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
@@ -755,7 +784,7 @@ mod tests {
             catalog = eddy_planner::ddl::apply(&catalog, &stmt).unwrap().0;
         }
         let catalog = Arc::new(catalog);
-        let engine = Engine::start(1, Arc::new(crate::MemoryLog), None);
+        let engine = Engine::start(1, log, None);
         engine.apply_catalog(catalog.clone()).await.unwrap();
         let task = TaskId {
             stream: "p".into(),
@@ -854,6 +883,58 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows, vec![vec![key[0].clone(), Value::Int(3)]]);
+    }
+
+    /// `submit` appends to the embedded log before it returns, so a caller (COPY) can
+    /// submit its next batch while the shards apply one; awaited in submission order, the
+    /// batches reach the task in that order.
+    #[tokio::test]
+    async fn submitted_batches_are_logged_at_once_and_applied_in_order() {
+        let dir = std::env::temp_dir().join(format!("eddy-engine-submit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let log =
+            Arc::new(crate::LocalLog::open(&dir, std::time::Duration::from_secs(3600)).unwrap());
+        let (catalog, engine, task) = one_task_on(log.clone(), "LAST_VALUE(amount) AS last").await;
+        let stream = catalog.stream("p").unwrap();
+        let card = Value::Text("a".to_string().into());
+        // One event time: arrival order alone decides the last value.
+        let batch = |from: i64| -> Vec<Row> {
+            (from..from + 3)
+                .map(|i| {
+                    Row::from(vec![
+                        Value::Timestamp(1_790_000_000_000_000),
+                        card.clone(),
+                        Value::Int(i),
+                    ])
+                })
+                .collect()
+        };
+        let first = engine.submit(stream, batch(0), None, false, true);
+        let second = engine.submit(stream, batch(3), None, false, true);
+        let mut logged = 0;
+        log.replay(&task, 0, &mut |_, _| logged += 1).unwrap();
+        assert_eq!(
+            logged, 6,
+            "both batches are logged before either is awaited"
+        );
+        assert_eq!(first.await.unwrap().len(), 3);
+        assert_eq!(second.await.unwrap().len(), 3);
+        let metric = catalog.metric("m").unwrap();
+        let rows = engine
+            .metric_rows(stream, metric, Some(vec![card.clone()]))
+            .await
+            .unwrap();
+        assert_eq!(rows, vec![vec![card, Value::Int(5)]]);
+        let amounts: Vec<Value> = engine
+            .local_stream_rows("p", None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r[2].clone())
+            .collect();
+        assert_eq!(amounts, (0..6).map(Value::Int).collect::<Vec<_>>());
+        drop(engine);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A point read borrows the task's shard when it is idle, sees every acknowledged

@@ -630,15 +630,25 @@ impl Db {
         let copy = copy.finish().await?;
         let stream = copy.stream;
         let mut late = Vec::new();
+        // Two batches in flight: the shards apply one while this thread makes the rows of
+        // the next, so neither waits for the other. Futures are awaited in submission
+        // order, which keeps the batches in input order (`Engine::submit`).
+        let mut applying = None;
         for (batch, passes) in &copy.batches {
             let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
-            let started = Instant::now();
-            let replies = self
-                .engine
-                .ingest_with(&stream, rows, passes.as_ref(), false, durable)
-                .await?;
+            let next = (
+                Instant::now(),
+                self.engine
+                    .submit(&stream, rows, passes.as_ref(), false, durable),
+            );
+            if let Some((started, replies)) = applying.replace(next) {
+                late.extend(replies.await?.into_iter().map(|r| r.outcomes));
+                self.timings.ingest.record(started.elapsed());
+            }
+        }
+        if let Some((started, replies)) = applying {
+            late.extend(replies.await?.into_iter().map(|r| r.outcomes));
             self.timings.ingest.record(started.elapsed());
-            late.extend(replies.into_iter().map(|r| r.outcomes));
         }
         Ok(Executed {
             output: Output::Command {

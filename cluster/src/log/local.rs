@@ -255,7 +255,8 @@ const REPLAY_BATCH_ROWS: usize = 8192;
 
 impl EventLog for LocalLog {
     /// Durable first: the writer thread hands the events to the tasks after the fsync,
-    /// in log order, so a task applies exactly its log's sequence.
+    /// in log order, so a task applies exactly its log's sequence. The batches are
+    /// appended before this returns; the future only waits for the answers.
     fn ingest<'a>(
         &'a self,
         shards: &'a Shards,
@@ -264,45 +265,43 @@ impl EventLog for LocalLog {
         values: bool,
         durable: bool,
     ) -> LogFuture<'a, Vec<Answers>> {
-        Box::pin(async move {
-            let mut records = Vec::with_capacity(batches.len());
-            let mut waits = Vec::with_capacity(batches.len());
-            let mut deliveries = Vec::with_capacity(batches.len());
-            for TaskBatch { task, rows, passes } in batches {
-                let encoded = rows
-                    .iter()
-                    .map(|r| {
-                        let mut b = Vec::with_capacity(64);
-                        codec::encode_row(r, &mut b);
-                        b
-                    })
-                    .collect();
-                records.push((task.clone(), encoded));
-                let (reply, rx) = reply_to_caller();
-                deliveries.push((task, rows, passes, reply));
-                waits.push(rx);
-            }
-            // The caller waits for the tasks' answers alone: a failed append answers each
-            // batch with its error, so no second wake-up says that the append is done.
-            let shards = shards.clone();
-            self.append(
-                records,
-                durable,
-                Box::new(move |result| match result {
-                    Ok(ends) => {
-                        for ((task, rows, passes, reply), end) in deliveries.into_iter().zip(ends) {
-                            shards.deliver(task, rows, values, end, passes, reply);
-                        }
+        let mut records = Vec::with_capacity(batches.len());
+        let mut waits = Vec::with_capacity(batches.len());
+        let mut deliveries = Vec::with_capacity(batches.len());
+        for TaskBatch { task, rows, passes } in batches {
+            let encoded = rows
+                .iter()
+                .map(|r| {
+                    let mut b = Vec::with_capacity(64);
+                    codec::encode_row(r, &mut b);
+                    b
+                })
+                .collect();
+            records.push((task.clone(), encoded));
+            let (reply, rx) = reply_to_caller();
+            deliveries.push((task, rows, passes, reply));
+            waits.push(rx);
+        }
+        // The caller waits for the tasks' answers alone: a failed append answers each
+        // batch with its error, so no second wake-up says that the append is done.
+        let shards = shards.clone();
+        self.append(
+            records,
+            durable,
+            Box::new(move |result| match result {
+                Ok(ends) => {
+                    for ((task, rows, passes, reply), end) in deliveries.into_iter().zip(ends) {
+                        shards.deliver(task, rows, values, end, passes, reply);
                     }
-                    Err(e) => {
-                        for (_, _, _, reply) in deliveries {
-                            reply(Err(e.clone()));
-                        }
+                }
+                Err(e) => {
+                    for (_, _, _, reply) in deliveries {
+                        reply(Err(e.clone()));
                     }
-                }),
-            );
-            Shards::answers(waits).await
-        })
+                }
+            }),
+        );
+        Box::pin(Shards::answers(waits))
     }
 
     fn recover<'a>(

@@ -53,6 +53,11 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
     /// Appends each task's batch, and once the log has it (`durable`: fsynced or
     /// acknowledged by every in-sync replica), has the task apply it. Returns each
     /// batch's answers, in `batches` order.
+    ///
+    /// Ordering: a log takes the batches when `ingest` is called (`LocalLog` appends
+    /// before it returns) or, at the latest, when the future is first polled (the others).
+    /// So a caller may call again before the first future is done (a pipelined COPY):
+    /// as long as it polls the futures in call order, the batches keep that order.
     fn ingest<'a>(
         &'a self,
         shards: &'a Shards,
