@@ -193,6 +193,24 @@ pub struct DiskReservoir<E> {
     hits: u64,
     misses: u64,
     prefetched: u64,
+    /// Where the last scans that ended inside a chunk stopped, oldest first: a window's
+    /// tail edge scans on from there, so an event that leaves costs no search, no cache
+    /// lookup and no reference count.
+    hints: Vec<ScanHint<E>>,
+}
+
+/// Scan hints kept: the tail edges of a few windows.
+const SCAN_HINTS: usize = 4;
+
+/// A scan's stopping place: the first event above `bound`, at `index` of chunk `number`
+/// (whose events it holds: chunks never change, and a hint is used only after checking
+/// that the chunk is still live, the codec the same, and the events around it).
+struct ScanHint<E> {
+    bound: i64,
+    number: u64,
+    generation: u64,
+    index: usize,
+    events: Arc<Vec<E>>,
 }
 
 fn segment_path(dir: &Path, id: u64) -> PathBuf {
@@ -348,6 +366,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             hits: 0,
             misses: 0,
             prefetched: 0,
+            hints: Vec::new(),
         };
         let files = list_segments(dir)?;
         let Some(mark) = mark else {
@@ -466,6 +485,24 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     }
 
     /// Takes the decodes the IO thread finished.
+    /// Takes the remembered place of the first event above `bound`, if it still is that,
+    /// with the index of its chunk.
+    fn take_hint(&mut self, bound: i64) -> Option<(usize, ScanHint<E>)> {
+        let at = self.hints.iter().position(|h| h.bound == bound)?;
+        let h = self.hints.remove(at);
+        if h.generation != self.generation {
+            return None;
+        }
+        // Chunks are numbered in order and leave from the front only.
+        let i = h.number.checked_sub(self.chunks.front()?.number)? as usize;
+        if self.chunks.get(i)?.number != h.number {
+            return None;
+        }
+        let above = h.events.get(h.index)?.key().0 > bound;
+        let before = h.index == 0 || h.events[h.index - 1].key().0 <= bound;
+        (above && before).then_some((i, h))
+    }
+
     fn collect_loaded(&mut self) {
         while let Ok((number, generation, result)) = self.loaded_rx.try_recv() {
             self.inflight.remove(&number);
@@ -623,13 +660,34 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         if upto <= after {
             return Ok(());
         }
-        let mut i = self.chunks.partition_point(|c| c.header.last.0 <= after);
+        let mut hinted = self.take_hint(after);
+        let mut i = match &hinted {
+            Some((i, _)) => *i,
+            None => self.chunks.partition_point(|c| c.header.last.0 <= after),
+        };
         while i < self.chunks.len() && self.chunks[i].header.first.0 <= upto {
-            let events = self.chunk_events(i)?;
-            let start = events.partition_point(|e| e.key().0 <= after);
-            for e in &events[start..] {
+            let (events, start) = match hinted.take() {
+                Some((_, h)) => (h.events, h.index),
+                None => {
+                    let events = self.chunk_events(i)?;
+                    let start = events.partition_point(|e| e.key().0 <= after);
+                    (events, start)
+                }
+            };
+            for (j, e) in events[start..].iter().enumerate() {
                 if e.key().0 > upto {
-                    break;
+                    // Every later event (the open region's too) is above `upto`.
+                    if self.hints.len() == SCAN_HINTS {
+                        self.hints.remove(0);
+                    }
+                    self.hints.push(ScanHint {
+                        bound: upto,
+                        number: self.chunks[i].number,
+                        generation: self.generation,
+                        index: start + j,
+                        events,
+                    });
+                    return Ok(());
                 }
                 f(e);
             }
@@ -644,6 +702,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             self.codec = codec;
         }
         self.generation += 1;
+        self.hints.clear();
         self.cache.clear();
         self.cache_bytes = 0;
         self.sealable = UNMEASURED;
@@ -689,6 +748,8 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
                 self.cache_bytes -= cached.bytes;
             }
         }
+        let front = self.chunks.front().map(|c| c.number);
+        self.hints.retain(|h| front.is_some_and(|f| f <= h.number));
         // A segment is dead when no live chunk is in it and it is not being written.
         while self.segments.len() > 1
             && self
@@ -867,13 +928,22 @@ mod tests {
         };
         let mut r = open(&dir, &io, None);
         let mut model: Vec<Ev> = Vec::new();
-        let mut checkpoint: Option<(Vec<u8>, Vec<Ev>, i64, u64)> = None;
+        /// The model when a checkpoint was taken.
+        struct Saved {
+            model: Vec<Ev>,
+            t: i64,
+            seq: u64,
+            floor: i64,
+        }
+        let mut checkpoint: Option<(Vec<u8>, Saved)> = None;
         // A checkpoint is finished a step after it was taken, after more inserts and seals.
-        let mut pending: Option<(PendingMark, Vec<Ev>, i64, u64)> = None;
+        let mut pending: Option<(PendingMark, Saved)> = None;
         let (mut t, mut seq, mut floor) = (0i64, 0u64, i64::MIN);
+        let mut last_end = 0i64;
         let lateness = 40;
         for step in 0..20_000u64 {
-            let ts = t + (next() % 10) as i64 - lateness;
+            // Time moves on; some events arrive late (within the lateness).
+            let ts = t + (next() % 20) as i64 - 8;
             seq += 1;
             if ts >= t - lateness {
                 let e = Ev(ts, seq, (next() % 1000) as i64);
@@ -883,8 +953,8 @@ mod tests {
                 t = t.max(ts);
                 r.seal_through(t - lateness).unwrap();
             }
-            if let Some((p, m, ct, cs)) = pending.take() {
-                checkpoint = Some((p.finish().unwrap(), m, ct, cs));
+            if let Some((p, saved)) = pending.take() {
+                checkpoint = Some((p.finish().unwrap(), saved));
             }
             match next() % 500 {
                 0..=4 => {
@@ -892,28 +962,43 @@ mod tests {
                     r.expire_through(floor).unwrap();
                     model.retain(|e| e.0 > floor);
                 }
-                5 => pending = Some((r.checkpoint().unwrap(), model.clone(), t, seq)),
+                5 => {
+                    let saved = Saved {
+                        model: model.clone(),
+                        t,
+                        seq,
+                        floor,
+                    };
+                    pending = Some((r.checkpoint().unwrap(), saved));
+                }
                 6 => {
                     // Crash: back to the last checkpoint (or to nothing).
                     drop(r);
                     match &checkpoint {
-                        Some((mark, m, ct, cs)) => {
+                        Some((mark, saved)) => {
                             r = open(&dir, &io, Some(mark));
-                            model = m.clone();
-                            t = *ct;
-                            seq = *cs;
+                            model = saved.model.clone();
+                            (t, seq) = (saved.t, saved.seq);
+                            // The mark keeps the floor: what had expired stays expired.
+                            floor = saved.floor;
                         }
                         None => {
                             r = open(&dir, &io, None);
                             model.clear();
+                            floor = i64::MIN;
                         }
                     }
-                    floor = model.first().map_or(floor, |_| floor);
                 }
                 _ => {}
             }
-            let a = t - (next() % 3000) as i64;
+            // Half the reads go on from where the last one ended, as a window's edge does
+            // (the scan hints), half start anywhere.
+            let a = match next() % 2 {
+                0 => last_end,
+                _ => t - (next() % 3000) as i64,
+            };
             let b = a + (next() % 400) as i64;
+            last_end = b;
             let want: Vec<Ev> = model
                 .iter()
                 .filter(|e| e.0 > a && e.0 <= b)
