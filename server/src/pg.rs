@@ -1418,7 +1418,10 @@ impl ExtendedQueryHandler for Session {
             .map(|i| parameter_type(&target.parameter_types, inferred, i))
             .collect();
         let f = fields(columns, &|_| FieldFormat::Text, &self.format());
-        Ok(DescribeStatementResponse::new(params, f.as_ref().clone()))
+        Ok(DescribeStatementResponse::new(
+            params,
+            Arc::unwrap_or_clone(f),
+        ))
     }
 
     async fn do_describe_portal<C>(
@@ -1441,7 +1444,7 @@ impl ExtendedQueryHandler for Session {
             &|i| target.result_column_format.format_for(i),
             &self.format(),
         );
-        Ok(DescribePortalResponse::new(f.as_ref().clone()))
+        Ok(DescribePortalResponse::new(Arc::unwrap_or_clone(f)))
     }
 
     async fn do_query<C>(
