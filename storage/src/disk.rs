@@ -484,7 +484,6 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         Ok(r)
     }
 
-    /// Takes the decodes the IO thread finished.
     /// Takes the remembered place of the first event above `bound`, if it still is that,
     /// with the index of its chunk.
     fn take_hint(&mut self, bound: i64) -> Option<(usize, ScanHint<E>)> {
@@ -503,6 +502,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         (above && before).then_some((i, h))
     }
 
+    /// Takes the decodes the IO thread finished.
     fn collect_loaded(&mut self) {
         while let Ok((number, generation, result)) = self.loaded_rx.try_recv() {
             self.inflight.remove(&number);
