@@ -634,6 +634,10 @@ impl Db {
         // the next, so neither waits for the other. Futures are awaited in submission
         // order, which keeps the batches in input order (`Engine::submit`).
         let mut applying = None;
+        let mut applied = |started: Instant, replies: Vec<eddy_cluster::EventReply>| {
+            self.timings.ingest.record(started.elapsed());
+            late.extend(replies.into_iter().map(|r| r.outcomes));
+        };
         for (batch, passes) in &copy.batches {
             let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
             let next = (
@@ -642,13 +646,11 @@ impl Db {
                     .submit(&stream, rows, passes.as_ref(), false, durable),
             );
             if let Some((started, replies)) = applying.replace(next) {
-                late.extend(replies.await?.into_iter().map(|r| r.outcomes));
-                self.timings.ingest.record(started.elapsed());
+                applied(started, replies.await?);
             }
         }
         if let Some((started, replies)) = applying {
-            late.extend(replies.await?.into_iter().map(|r| r.outcomes));
-            self.timings.ingest.record(started.elapsed());
+            applied(started, replies.await?);
         }
         Ok(Executed {
             output: Output::Command {
