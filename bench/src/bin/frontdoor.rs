@@ -6,11 +6,15 @@
 //! - `single_on_polling` / `single_off_polling`: the same from a client that polls its
 //!   socket between statements instead of sleeping (its runtime keeps yielding), so the
 //!   server's answer needs no wake-up: what the server gives a latency-tuned client;
-//! - `batch`: multi-row `INSERT … RETURNING *` of `--batch` rows per statement;
+//! - `batch_on` / `batch_off`: multi-row `INSERT … RETURNING *` of `--batch` rows per
+//!   statement, with `synchronous_commit` on and off;
 //! - `copy`: `COPY … FROM STDIN` of `--copy-rows` rows;
 //! - `lookup`: prepared point lookups of a metric's group (`WHERE card = $1`).
 //!
-//! Latencies are per statement, in an HdrHistogram.
+//! Latencies are per statement, in an HdrHistogram. `cpu_us_per_event` is the CPU time
+//! of the whole process (server and client, every thread) per event, from
+//! `/proc/self/stat`: steadier than a rate on a noisy machine, where another tenant's load
+//! stretches the wall time more than the work.
 
 use std::time::{Duration, Instant};
 
@@ -53,7 +57,7 @@ struct Args {
     commit_delay: u64,
     /// Run one mode: single_on, single_off, single_on_polling, single_off_polling
     /// (the client polls its socket between statements instead of sleeping, as a
-    /// latency-tuned client does), batch, copy or lookup.
+    /// latency-tuned client does), batch_on, batch_off, copy or lookup.
     #[arg(long)]
     only: Option<String>,
 }
@@ -71,13 +75,54 @@ fn event(i: u64, cards: u64) -> (i64, chrono::NaiveDateTime, String, f64) {
     )
 }
 
-fn summary(name: &str, events: u64, elapsed: Duration, h: &Histogram<u64>) -> serde_json::Value {
+/// When a mode started, on the wall clock and in the process's CPU time.
+struct Started {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Started {
+    fn now() -> Started {
+        Started {
+            wall: Instant::now(),
+            cpu: process_cpu(),
+        }
+    }
+
+    fn seconds(&self) -> f64 {
+        self.wall.elapsed().as_secs_f64()
+    }
+}
+
+/// User and system time of every thread of this process so far.
+fn process_cpu() -> Duration {
+    // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second on Linux);
+    // the command name (field 2) may hold spaces, so count from the closing parenthesis.
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+fn summary(name: &str, events: u64, started: &Started, h: &Histogram<u64>) -> serde_json::Value {
+    let elapsed = started.wall.elapsed();
+    let cpu = process_cpu().saturating_sub(started.cpu);
     let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
     serde_json::json!({
         "mode": name,
         "events": events,
         "seconds": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
         "events_per_sec": (events as f64 / elapsed.as_secs_f64()).round(),
+        "cpu_us_per_event": (cpu.as_secs_f64() * 1e7 / events.max(1) as f64).round() / 10.0,
         "statements": h.len(),
         "p50_ms": q(0.5), "p90_ms": q(0.9), "p99_ms": q(0.99), "p999_ms": q(0.999), "max_ms": h.max() as f64 / 1000.0,
     })
@@ -105,7 +150,7 @@ async fn single(
         .prepare("INSERT INTO pay VALUES ($1, $2, $3, $4) RETURNING *")
         .await?;
     let mut h = histogram();
-    let started = Instant::now();
+    let started = Started::now();
     let mut n = 0;
     // A client that polls keeps its runtime awake: the server's answer wakes nobody.
     let poller = polling.then(|| {
@@ -115,7 +160,7 @@ async fn single(
             }
         })
     });
-    while started.elapsed().as_secs_f64() < a.seconds {
+    while started.seconds() < a.seconds {
         let (id, ts, card, amount) = event(*next, a.cards);
         *next += 1;
         let t = Instant::now();
@@ -127,15 +172,13 @@ async fn single(
         poller.abort();
     }
     client.batch_execute("SET synchronous_commit = on").await?;
-    Ok(summary(
-        &single_mode(sync, polling),
-        n,
-        started.elapsed(),
-        &h,
-    ))
+    Ok(summary(&single_mode(sync, polling), n, &started, &h))
 }
 
-async fn batch(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::Value> {
+async fn batch(client: &Client, a: &Args, next: &mut u64, sync: &str) -> Result<serde_json::Value> {
+    client
+        .batch_execute(&format!("SET synchronous_commit = {sync}"))
+        .await?;
     let values: Vec<String> = (0..a.batch)
         .map(|i| {
             format!(
@@ -154,9 +197,9 @@ async fn batch(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::
         ))
         .await?;
     let mut h = histogram();
-    let started = Instant::now();
+    let started = Started::now();
     let mut n = 0;
-    while started.elapsed().as_secs_f64() < a.seconds {
+    while started.seconds() < a.seconds {
         let events: Vec<_> = (0..a.batch as u64)
             .map(|i| event(*next + i, a.cards))
             .collect();
@@ -178,7 +221,8 @@ async fn batch(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::
         );
         n += a.batch as u64;
     }
-    Ok(summary("batch", n, started.elapsed(), &h))
+    client.batch_execute("SET synchronous_commit = on").await?;
+    Ok(summary(&format!("batch_{sync}"), n, &started, &h))
 }
 
 async fn copy(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::Value> {
@@ -191,17 +235,16 @@ async fn copy(client: &Client, a: &Args, next: &mut u64) -> Result<serde_json::V
         ));
     }
     *next += a.copy_rows;
-    let started = Instant::now();
+    let started = Started::now();
     let sink = client.copy_in("COPY pay FROM STDIN").await?;
     futures::pin_mut!(sink);
     for chunk in text.as_bytes().chunks(64 * 1024) {
         sink.send(bytes::Bytes::copy_from_slice(chunk)).await?;
     }
     let n = sink.finish().await?;
-    let elapsed = started.elapsed();
     let mut h = histogram();
-    h.record(elapsed.as_micros().max(1) as u64)?;
-    Ok(summary("copy", n, elapsed, &h))
+    h.record(started.wall.elapsed().as_micros().max(1) as u64)?;
+    Ok(summary("copy", n, &started, &h))
 }
 
 async fn lookup(client: &Client, a: &Args) -> Result<serde_json::Value> {
@@ -209,10 +252,10 @@ async fn lookup(client: &Client, a: &Args) -> Result<serde_json::Value> {
         .prepare("SELECT n, total FROM card_5m WHERE card = $1")
         .await?;
     let mut h = histogram();
-    let started = Instant::now();
+    let started = Started::now();
     let mut n = 0u64;
     let mut found = 0u64;
-    while started.elapsed().as_secs_f64() < a.seconds {
+    while started.seconds() < a.seconds {
         let card = format!("c{}", n.wrapping_mul(40_503) % a.cards);
         let t = Instant::now();
         found += client.query(&stmt, &[&card]).await?.len() as u64;
@@ -220,7 +263,7 @@ async fn lookup(client: &Client, a: &Args) -> Result<serde_json::Value> {
         n += 1;
     }
     anyhow::ensure!(found > 0, "no lookup found its group");
-    Ok(summary("lookup", n, started.elapsed(), &h))
+    Ok(summary("lookup", n, &started, &h))
 }
 
 fn main() -> Result<()> {
@@ -265,8 +308,10 @@ fn main() -> Result<()> {
                 }
             }
         }
-        if wants("batch") {
-            results.push(batch(&client, &a, &mut next).await?);
+        for sync in ["on", "off"] {
+            if wants(&format!("batch_{sync}")) {
+                results.push(batch(&client, &a, &mut next, sync).await?);
+            }
         }
         if wants("copy") {
             results.push(copy(&client, &a, &mut next).await?);

@@ -7,8 +7,8 @@
 //! 1. Builds the release binaries (`cargo build --release -p eddy-bench -p eddy-server`)
 //!    unless `--bin-dir` names a directory that has them (`engine`, `frontdoor`, `eddy`).
 //! 2. Runs `engine --mode task` against the window length (1 minute … 1 day) and the
-//!    number of keys (10k, 100k, 1M), and `frontdoor` (single_on, single_off, batch, copy,
-//!    lookup), each as a subprocess with a time cap, and parses their JSON; then the
+//!    number of keys (10k, 100k, 1M), and `frontdoor` (single_on, single_off, batch_on, batch_off,
+//!    copy, lookup), each as a subprocess with a time cap, and parses their JSON; then the
 //!    percentiles (MEDIAN, PERCENTILE_CONT(0.99)) at 100k keys, `hopping`, the share of
 //!    hopping results that differ from the exact sliding window, and `placement`, HiBench's
 //!    fixed window on 1 and 2 shards, pinned and not.
@@ -491,7 +491,14 @@ fn sanity(plan: &Plan, r: &Results) -> Vec<String> {
             ));
         }
     }
-    for mode in ["single_on", "single_off", "batch", "copy", "lookup"] {
+    for mode in [
+        "single_on",
+        "single_off",
+        "batch_on",
+        "batch_off",
+        "copy",
+        "lookup",
+    ] {
         match r.frontdoor.iter().find(|f| f.mode == mode) {
             None => bad.push(format!("frontdoor {mode} is missing")),
             Some(f) if f.events == 0 || f.events_per_sec <= 0.0 => {
