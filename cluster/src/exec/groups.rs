@@ -24,7 +24,7 @@ use eddy_planner::types::Value;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::exec::key::PackedKey;
-use crate::exec::split::SplitMap;
+use crate::exec::split::{Pos, SplitMap};
 
 /// Puts waiting in the write-through batch before it is written.
 const PENDING_MAX: usize = 1024;
@@ -488,16 +488,14 @@ impl GroupTable {
         Some(state)
     }
 
-    /// Brings `key` into L1 if it exists anywhere (or records that it does not); returns
-    /// its hash in L1, so the caller's lookup does not hash it again.
-    fn load(&mut self, key: &[u8]) -> u64 {
+    /// Brings `key` into L1 from L2 or the backing store if it exists there (or records
+    /// in L1 that it does not), and returns its slot's place in L1: one probe for a
+    /// group already in L1, the common case. Only with a backing store.
+    fn load(&mut self, key: &[u8]) -> Pos {
         let h = self.l1.hash(key);
-        if self.backing.is_none() {
-            return h;
-        }
-        if self.l1.get_hashed(h, key).is_some() {
+        if let Some(at) = self.l1.find(h, key) {
             self.stats.l1_hits += 1;
-            return h;
+            return at;
         }
         let state = match self.l2.remove(key).and_then(|b| GroupState::unpack(&b)) {
             Some(s) => {
@@ -509,27 +507,39 @@ impl GroupTable {
                 self.read(key)
             }
         };
+        // Eviction moves L1's entries: the place is taken after it.
         self.make_room();
         let stored = state.as_ref().map(aux_slots).unwrap_or_default().into();
-        self.l1.insert(
+        self.l1.insert_new(
+            h,
             PackedKey::new(key),
             Slot {
                 state,
                 dirty: false,
                 stored,
             },
-        );
-        h
+        )
     }
 
     pub fn get(&mut self, key: &[u8]) -> Option<&GroupState> {
-        let h = self.load(key);
-        self.l1.get_hashed(h, key).and_then(|s| s.state.as_ref())
+        let slot = match self.backing {
+            None => self.l1.get(key)?,
+            Some(_) => {
+                let at = self.load(key);
+                self.l1.at(at)
+            }
+        };
+        slot.state.as_ref()
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut GroupState> {
-        let h = self.load(key);
-        let slot = self.l1.get_mut_hashed(h, key)?;
+        let slot = match self.backing {
+            None => self.l1.get_mut(key)?,
+            Some(_) => {
+                let at = self.load(key);
+                self.l1.at_mut(at)
+            }
+        };
         let state = slot.state.as_mut()?;
         slot.dirty = true;
         Some(state)
@@ -537,8 +547,13 @@ impl GroupTable {
 
     /// The state of `key`, created with `make` if absent.
     pub fn entry(&mut self, key: &[u8], make: impl FnOnce() -> GroupState) -> &mut GroupState {
-        let h = self.load(key);
-        let slot = self.l1.get_or_insert_with_hashed(h, key, Slot::absent);
+        let slot = match self.backing {
+            None => self.l1.get_or_insert_with(key, Slot::absent),
+            Some(_) => {
+                let at = self.load(key);
+                self.l1.at_mut(at)
+            }
+        };
         slot.dirty = true;
         slot.state.get_or_insert_with(make)
     }
@@ -548,11 +563,10 @@ impl GroupTable {
             self.l1.remove(key);
             return;
         }
-        let h = self.load(key);
-        if let Some(slot) = self.l1.get_mut_hashed(h, key) {
-            slot.state = None;
-            slot.dirty = true;
-        }
+        let at = self.load(key);
+        let slot = self.l1.at_mut(at);
+        slot.state = None;
+        slot.dirty = true;
     }
 
     /// Every group with a state, in no particular order.

@@ -18,6 +18,10 @@ const PARTS: usize = 256;
 /// the low bits and tags by the top seven.
 const PART_SHIFT: u32 = 40;
 
+/// Where an entry sits: its part and its bucket there. A place holds only until the map
+/// changes.
+pub type Pos = (usize, usize);
+
 pub struct SplitMap<V> {
     parts: Box<[HashTable<(PackedKey, V)>]>,
     hasher: DefaultHashBuilder,
@@ -47,27 +51,56 @@ impl<V> SplitMap<V> {
         self.len == 0
     }
 
-    /// `key`'s hash, for the `_hashed` calls: a caller that looks a key up more than
-    /// once hashes it once.
+    /// `key`'s hash, for `find` and `insert_new`.
     pub fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&V> {
-        self.get_hashed(self.hash(key), key)
-    }
-
-    pub fn get_hashed(&self, h: u64, key: &[u8]) -> Option<&V> {
+        let h = self.hash(key);
         self.parts[Self::part(h)]
             .find(h, |(k, _)| k.as_bytes() == key)
             .map(|(_, v)| v)
     }
 
-    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
-        self.get_mut_hashed(self.hash(key), key)
+    /// The place of `key`'s entry, its hash `h`: one probe, then `at` and `at_mut` reach
+    /// it without another (for a caller that must change the map between finding and
+    /// using an entry, which a borrowed entry would not allow).
+    pub fn find(&self, h: u64, key: &[u8]) -> Option<Pos> {
+        let part = Self::part(h);
+        self.parts[part]
+            .find_bucket_index(h, |(k, _)| k.as_bytes() == key)
+            .map(|bucket| (part, bucket))
     }
 
-    pub fn get_mut_hashed(&mut self, h: u64, key: &[u8]) -> Option<&mut V> {
+    /// The value at a place `find` or `insert_new` gave, the map unchanged since.
+    pub fn at(&self, (part, bucket): Pos) -> &V {
+        &self.parts[part]
+            .get_bucket(bucket)
+            .expect("a place taken since the map last changed")
+            .1
+    }
+
+    pub fn at_mut(&mut self, (part, bucket): Pos) -> &mut V {
+        &mut self.parts[part]
+            .get_bucket_mut(bucket)
+            .expect("a place taken since the map last changed")
+            .1
+    }
+
+    /// Adds an entry for a key that has none, its hash `h`; returns its place.
+    pub fn insert_new(&mut self, h: u64, key: PackedKey, value: V) -> Pos {
+        let hasher = &self.hasher;
+        let part = Self::part(h);
+        let bucket = self.parts[part]
+            .insert_unique(h, (key, value), |(k, _)| hasher.hash_one(k.as_bytes()))
+            .bucket_index();
+        self.len += 1;
+        (part, bucket)
+    }
+
+    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
+        let h = self.hash(key);
         self.parts[Self::part(h)]
             .find_mut(h, |(k, _)| k.as_bytes() == key)
             .map(|(_, v)| v)
@@ -75,15 +108,7 @@ impl<V> SplitMap<V> {
 
     /// The value of `key`, made by `make` if absent.
     pub fn get_or_insert_with(&mut self, key: &[u8], make: impl FnOnce() -> V) -> &mut V {
-        self.get_or_insert_with_hashed(self.hash(key), key, make)
-    }
-
-    pub fn get_or_insert_with_hashed(
-        &mut self,
-        h: u64,
-        key: &[u8],
-        make: impl FnOnce() -> V,
-    ) -> &mut V {
+        let h = self.hash(key);
         let hasher = &self.hasher;
         let entry = self.parts[Self::part(h)].entry(
             h,
