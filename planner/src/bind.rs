@@ -560,7 +560,8 @@ pub struct ReturningColumn {
 #[derive(Clone, Debug)]
 pub struct InsertPlan {
     pub stream: Arc<StreamDef>,
-    pub rows: Vec<Vec<Value>>,
+    /// Shared slices, as the engine takes rows: no copy between binding and applying.
+    pub rows: Vec<Arc<[Value]>>,
     pub returning: Option<Vec<ReturningColumn>>,
 }
 
@@ -706,8 +707,10 @@ impl InsertTemplate {
         param: &mut dyn FnMut(usize, &ColumnDef) -> Result<Value>,
     ) -> Result<InsertPlan> {
         let mut rows = Vec::with_capacity(self.rows.len());
+        // One row at a time in a scratch vector, moved into the row's one allocation.
+        let mut out = Vec::with_capacity(self.stream.columns.len());
         for slots in &self.rows {
-            let mut out = vec![Value::Null; self.stream.columns.len()];
+            out.resize(self.stream.columns.len(), Value::Null);
             for (col, slot) in slots {
                 out[*col] = match slot {
                     Slot::Const(v) => v.clone(),
@@ -715,7 +718,7 @@ impl InsertTemplate {
                 };
             }
             check_not_null(&self.stream, &out)?;
-            rows.push(out);
+            rows.push(out.drain(..).collect());
         }
         Ok(InsertPlan {
             stream: self.stream.clone(),

@@ -578,7 +578,7 @@ impl Db {
         for row in &plan.rows {
             Task::event_time(&plan.stream, row)?;
         }
-        let rows: Vec<Row> = plan.rows.into_iter().map(Row::from).collect();
+        let rows: Vec<Row> = plan.rows;
         let want = plan.returning.is_some();
         let _polling = durable.then(crate::busy::Committing::start);
         let started = Instant::now();
