@@ -521,25 +521,24 @@ impl GroupTable {
         )
     }
 
-    pub fn get(&mut self, key: &[u8]) -> Option<&GroupState> {
-        let slot = match self.backing {
-            None => self.l1.get(key)?,
+    /// `key`'s slot in L1: found there alone without a backing store, else loaded
+    /// (a backed table always has one, absent or not).
+    fn slot(&mut self, key: &[u8]) -> Option<&mut Slot> {
+        match self.backing {
+            None => self.l1.get_mut(key),
             Some(_) => {
                 let at = self.load(key);
-                self.l1.at(at)
+                Some(self.l1.at_mut(at))
             }
-        };
-        slot.state.as_ref()
+        }
+    }
+
+    pub fn get(&mut self, key: &[u8]) -> Option<&GroupState> {
+        self.slot(key)?.state.as_ref()
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut GroupState> {
-        let slot = match self.backing {
-            None => self.l1.get_mut(key)?,
-            Some(_) => {
-                let at = self.load(key);
-                self.l1.at_mut(at)
-            }
-        };
+        let slot = self.slot(key)?;
         let state = slot.state.as_mut()?;
         slot.dirty = true;
         Some(state)
@@ -561,12 +560,11 @@ impl GroupTable {
     pub fn remove(&mut self, key: &[u8]) {
         if self.backing.is_none() {
             self.l1.remove(key);
-            return;
+        } else if let Some(slot) = self.slot(key) {
+            // Kept as known absent, so the store's entry is deleted and not read again.
+            slot.state = None;
+            slot.dirty = true;
         }
-        let at = self.load(key);
-        let slot = self.l1.at_mut(at);
-        slot.state = None;
-        slot.dirty = true;
     }
 
     /// Every group with a state, in no particular order.

@@ -63,8 +63,8 @@ impl<V> SplitMap<V> {
             .map(|(_, v)| v)
     }
 
-    /// The place of `key`'s entry, its hash `h`: one probe, then `at` and `at_mut` reach
-    /// it without another (for a caller that must change the map between finding and
+    /// The place of `key`'s entry, its hash `h`: one probe, then `at_mut` reaches it
+    /// without another (for a caller that must change the map between finding and
     /// using an entry, which a borrowed entry would not allow).
     pub fn find(&self, h: u64, key: &[u8]) -> Option<Pos> {
         let part = Self::part(h);
@@ -74,13 +74,6 @@ impl<V> SplitMap<V> {
     }
 
     /// The value at a place `find` or `insert_new` gave, the map unchanged since.
-    pub fn at(&self, (part, bucket): Pos) -> &V {
-        &self.parts[part]
-            .get_bucket(bucket)
-            .expect("a place taken since the map last changed")
-            .1
-    }
-
     pub fn at_mut(&mut self, (part, bucket): Pos) -> &mut V {
         &mut self.parts[part]
             .get_bucket_mut(bucket)
