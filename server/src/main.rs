@@ -375,6 +375,7 @@ fn serve(args: ServeArgs, shards_from_file: bool, limits: LimitLayers) -> anyhow
     let io_threads = args.io_threads.unwrap_or_else(default_io_threads).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(io_threads)
+        .thread_stack_size(eddy_server::serve::PLANNING_STACK_BYTES)
         .enable_all()
         .thread_name("eddy-io")
         .build()?;

@@ -13,6 +13,11 @@ use crate::wire::Door;
 
 pub use crate::config::{default_io_threads, Config};
 
+/// Stack of every thread that may plan SQL (session threads, the I/O runtime's workers):
+/// DataFusion's planner recurses over the statement, and the release build compiles it
+/// unoptimized (Cargo.toml), whose frames are larger. Only the pages touched are memory.
+pub const PLANNING_STACK_BYTES: usize = 8 << 20;
+
 /// A running server: its bound address and the handle to stop it.
 pub struct Server {
     pub addr: SocketAddr,
@@ -208,6 +213,7 @@ impl SessionThreads {
             out.threads.push(
                 std::thread::Builder::new()
                     .name(format!("eddy-session-{i}"))
+                    .stack_size(PLANNING_STACK_BYTES)
                     .spawn(move || {
                         let _ = runtime.block_on(stopped);
                         // Sessions still open end here, with their runtime.

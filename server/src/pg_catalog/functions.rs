@@ -8,6 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{new_empty_array, Array};
+use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
@@ -99,7 +100,14 @@ impl ScalarUDFImpl for CatalogFunction {
         if out.is_empty() {
             return Ok(ColumnarValue::Array(new_empty_array(&self.returns)));
         }
-        Ok(ColumnarValue::Array(ScalarValue::iter_to_array(out)?))
+        // Not `ScalarValue::iter_to_array`: it is generic, and each crate calling it
+        // compiles array builders for every Arrow type again.
+        let arrays = out
+            .iter()
+            .map(ScalarValue::to_array)
+            .collect::<Result<Vec<_>>>()?;
+        let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+        Ok(ColumnarValue::Array(concat(&arrays)?))
     }
 }
 

@@ -53,7 +53,7 @@ pub(super) fn statement(
         _ => return Ok(()),
     };
     let mut rewriter = Rewriter { snapshot, state };
-    match target.visit(&mut rewriter) {
+    match target.visit(&mut Change::Rewrite(&mut rewriter)) {
         ControlFlow::Continue(()) => Ok(()),
         ControlFlow::Break(e) => Err(e),
     }
@@ -223,33 +223,13 @@ impl Rewriter<'_> {
 
     /// Whether any item calls an aggregate or window function (outside subqueries).
     fn aggregates(&self, items: &[SelectItem]) -> bool {
-        struct Find<'a>(&'a SessionState, bool, usize);
-        impl ast::Visitor for Find<'_> {
-            type Break = ();
-            fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
-                self.2 += 1;
-                ControlFlow::Continue(())
-            }
-            fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
-                self.2 -= 1;
-                ControlFlow::Continue(())
-            }
-            fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
-                if let (Expr::Function(f), 0) = (e, self.2) {
-                    let name = parts(&f.name).pop().unwrap_or_default();
-                    if self.0.aggregate_functions().contains_key(&name) || f.over.is_some() {
-                        self.1 = true;
-                        return ControlFlow::Break(());
-                    }
-                }
-                ControlFlow::Continue(())
-            }
-        }
-        let mut find = Find(self.state, false, 0);
-        for item in items {
-            let _ = ast::Visit::visit(item, &mut find);
-        }
-        find.1
+        let mut find = Find::Aggregate {
+            state: self.state,
+            depth: 0,
+        };
+        items
+            .iter()
+            .any(|item| ast::Visit::visit(item, &mut find).is_break())
     }
 
     /// `ARRAY(SELECT e FROM … [ORDER BY …])` as a scalar subquery aggregating `e`.
@@ -526,20 +506,7 @@ fn array_map(select: &Select, item: &Expr) -> Option<Expr> {
 
 /// Replaces each column named in `bound` by its expression.
 fn substitute(e: &mut Expr, bound: &[(String, Expr)]) {
-    struct Replace<'a>(&'a [(String, Expr)]);
-    impl VisitorMut for Replace<'_> {
-        type Break = ();
-        fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
-            if let Expr::CompoundIdentifier(_) = e {
-                let name = e.to_string();
-                if let Some((_, inner)) = self.0.iter().find(|(outer, _)| *outer == name) {
-                    *e = inner.clone();
-                }
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let _ = e.visit(&mut Replace(bound));
+    let _ = e.visit(&mut Change::Substitute(bound));
 }
 
 /// `a AND b AND c` as `[a, b, c]`.
@@ -578,38 +545,103 @@ fn inner_names(select: &Select) -> HashSet<String> {
 
 /// Whether `e` names a column qualified by something `inner` does not bind.
 fn references_outer(e: &Expr, inner: &HashSet<String>) -> bool {
-    struct Find<'a>(&'a HashSet<String>, bool);
-    impl ast::Visitor for Find<'_> {
-        type Break = ();
-        fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
-            if let Expr::CompoundIdentifier(idents) = e {
-                if idents.len() >= 2
-                    && !self.0.contains(&normalize_ident(&idents[idents.len() - 2]))
-                {
-                    self.1 = true;
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let mut find = Find(inner, false);
-    let _ = ast::Visit::visit(e, &mut find);
-    find.1
+    ast::Visit::visit(e, &mut Find::OuterReference(inner)).is_break()
 }
 
 fn has_subquery(e: &Expr) -> bool {
-    struct Find(bool);
-    impl ast::Visitor for Find {
-        type Break = ();
-        fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
-            self.0 = true;
-            ControlFlow::Break(())
+    ast::Visit::visit(e, &mut Find::Subquery).is_break()
+}
+
+/// What this module looks for in a statement, found when the walk breaks. sqlparser's
+/// traversal covers the whole grammar and is generic over its visitor, so every visitor
+/// type compiled another copy of it: one type per direction keeps it to one copy each.
+enum Find<'a> {
+    /// An aggregate or window function call outside subqueries (`depth` counts the
+    /// queries the walk is inside).
+    Aggregate {
+        state: &'a SessionState,
+        depth: usize,
+    },
+    /// A column qualified by a name the set does not bind.
+    OuterReference(&'a HashSet<String>),
+    Subquery,
+}
+
+impl ast::Visitor for Find<'_> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        match self {
+            Find::Aggregate { depth, .. } => *depth += 1,
+            Find::Subquery => return ControlFlow::Break(()),
+            Find::OuterReference(_) => {}
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn post_visit_query(&mut self, _: &Query) -> ControlFlow<()> {
+        if let Find::Aggregate { depth, .. } = self {
+            *depth -= 1;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_expr(&mut self, e: &Expr) -> ControlFlow<()> {
+        let found = match (&*self, e) {
+            (Find::Aggregate { state, depth: 0 }, Expr::Function(f)) => {
+                let name = parts(&f.name).pop().unwrap_or_default();
+                state.aggregate_functions().contains_key(&name) || f.over.is_some()
+            }
+            (Find::OuterReference(inner), Expr::CompoundIdentifier(idents)) => {
+                idents.len() >= 2 && !inner.contains(&normalize_ident(&idents[idents.len() - 2]))
+            }
+            _ => false,
+        };
+        match found {
+            true => ControlFlow::Break(()),
+            false => ControlFlow::Continue(()),
         }
     }
-    let mut find = Find(false);
-    let _ = ast::Visit::visit(e, &mut find);
-    find.0
+}
+
+/// The changes this module makes to a statement, as one `VisitorMut` type (see [`Find`]).
+enum Change<'a, 'b> {
+    Rewrite(&'b mut Rewriter<'a>),
+    /// Each column named in the list becomes its expression.
+    Substitute(&'b [(String, Expr)]),
+}
+
+impl VisitorMut for Change<'_, '_> {
+    type Break = DataFusionError;
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<Self::Break> {
+        match self {
+            Change::Rewrite(r) => r.table_factor(factor),
+            Change::Substitute(_) => ControlFlow::Continue(()),
+        }
+    }
+
+    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<Self::Break> {
+        match self {
+            Change::Rewrite(r) => r.query(query),
+            Change::Substitute(_) => ControlFlow::Continue(()),
+        }
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<Self::Break> {
+        match self {
+            Change::Rewrite(r) => r.expr(expr),
+            Change::Substitute(bound) => {
+                if let Expr::CompoundIdentifier(_) = expr {
+                    let name = expr.to_string();
+                    if let Some((_, inner)) = bound.iter().find(|(outer, _)| *outer == name) {
+                        *expr = inner.clone();
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+        }
+    }
 }
 
 fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
@@ -623,10 +655,9 @@ fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
     }
 }
 
-impl VisitorMut for Rewriter<'_> {
-    type Break = DataFusionError;
-
-    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<Self::Break> {
+/// The rewrite's steps, called by [`Change::Rewrite`] as the walk meets each node.
+impl Rewriter<'_> {
+    fn table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<DataFusionError> {
         if let TableFactor::Table { name, args, .. } = factor {
             if args.is_some() {
                 unqualify(name);
@@ -641,12 +672,12 @@ impl VisitorMut for Rewriter<'_> {
         ControlFlow::Continue(())
     }
 
-    fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<Self::Break> {
+    fn query(&mut self, query: &mut Query) -> ControlFlow<DataFusionError> {
         selects_mut(&mut query.body, &mut |s| self.select(s));
         ControlFlow::Continue(())
     }
 
-    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<Self::Break> {
+    fn expr(&mut self, expr: &mut Expr) -> ControlFlow<DataFusionError> {
         let replacement = match expr {
             // SQL's niladic functions, written without parentheses.
             Expr::Identifier(i)
