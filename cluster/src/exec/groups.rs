@@ -521,15 +521,17 @@ impl GroupTable {
         )
     }
 
-    /// `key`'s slot in L1: found there alone without a backing store, else loaded
-    /// (a backed table always has one, absent or not).
+    /// A backed table's slot for `key` in L1, loaded if it was not there (absent or not).
+    fn loaded(&mut self, key: &[u8]) -> &mut Slot {
+        let at = self.load(key);
+        self.l1.at_mut(at)
+    }
+
+    /// `key`'s slot in L1: found there alone without a backing store, else loaded.
     fn slot(&mut self, key: &[u8]) -> Option<&mut Slot> {
         match self.backing {
             None => self.l1.get_mut(key),
-            Some(_) => {
-                let at = self.load(key);
-                Some(self.l1.at_mut(at))
-            }
+            Some(_) => Some(self.loaded(key)),
         }
     }
 
@@ -548,10 +550,7 @@ impl GroupTable {
     pub fn entry(&mut self, key: &[u8], make: impl FnOnce() -> GroupState) -> &mut GroupState {
         let slot = match self.backing {
             None => self.l1.get_or_insert_with(key, Slot::absent),
-            Some(_) => {
-                let at = self.load(key);
-                self.l1.at_mut(at)
-            }
+            Some(_) => self.loaded(key),
         };
         slot.dirty = true;
         slot.state.get_or_insert_with(make)
