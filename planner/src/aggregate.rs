@@ -139,12 +139,15 @@ impl AggFunc {
     }
 
     /// The function whose state this one reads: SUM and AVG of a column share one exact
-    /// sum, MIN, MAX and the percentiles one ordered multiset, the variances one pair of
-    /// moments.
+    /// sum, MIN, MAX, COUNT DISTINCT and the percentiles one ordered multiset (COUNT
+    /// DISTINCT is its number of values), the variances one pair of moments.
     pub fn state_func(self) -> AggFunc {
         match self {
             AggFunc::Avg => AggFunc::Sum,
-            AggFunc::Max | AggFunc::PercentileCont(_) | AggFunc::PercentileDisc(_) => AggFunc::Min,
+            AggFunc::Max
+            | AggFunc::CountDistinct
+            | AggFunc::PercentileCont(_)
+            | AggFunc::PercentileDisc(_) => AggFunc::Min,
             AggFunc::StddevPop | AggFunc::VarSamp | AggFunc::VarPop => AggFunc::StddevSamp,
             other => other,
         }
@@ -173,8 +176,8 @@ impl AggFunc {
             AggFunc::Min
             | AggFunc::Max
             | AggFunc::PercentileCont(_)
-            | AggFunc::PercentileDisc(_) => AggState::Extreme(Counts::default()),
-            AggFunc::CountDistinct => AggState::Distinct(Counts::default()),
+            | AggFunc::PercentileDisc(_)
+            | AggFunc::CountDistinct => AggState::Extreme(Counts::default()),
             AggFunc::LastValue => AggState::Last(None),
         }
     }
@@ -311,7 +314,6 @@ pub enum AggState {
         n: i64,
     },
     Extreme(Counts),
-    Distinct(Counts),
     /// The newest event's value with its (event time, arrival sequence), boxed: it is
     /// rare, and every state is as large as the largest.
     Last(Option<Box<(i64, u64, Value)>>),
@@ -322,7 +324,6 @@ const STATE_SUM_INT: u8 = 2;
 const STATE_SUM_FLOAT: u8 = 3;
 const STATE_MOMENTS: u8 = 4;
 const STATE_EXTREME: u8 = 5;
-const STATE_DISTINCT: u8 = 6;
 const STATE_LAST: u8 = 7;
 
 impl AggState {
@@ -349,11 +350,8 @@ impl AggState {
                 s[1].encode(out);
                 out.extend_from_slice(&n.to_le_bytes());
             }
-            AggState::Extreme(counts) | AggState::Distinct(counts) => {
-                out.push(match self {
-                    AggState::Extreme(_) => STATE_EXTREME,
-                    _ => STATE_DISTINCT,
-                });
+            AggState::Extreme(counts) => {
+                out.push(STATE_EXTREME);
                 out.extend_from_slice(&(counts.len() as u32).to_le_bytes());
                 for (v, c) in counts.iter() {
                     encode_value(&v, out);
@@ -392,18 +390,14 @@ impl AggState {
                 s: Box::new([ExactSum::decode(&mut r)?, ExactSum::decode(&mut r)?]),
                 n: r.i64()?,
             },
-            tag @ (STATE_EXTREME | STATE_DISTINCT) => {
+            STATE_EXTREME => {
                 let n = r.u32()?;
                 let mut counts = Counts::default();
                 for _ in 0..n {
                     let v = decode_value(&mut r)?;
                     counts.add(&v, r.u32()?);
                 }
-                if tag == STATE_EXTREME {
-                    AggState::Extreme(counts)
-                } else {
-                    AggState::Distinct(counts)
-                }
+                AggState::Extreme(counts)
             }
             STATE_LAST => match r.u8()? {
                 0 => AggState::Last(None),
@@ -461,7 +455,7 @@ impl AggState {
                 }
                 *n += 1;
             }
-            AggState::Extreme(counts) | AggState::Distinct(counts) => counts.add(v, 1),
+            AggState::Extreme(counts) => counts.add(v, 1),
             AggState::Last(_) => {}
         }
     }
@@ -500,7 +494,7 @@ impl AggState {
                 }
                 *n -= 1;
             }
-            AggState::Extreme(counts) | AggState::Distinct(counts) => counts.decrement(v),
+            AggState::Extreme(counts) => counts.decrement(v),
             AggState::Last(_) => {}
         }
     }
@@ -518,10 +512,10 @@ impl AggState {
             (AggState::SumFloat { sum, n }, _) => Value::Float(sum.value() / *n as f64),
             (AggState::Moments { s, n }, _) => moments_result(func, &s[0], &s[1], *n),
             (AggState::Extreme(counts), AggFunc::Min) => counts.first().unwrap_or(Value::Null),
+            (AggState::Extreme(counts), AggFunc::CountDistinct) => Value::Int(counts.len() as i64),
             (AggState::Extreme(counts), AggFunc::PercentileCont(f)) => percentile_cont(counts, f),
             (AggState::Extreme(counts), AggFunc::PercentileDisc(f)) => percentile_disc(counts, f),
             (AggState::Extreme(counts), _) => counts.last().unwrap_or(Value::Null),
-            (AggState::Distinct(counts), _) => Value::Int(counts.len() as i64),
             (AggState::Last(last), _) => last.as_ref().map_or(Value::Null, |l| l.2.clone()),
         }
     }

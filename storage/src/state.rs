@@ -16,18 +16,15 @@ use std::sync::{Arc, Mutex, RwLock};
 pub enum Family {
     /// Aggregate state per (aggregator leaf, group key).
     Aggregates,
-    /// COUNT DISTINCT value → count maps.
-    Distinct,
-    /// MIN/MAX ordered multisets.
+    /// Value → count ordered multisets (MIN, MAX, COUNT DISTINCT, percentiles).
     Extremes,
     /// Checkpoint records and other bookkeeping.
     Meta,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 3] = [
         Family::Aggregates,
-        Family::Distinct,
         Family::Extremes,
         Family::Meta,
     ];
@@ -35,7 +32,6 @@ impl Family {
     pub fn name(self) -> &'static str {
         match self {
             Family::Aggregates => "aggregates",
-            Family::Distinct => "distinct",
             Family::Extremes => "extremes",
             Family::Meta => "meta",
         }
@@ -666,7 +662,7 @@ mod tests {
         s.write(&[
             (Family::Aggregates, b"a/1", Some(b"x")),
             (Family::Aggregates, b"a/2", Some(b"y")),
-            (Family::Distinct, b"a/3", Some(b"w")),
+            (Family::Extremes, b"a/3", Some(b"w")),
             (Family::Aggregates, b"b/1", Some(b"z")),
         ])
         .unwrap();
@@ -814,7 +810,7 @@ mod tests {
                     let n = 1 + rng.below(8);
                     let owned: Vec<(Family, Vec<u8>, Option<Vec<u8>>)> = (0..n)
                         .map(|_| {
-                            let family = Family::ALL[rng.below(4) as usize];
+                            let family = Family::ALL[rng.below(Family::ALL.len() as u64) as usize];
                             let k = key_of(&mut rng, w);
                             let v = (rng.below(4) != 0).then(|| {
                                 (0..rng.below(20)).map(|_| rng.below(256) as u8).collect()
@@ -835,7 +831,7 @@ mod tests {
                     }
                 }
                 5..=6 => {
-                    let family = Family::ALL[rng.below(4) as usize];
+                    let family = Family::ALL[rng.below(Family::ALL.len() as u64) as usize];
                     let keys: Vec<Vec<u8>> = (0..1 + rng.below(6)).map(|_| key(&mut rng)).collect();
                     let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
                     let reader = rocks.writer(rng.below(WRITERS as u64) as usize);
@@ -846,7 +842,7 @@ mod tests {
                     );
                 }
                 7..=8 => {
-                    let family = Family::ALL[rng.below(4) as usize];
+                    let family = Family::ALL[rng.below(Family::ALL.len() as u64) as usize];
                     let prefix = key(&mut rng)[..2 + rng.below(2) as usize].to_vec();
                     let reader = rocks.writer(rng.below(WRITERS as u64) as usize);
                     assert_eq!(

@@ -15,7 +15,9 @@ pub struct TaskStats {
 
 /// 2: COUNT(*) keeps no state of its own (it reads the group's event count), so group
 /// states of version 1 have one slot more per COUNT(*).
-const VERSION: u8 = 2;
+/// 3: COUNT(DISTINCT x) reads MIN(x)'s multiset, and the state store has no family of
+/// its own for it, so group states of version 2 may have one slot more per COUNT DISTINCT.
+const VERSION: u8 = 3;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checkpoint {

@@ -86,23 +86,21 @@ fn decode_recent(r: &mut Reader<'_>) -> Option<Option<Box<Recent>>> {
     r.is_empty().then_some(Some(Box::new(recent)))
 }
 
-/// An aggregator leaf's state stored apart from its group's entry: (family, slot).
-type AuxSlot = (Family, u16);
+/// The slot of an aggregator leaf's state stored apart from its group's entry, in the
+/// auxiliary family.
+type AuxSlot = u16;
 
-/// Marks, in a group's Aggregates entry, a slot whose state is in an auxiliary family
-/// (state tags are small, so neither mark is a valid state).
-const MARK_DISTINCT: u8 = 0xA1;
-const MARK_EXTREMES: u8 = 0xA2;
+/// The family of the states that grow with their distinct values: a multiset (MIN, MAX,
+/// COUNT DISTINCT, the percentiles) gets an entry of its own per (group key, slot), so it
+/// is read and written apart from the group's small scalar states.
+const AUX: Family = Family::Extremes;
 
-/// The auxiliary family of a state that grows with its distinct values: COUNT DISTINCT
-/// maps and MIN/MAX multisets get an entry of their own per (group key, slot), so they
-/// are read and written apart from the group's small scalar states.
-fn aux_family(state: &AggState) -> Option<Family> {
-    match state {
-        AggState::Distinct(_) => Some(Family::Distinct),
-        AggState::Extreme(_) => Some(Family::Extremes),
-        _ => None,
-    }
+/// Marks, in a group's Aggregates entry, a slot whose state is in the auxiliary family
+/// (state tags are small, so the mark is not a valid state).
+const MARK_AUX: u8 = 0xA2;
+
+fn is_aux(state: &AggState) -> bool {
+    matches!(state, AggState::Extreme(_))
 }
 
 fn aux_slots(state: &GroupState) -> Vec<AuxSlot> {
@@ -110,13 +108,14 @@ fn aux_slots(state: &GroupState) -> Vec<AuxSlot> {
         .states
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| Some((aux_family(s)?, i as u16)))
+        .filter(|(_, s)| is_aux(s))
+        .map(|(i, _)| i as u16)
         .collect()
 }
 
 impl GroupState {
     /// The group's Aggregates value: count, epoch and every inline slot's state, with
-    /// auxiliary slots as marks. Returns the auxiliary slots' (slot, family, value).
+    /// auxiliary slots as marks. Returns the auxiliary slots' (slot, value).
     fn encode(&self, out: &mut Vec<u8>) -> Vec<(AuxSlot, Vec<u8>)> {
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
@@ -125,17 +124,13 @@ impl GroupState {
         let mut buf = Vec::new();
         for (i, s) in self.states.iter().enumerate() {
             buf.clear();
-            match aux_family(s) {
-                Some(family) => {
-                    buf.push(match family {
-                        Family::Distinct => MARK_DISTINCT,
-                        _ => MARK_EXTREMES,
-                    });
-                    let mut value = Vec::with_capacity(64);
-                    s.encode(&mut value);
-                    aux.push(((family, i as u16), value));
-                }
-                None => s.encode(&mut buf),
+            if is_aux(s) {
+                buf.push(MARK_AUX);
+                let mut value = Vec::with_capacity(64);
+                s.encode(&mut value);
+                aux.push((i as u16, value));
+            } else {
+                s.encode(&mut buf);
             }
             out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
             out.extend_from_slice(&buf);
@@ -185,7 +180,7 @@ impl GroupState {
     }
 
     /// A group's Aggregates value, with a placeholder in each auxiliary slot; returns
-    /// those slots too, for the caller to fill from their families.
+    /// those slots too, for the caller to fill from the auxiliary family.
     fn decode(bytes: &[u8]) -> Option<(GroupState, Vec<AuxSlot>)> {
         let mut r = Reader(bytes);
         let count = r.i64()?;
@@ -196,17 +191,11 @@ impl GroupState {
         for i in 0..n {
             let len = r.u32()? as usize;
             let bytes = r.take(len)?;
-            let family = match bytes {
-                [MARK_DISTINCT] => Some(Family::Distinct),
-                [MARK_EXTREMES] => Some(Family::Extremes),
-                _ => None,
-            };
-            match family {
-                Some(family) => {
-                    aux.push((family, i as u16));
-                    states.push(AggState::Count(0));
-                }
-                None => states.push(AggState::decode(bytes)?),
+            if bytes == [MARK_AUX] {
+                aux.push(i as u16);
+                states.push(AggState::Count(0));
+            } else {
+                states.push(AggState::decode(bytes)?);
             }
         }
         let recent = decode_recent(&mut r)?;
@@ -263,7 +252,7 @@ impl std::ops::AddAssign for CacheStats {
 }
 
 /// Where a table's entries live in the store: `prefix ‖ packed group key` in Aggregates,
-/// and `prefix ‖ packed group key ‖ slot` (u16, big-endian) in the auxiliary families.
+/// and `prefix ‖ packed group key ‖ slot` (u16, big-endian) in the auxiliary family.
 #[derive(Clone)]
 pub struct Backing {
     pub store: Arc<dyn StateStore>,
@@ -299,14 +288,14 @@ impl Backing {
         let mut aux = Vec::new();
         let value = state.map(|s| {
             let mut v = Vec::with_capacity(64);
-            for ((family, slot), value) in s.encode(&mut v) {
-                pending.push((family, self.aux_key(key, slot), Some(value)));
-                aux.push((family, slot));
+            for (slot, value) in s.encode(&mut v) {
+                pending.push((AUX, self.aux_key(key, slot), Some(value)));
+                aux.push(slot);
             }
             v
         });
-        for &(family, slot) in stored.iter().filter(|a| !aux.contains(a)) {
-            pending.push((family, self.aux_key(key, slot), None));
+        for &slot in stored.iter().filter(|a| !aux.contains(a)) {
+            pending.push((AUX, self.aux_key(key, slot), None));
         }
         pending.push((Family::Aggregates, self.key(key), value));
         aux
@@ -458,30 +447,27 @@ impl GroupTable {
             ));
             return None;
         };
-        for family in [Family::Distinct, Family::Extremes] {
-            let slots: Vec<u16> = aux.iter().filter(|a| a.0 == family).map(|a| a.1).collect();
-            if slots.is_empty() {
-                continue;
+        if aux.is_empty() {
+            return Some(state);
+        }
+        let keys: Vec<Vec<u8>> = aux.iter().map(|&s| b.aux_key(key, s)).collect();
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let values = match b.store.multi_get(AUX, &refs) {
+            Ok(v) => v,
+            Err(e) => {
+                self.fail(e);
+                return None;
             }
-            let keys: Vec<Vec<u8>> = slots.iter().map(|&s| b.aux_key(key, s)).collect();
-            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            let values = match b.store.multi_get(family, &refs) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.fail(e);
+        };
+        for (slot, value) in aux.into_iter().zip(values) {
+            match value.as_deref().and_then(AggState::decode) {
+                Some(s) => state.states[slot as usize] = s,
+                None => {
+                    self.fail(format!(
+                        "the state store's {} family lacks a readable state for slot {slot} of key {k:02x?}",
+                        AUX.name()
+                    ));
                     return None;
-                }
-            };
-            for (slot, value) in slots.into_iter().zip(values) {
-                match value.as_deref().and_then(AggState::decode) {
-                    Some(s) => state.states[slot as usize] = s,
-                    None => {
-                        self.fail(format!(
-                            "the state store's {} family lacks a readable state for slot {slot} of key {k:02x?}",
-                            family.name()
-                        ));
-                        return None;
-                    }
                 }
             }
         }
@@ -585,27 +571,25 @@ impl GroupTable {
                 None => self.fail("the state store holds an unreadable group state"),
             }
         }
-        for family in [Family::Distinct, Family::Extremes] {
-            for (k, v) in self.scan(&b, family) {
-                let Some(split) = k.len().checked_sub(2).filter(|&n| n >= b.prefix.len()) else {
-                    self.fail(format!("a malformed key in the {} family", family.name()));
-                    continue;
-                };
-                let slot = u16::from_be_bytes([k[split], k[split + 1]]);
-                let filled = all
-                    .get_mut(&k[b.prefix.len()..split])
-                    .and_then(|(state, aux)| {
-                        let at = aux.iter().position(|&a| a == (family, slot))?;
-                        aux.swap_remove(at);
-                        state.states[slot as usize] = AggState::decode(&v)?;
-                        Some(())
-                    });
-                if filled.is_none() {
-                    self.fail(format!(
-                        "the {} family holds a state that matches no group",
-                        family.name()
-                    ));
-                }
+        for (k, v) in self.scan(&b, AUX) {
+            let Some(split) = k.len().checked_sub(2).filter(|&n| n >= b.prefix.len()) else {
+                self.fail(format!("a malformed key in the {} family", AUX.name()));
+                continue;
+            };
+            let slot = u16::from_be_bytes([k[split], k[split + 1]]);
+            let filled = all
+                .get_mut(&k[b.prefix.len()..split])
+                .and_then(|(state, aux)| {
+                    let at = aux.iter().position(|&a| a == slot)?;
+                    aux.swap_remove(at);
+                    state.states[slot as usize] = AggState::decode(&v)?;
+                    Some(())
+                });
+            if filled.is_none() {
+                self.fail(format!(
+                    "the {} family holds a state that matches no group",
+                    AUX.name()
+                ));
             }
         }
         if all.values().any(|(_, aux)| !aux.is_empty()) {
@@ -755,7 +739,7 @@ mod tests {
             epoch: 0,
             states: smallvec::smallvec![
                 AggState::Count(0),
-                AggState::Distinct(Default::default()),
+                AggState::Extreme(Default::default()),
                 AggState::Extreme(Default::default()),
             ],
             recent: None,
@@ -783,15 +767,14 @@ mod tests {
         assert_eq!(GroupState::unpack(&bad), None);
     }
 
-    /// One event's effect on a group: every slot kind changes, so both auxiliary
-    /// families are written, and later slots move when the layout changes.
+    /// One event's effect on a group: every slot changes (no two multisets alike), so
+    /// every auxiliary slot is written, and later slots move when the layout changes.
     fn apply(s: &mut GroupState, v: i64) {
         s.count += 1;
-        for state in &mut s.states {
+        for (i, state) in s.states.iter_mut().enumerate() {
             match state {
                 AggState::Count(n) => *n += v,
-                AggState::Distinct(m) => m.add(&Value::Int(v % 7), 1),
-                AggState::Extreme(m) => m.add(&Value::Int(v), 1),
+                AggState::Extreme(m) => m.add(&Value::Int(v % (7 + i as i64)), 1),
                 _ => {}
             }
         }
@@ -830,7 +813,6 @@ mod tests {
                         for st in &mut s.states {
                             *st = match st {
                                 AggState::Count(_) => AggState::Count(0),
-                                AggState::Distinct(_) => AggState::Distinct(Default::default()),
                                 _ => AggState::Extreme(Default::default()),
                             };
                         }
@@ -852,7 +834,7 @@ mod tests {
                         if s.states.len() > 1 {
                             s.states.remove(0);
                         } else {
-                            s.states.push(AggState::Distinct(Default::default()));
+                            s.states.push(AggState::Extreme(Default::default()));
                             s.states.push(AggState::Count(0));
                         }
                     };
@@ -865,16 +847,13 @@ mod tests {
                 }
                 _ => {
                     t.flush();
-                    let aux = |f| {
-                        model
-                            .values()
-                            .flat_map(|s| &s.states)
-                            .filter(|s| aux_family(s) == Some(f))
-                            .count()
-                    };
+                    let aux = model
+                        .values()
+                        .flat_map(|s| &s.states)
+                        .filter(|s| is_aux(s))
+                        .count();
                     assert_eq!(stored(&store, Family::Aggregates), model.len());
-                    assert_eq!(stored(&store, Family::Distinct), aux(Family::Distinct));
-                    assert_eq!(stored(&store, Family::Extremes), aux(Family::Extremes));
+                    assert_eq!(stored(&store, AUX), aux);
                     seen += t.stats();
                     t = table(&store);
                 }
@@ -889,7 +868,7 @@ mod tests {
             "{seen:?}"
         );
         t.clear();
-        for f in [Family::Aggregates, Family::Distinct, Family::Extremes] {
+        for f in [Family::Aggregates, AUX] {
             assert_eq!(stored(&store, f), 0, "{f:?}");
         }
     }
@@ -900,15 +879,15 @@ mod tests {
         let mut t = table(&store);
         apply(t.entry(b"k", fresh), 5);
         t.flush();
-        let gone = store.scan_prefix(Family::Distinct, b"task/node").unwrap();
+        let gone = store.scan_prefix(AUX, b"task/node").unwrap();
         let deletes: Vec<Put<'_>> = gone
             .iter()
-            .map(|(k, _)| (Family::Distinct, k.as_slice(), None))
+            .map(|(k, _)| (AUX, k.as_slice(), None))
             .collect();
         store.write(&deletes).unwrap();
         let mut t = table(&store);
         assert_eq!(t.get(b"k"), None);
         let failure = t.take_failure().expect("a failure");
-        assert!(failure.contains("distinct family"), "{failure}");
+        assert!(failure.contains("extremes family"), "{failure}");
     }
 }

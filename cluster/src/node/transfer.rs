@@ -29,7 +29,7 @@ use crate::route::TaskId;
 pub const PIECE_BYTES: usize = 1 << 20;
 
 /// The families that hold a task's group states.
-pub const STATE_FAMILIES: [Family; 3] = [Family::Aggregates, Family::Distinct, Family::Extremes];
+pub const STATE_FAMILIES: [Family; 2] = [Family::Aggregates, Family::Extremes];
 
 /// One message of a transfer.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,9 +102,8 @@ fn state_error(e: StateError) -> Error {
 fn family_byte(f: Family) -> u8 {
     match f {
         Family::Aggregates => 0,
-        Family::Distinct => 1,
-        Family::Extremes => 2,
-        Family::Meta => 3,
+        Family::Extremes => 1,
+        Family::Meta => 2,
     }
 }
 
