@@ -507,6 +507,11 @@ impl GroupTable {
         )
     }
 
+    /// Asks for the cache lines `key`'s L1 entry is in (see `SplitMap::prefetch`).
+    pub fn prefetch(&self, key: &[u8]) {
+        self.l1.prefetch(self.l1.hash(key));
+    }
+
     /// A backed table's slot for `key` in L1, loaded if it was not there (absent or not).
     fn loaded(&mut self, key: &[u8]) -> &mut Slot {
         let at = self.load(key);
