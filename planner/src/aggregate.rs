@@ -499,6 +499,18 @@ impl AggState {
         }
     }
 
+    /// Asks for the cache lines of what the state keeps on the heap (a multiset's
+    /// values), without waiting for them: the caller updates the state soon.
+    pub fn prefetch(&self) {
+        if let AggState::Extreme(counts) = self {
+            match counts {
+                Counts::Words(_, v) => prefetch(v),
+                Counts::Small(v) => prefetch(v),
+                Counts::Large(m) => prefetch(std::slice::from_ref(&**m)),
+            }
+        }
+    }
+
     /// The aggregate's value for the group as it stands.
     pub fn result(&self, func: AggFunc) -> Value {
         match (self, func) {

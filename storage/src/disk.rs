@@ -697,6 +697,29 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         Ok(())
     }
 
+    /// From the place a scan that stopped at `after` remembered in its chunk (no read,
+    /// no search), else from the open region when every chunk is at or before `after`.
+    fn upcoming(&mut self, after: i64, n: usize, f: &mut dyn FnMut(&E)) {
+        let hint = self
+            .hints
+            .iter()
+            .rev()
+            .find(|h| h.bound == after && h.generation == self.generation);
+        match hint {
+            Some(h) => h
+                .events
+                .get(h.index..)
+                .unwrap_or_default()
+                .iter()
+                .take(n)
+                .for_each(f),
+            None if self.chunks.back().is_none_or(|c| c.header.last.0 <= after) => {
+                self.open.upcoming(after, n, f)
+            }
+            None => {}
+        }
+    }
+
     fn refresh(&mut self, codec: Option<Arc<dyn ChunkCodec<E>>>, f: &mut dyn FnMut(&mut E)) {
         if let Some(codec) = codec {
             self.codec = codec;
@@ -940,6 +963,7 @@ mod tests {
         let mut pending: Option<(PendingMark, Saved)> = None;
         let (mut t, mut seq, mut floor) = (0i64, 0u64, i64::MIN);
         let mut last_end = 0i64;
+        let mut offered = 0;
         let lateness = 40;
         for step in 0..20_000u64 {
             // Time moves on; some events arrive late (within the lateness).
@@ -1005,7 +1029,18 @@ mod tests {
                 .cloned()
                 .collect();
             assert_eq!(collect(&mut r, a, b), want, "step {step} range ({a}, {b}]");
+            // What `upcoming` offers after a scan is the first events past its end.
+            let mut next_ones = Vec::new();
+            r.upcoming(b, 3, &mut |e| next_ones.push(e.clone()));
+            let after: Vec<Ev> = model.iter().filter(|e| e.0 > b).take(3).cloned().collect();
+            assert_eq!(
+                next_ones[..],
+                after[..next_ones.len()],
+                "step {step} after {b}"
+            );
+            offered += next_ones.len();
         }
+        assert!(offered > 1000, "{offered}");
         let stats = r.stats();
         assert!(stats.chunks > 10, "{stats:?}");
         assert!(stats.cache_hits + stats.cache_misses > 0);

@@ -64,6 +64,11 @@ pub trait Reservoir<E: Timed>: Send {
         f: &mut dyn FnMut(&E),
     ) -> Result<(), ReservoirError>;
 
+    /// Calls `f` on up to `n` of the first events with `ts > after`, in key order: the
+    /// next ones a window's tail edge at `after` will pass, so the caller can ask for
+    /// their cache lines ahead. Only a hint: a reservoir may offer fewer, or none.
+    fn upcoming(&mut self, _after: i64, _n: usize, _f: &mut dyn FnMut(&E)) {}
+
     /// Re-derives events' derived tags (never their keys): `f` runs on every event held
     /// decoded in memory, and events read back from disk are decoded with `codec` from
     /// now on.
@@ -355,6 +360,20 @@ impl<E: Timed> MemReservoir<E> {
 }
 
 impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
+    fn upcoming(&mut self, after: i64, n: usize, f: &mut dyn FnMut(&E)) {
+        let (first, start) = self.first_after(after);
+        self.blocks
+            .range(first..)
+            .enumerate()
+            .flat_map(|(i, block)| {
+                block
+                    .get(if i == 0 { start } else { 0 }..)
+                    .unwrap_or_default()
+            })
+            .take(n)
+            .for_each(f);
+    }
+
     fn insert(&mut self, event: E) {
         let key = event.key();
         self.len += 1;
@@ -419,6 +438,26 @@ mod tests {
         let mut out = Vec::new();
         r.scan(after, upto, &mut |e| out.push(e.key()));
         out
+    }
+
+    #[test]
+    fn upcoming_offers_the_first_events_past_a_bound() {
+        let mut r = MemReservoir {
+            block_events: 2,
+            ..MemReservoir::default()
+        };
+        for (i, ts) in [10, 20, 15, 20, 5, 30].iter().enumerate() {
+            r.insert(Ev(*ts, i as u64));
+        }
+        let upcoming = |r: &mut MemReservoir<Ev>, after, n| {
+            let mut out = Vec::new();
+            r.upcoming(after, n, &mut |e| out.push(e.key()));
+            out
+        };
+        assert_eq!(upcoming(&mut r, 10, 3), vec![(15, 2), (20, 1), (20, 3)]);
+        collect(&r, 5, 15);
+        assert_eq!(upcoming(&mut r, 15, 5), vec![(20, 1), (20, 3), (30, 5)]);
+        assert_eq!(upcoming(&mut r, 30, 2), vec![]);
     }
 
     #[test]

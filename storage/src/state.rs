@@ -23,11 +23,7 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [
-        Family::Aggregates,
-        Family::Extremes,
-        Family::Meta,
-    ];
+    pub const ALL: [Family; 3] = [Family::Aggregates, Family::Extremes, Family::Meta];
 
     pub fn name(self) -> &'static str {
         match self {

@@ -512,6 +512,19 @@ impl GroupTable {
         self.l1.prefetch(self.l1.hash(key));
     }
 
+    /// Asks for the cache lines of what `key`'s states keep on the heap, if its entry
+    /// is in L1 (`AggState::prefetch`).
+    pub fn prefetch_states(&self, key: &[u8]) {
+        let h = self.l1.hash(key);
+        if let Some(state) = self
+            .l1
+            .find(h, key)
+            .and_then(|at| self.l1.at(at).state.as_ref())
+        {
+            state.states.iter().for_each(AggState::prefetch);
+        }
+    }
+
     /// A backed table's slot for `key` in L1, loaded if it was not there (absent or not).
     fn loaded(&mut self, key: &[u8]) -> &mut Slot {
         let at = self.load(key);

@@ -11,6 +11,7 @@ use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 
 use crate::exec::key::PackedKey;
+use crate::exec::prefetch;
 
 /// Parts of a map (a power of two).
 const PARTS: usize = 256;
@@ -26,28 +27,6 @@ pub struct SplitMap<V> {
     parts: Box<[HashTable<(PackedKey, V)>]>,
     hasher: DefaultHashBuilder,
     len: usize,
-}
-
-/// Asks for every cache line of `value`, without waiting for them.
-#[inline]
-fn prefetch_lines<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = value as *const T as *const i8;
-        let size = std::mem::size_of::<T>();
-        // From the line the value starts in to the one it ends in.
-        let first = (start as usize) & !63;
-        let mut line = first;
-        while line < start as usize + size {
-            // SAFETY: a prefetch only hints the cache; it never faults.
-            #[allow(unsafe_code)]
-            unsafe {
-                _mm_prefetch(line as *const i8, _MM_HINT_T0)
-            };
-            line += 64;
-        }
-    }
 }
 
 impl<V> Default for SplitMap<V> {
@@ -105,8 +84,16 @@ impl<V> SplitMap<V> {
             .find_bucket_index(h, |_| true)
             .and_then(|i| part.get_bucket(i))
         {
-            prefetch_lines(entry);
+            prefetch::lines(entry);
         }
+    }
+
+    /// The value at a place `find` or `insert_new` gave, the map unchanged since.
+    pub fn at(&self, (part, bucket): Pos) -> &V {
+        &self.parts[part]
+            .get_bucket(bucket)
+            .expect("a place taken since the map last changed")
+            .1
     }
 
     /// The value at a place `find` or `insert_new` gave, the map unchanged since.

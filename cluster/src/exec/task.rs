@@ -36,6 +36,7 @@ use smallvec::SmallVec;
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::exec::key::{pack, unpack};
 use crate::exec::passes::Passes;
+use crate::exec::prefetch;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
@@ -1031,18 +1032,11 @@ impl Task {
         Ok(out)
     }
 
-    /// Asks for the cache lines of the group entries `row` would enter (under the
-    /// filters `mask` passes), without waiting for them: an event's cost is mostly
-    /// these misses, and they overlap with other work this way.
+    /// Asks for the cache lines of the group entries `row` will enter, without waiting
+    /// for them (`prefetch_groups`).
     fn prefetch_groups(&mut self, row: &Row, mask: u64) {
-        for f in self.windows.iter().flat_map(|w| &w.filters) {
-            if f.bit.is_some_and(|b| mask & (1u64 << b) == 0) {
-                continue;
-            }
-            for g in &f.groups {
-                fill_key(&mut self.key_buf, &g.key.columns, row);
-                g.table.prefetch(&self.key_buf);
-            }
+        for w in &self.windows {
+            prefetch_groups(&w.filters, row, mask, &mut self.key_buf);
         }
     }
 
@@ -1374,6 +1368,9 @@ fn advance(
         _ => {}
     }
     w.tail = new_tail.max(old_tail);
+    if matches!(spec, WindowSpec::Sliding { .. }) {
+        prefetch_leaving(w, reservoir, key_buf);
+    }
     if new_head > old_head {
         let from = old_head.max(w.tail);
         // `fresh` is an event the reservoir does not hold yet, newer than every event it
@@ -1387,6 +1384,63 @@ fn advance(
         w.head = new_head;
     }
     Ok(())
+}
+
+/// Events past a sliding window's tail edge whose cache lines are asked for ahead, in
+/// stages, each reading what the one after it asked for at an earlier event: the next
+/// event to leave has what its groups' states keep on the heap asked for (a multiset's
+/// values), the second its group entries (its key is packed from its row and text), the
+/// third the text its values point to, and the fourth its row.
+const LEAVING_AHEAD: usize = 4;
+
+/// Asks for the lines of the events that leave `w` next, one stage each
+/// (`LEAVING_AHEAD`). An event leaving every so often then finds its row, its text,
+/// its groups and their states in cache.
+fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_buf: &mut Vec<u8>) {
+    let mut stage = 0;
+    reservoir.upcoming(w.tail, LEAVING_AHEAD, &mut |e| {
+        match stage {
+            0 => prefetch_states(&w.filters, &e.row, e.mask, key_buf),
+            1 => prefetch_groups(&w.filters, &e.row, e.mask, key_buf),
+            2 => prefetch::texts(&e.row),
+            _ => prefetch::lines(&e.row[..]),
+        }
+        stage += 1;
+    });
+}
+
+/// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
+/// the groups that keep a multiset (the others keep nothing there).
+fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
+    for f in filters {
+        if f.bit.is_some_and(|b| mask & (1u64 << b) == 0) {
+            continue;
+        }
+        // Every multiset is MIN's state (`AggFunc::state_func`).
+        for g in f
+            .groups
+            .iter()
+            .filter(|g| g.aggs.iter().any(|a| a.func == AggFunc::Min))
+        {
+            fill_key(key_buf, &g.key.columns, row);
+            g.table.prefetch_states(key_buf);
+        }
+    }
+}
+
+/// Asks for the cache lines of the entries of the groups `row` is in, under the
+/// filters `mask` passes, without waiting for them: an event's cost is mostly these
+/// misses, and this way they overlap with other work.
+fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
+    for f in filters {
+        if f.bit.is_some_and(|b| mask & (1u64 << b) == 0) {
+            continue;
+        }
+        for g in &f.groups {
+            fill_key(key_buf, &g.key.columns, row);
+            g.table.prefetch(key_buf);
+        }
+    }
 }
 
 /// Applies (`enter`) or removes one event to every group under the window.
