@@ -1412,19 +1412,11 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
 /// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
 /// the groups that keep a multiset (the others keep nothing there).
 fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
-    for f in filters {
-        if f.bit.is_some_and(|b| mask & (1u64 << b) == 0) {
-            continue;
-        }
-        // Every multiset is MIN's state (`AggFunc::state_func`).
-        for g in f
-            .groups
-            .iter()
-            .filter(|g| g.aggs.iter().any(|a| a.func == AggFunc::Min))
-        {
-            fill_key(key_buf, &g.key.columns, row);
-            g.table.prefetch_states(key_buf);
-        }
+    // Every multiset is MIN's state (`AggFunc::state_func`).
+    let multisets = |g: &&GroupExec| g.aggs.iter().any(|a| a.func == AggFunc::Min);
+    for g in groups_of(filters, mask).filter(multisets) {
+        fill_key(key_buf, &g.key.columns, row);
+        g.table.prefetch_states(key_buf);
     }
 }
 
@@ -1432,15 +1424,19 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 /// filters `mask` passes, without waiting for them: an event's cost is mostly these
 /// misses, and this way they overlap with other work.
 fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
-    for f in filters {
-        if f.bit.is_some_and(|b| mask & (1u64 << b) == 0) {
-            continue;
-        }
-        for g in &f.groups {
-            fill_key(key_buf, &g.key.columns, row);
-            g.table.prefetch(key_buf);
-        }
+    for g in groups_of(filters, mask) {
+        fill_key(key_buf, &g.key.columns, row);
+        g.table.prefetch(key_buf);
     }
+}
+
+/// The group nodes an event with filter bits `mask` is in: those under the filters it
+/// passes.
+fn groups_of(filters: &[FilterExec], mask: u64) -> impl Iterator<Item = &GroupExec> {
+    filters
+        .iter()
+        .filter(move |f| f.bit.is_none_or(|b| mask & (1u64 << b) != 0))
+        .flat_map(|f| &f.groups)
 }
 
 /// Applies (`enter`) or removes one event to every group under the window.
