@@ -9,6 +9,7 @@ use std::cmp::Ordering;
 
 use crate::codec::{decode_value, encode_value, Reader};
 pub use crate::exact::ExactSum;
+use crate::prefetch;
 use crate::ranked::Ranked;
 use crate::types::{ColumnType, Value, I128};
 
@@ -504,9 +505,9 @@ impl AggState {
     pub fn prefetch(&self) {
         if let AggState::Extreme(counts) = self {
             match counts {
-                Counts::Words(_, v) => prefetch(v),
-                Counts::Small(v) => prefetch(v),
-                Counts::Large(m) => prefetch(std::slice::from_ref(&**m)),
+                Counts::Words(_, v) => prefetch::lines(&v[..]),
+                Counts::Small(v) => prefetch::lines(&v[..]),
+                Counts::Large(m) => prefetch::lines(&**m),
             }
         }
     }
@@ -632,24 +633,6 @@ fn from_word(kind: WordKind, w: u64) -> Value {
     }
 }
 
-/// Asks for every cache line of `entries` at once, before a binary search walks them one
-/// dependent miss at a time: a group's multiset is rarely in cache.
-#[inline]
-fn prefetch<T>(entries: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = entries.as_ptr() as *const i8;
-        for offset in (0..std::mem::size_of_val(entries)).step_by(64) {
-            // SAFETY: a prefetch only hints the cache; the address is inside the slice.
-            #[allow(unsafe_code)]
-            unsafe {
-                _mm_prefetch(start.add(offset), _MM_HINT_T0)
-            };
-        }
-    }
-}
-
 /// Values a `Counts` holds in its vector; past this it becomes a B-tree, and back below
 /// half of it (so a multiset at the edge does not convert at every event).
 const COUNTS_SMALL_MAX: usize = 64;
@@ -757,7 +740,9 @@ impl Counts {
         match self {
             Counts::Words(kind, vec) => match to_word(v).filter(|w| w.0 == *kind) {
                 Some((_, w)) => {
-                    prefetch(vec);
+                    // Every line at once, before a binary search walks them one
+                    // dependent miss at a time: a group's multiset is rarely in cache.
+                    prefetch::lines(&vec[..]);
                     match vec.binary_search_by_key(&w, |e| e.0) {
                         Ok(i) => vec[i].1 += n,
                         Err(i) if vec.len() < COUNTS_SMALL_MAX => vec.insert(i, (w, n)),
@@ -798,7 +783,7 @@ impl Counts {
                     .filter(|w| w.0 == *kind)
                     .expect("removed value was inserted")
                     .1;
-                prefetch(vec);
+                prefetch::lines(&vec[..]);
                 let i = vec
                     .binary_search_by_key(&w, |e| e.0)
                     .expect("removed value was inserted");

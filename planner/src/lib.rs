@@ -14,6 +14,7 @@ pub mod ddl;
 pub mod error;
 pub mod exact;
 pub mod filter;
+pub mod prefetch;
 pub mod ranked;
 pub mod sql;
 pub mod types;

@@ -8,7 +8,6 @@ pub mod events;
 pub mod groups;
 pub mod key;
 pub mod passes;
-mod prefetch;
 pub mod split;
 pub mod task;
 pub mod watch;

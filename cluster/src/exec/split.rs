@@ -10,8 +10,9 @@ use std::hash::BuildHasher;
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 
+use eddy_planner::prefetch;
+
 use crate::exec::key::PackedKey;
-use crate::exec::prefetch;
 
 /// Parts of a map (a power of two).
 const PARTS: usize = 256;

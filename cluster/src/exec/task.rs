@@ -20,6 +20,7 @@ use eddy_planner::aggregate::{AggFunc, AggState};
 use eddy_planner::catalog::{EventTimeUnit, MetricDef, StreamDef};
 use eddy_planner::dag::{AggKey, FilterKey, GroupKey, WindowKey};
 use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types, Filter};
+use eddy_planner::prefetch;
 use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::window::WindowSpec;
 use eddy_planner::{Error, Result};
@@ -36,7 +37,6 @@ use smallvec::SmallVec;
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::exec::key::{pack, unpack};
 use crate::exec::passes::Passes;
-use crate::exec::prefetch;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
@@ -1368,7 +1368,8 @@ fn advance(
         _ => {}
     }
     w.tail = new_tail.max(old_tail);
-    if matches!(spec, WindowSpec::Sliding { .. }) {
+    // A tail that did not move has the same events ahead, asked for already.
+    if matches!(spec, WindowSpec::Sliding { .. }) && w.tail > old_tail {
         prefetch_leaving(w, reservoir, key_buf);
     }
     if new_head > old_head {

@@ -1,9 +1,10 @@
 //! Asking for cache lines ahead of use. An event's cost is mostly dependent cache
-//! misses (its row, the text its group key is packed from, its group's entry), so the
-//! task asks for the lines of events it will reach soon while it works on this one.
-//! A prefetch is only a hint: it never faults and changes no result.
+//! misses (its row, the text its group key is packed from, its group's entry, a
+//! multiset's values), so the executor asks for the lines it will reach soon while it
+//! works on something else. A prefetch is only a hint: it never faults and changes no
+//! result.
 
-use eddy_planner::types::Value;
+use crate::types::Value;
 
 /// Asks for every cache line of `value`, without waiting for them.
 #[inline]
