@@ -303,16 +303,24 @@ impl Backing {
 }
 
 /// An L1 entry: a state, or a known absence (`None`); dirty ones differ from the store.
-/// `stored` lists the auxiliary entries the store holds for the key (boxed, not a `Vec`:
-/// an entry's every byte is paid for in cache misses).
+/// An event pays for every cache line of its group's entry, twice (entering and
+/// leaving): with its key, an entry fills three lines exactly (`ENTRY_BYTES`; the
+/// table's buckets start on a line, `split::LineAligned`).
 struct Slot {
     state: Option<GroupState>,
     dirty: bool,
-    stored: Box<[AuxSlot]>,
 }
+
+/// Bytes of an L1 entry with its key: three cache lines.
+const ENTRY_BYTES: usize = 192;
+const _: () = assert!(std::mem::size_of::<(PackedKey, Slot)>() == ENTRY_BYTES);
+const _: () = assert!(ENTRY_BYTES % 64 == 0);
 
 pub struct GroupTable {
     l1: SplitMap<Slot>,
+    /// The auxiliary entries the store holds for an L1 key, where there are any: kept
+    /// beside L1, read only when an entry is loaded or written.
+    stored: HashMap<PackedKey, Box<[AuxSlot]>>,
     /// Clean states, packed (`GroupState::pack`): a fifth of their size in L1.
     l2: SplitMap<Box<[u8]>>,
     backing: Option<Backing>,
@@ -325,6 +333,7 @@ impl GroupTable {
     pub fn new(backing: Option<Backing>) -> GroupTable {
         GroupTable {
             l1: SplitMap::default(),
+            stored: HashMap::new(),
             l2: SplitMap::default(),
             backing,
             pending: Vec::new(),
@@ -409,8 +418,9 @@ impl GroupTable {
                 false
             });
             for (k, slot) in moved {
+                let stored = self.stored.remove(&k).unwrap_or_default();
                 if slot.dirty {
-                    self.queue_write(k.as_bytes(), slot.state.as_ref(), &slot.stored);
+                    self.queue_write(k.as_bytes(), slot.state.as_ref(), &stored);
                 }
                 if let (Some(state), true) = (slot.state, config.l2_entries > 0) {
                     self.l2.insert(k, state.pack());
@@ -495,14 +505,17 @@ impl GroupTable {
         };
         // Eviction moves L1's entries: the place is taken after it.
         self.make_room();
-        let stored = state.as_ref().map(aux_slots).unwrap_or_default().into();
+        let key = PackedKey::new(key);
+        let stored = state.as_ref().map(aux_slots).unwrap_or_default();
+        if !stored.is_empty() {
+            self.stored.insert(key.clone(), stored.into());
+        }
         self.l1.insert_new(
             h,
-            PackedKey::new(key),
+            key,
             Slot {
                 state,
                 dirty: false,
-                stored,
             },
         )
     }
@@ -647,6 +660,7 @@ impl GroupTable {
         self.flush();
         let entries = self.entries();
         self.l1.clear();
+        self.stored.clear();
         self.l2.clear();
         for (k, mut s) in entries {
             let stored = aux_slots(&s);
@@ -666,6 +680,7 @@ impl GroupTable {
             self.write_pending();
         }
         self.l1.clear();
+        self.stored.clear();
         self.l2.clear();
     }
 
@@ -676,14 +691,13 @@ impl GroupTable {
         let mut written = 0;
         for (k, slot) in self.l1.iter_mut().filter(|(_, s)| s.dirty) {
             slot.dirty = false;
-            slot.stored = b
-                .queue(
-                    &mut self.pending,
-                    k.as_bytes(),
-                    slot.state.as_ref(),
-                    &slot.stored,
-                )
-                .into();
+            let before = self.stored.get(k).map_or(&[][..], |s| &s[..]);
+            let after = b.queue(&mut self.pending, k.as_bytes(), slot.state.as_ref(), before);
+            if after.is_empty() {
+                self.stored.remove(k);
+            } else {
+                self.stored.insert(k.clone(), after.into());
+            }
             written += 1;
         }
         self.write_pending();
@@ -696,7 +710,6 @@ impl Slot {
         Slot {
             state: None,
             dirty: false,
-            stored: Box::default(),
         }
     }
 }
@@ -736,8 +749,8 @@ mod tests {
         );
         assert!(size_of::<Value>() <= 24);
         assert!(size_of::<AggState>() <= 40);
-        // Three inline states (a SUM, a MIN/MAX and a COUNT DISTINCT) in 216 bytes.
-        assert!(size_of::<(PackedKey, Slot)>() <= 224);
+        // Three inline states (say a SUM, a MIN/MAX/COUNT DISTINCT and a LAST) fill
+        // three whole cache lines with the key: `ENTRY_BYTES`, held at compile time.
     }
 
     fn table(store: &Arc<MemStateStore>) -> GroupTable {

@@ -11,8 +11,9 @@ use std::hash::{Hash, Hasher};
 
 use eddy_planner::types::Value;
 
-/// Bytes of a key kept inline; longer keys go to the heap.
-const INLINE_BYTES_MAX: usize = 30;
+/// Bytes of a key kept inline (a text of up to 17 bytes, an integer and a text of up to
+/// 8); longer keys go to the heap. The group table's entry is sized for it.
+const INLINE_BYTES_MAX: usize = 22;
 
 #[derive(Clone)]
 pub enum PackedKey {

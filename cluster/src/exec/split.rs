@@ -3,10 +3,14 @@
 //! Invariant: a key lives in the part its hash selects, and only there. A hash table
 //! grows by moving every entry at once; split in `PARTS`, a growth moves one part's
 //! entries, so the pause an event can meet stays a fraction of a millisecond even with
-//! millions of groups. Each part is a plain hashbrown table searched with one hash.
+//! millions of groups. Each part is a plain hashbrown table searched with one hash, its
+//! buckets starting on a cache line (`LineAligned`).
 
+use std::alloc::Layout;
 use std::hash::BuildHasher;
+use std::ptr::NonNull;
 
+use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::{Entry, HashTable};
 use hashbrown::DefaultHashBuilder;
 
@@ -24,8 +28,39 @@ const PART_SHIFT: u32 = 40;
 /// changes.
 pub type Pos = (usize, usize);
 
+/// Bytes of a cache line.
+const LINE: usize = 64;
+
+/// Allocates a table's memory at the start of a cache line. A hashbrown table lays its
+/// buckets out back to back, ending where the control bytes start, which is at a multiple
+/// of the bucket size from the allocation's start: a bucket of a multiple of 64 bytes
+/// then fills whole lines, and a lookup never pays for one more line than its entry has.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineAligned;
+
+fn line_aligned(layout: Layout) -> Result<Layout, AllocError> {
+    layout.align_to(LINE).map_err(|_| AllocError)
+}
+
+// SAFETY: every block comes from `Global` and goes back to it with the layout it was
+// allocated with: the caller's, aligned to a line the same way both times.
+#[allow(unsafe_code)]
+unsafe impl Allocator for LineAligned {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        Global.allocate(line_aligned(layout)?)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        let layout = line_aligned(layout).expect("aligned when it was allocated");
+        // SAFETY: `ptr` was allocated by `allocate` above, from `Global` with this layout.
+        unsafe { Global.deallocate(ptr, layout) }
+    }
+}
+
+type Part<V> = HashTable<(PackedKey, V), LineAligned>;
+
 pub struct SplitMap<V> {
-    parts: Box<[HashTable<(PackedKey, V)>]>,
+    parts: Box<[Part<V>]>,
     hasher: DefaultHashBuilder,
     len: usize,
 }
@@ -33,7 +68,7 @@ pub struct SplitMap<V> {
 impl<V> Default for SplitMap<V> {
     fn default() -> Self {
         SplitMap {
-            parts: (0..PARTS).map(|_| HashTable::new()).collect(),
+            parts: (0..PARTS).map(|_| HashTable::new_in(LineAligned)).collect(),
             hasher: DefaultHashBuilder::default(),
             len: 0,
         }
@@ -195,7 +230,7 @@ impl<V> SplitMap<V> {
 
     pub fn clear(&mut self) {
         for part in self.parts.iter_mut() {
-            *part = HashTable::new();
+            *part = HashTable::new_in(LineAligned);
         }
         self.len = 0;
     }
@@ -206,6 +241,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    /// An entry of a multiple of 64 bytes fills whole cache lines: each starts on one.
+    #[test]
+    fn entries_start_on_a_cache_line() {
+        let mut m: SplitMap<[u8; 40]> = SplitMap::default();
+        assert_eq!(std::mem::size_of::<(PackedKey, [u8; 40])>(), LINE);
+        for i in 0..5_000u32 {
+            m.insert(PackedKey::new(&i.to_le_bytes()), [7; 40]);
+        }
+        let key_at = std::mem::offset_of!((PackedKey, [u8; 40]), 0);
+        for (k, _) in m.iter() {
+            assert_eq!((k as *const PackedKey as usize - key_at) % LINE, 0);
+        }
+    }
 
     #[test]
     fn behaves_as_a_map() {
