@@ -314,7 +314,7 @@ struct Slot {
 /// Bytes of an L1 entry with its key: three cache lines.
 const ENTRY_BYTES: usize = 192;
 const _: () = assert!(std::mem::size_of::<(PackedKey, Slot)>() == ENTRY_BYTES);
-const _: () = assert!(ENTRY_BYTES % 64 == 0);
+const _: () = assert!(ENTRY_BYTES.is_multiple_of(64));
 
 pub struct GroupTable {
     l1: SplitMap<Slot>,
