@@ -195,7 +195,7 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
         steady_ns += ns * steady as u128 / n as u128;
         // An event's latency is at most its batch's: each one is counted at that.
         let ns = ns.min(u32::MAX as u128) as u32;
-        latencies.extend((0..n).map(|_| ns));
+        latencies.extend(std::iter::repeat_n(ns, n as usize));
         sent += n;
     }
     let wall_s = wall.elapsed().as_secs_f64();

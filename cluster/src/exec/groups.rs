@@ -24,7 +24,7 @@ use eddy_planner::types::Value;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::exec::key::PackedKey;
-use crate::exec::split::{Pos, SplitMap};
+use crate::exec::split::{Pos, SplitMap, LINE};
 
 /// Puts waiting in the write-through batch before it is written.
 const PENDING_MAX: usize = 1024;
@@ -314,7 +314,7 @@ struct Slot {
 /// Bytes of an L1 entry with its key: three cache lines.
 const ENTRY_BYTES: usize = 192;
 const _: () = assert!(std::mem::size_of::<(PackedKey, Slot)>() == ENTRY_BYTES);
-const _: () = assert!(ENTRY_BYTES.is_multiple_of(64));
+const _: () = assert!(ENTRY_BYTES.is_multiple_of(LINE));
 
 pub struct GroupTable {
     l1: SplitMap<Slot>,

@@ -29,7 +29,7 @@ const PART_SHIFT: u32 = 40;
 pub type Pos = (usize, usize);
 
 /// Bytes of a cache line.
-const LINE: usize = 64;
+pub const LINE: usize = 64;
 
 /// Allocates a table's memory at the start of a cache line. A hashbrown table lays its
 /// buckets out back to back, ending where the control bytes start, which is at a multiple
