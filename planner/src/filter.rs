@@ -287,10 +287,12 @@ pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
 }
 
 /// Rows from equally long columns of values.
-pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Vec<Value>> {
+pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Arc<[Value]>> {
     let mut iters: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
     (0..n)
         .map(|_| {
+            // One allocation a row: a mapped slice iterator tells the shared slice its
+            // exact length.
             iters
                 .iter_mut()
                 .map(|it| it.next().unwrap_or(Value::Null))
@@ -300,7 +302,7 @@ pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Vec<Value>> {
 }
 
 /// The rows of a batch `rows_to_batch` built from a stream's rows.
-pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Vec<Value>>> {
+pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Arc<[Value]>>> {
     let columns = batch
         .columns()
         .iter()

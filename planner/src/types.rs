@@ -299,8 +299,10 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
             if !sf.chars().all(|c| c.is_ascii_digit()) {
                 return None;
             }
-            let digits: String = sf.chars().chain(std::iter::repeat('0')).take(6).collect();
-            us = digits.parse().ok()?;
+            // Microseconds: the first six digits, padded with zeros.
+            us = (sf.bytes().chain(std::iter::repeat(b'0')))
+                .take(6)
+                .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
         }
         if h > 24 || mi > 59 || s > 60 {
             return None;
@@ -422,6 +424,10 @@ mod tests {
             Some(-3_600_000_000)
         );
         assert_eq!(parse_timestamp("not a timestamp"), None);
+        // Digits past the sixth are dropped, fewer are padded.
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00.1234567"), Some(123_456));
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00.001"), Some(1_000));
+        assert_eq!(parse_timestamp("1970-01-01 00:00:00.0x1"), None);
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
     }
 

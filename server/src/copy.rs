@@ -706,7 +706,11 @@ mod tests {
             .block_on(c.finish());
         let mut out = Vec::new();
         for (b, _) in &finished?.batches {
-            out.extend(eddy_planner::filter::batch_to_rows(b)?);
+            out.extend(
+                eddy_planner::filter::batch_to_rows(b)?
+                    .iter()
+                    .map(|r| r.to_vec()),
+            );
         }
         Ok(out)
     }

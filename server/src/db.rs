@@ -639,7 +639,7 @@ impl Db {
             late.extend(replies.into_iter().map(|r| r.outcomes));
         };
         for (batch, passes) in &copy.batches {
-            let rows: Vec<Row> = batch_to_rows(batch)?.into_iter().map(Row::from).collect();
+            let rows: Vec<Row> = batch_to_rows(batch)?;
             let next = (
                 Instant::now(),
                 self.engine

@@ -10,53 +10,89 @@ use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::types::Value;
 
+/// A table entry: the high 32 bits of the id's hash, then the low 32 bits of its arrival
+/// number. The table places an entry by a hash spread from its tag, so growing it never
+/// reads the ids back, and an id is compared only when its tag matches.
+type Entry = u64;
+
+fn tag(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// The table's hash of an entry with tag `tag`: hashbrown places by the low bits and
+/// filters by the top 7, so the 32-bit tag is spread over all 64.
+fn spread(tag: u32) -> u64 {
+    (tag as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+fn entry(tag: u32, n: u64) -> Entry {
+    (tag as u64) << 32 | (n & 0xFFFF_FFFF)
+}
+
+/// Ids remembered at most; past it the oldest is forgotten (about 170 GB of ids, so
+/// memory runs out first).
+const IDS_MAX: usize = u32::MAX as usize;
+
 #[derive(Default)]
 pub(crate) struct SeenIds {
-    /// Each id's arrival number, by the id's hash: 8 bytes a bucket, so the table a new
-    /// id probes stays small in cache; the id itself is compared only on a tag match.
-    table: HashTable<u64>,
+    /// Arrival numbers by tag (`Entry`): 8 bytes a bucket, so the table a new id probes
+    /// stays small in cache.
+    table: HashTable<Entry>,
     hasher: DefaultHashBuilder,
     /// The ids in arrival order with their event times; the first arrived as `first`.
+    /// At most `IDS_MAX` are remembered, so an entry's low 32 bits name one.
     order: VecDeque<(i64, Value)>,
     first: u64,
 }
 
 impl SeenIds {
+    /// The position in `order` of the entry's id.
+    fn index(&self, e: Entry) -> usize {
+        (e as u32).wrapping_sub(self.first as u32) as usize
+    }
+
     /// Whether `id` was seen, and its hash (for `record`).
     pub(crate) fn seen(&self, id: &Value) -> (bool, u64) {
         let hash = self.hasher.hash_one(id);
-        let (order, first) = (&self.order, self.first);
+        let t = tag(hash);
         let found = self
             .table
-            .find(hash, |&n| order[(n - first) as usize].1 == *id)
+            .find(spread(t), |&e| {
+                (e >> 32) as u32 == t && self.order[self.index(e)].1 == *id
+            })
             .is_some();
         (found, hash)
     }
 
     /// Remembers `id` (not seen, of hash `hash`) for an event at `ts`.
     pub(crate) fn record(&mut self, hash: u64, ts: i64, id: Value) {
+        if self.order.len() >= IDS_MAX {
+            self.forget_oldest();
+        }
         let n = self.first + self.order.len() as u64;
         self.order.push_back((ts, id));
-        let (order, first, hasher) = (&self.order, self.first, &self.hasher);
-        self.table.insert_unique(hash, n, |&m| {
-            hasher.hash_one(&order[(m - first) as usize].1)
-        });
+        let t = tag(hash);
+        self.table
+            .insert_unique(spread(t), entry(t, n), |&e| spread((e >> 32) as u32));
     }
 
     /// Forgets the ids of events before `horizon`.
     pub(crate) fn forget_before(&mut self, horizon: i64) {
-        while let Some((ts, id)) = self.order.front() {
-            if *ts >= horizon {
-                break;
-            }
-            let hash = self.hasher.hash_one(id);
-            let first = self.first;
-            if let Ok(entry) = self.table.find_entry(hash, |&n| n == first) {
-                entry.remove();
-            }
-            self.order.pop_front();
-            self.first += 1;
+        while self.order.front().is_some_and(|(ts, _)| *ts < horizon) {
+            self.forget_oldest();
         }
+    }
+
+    fn forget_oldest(&mut self) {
+        let Some((_, id)) = self.order.pop_front() else {
+            return;
+        };
+        let t = tag(self.hasher.hash_one(&id));
+        let oldest = entry(t, self.first);
+        if let Ok(e) = self.table.find_entry(spread(t), |&e| e == oldest) {
+            e.remove();
+        }
+        self.first += 1;
     }
 
     /// Every remembered (event time, id), oldest first: for a checkpoint.
@@ -112,5 +148,22 @@ mod tests {
             copy.restore(*ts, id.clone());
         }
         assert!(copy.seen(&text).0 && !copy.seen(&Value::Int(3)).0);
+    }
+
+    #[test]
+    fn arrival_numbers_wrap_past_32_bits() {
+        let mut ids = SeenIds {
+            first: (1 << 32) - 10,
+            ..SeenIds::default()
+        };
+        for i in 0..100 {
+            let (seen, hash) = ids.seen(&Value::Int(i));
+            assert!(!seen);
+            ids.record(hash, i, Value::Int(i));
+        }
+        assert!((0..100).all(|i| ids.seen(&Value::Int(i)).0));
+        ids.forget_before(50);
+        assert!((0..50).all(|i| !ids.seen(&Value::Int(i)).0));
+        assert!((50..100).all(|i| ids.seen(&Value::Int(i)).0));
     }
 }

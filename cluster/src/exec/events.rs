@@ -157,10 +157,7 @@ impl ChunkCodec<Event> for EventCodec {
                 None => vec![Value::Null; n],
             });
         }
-        let rows: Vec<Row> = columns_to_rows(columns, n)
-            .into_iter()
-            .map(Row::from)
-            .collect();
+        let rows: Vec<Row> = columns_to_rows(columns, n);
         let masks = self.masks(&rows)?;
         Ok(rows
             .into_iter()
