@@ -425,7 +425,10 @@ mod tests {
         );
         assert_eq!(parse_timestamp("not a timestamp"), None);
         // Digits past the sixth are dropped, fewer are padded.
-        assert_eq!(parse_timestamp("1970-01-01 00:00:00.1234567"), Some(123_456));
+        assert_eq!(
+            parse_timestamp("1970-01-01 00:00:00.1234567"),
+            Some(123_456)
+        );
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.001"), Some(1_000));
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.0x1"), None);
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
