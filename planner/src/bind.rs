@@ -19,7 +19,7 @@ use crate::catalog::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter::Filter;
 use crate::sql::{normalize_ident, object_name, MetricAst};
-use crate::types::{parse_duration_us, parse_timestamp, ColumnType, Value};
+use crate::types::{parse_duration_us, parse_timestamp, ColumnType, Row, Value};
 
 /// Default `retention` of a stream: how long its reservoir keeps events.
 pub const RETENTION_DEFAULT_US: i64 = 7 * 86_400_000_000;
@@ -561,7 +561,7 @@ pub struct ReturningColumn {
 pub struct InsertPlan {
     pub stream: Arc<StreamDef>,
     /// Shared slices, as the engine takes rows: no copy between binding and applying.
-    pub rows: Vec<Arc<[Value]>>,
+    pub rows: Vec<Row>,
     pub returning: Option<Vec<ReturningColumn>>,
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::types::Value;
+use crate::types::{Row, Value};
 
 const NULL: u8 = 0;
 const FALSE: u8 = 1;
@@ -123,7 +123,7 @@ pub fn encode_row(row: &[Value], out: &mut Vec<u8>) {
 }
 
 /// Reads a row back; `None` if the bytes are not exactly one row.
-pub fn decode_row(bytes: &[u8]) -> Option<Arc<[Value]>> {
+pub fn decode_row(bytes: &[u8]) -> Option<Row> {
     let mut r = Reader(bytes);
     let row = read_row(&mut r)?;
     r.is_empty().then(|| Arc::from(row))

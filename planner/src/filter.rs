@@ -20,7 +20,7 @@ use datafusion::prelude::SessionContext;
 use crate::aggregate::ResultType;
 use crate::catalog::StreamDef;
 use crate::error::{Error, ErrorKind, Result};
-use crate::types::{ColumnType, Value};
+use crate::types::{ColumnType, Row, Value};
 
 /// A compiled predicate over a stream's events.
 #[derive(Clone, Debug)]
@@ -287,7 +287,7 @@ pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
 }
 
 /// Rows from equally long columns of values.
-pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Arc<[Value]>> {
+pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Row> {
     let mut iters: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
     (0..n)
         .map(|_| {
@@ -302,7 +302,7 @@ pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Arc<[Value]>> 
 }
 
 /// The rows of a batch `rows_to_batch` built from a stream's rows.
-pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Arc<[Value]>>> {
+pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Row>> {
     let columns = batch
         .columns()
         .iter()

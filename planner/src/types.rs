@@ -123,6 +123,10 @@ impl Ord for I128 {
     }
 }
 
+/// An event's column values in the stream's column order, shared: binding, the engine
+/// and the reservoir pass the same slice around without copying it.
+pub type Row = Arc<[Value]>;
+
 /// One scalar of an event or of an aggregate result.
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -299,10 +303,13 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
             if !sf.chars().all(|c| c.is_ascii_digit()) {
                 return None;
             }
-            // Microseconds: the first six digits, padded with zeros.
-            us = (sf.bytes().chain(std::iter::repeat(b'0')))
+            // Microseconds: the first six digits, padded with zeros, rounded by the
+            // seventh as in PostgreSQL (a carry into the next second adds up below).
+            let digits = sf.as_bytes();
+            us = (digits.iter().chain(std::iter::repeat(&b'0')))
                 .take(6)
                 .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
+            us += i64::from(digits.get(6).is_some_and(|&d| d >= b'5'));
         }
         if h > 24 || mi > 59 || s > 60 {
             return None;
@@ -424,10 +431,18 @@ mod tests {
             Some(-3_600_000_000)
         );
         assert_eq!(parse_timestamp("not a timestamp"), None);
-        // Digits past the sixth are dropped, fewer are padded.
+        // A fraction is rounded to the microsecond; a short one is padded.
         assert_eq!(
             parse_timestamp("1970-01-01 00:00:00.1234567"),
+            Some(123_457)
+        );
+        assert_eq!(
+            parse_timestamp("1970-01-01 00:00:00.12345649"),
             Some(123_456)
+        );
+        assert_eq!(
+            parse_timestamp("1970-01-01 00:00:00.9999995"),
+            Some(1_000_000)
         );
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.001"), Some(1_000));
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.0x1"), None);

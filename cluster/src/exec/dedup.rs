@@ -29,6 +29,10 @@ fn entry(tag: u32, n: u64) -> Entry {
     (tag as u64) << 32 | (n & 0xFFFF_FFFF)
 }
 
+fn tag_of(e: Entry) -> u32 {
+    (e >> 32) as u32
+}
+
 /// Ids remembered at most; past it the oldest is forgotten (about 170 GB of ids, so
 /// memory runs out first).
 const IDS_MAX: usize = u32::MAX as usize;
@@ -58,7 +62,7 @@ impl SeenIds {
         let found = self
             .table
             .find(spread(t), |&e| {
-                (e >> 32) as u32 == t && self.order[self.index(e)].1 == *id
+                tag_of(e) == t && self.order[self.index(e)].1 == *id
             })
             .is_some();
         (found, hash)
@@ -73,7 +77,7 @@ impl SeenIds {
         self.order.push_back((ts, id));
         let t = tag(hash);
         self.table
-            .insert_unique(spread(t), entry(t, n), |&e| spread((e >> 32) as u32));
+            .insert_unique(spread(t), entry(t, n), |&e| spread(tag_of(e)));
     }
 
     /// Forgets the ids of events before `horizon`.

@@ -19,8 +19,7 @@ use eddy_planner::filter::{
 use eddy_planner::types::{ColumnType, Value};
 use eddy_storage::{ChunkCodec, Timed};
 
-/// An event's column values in the stream's column order.
-pub type Row = Arc<[Value]>;
+pub use eddy_planner::types::Row;
 
 /// A stored event: its key, the filter bits computed when it arrived, and its row.
 #[derive(Clone, Debug)]

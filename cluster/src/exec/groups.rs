@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 
 use eddy_planner::aggregate::AggState;
 use eddy_planner::codec::{decode_value, encode_value, Reader};
-use eddy_planner::types::Value;
+use eddy_planner::types::{Row, Value};
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::exec::key::PackedKey;
@@ -49,7 +49,7 @@ pub struct GroupState {
 }
 
 /// A count window's events of one group as (event time, arrival, row), in that order.
-pub type Recent = std::collections::VecDeque<(i64, u64, Arc<[Value]>)>;
+pub type Recent = std::collections::VecDeque<(i64, u64, Row)>;
 
 /// Follows a group's states when it holds a count window's events.
 const MARK_RECENT: u8 = 0xB1;
@@ -750,7 +750,8 @@ mod tests {
         assert!(size_of::<Value>() <= 24);
         assert!(size_of::<AggState>() <= 40);
         // Three inline states (say a SUM, a MIN/MAX/COUNT DISTINCT and a LAST) fill
-        // three whole cache lines with the key: `ENTRY_BYTES`, held at compile time.
+        // three whole cache lines with the key (also held at compile time).
+        assert_eq!(size_of::<(PackedKey, Slot)>(), ENTRY_BYTES);
     }
 
     fn table(store: &Arc<MemStateStore>) -> GroupTable {
