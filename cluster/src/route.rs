@@ -48,7 +48,7 @@ pub fn murmur2(data: &[u8]) -> i32 {
 
 /// The task (Kafka partition) of a partitioner value.
 pub fn partition_for(value: &Value, partitions: u32) -> u32 {
-    let text = value.to_text().unwrap_or_default();
+    let text = value.text().unwrap_or_default();
     ((murmur2(text.as_bytes()) & 0x7fff_ffff) as u32) % partitions
 }
 
@@ -90,24 +90,34 @@ pub(crate) type Routed = Vec<(usize, TaskId, Vec<usize>, Vec<Row>)>;
 
 pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
     let mut routed = Vec::new();
+    let mut partitions = Vec::with_capacity(rows.len());
     for p in 0..stream.partitioner_count() {
+        let task = |partition| TaskId {
+            stream: stream.name.clone(),
+            partitioner: p,
+            partition,
+        };
+        partitions.clear();
+        partitions.extend(rows.iter().map(|row| match stream.partitioners.get(p) {
+            Some(col) => partition_for(&row[*col], stream.partitions),
+            None => 0,
+        }));
+        // One task takes them all (one row, or one partition): no map, no copies of the
+        // index list.
+        if let Some(&first) = partitions.first() {
+            if partitions.iter().all(|&t| t == first) {
+                routed.push((p, task(first), (0..rows.len()).collect(), rows.to_vec()));
+                continue;
+            }
+        }
         let mut per_task: BTreeMap<u32, (Vec<usize>, Vec<Row>)> = BTreeMap::new();
-        for (i, row) in rows.iter().enumerate() {
-            let partition = match stream.partitioners.get(p) {
-                Some(col) => partition_for(&row[*col], stream.partitions),
-                None => 0,
-            };
+        for (i, (row, &partition)) in rows.iter().zip(&partitions).enumerate() {
             let entry = per_task.entry(partition).or_default();
             entry.0.push(i);
             entry.1.push(row.clone());
         }
         for (partition, (indexes, task_rows)) in per_task {
-            let task = TaskId {
-                stream: stream.name.clone(),
-                partitioner: p,
-                partition,
-            };
-            routed.push((p, task, indexes, task_rows));
+            routed.push((p, task(partition), indexes, task_rows));
         }
     }
     routed
@@ -116,6 +126,7 @@ pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// The vectors of Kafka's own UtilsTest.testMurmur2.
     #[test]
@@ -129,6 +140,44 @@ mod tests {
             -58_897_971
         );
         assert_eq!(murmur2(b"abc"), 479_470_107);
+    }
+
+    /// Each partitioner gets every row once, in input order within a task, with the
+    /// rows' indexes; a batch bound for one task keeps all of them in one piece.
+    #[test]
+    fn routes_every_row_to_one_task_of_each_partitioner() {
+        let sql = "CREATE STREAM s (ts TIMESTAMP NOT NULL, a TEXT, b TEXT) \
+                   WITH (event_time = 'ts', partition_by = 'a, b', partitions = 4)";
+        let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
+        let catalog = eddy_planner::ddl::apply(&Default::default(), &stmt)
+            .unwrap()
+            .0;
+        let stream = catalog.stream("s").unwrap();
+        let row = |a: &str, b: &str| -> Row {
+            Arc::from(vec![
+                Value::Timestamp(0),
+                Value::Text(a.into()),
+                Value::Text(b.into()),
+            ])
+        };
+        let rows: Vec<Row> = (0..40).map(|i| row(&format!("a{i}"), "same")).collect();
+        let routed = route(stream, &rows);
+        for p in 0..2 {
+            let mine: Vec<_> = routed.iter().filter(|r| r.0 == p).collect();
+            let mut seen: Vec<usize> = mine.iter().flat_map(|r| r.2.clone()).collect();
+            seen.sort();
+            assert_eq!(seen, (0..40).collect::<Vec<_>>());
+            for (_, task, indexes, task_rows) in &mine {
+                assert!(indexes.is_sorted());
+                for (i, r) in indexes.iter().zip(task_rows) {
+                    assert!(Arc::ptr_eq(r, &rows[*i]));
+                    let col = stream.partitioners[p];
+                    assert_eq!(task.partition, partition_for(&r[col], 4));
+                }
+            }
+            // `a` spreads the rows; `b` is one value, so one task.
+            assert_eq!(mine.len() > 1, p == 0);
+        }
     }
 
     #[test]

@@ -970,10 +970,13 @@ fn out_of_range(ty: ColumnType) -> Error {
 
 fn parse_float(text: &str, col: &ColumnDef) -> Result<Value> {
     let t = text.trim();
-    let v = match t.to_ascii_lowercase().as_str() {
-        "nan" => f64::NAN,
-        "infinity" | "inf" | "+infinity" => f64::INFINITY,
-        "-infinity" | "-inf" => f64::NEG_INFINITY,
+    // Only the named values hold an `n` (`nan`, `inf`, `infinity`): numbers are read
+    // without lowering a copy of their text.
+    let named = t.bytes().any(|b| b.eq_ignore_ascii_case(&b'n'));
+    let v = match named.then(|| t.to_ascii_lowercase()).as_deref() {
+        Some("nan") => f64::NAN,
+        Some("infinity" | "inf" | "+infinity") => f64::INFINITY,
+        Some("-infinity" | "-inf") => f64::NEG_INFINITY,
         _ => t.parse::<f64>().map_err(|_| invalid_text(col.ty, text))?,
     };
     Ok(Value::Float(if col.ty == ColumnType::Float32 {

@@ -184,96 +184,151 @@ pub fn rows_to_batch<R: AsRef<[Value]>>(
     assert_eq!(schema.fields().len(), types.len());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(types.len());
     for (i, ty) in types.iter().enumerate() {
-        let values = rows.iter().map(|r| &r.as_ref()[i]);
-        columns.push(build_array(*ty, values, rows.len()));
+        let mut b = ColumnBuilder::new(*ty, rows.len());
+        for r in rows {
+            b.push(&r.as_ref()[i]);
+        }
+        columns.push(b.finish());
     }
-    let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+    batch_of(schema, columns, rows.len())
+}
+
+fn batch_of(schema: SchemaRef, columns: Vec<ArrayRef>, rows: usize) -> Result<RecordBatch> {
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
     RecordBatch::try_new_with_options(schema, columns, &options)
         .map_err(|e| Error::internal(e.to_string()))
 }
 
-fn build_array<'a>(ty: ResultType, values: impl Iterator<Item = &'a Value>, n: usize) -> ArrayRef {
-    match ty {
-        ResultType::Numeric => {
-            let mut b = Decimal128Builder::with_capacity(n);
-            for v in values {
-                match v {
-                    Value::Numeric(x) => b.append_value(x.get()),
-                    Value::Int(x) => b.append_value(*x as i128),
-                    _ => b.append_null(),
-                }
-            }
-            Arc::new(
+/// An Arrow array of one result type, built a value at a time. A value of another type
+/// than the column's is NULL.
+pub enum ColumnBuilder {
+    Numeric(Decimal128Builder),
+    Boolean(BooleanBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Text(StringBuilder),
+    Timestamp(TimestampMicrosecondBuilder, Option<&'static str>),
+}
+
+impl ColumnBuilder {
+    /// Room for `n` values.
+    pub fn new(ty: ResultType, n: usize) -> ColumnBuilder {
+        match ty {
+            ResultType::Numeric => ColumnBuilder::Numeric(Decimal128Builder::with_capacity(n)),
+            ResultType::Column(c) => match c {
+                ColumnType::Boolean => ColumnBuilder::Boolean(BooleanBuilder::with_capacity(n)),
+                ColumnType::Int32 => ColumnBuilder::Int32(Int32Builder::with_capacity(n)),
+                ColumnType::Int64 => ColumnBuilder::Int64(Int64Builder::with_capacity(n)),
+                ColumnType::Float32 => ColumnBuilder::Float32(Float32Builder::with_capacity(n)),
+                ColumnType::Float64 => ColumnBuilder::Float64(Float64Builder::with_capacity(n)),
+                ColumnType::Text => ColumnBuilder::Text(StringBuilder::with_capacity(n, n * 8)),
+                ColumnType::Timestamp | ColumnType::TimestampTz => ColumnBuilder::Timestamp(
+                    TimestampMicrosecondBuilder::with_capacity(n),
+                    (c == ColumnType::TimestampTz).then_some("UTC"),
+                ),
+            },
+        }
+    }
+
+    pub fn push(&mut self, v: &Value) {
+        match self {
+            ColumnBuilder::Numeric(b) => match v {
+                Value::Numeric(x) => b.append_value(x.get()),
+                Value::Int(x) => b.append_value(*x as i128),
+                _ => b.append_null(),
+            },
+            ColumnBuilder::Boolean(b) => b.append_option(match v {
+                Value::Bool(x) => Some(*x),
+                _ => None,
+            }),
+            ColumnBuilder::Int32(b) => b.append_option(match v {
+                Value::Int(x) => Some(*x as i32),
+                _ => None,
+            }),
+            ColumnBuilder::Int64(b) => b.append_option(match v {
+                Value::Int(x) => Some(*x),
+                _ => None,
+            }),
+            ColumnBuilder::Float32(b) => b.append_option(v.as_f64().map(|x| x as f32)),
+            ColumnBuilder::Float64(b) => b.append_option(v.as_f64()),
+            ColumnBuilder::Text(b) => match v {
+                Value::Text(s) => b.append_value(s),
+                _ => b.append_null(),
+            },
+            ColumnBuilder::Timestamp(b, _) => b.append_option(match v {
+                Value::Timestamp(x) => Some(*x),
+                _ => None,
+            }),
+        }
+    }
+
+    /// Appends a text value without making a `Value` of it (NULL in a column of
+    /// another type).
+    pub fn push_text(&mut self, s: &str) {
+        match self {
+            ColumnBuilder::Text(b) => b.append_value(s),
+            other => other.push(&Value::Null),
+        }
+    }
+
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColumnBuilder::Numeric(b) => Arc::new(
                 b.finish()
                     .with_precision_and_scale(38, 0)
                     .expect("valid decimal"),
-            )
+            ),
+            ColumnBuilder::Boolean(b) => Arc::new(b.finish()),
+            ColumnBuilder::Int32(b) => Arc::new(b.finish()),
+            ColumnBuilder::Int64(b) => Arc::new(b.finish()),
+            ColumnBuilder::Float32(b) => Arc::new(b.finish()),
+            ColumnBuilder::Float64(b) => Arc::new(b.finish()),
+            ColumnBuilder::Text(b) => Arc::new(b.finish()),
+            ColumnBuilder::Timestamp(b, zone) => Arc::new(b.finish().with_timezone_opt(*zone)),
         }
-        ResultType::Column(ColumnType::Boolean) => {
-            let mut b = BooleanBuilder::with_capacity(n);
-            for v in values {
-                b.append_option(match v {
-                    Value::Bool(x) => Some(*x),
-                    _ => None,
-                });
-            }
-            Arc::new(b.finish())
+    }
+}
+
+/// A batch of a stream's events built a row at a time, as `rows_to_batch` builds it.
+pub struct BatchBuilder {
+    schema: SchemaRef,
+    columns: Vec<ColumnBuilder>,
+    rows: usize,
+}
+
+impl BatchBuilder {
+    /// Room for `n` rows of `stream`.
+    pub fn new(stream: &StreamDef, n: usize) -> BatchBuilder {
+        BatchBuilder {
+            schema: stream_schema(stream),
+            columns: stream_types(stream)
+                .into_iter()
+                .map(|ty| ColumnBuilder::new(ty, n))
+                .collect(),
+            rows: 0,
         }
-        ResultType::Column(ColumnType::Int32) => {
-            let mut b = Int32Builder::with_capacity(n);
-            for v in values {
-                b.append_option(match v {
-                    Value::Int(x) => Some(*x as i32),
-                    _ => None,
-                });
-            }
-            Arc::new(b.finish())
-        }
-        ResultType::Column(ColumnType::Int64) => {
-            let mut b = Int64Builder::with_capacity(n);
-            for v in values {
-                b.append_option(match v {
-                    Value::Int(x) => Some(*x),
-                    _ => None,
-                });
-            }
-            Arc::new(b.finish())
-        }
-        ResultType::Column(ColumnType::Float32) => {
-            let mut b = Float32Builder::with_capacity(n);
-            for v in values {
-                b.append_option(v.as_f64().map(|x| x as f32));
-            }
-            Arc::new(b.finish())
-        }
-        ResultType::Column(ColumnType::Float64) => {
-            let mut b = Float64Builder::with_capacity(n);
-            for v in values {
-                b.append_option(v.as_f64());
-            }
-            Arc::new(b.finish())
-        }
-        ResultType::Column(ColumnType::Text) => {
-            let mut b = StringBuilder::with_capacity(n, n * 8);
-            for v in values {
-                match v {
-                    Value::Text(s) => b.append_value(s),
-                    _ => b.append_null(),
-                }
-            }
-            Arc::new(b.finish())
-        }
-        ResultType::Column(t @ (ColumnType::Timestamp | ColumnType::TimestampTz)) => {
-            let mut b = TimestampMicrosecondBuilder::with_capacity(n);
-            for v in values {
-                b.append_option(match v {
-                    Value::Timestamp(x) => Some(*x),
-                    _ => None,
-                });
-            }
-            let zone = (t == ColumnType::TimestampTz).then_some("UTC");
-            Arc::new(b.finish().with_timezone_opt(zone))
-        }
+    }
+
+    /// Column `i`'s builder: every column takes one value per row.
+    pub fn column(&mut self, i: usize) -> &mut ColumnBuilder {
+        &mut self.columns[i]
+    }
+
+    /// Counts a row whose values every column took.
+    pub fn end_row(&mut self) {
+        self.rows += 1;
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The batch of the rows so far; the builder starts again, empty.
+    pub fn finish(&mut self) -> Result<RecordBatch> {
+        let columns = self.columns.iter_mut().map(ColumnBuilder::finish).collect();
+        batch_of(self.schema.clone(), columns, std::mem::take(&mut self.rows))
     }
 }
 

@@ -4,6 +4,7 @@
 //! `ColumnType` implies (`Int` for INTEGER/BIGINT, `Float` for REAL/DOUBLE, `Timestamp`
 //! in microseconds since the Unix epoch), or `Null`.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -158,15 +159,20 @@ impl Value {
 
     /// The text form Kafka's partitioner hashes and COPY writes: PostgreSQL's output format.
     pub fn to_text(&self) -> Option<String> {
-        match self {
-            Value::Null => None,
-            Value::Bool(b) => Some(if *b { "t" } else { "f" }.to_string()),
-            Value::Int(v) => Some(v.to_string()),
-            Value::Numeric(v) => Some(v.get().to_string()),
-            Value::Float(v) => Some(format_float(*v)),
-            Value::Text(s) => Some(s.to_string()),
-            Value::Timestamp(us) => Some(format_timestamp(*us)),
-        }
+        self.text().map(Cow::into_owned)
+    }
+
+    /// `to_text`, borrowing a text value rather than copying it.
+    pub fn text(&self) -> Option<Cow<'_, str>> {
+        Some(match self {
+            Value::Null => return None,
+            Value::Bool(b) => Cow::Borrowed(if *b { "t" } else { "f" }),
+            Value::Int(v) => Cow::Owned(v.to_string()),
+            Value::Numeric(v) => Cow::Owned(v.get().to_string()),
+            Value::Float(v) => Cow::Owned(format_float(*v)),
+            Value::Text(s) => Cow::Borrowed(s),
+            Value::Timestamp(us) => Cow::Owned(format_timestamp(*us)),
+        })
     }
 
     /// Normalised bits for hashing floats: -0.0 equals 0.0 and all NaNs are one value.
@@ -275,6 +281,10 @@ pub fn format_timestamp(us: i64) -> String {
 
 /// Parses `YYYY-MM-DD[ T]HH:MM:SS[.ffffff][Z|+HH[:MM]]` or a bare date into microseconds.
 pub fn parse_timestamp(text: &str) -> Option<i64> {
+    parse_plain_timestamp(text.as_bytes()).or_else(|| parse_any_timestamp(text))
+}
+
+fn parse_any_timestamp(text: &str) -> Option<i64> {
     let t = text.trim();
     if t.len() < 10 {
         return None;
@@ -330,6 +340,42 @@ pub fn parse_timestamp(text: &str) -> Option<i64> {
     let days = days_from_civil(y, m, d);
     let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset_secs;
     Some(secs * 1_000_000 + us)
+}
+
+/// `parse_timestamp` for the form machines write, `YYYY-MM-DD HH:MM:SS[.f…]` (or with
+/// `T`): the same value, read without splitting the text; `None` for any other form.
+fn parse_plain_timestamp(t: &[u8]) -> Option<i64> {
+    if t.len() < 19 || !matches!(t[10], b' ' | b'T') {
+        return None;
+    }
+    let shape = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if shape.iter().any(|&(i, c)| t[i] != c) {
+        return None;
+    }
+    let number = |from: usize, to: usize| {
+        t[from..to].iter().try_fold(0i64, |n, &d| {
+            d.is_ascii_digit().then(|| n * 10 + i64::from(d - b'0'))
+        })
+    };
+    let (y, m, d) = (number(0, 4)?, number(5, 7)?, number(8, 10)?);
+    let (h, mi, s) = (number(11, 13)?, number(14, 16)?, number(17, 19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 24 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut us = 0;
+    if t.len() > 19 {
+        let digits = t[19..].strip_prefix(b".")?;
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        // As below: six digits, padded, rounded by the seventh.
+        us = (digits.iter().chain(std::iter::repeat(&b'0')))
+            .take(6)
+            .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
+        us += i64::from(digits.get(6).is_some_and(|&d| d >= b'5'));
+    }
+    let days = days_from_civil(y, m as u32, d as u32);
+    Some((days * 86_400 + h * 3600 + mi * 60 + s) * 1_000_000 + us)
 }
 
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
@@ -447,6 +493,46 @@ mod tests {
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.001"), Some(1_000));
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.0x1"), None);
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
+    }
+
+    /// The fast form reads what it accepts exactly as the general one does, and leaves
+    /// everything else to it.
+    #[test]
+    fn plain_timestamps_read_as_the_general_form() {
+        let plain = [
+            "2026-11-22 10:00:00",
+            "2026-11-22T10:00:00",
+            "2026-11-22 23:59:60.5",
+            "1970-01-01 00:00:00.000001",
+            "1969-12-31 23:59:59.9999995",
+            "0001-03-01 24:00:00.123456789",
+            "2026-02-31 10:00:00",
+        ];
+        for t in plain {
+            let fast = parse_plain_timestamp(t.as_bytes());
+            assert!(fast.is_some(), "{t}");
+            assert_eq!(fast, parse_any_timestamp(t), "{t}");
+        }
+        let other = [
+            "2026-11-22",
+            " 2026-11-22 10:00:00",
+            "2026-11-22 10:00:00 ",
+            "2026-11-22 10:00:00.",
+            "2026-11-22 10:00:00Z",
+            "2026-11-22 10:00:00+01",
+            "2026-11-22  10:00:00",
+            "2026-13-22 10:00:00",
+            "2026-11-22 10:60:00",
+            "2026-11-22 10:00:00.1x",
+            "+026-11-22 10:00:00",
+        ];
+        for t in other {
+            assert_eq!(parse_plain_timestamp(t.as_bytes()), None, "{t}");
+        }
+        assert_eq!(
+            parse_timestamp("2026-11-22 10:00:00."),
+            parse_any_timestamp("2026-11-22 10:00:00")
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use datafusion::sql::sqlparser::ast::{
 use eddy_planner::bind::load_target;
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::sql::{normalize_ident, object_name};
-use eddy_planner::types::Value;
+use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
 use datafusion::arrow::record_batch::RecordBatch;
@@ -28,7 +28,7 @@ use eddy_cluster::Task;
 
 use crate::limits::{Limit, Limits};
 use eddy_planner::bind::{check_not_null, value_from_text};
-use eddy_planner::filter::{rows_to_batch, stream_schema, stream_types};
+use eddy_planner::filter::BatchBuilder;
 
 /// Rows per Arrow batch a COPY holds, and per batch it hands to the engine.
 pub const COPY_BATCH_ROWS: usize = 8192;
@@ -281,14 +281,22 @@ impl CopyIn {
             return Ok(());
         }
         self.pending.extend_from_slice(bytes);
-        let csv = self.parser.format == Format::Csv;
-        let quote = self.parser.quote as u32;
+        // CSV quotes toggle whether a newline ends a record; a quote that is not one
+        // byte is never a byte of the data.
+        let quote = u8::try_from(self.parser.quote as u32)
+            .ok()
+            .filter(|_| self.parser.format == Format::Csv);
+        let unscanned = &self.pending[self.scanned..];
+        let marks: Box<dyn Iterator<Item = usize>> = match quote {
+            Some(q) => Box::new(memchr::memchr2_iter(b'\n', q, unscanned)),
+            None => Box::new(memchr::memchr_iter(b'\n', unscanned)),
+        };
         let mut end = None;
         let mut longest = 0;
-        for (i, &b) in self.pending.iter().enumerate().skip(self.scanned) {
-            if csv && b as u32 == quote {
+        for i in marks.map(|i| i + self.scanned) {
+            if self.pending[i] != b'\n' {
                 self.in_quotes = !self.in_quotes;
-            } else if b == b'\n' && !self.in_quotes {
+            } else if !self.in_quotes {
                 longest = longest.max(i + 1 - self.row_start);
                 self.row_start = i + 1;
                 end = Some(i + 1);
@@ -408,80 +416,40 @@ impl Parser {
     fn parse(&self, bytes: &[u8], before: usize, header: bool) -> Result<Parsed> {
         let text = std::str::from_utf8(bytes)
             .map_err(|_| Error::new(ErrorKind::InvalidText, "COPY data is not valid UTF-8"))?;
-        match self.format {
+        let mut stager = Stager::new(self, before, header);
+        let ended = match self.format {
             Format::Csv => {
                 let (records, ended) = self.csv_records(text)?;
-                self.stage(&records, ended, before, header)
+                for fields in &records {
+                    stager.record(fields)?;
+                }
+                ended
             }
             Format::Text => {
+                let mut fields = Vec::with_capacity(self.targets.len());
                 let mut ended = false;
-                let records = text
-                    .split('\n')
-                    .map(|l| l.strip_suffix('\r').unwrap_or(l))
-                    .take_while(|l| {
-                        ended |= *l == "\\.";
-                        !ended
-                    })
-                    .filter(|l| !l.is_empty())
-                    .map(|l| self.text_fields(l))
-                    .collect::<Vec<_>>();
-                self.stage(&records, ended, before, header)
+                for line in text.split('\n') {
+                    let line = line.strip_suffix('\r').unwrap_or(line);
+                    if line == "\\." {
+                        ended = true;
+                        break;
+                    }
+                    if !line.is_empty() {
+                        fields.clear();
+                        fields.extend(self.text_fields(line));
+                        stager.record(&fields)?;
+                    }
+                }
+                ended
             }
-        }
-    }
-
-    /// Checks parsed records and stages them as batches.
-    fn stage<S: AsRef<str>>(
-        &self,
-        records: &[Vec<Option<S>>],
-        ended: bool,
-        before: usize,
-        header: bool,
-    ) -> Result<Parsed> {
-        let mut parsed = Parsed {
-            batches: Vec::new(),
-            rows: 0,
-            records: records.len(),
-            ended,
-            bytes: 0,
         };
-        let types = stream_types(&self.stream);
-        let mut staged = Vec::with_capacity(records.len().min(COPY_BATCH_ROWS));
-        for (i, fields) in records.iter().enumerate() {
-            if header && i == 0 {
-                continue;
-            }
-            let line = before + i + 1;
-            let row = row_from_fields(&self.stream, &self.targets, fields, line)?;
-            check_not_null(&self.stream, &row)?;
-            Task::event_time(&self.stream, &row)?;
-            staged.push(row);
-            if staged.len() >= COPY_BATCH_ROWS || i + 1 == records.len() {
-                let batch = rows_to_batch(stream_schema(&self.stream), &types, &staged)?;
-                let passes = match self.predicates.is_empty() {
-                    true => None,
-                    false => Some(self.predicates.evaluate(&batch)?),
-                };
-                parsed.rows += staged.len();
-                parsed.bytes += batch.get_array_memory_size();
-                parsed.batches.push((batch, passes));
-                staged.clear();
-            }
-        }
-        Ok(parsed)
+        stager.finish(ended)
     }
 
     /// A text line's fields, borrowed from the line unless they hold escapes.
-    fn text_fields<'a>(&self, line: &'a str) -> Vec<Option<Cow<'a, str>>> {
+    fn text_fields<'a>(&'a self, line: &'a str) -> impl Iterator<Item = Option<Cow<'a, str>>> {
         line.split(self.delimiter)
-            .map(|f| {
-                if f == self.null {
-                    None
-                } else {
-                    Some(unescape_text(f))
-                }
-            })
-            .collect()
+            .map(|f| (f != self.null).then(|| unescape_text(f)))
     }
 
     /// RFC 4180 records: quoted fields may hold delimiters, quotes (doubled) and newlines;
@@ -561,36 +529,120 @@ impl Parser {
     }
 }
 
-/// Converts text fields of one COPY line into a row.
-fn row_from_fields<S: AsRef<str>>(
-    stream: &StreamDef,
-    targets: &[usize],
-    fields: &[Option<S>],
-    line: usize,
-) -> Result<Vec<Value>> {
-    if fields.len() != targets.len() {
-        return Err(Error::new(
-            ErrorKind::BadCopyFormat,
-            format!(
-                "line {line}: expected {} columns, found {}",
-                targets.len(),
-                fields.len()
-            ),
-        ));
-    }
-    let mut row = vec![Value::Null; stream.columns.len()];
-    for (f, &c) in fields.iter().zip(targets) {
-        if let Some(text) = f {
-            row[c] = value_from_text(text.as_ref(), &stream.columns[c]).map_err(|mut e| {
-                e.detail = Some(format!(
-                    "COPY {}, line {line}, column {}",
-                    stream.name, stream.columns[c].name
-                ));
-                e
-            })?;
+/// A parse job's records, checked one at a time and staged as Arrow batches of
+/// `COPY_BATCH_ROWS` rows.
+struct Stager<'p> {
+    parser: &'p Parser,
+    parsed: Parsed,
+    batch: BatchBuilder,
+    /// The record being checked, as a row; a text value stands there as `text` and the
+    /// batch takes it from the record's field (`field_of`), so no row owns its text.
+    row: Vec<Value>,
+    text: Value,
+    /// For each column, the record's field that sets it.
+    field_of: Vec<Option<usize>>,
+    before: usize,
+    header: bool,
+}
+
+impl<'p> Stager<'p> {
+    fn new(parser: &'p Parser, before: usize, header: bool) -> Stager<'p> {
+        let columns = parser.stream.columns.len();
+        let mut field_of = vec![None; columns];
+        for (f, &c) in parser.targets.iter().enumerate() {
+            field_of[c] = Some(f);
+        }
+        Stager {
+            parser,
+            parsed: Parsed {
+                batches: Vec::new(),
+                rows: 0,
+                records: 0,
+                ended: false,
+                bytes: 0,
+            },
+            batch: BatchBuilder::new(&parser.stream, COPY_BATCH_ROWS),
+            row: vec![Value::Null; columns],
+            text: Value::Text("".into()),
+            field_of,
+            before,
+            header,
         }
     }
-    Ok(row)
+
+    /// Checks one record's text fields and stages its row.
+    fn record<S: AsRef<str>>(&mut self, fields: &[Option<S>]) -> Result<()> {
+        self.parsed.records += 1;
+        if self.header && self.parsed.records == 1 {
+            return Ok(());
+        }
+        let line = self.before + self.parsed.records;
+        let (stream, targets) = (&self.parser.stream, &self.parser.targets);
+        if fields.len() != targets.len() {
+            return Err(Error::new(
+                ErrorKind::BadCopyFormat,
+                format!(
+                    "line {line}: expected {} columns, found {}",
+                    targets.len(),
+                    fields.len()
+                ),
+            ));
+        }
+        self.row.fill(Value::Null);
+        for (f, &c) in fields.iter().zip(targets) {
+            let (Some(text), col) = (f, &stream.columns[c]) else {
+                continue;
+            };
+            self.row[c] = match col.ty {
+                ColumnType::Text => self.text.clone(),
+                _ => value_from_text(text.as_ref(), col).map_err(|mut e| {
+                    e.detail = Some(format!(
+                        "COPY {}, line {line}, column {}",
+                        stream.name, col.name
+                    ));
+                    e
+                })?,
+            };
+        }
+        check_not_null(stream, &self.row)?;
+        Task::event_time(stream, &self.row)?;
+        for (c, v) in self.row.iter().enumerate() {
+            let column = self.batch.column(c);
+            match (v, self.field_of[c].and_then(|f| fields[f].as_ref())) {
+                (Value::Text(_), Some(text)) => column.push_text(text.as_ref()),
+                _ => column.push(v),
+            }
+        }
+        self.batch.end_row();
+        if self.batch.rows() >= COPY_BATCH_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the batch being staged.
+    fn flush(&mut self) -> Result<()> {
+        let rows = self.batch.rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let batch = self.batch.finish()?;
+        let predicates = &self.parser.predicates;
+        let passes = match predicates.is_empty() {
+            true => None,
+            false => Some(predicates.evaluate(&batch)?),
+        };
+        self.parsed.rows += rows;
+        self.parsed.bytes += batch.get_array_memory_size();
+        self.parsed.batches.push((batch, passes));
+        Ok(())
+    }
+
+    fn finish(mut self, ended: bool) -> Result<Parsed> {
+        self.flush()?;
+        self.parsed.ended = ended;
+        Ok(self.parsed)
+    }
 }
 
 /// Undoes COPY text format's backslash escapes.

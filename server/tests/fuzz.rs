@@ -481,8 +481,9 @@ fn log_segments_and_records_refuse_without_panicking() {
     let dir = common::temp_dir("fuzz-log");
     let seed_dir = dir.join("seed");
     let mut log = eddy_storage::TaskLog::open(&seed_dir, 1 << 20).unwrap();
-    log.append(&records).unwrap();
-    log.append(&records).unwrap();
+    let framed: eddy_storage::Records = records.iter().collect();
+    log.append(&framed).unwrap();
+    log.append(&framed).unwrap();
     log.sync().unwrap();
     drop(log);
     let segment = std::fs::read(seed_dir.join("00000000000000000000.log")).unwrap();

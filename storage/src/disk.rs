@@ -583,8 +583,9 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         Ok(events)
     }
 
-    /// Writes `events` (in key order, all below the open region) as the next chunk.
-    fn seal(&mut self, events: Vec<E>) -> Result<(), ReservoirError> {
+    /// Writes `events` (in key order, all below the open region, `size` by the codec's
+    /// measure) as the next chunk.
+    fn seal(&mut self, events: Vec<E>, size: usize) -> Result<(), ReservoirError> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(());
         };
@@ -629,7 +630,6 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         self.sealed_events += header.rows as u64;
         self.raw_bytes += header.raw_bytes;
         self.chunk_bytes += bytes.len() as u64;
-        let size = events.iter().map(|e| self.codec.size_of(e)).sum();
         self.chunks.push_back(chunk);
         // Short windows read the newest chunk soon: keep it decoded.
         self.cache_insert(self.next_chunk - 1, Arc::new(events), size);
@@ -752,7 +752,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             self.sealable = UNMEASURED;
             let events = self.open.pop_front(n);
             self.open_bytes -= bytes;
-            self.seal(events)?;
+            self.seal(events, bytes)?;
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ pub mod reservoir;
 pub mod state;
 
 pub use disk::{DiskReservoir, IoThread, ReservoirConfig};
-pub use log::{LogError, TaskLog};
+pub use log::{LogError, Records, TaskLog};
 pub use reservoir::{
     ChunkCodec, MemReservoir, PendingMark, Reservoir, ReservoirError, ReservoirStats, Timed,
 };

@@ -44,6 +44,63 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     }
 }
 
+/// Records framed as a log stores them, in one buffer: the caller encodes each record in
+/// place, so an append copies nothing per record and allocates nothing.
+#[derive(Debug, Default, Clone)]
+pub struct Records {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+impl Records {
+    /// Room for `bytes` of records (without their headers) before growing.
+    pub fn with_capacity(count: usize, bytes: usize) -> Records {
+        Records {
+            bytes: Vec::with_capacity(count * HEADER_BYTES + bytes),
+            count: 0,
+        }
+    }
+
+    /// Appends one record, the bytes `write` appends to the buffer it is given.
+    pub fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; HEADER_BYTES]);
+        write(&mut self.bytes);
+        let body = &self.bytes[start + HEADER_BYTES..];
+        assert!(body.len() <= RECORD_BYTES_MAX, "record too large");
+        let header = [
+            (body.len() as u32).to_le_bytes(),
+            crc32fast::hash(body).to_le_bytes(),
+        ];
+        self.bytes[start..start + HEADER_BYTES].copy_from_slice(header.as_flattened());
+        self.count += 1;
+    }
+
+    /// The number of records.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Their size in the log, headers included.
+    pub fn framed_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+impl<R: AsRef<[u8]>> FromIterator<R> for Records {
+    fn from_iter<I: IntoIterator<Item = R>>(records: I) -> Records {
+        let mut out = Records::default();
+        for r in records {
+            out.push_with(|b| b.extend_from_slice(r.as_ref()));
+        }
+        out
+    }
+}
+
 struct Segment {
     base: u64,
     path: PathBuf,
@@ -207,24 +264,29 @@ impl TaskLog {
     }
 
     /// Writes records (not yet durable: call `sync`); returns the first one's offset.
-    pub fn append(&mut self, records: &[Vec<u8>]) -> Result<u64, LogError> {
+    pub fn append(&mut self, records: &Records) -> Result<u64, LogError> {
         let first = self.next;
-        let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + HEADER_BYTES).sum());
-        for r in records {
-            assert!(r.len() <= RECORD_BYTES_MAX, "record too large");
-            if self.active_bytes + buf.len() as u64 >= self.segment_bytes_max
-                && self.active_bytes + (buf.len() as u64) > 0
+        let bytes = &records.bytes;
+        if self.active_bytes + bytes.len() as u64 <= self.segment_bytes_max {
+            self.write(bytes)?;
+            self.next += records.count as u64;
+            return Ok(first);
+        }
+        // Rolls at the first record boundary past the segment's size.
+        let (mut written, mut at) = (0, 0);
+        while at < bytes.len() {
+            if self.active_bytes + (at - written) as u64 >= self.segment_bytes_max
+                && self.active_bytes + (at - written) as u64 > 0
             {
-                self.write(&buf)?;
-                buf.clear();
+                self.write(&bytes[written..at])?;
+                written = at;
                 self.roll()?;
             }
-            buf.extend_from_slice(&(r.len() as u32).to_le_bytes());
-            buf.extend_from_slice(&crc32fast::hash(r).to_le_bytes());
-            buf.extend_from_slice(r);
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+            at += HEADER_BYTES + len as usize;
             self.next += 1;
         }
-        self.write(&buf)?;
+        self.write(&bytes[written..])?;
         Ok(first)
     }
 
@@ -359,7 +421,7 @@ mod tests {
         let mut log = TaskLog::open(&dir, 100).unwrap();
         let records: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; i as usize % 7 + 1]).collect();
         for chunk in records.chunks(3) {
-            log.append(chunk).unwrap();
+            log.append(&chunk.iter().collect()).unwrap();
             log.sync().unwrap();
         }
         assert!(log.segments.len() > 3);
@@ -383,7 +445,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_other_damage_is_an_error() {
         let dir = temp("torn");
         let mut log = TaskLog::open(&dir, 1 << 20).unwrap();
-        log.append(&[b"one".to_vec(), b"two".to_vec()]).unwrap();
+        log.append(&[b"one", b"two"].into_iter().collect()).unwrap();
         log.sync().unwrap();
         drop(log);
         let path = dir.join(segment_name(0));
@@ -393,13 +455,14 @@ mod tests {
         drop(f);
         let mut log = TaskLog::open(&dir, 1 << 20).unwrap();
         assert_eq!(log.next_offset(), 2);
-        log.append(&[b"three".to_vec()]).unwrap();
+        log.append(&[b"three"].into_iter().collect()).unwrap();
         log.sync().unwrap();
         assert_eq!(all(&log).len(), 3);
         drop(log);
         // A flipped byte inside an earlier segment is not a torn tail.
         let mut log = TaskLog::open(&dir, 16).unwrap();
-        log.append(&[b"four".to_vec(), b"five".to_vec()]).unwrap();
+        log.append(&[&b"four"[..], b"five"].into_iter().collect())
+            .unwrap();
         log.sync().unwrap();
         drop(log);
         let mut bytes = fs::read(&path).unwrap();

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::log::{TaskLog, Unsynced, SEGMENT_BYTES_MAX};
+use eddy_storage::log::{Records, TaskLog, Unsynced, SEGMENT_BYTES_MAX};
 
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::codec;
@@ -168,7 +168,7 @@ impl LocalLog {
     /// of them are durable (`durable`: on the committer thread) or written (at once, on
     /// this thread, unless earlier continuations still wait), after the continuations of
     /// earlier appends.
-    pub fn append(&self, batches: Vec<(TaskId, Vec<Vec<u8>>)>, durable: bool, after: AfterAppend) {
+    pub fn append(&self, batches: Vec<(TaskId, Records)>, durable: bool, after: AfterAppend) {
         let mut files = self.shared.lock();
         if files.closed {
             drop(files);
@@ -269,14 +269,10 @@ impl EventLog for LocalLog {
         let mut waits = Vec::with_capacity(batches.len());
         let mut deliveries = Vec::with_capacity(batches.len());
         for TaskBatch { task, rows, passes } in batches {
-            let encoded = rows
-                .iter()
-                .map(|r| {
-                    let mut b = Vec::with_capacity(64);
-                    codec::encode_row(r, &mut b);
-                    b
-                })
-                .collect();
+            let mut encoded = Records::with_capacity(rows.len(), rows.len() * 64);
+            for r in &rows {
+                encoded.push_with(|b| codec::encode_row(r, b));
+            }
             records.push((task.clone(), encoded));
             let (reply, rx) = reply_to_caller();
             deliveries.push((task, rows, passes, reply));
@@ -395,11 +391,7 @@ impl Files {
     }
 
     /// Writes one append's records; the task log end after each batch.
-    fn write(
-        &mut self,
-        batches: Vec<(TaskId, Vec<Vec<u8>>)>,
-        stats: &LogStats,
-    ) -> Result<Vec<u64>> {
+    fn write(&mut self, batches: Vec<(TaskId, Records)>, stats: &LogStats) -> Result<Vec<u64>> {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
@@ -409,10 +401,9 @@ impl Files {
             stats
                 .records
                 .fetch_add(records.len() as u64, Ordering::Relaxed);
-            stats.bytes.fetch_add(
-                records.iter().map(|r| r.len() as u64 + 8).sum(),
-                Ordering::Relaxed,
-            );
+            stats
+                .bytes
+                .fetch_add(records.framed_bytes() as u64, Ordering::Relaxed);
             let log = self.log(&task)?;
             log.append(&records).map_err(storage_error)?;
             ends.push(log.next_offset());
@@ -538,7 +529,7 @@ mod tests {
         log.append(
             vec![(
                 task(partition),
-                records.iter().map(|r| r.as_bytes().to_vec()).collect(),
+                records.iter().map(|r| r.as_bytes()).collect(),
             )],
             durable,
             Box::new(move |r| {
@@ -606,7 +597,7 @@ mod tests {
                     .push((name, std::thread::current().id(), r.unwrap()));
             })
         };
-        let rec = |r: &str| vec![(task(0), vec![r.as_bytes().to_vec()])];
+        let rec = |r: &str| vec![(task(0), [r].into_iter().collect())];
         let caller = std::thread::current().id();
         // A durable append whose continuation is slow, then a written one: the written one
         // waits its turn, so the tasks would see them in log order.
@@ -652,7 +643,7 @@ mod tests {
         {
             let (tx, rx) = mpsc::channel();
             log.append(
-                vec![(task(0), vec![vec![b'x'; 64]])],
+                vec![(task(0), [[b'x'; 64]].into_iter().collect())],
                 false,
                 Box::new(move |r| tx.send((r, std::thread::current().id())).unwrap()),
             );
