@@ -73,21 +73,40 @@ fn fits(v: i128) -> bool {
     v.unsigned_abs() < 1u128 << FIXED_LIMIT_BITS
 }
 
-impl Wide {
-    /// The wide form of `fixed` units: its exact decomposition into doubles.
-    fn of_fixed(fixed: i128) -> Wide {
-        let mut parts = Vec::new();
+/// The exact decomposition of fixed units into non-overlapping doubles, smallest first:
+/// each part takes the top 53 bits of what is left, so an i128 needs at most three.
+struct FixedParts {
+    parts: [f64; 3],
+    len: usize,
+}
+
+impl FixedParts {
+    fn of(fixed: i128) -> FixedParts {
+        let mut parts = [0.0; 3];
+        let mut len = 0;
         let mut rest = fixed;
         while rest != 0 {
             // Rounding to 53 bits: the rest is below half an ulp of `d`, so the parts
             // never overlap; `d` is an integer below 2^126, exact as an i128.
             let d = rest as f64;
-            parts.push(d * UNIT);
+            parts[len] = d * UNIT;
+            len += 1;
             rest -= d as i128;
         }
-        parts.reverse();
+        parts[..len].reverse();
+        FixedParts { parts, len }
+    }
+
+    fn as_slice(&self) -> &[f64] {
+        &self.parts[..self.len]
+    }
+}
+
+impl Wide {
+    /// The wide form of `fixed` units: its exact decomposition into doubles.
+    fn of_fixed(fixed: i128) -> Wide {
         Wide {
-            partials: parts,
+            partials: FixedParts::of(fixed).as_slice().to_vec(),
             ..Wide::default()
         }
     }
@@ -236,9 +255,18 @@ impl ExactSum {
 
     /// The stored form: the partials, then the NaN, +∞ and −∞ counts.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let partials = self.partials();
+        // The fixed form is decomposed on the stack: a checkpoint encodes every sum it
+        // writes, so no allocation per sum.
+        let fixed;
+        let partials = match &self.wide {
+            Some(w) => &w.partials[..],
+            None => {
+                fixed = FixedParts::of(self.fixed.get());
+                fixed.as_slice()
+            }
+        };
         out.extend_from_slice(&(partials.len() as u32).to_le_bytes());
-        for p in &partials {
+        for p in partials {
             out.extend_from_slice(&p.to_bits().to_le_bytes());
         }
         for n in self.specials() {
@@ -347,6 +375,37 @@ mod tests {
         assert_eq!(s.value(), f64::INFINITY);
         s.sub(f64::INFINITY);
         assert_eq!(s.value(), 2f64.powi(62));
+    }
+
+    /// The fixed form stores the very bytes its wide form would, up to three parts.
+    #[test]
+    fn the_fixed_form_stores_its_wide_decomposition() {
+        for xs in [
+            &[][..],
+            &[0.5, -0.25][..],
+            &[2f64.powi(58), 2f64.powi(58), 0.1, -7.0][..],
+            &[-(2f64.powi(59)), 2f64.powi(-60), 3.0][..],
+        ] {
+            let mut s = ExactSum::default();
+            for &x in xs {
+                s.add(x);
+            }
+            assert!(s.wide.is_none());
+            let parts = FixedParts::of(s.fixed.get());
+            assert!(parts.as_slice().windows(2).all(|w| w[0].abs() < w[1].abs()));
+            let wide = ExactSum {
+                fixed: I128::default(),
+                wide: Some(Box::new(Wide::of_fixed(s.fixed.get()))),
+            };
+            let (mut fixed_bytes, mut wide_bytes) = (Vec::new(), Vec::new());
+            s.encode(&mut fixed_bytes);
+            wide.encode(&mut wide_bytes);
+            assert_eq!(fixed_bytes, wide_bytes);
+            assert_eq!(
+                ExactSum::decode(&mut Reader(&fixed_bytes)).as_ref(),
+                Some(&s)
+            );
+        }
     }
 
     #[test]
