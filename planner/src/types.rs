@@ -294,9 +294,6 @@ fn parse_any_timestamp(text: &str) -> Option<i64> {
     let y: i64 = parts.next()?.parse().ok()?;
     let m: u32 = parts.next()?.parse().ok()?;
     let d: u32 = parts.next()?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
     let mut rest = t.get(10..)?.trim_start_matches(['T', ' ']);
     let (mut h, mut mi, mut s, mut us) = (0i64, 0i64, 0i64, 0i64);
     let mut offset_secs = 0i64;
@@ -310,19 +307,7 @@ fn parse_any_timestamp(text: &str) -> Option<i64> {
         let (sw, sf) = sec.split_once('.').unwrap_or((sec, ""));
         s = sw.parse().ok()?;
         if !sf.is_empty() {
-            if !sf.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            // Microseconds: the first six digits, padded with zeros, rounded by the
-            // seventh as in PostgreSQL (a carry into the next second adds up below).
-            let digits = sf.as_bytes();
-            us = (digits.iter().chain(std::iter::repeat(&b'0')))
-                .take(6)
-                .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
-            us += i64::from(digits.get(6).is_some_and(|&d| d >= b'5'));
-        }
-        if h > 24 || mi > 59 || s > 60 {
-            return None;
+            us = fraction_us(sf.as_bytes())?;
         }
         rest = zone.trim();
         if let Some(z) = rest.strip_prefix(['+', '-']) {
@@ -337,7 +322,29 @@ fn parse_any_timestamp(text: &str) -> Option<i64> {
             return None;
         }
     }
-    let days = days_from_civil(y, m, d);
+    timestamp_us([y, m.into(), d.into(), h, mi, s], us, offset_secs)
+}
+
+/// Microseconds of a fraction's digits: the first six, padded with zeros, rounded by the
+/// seventh as in PostgreSQL (a carry into the next second adds up in `timestamp_us`).
+fn fraction_us(digits: &[u8]) -> Option<i64> {
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let us = (digits.iter().chain(std::iter::repeat(&b'0')))
+        .take(6)
+        .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
+    Some(us + i64::from(digits.get(6).is_some_and(|&d| d >= b'5')))
+}
+
+/// The instant of a civil date and time at a UTC offset; `None` if a field is out of
+/// range.
+fn timestamp_us(fields: [i64; 6], us: i64, offset_secs: i64) -> Option<i64> {
+    let [y, m, d, h, mi, s] = fields;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 24 || mi > 59 || s > 60 {
+        return None;
+    }
+    let days = days_from_civil(y, m as u32, d as u32);
     let secs = days * 86_400 + h * 3600 + mi * 60 + s - offset_secs;
     Some(secs * 1_000_000 + us)
 }
@@ -357,25 +364,18 @@ fn parse_plain_timestamp(t: &[u8]) -> Option<i64> {
             d.is_ascii_digit().then(|| n * 10 + i64::from(d - b'0'))
         })
     };
-    let (y, m, d) = (number(0, 4)?, number(5, 7)?, number(8, 10)?);
-    let (h, mi, s) = (number(11, 13)?, number(14, 16)?, number(17, 19)?);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 24 || mi > 59 || s > 60 {
-        return None;
+    let fields = [(0, 4), (5, 7), (8, 10), (11, 13), (14, 16), (17, 19)];
+    let mut values = [0; 6];
+    for (value, (from, to)) in values.iter_mut().zip(fields) {
+        *value = number(from, to)?;
     }
-    let mut us = 0;
-    if t.len() > 19 {
-        let digits = t[19..].strip_prefix(b".")?;
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        // As below: six digits, padded, rounded by the seventh.
-        us = (digits.iter().chain(std::iter::repeat(&b'0')))
-            .take(6)
-            .fold(0, |us, d| us * 10 + i64::from(d - b'0'));
-        us += i64::from(digits.get(6).is_some_and(|&d| d >= b'5'));
-    }
-    let days = days_from_civil(y, m as u32, d as u32);
-    Some((days * 86_400 + h * 3600 + mi * 60 + s) * 1_000_000 + us)
+    let us = match &t[19..] {
+        [] => 0,
+        // A bare `.` is left to the general form.
+        [b'.', digits @ ..] if !digits.is_empty() => fraction_us(digits)?,
+        _ => return None,
+    };
+    timestamp_us(values, us, 0)
 }
 
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {

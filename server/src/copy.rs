@@ -51,6 +51,8 @@ struct Parser {
     /// The WHERE predicates of the stream's metrics, evaluated where the rows are parsed.
     predicates: Predicates,
     targets: Vec<usize>,
+    /// For each column, the field of a record that sets it (the inverse of `targets`).
+    field_of: Vec<Option<usize>>,
     format: Format,
     delimiter: char,
     null: String,
@@ -179,10 +181,15 @@ impl CopyIn {
         };
         let names: Vec<String> = columns.iter().map(normalize_ident).collect();
         let (stream, targets) = load_target(catalog, &object_name(table_name), &names, "copy")?;
+        let mut field_of = vec![None; stream.columns.len()];
+        for (f, &c) in targets.iter().enumerate() {
+            field_of[c] = Some(f);
+        }
         let mut parser = Parser {
             stream: stream.clone(),
             predicates: Predicates::of(catalog, &stream)?,
             targets,
+            field_of,
             format: Format::Text,
             delimiter: '\t',
             null: "\\N".to_string(),
@@ -536,22 +543,15 @@ struct Stager<'p> {
     parsed: Parsed,
     batch: BatchBuilder,
     /// The record being checked, as a row; a text value stands there as `text` and the
-    /// batch takes it from the record's field (`field_of`), so no row owns its text.
+    /// batch takes it from the record's field (`Parser::field_of`), so no row owns its text.
     row: Vec<Value>,
     text: Value,
-    /// For each column, the record's field that sets it.
-    field_of: Vec<Option<usize>>,
     before: usize,
     header: bool,
 }
 
 impl<'p> Stager<'p> {
     fn new(parser: &'p Parser, before: usize, header: bool) -> Stager<'p> {
-        let columns = parser.stream.columns.len();
-        let mut field_of = vec![None; columns];
-        for (f, &c) in parser.targets.iter().enumerate() {
-            field_of[c] = Some(f);
-        }
         Stager {
             parser,
             parsed: Parsed {
@@ -562,9 +562,8 @@ impl<'p> Stager<'p> {
                 bytes: 0,
             },
             batch: BatchBuilder::new(&parser.stream, COPY_BATCH_ROWS),
-            row: vec![Value::Null; columns],
+            row: vec![Value::Null; parser.stream.columns.len()],
             text: Value::Text("".into()),
-            field_of,
             before,
             header,
         }
@@ -608,7 +607,7 @@ impl<'p> Stager<'p> {
         Task::event_time(stream, &self.row)?;
         for (c, v) in self.row.iter().enumerate() {
             let column = self.batch.column(c);
-            match (v, self.field_of[c].and_then(|f| fields[f].as_ref())) {
+            match (v, self.parser.field_of[c].and_then(|f| fields[f].as_ref())) {
                 (Value::Text(_), Some(text)) => column.push_text(text.as_ref()),
                 _ => column.push(v),
             }
