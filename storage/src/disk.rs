@@ -699,24 +699,22 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
 
     /// From the place a scan that stopped at `after` remembered in its chunk (no read,
     /// no search), else from the open region when every chunk is at or before `after`.
-    fn upcoming(&mut self, after: i64, n: usize, f: &mut dyn FnMut(&E)) {
+    fn upcoming(&mut self, after: i64, n: usize) -> &[E] {
         let hint = self
             .hints
             .iter()
             .rev()
-            .find(|h| h.bound == after && h.generation == self.generation);
+            .position(|h| h.bound == after && h.generation == self.generation);
         match hint {
-            Some(h) => h
-                .events
-                .get(h.index..)
-                .unwrap_or_default()
-                .iter()
-                .take(n)
-                .for_each(f),
-            None if self.chunks.back().is_none_or(|c| c.header.last.0 <= after) => {
-                self.open.upcoming(after, n, f)
+            Some(k) => {
+                let h = &self.hints[self.hints.len() - 1 - k];
+                let rest = h.events.get(h.index..).unwrap_or_default();
+                &rest[..n.min(rest.len())]
             }
-            None => {}
+            None if self.chunks.back().is_none_or(|c| c.header.last.0 <= after) => {
+                self.open.upcoming(after, n)
+            }
+            None => &[],
         }
     }
 
@@ -1030,8 +1028,7 @@ mod tests {
                 .collect();
             assert_eq!(collect(&mut r, a, b), want, "step {step} range ({a}, {b}]");
             // What `upcoming` offers after a scan is the first events past its end.
-            let mut next_ones = Vec::new();
-            r.upcoming(b, 3, &mut |e| next_ones.push(e.clone()));
+            let next_ones = r.upcoming(b, 3).to_vec();
             let after: Vec<Ev> = model.iter().filter(|e| e.0 > b).take(3).cloned().collect();
             assert_eq!(
                 next_ones[..],

@@ -64,10 +64,12 @@ pub trait Reservoir<E: Timed>: Send {
         f: &mut dyn FnMut(&E),
     ) -> Result<(), ReservoirError>;
 
-    /// Calls `f` on up to `n` of the first events with `ts > after`, in key order: the
-    /// next ones a window's tail edge at `after` will pass, so the caller can ask for
-    /// their cache lines ahead. Only a hint: a reservoir may offer fewer, or none.
-    fn upcoming(&mut self, _after: i64, _n: usize, _f: &mut dyn FnMut(&E)) {}
+    /// Up to `n` of the first events with `ts > after`, in key order: the next ones a
+    /// window's tail edge at `after` will pass, so the caller can ask for their cache
+    /// lines ahead. Only a hint: a reservoir may offer fewer, or none.
+    fn upcoming(&mut self, _after: i64, _n: usize) -> &[E] {
+        &[]
+    }
 
     /// Re-derives events' derived tags (never their keys): `f` runs on every event held
     /// decoded in memory, and events read back from disk are decoded with `codec` from
@@ -360,18 +362,15 @@ impl<E: Timed> MemReservoir<E> {
 }
 
 impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
-    fn upcoming(&mut self, after: i64, n: usize, f: &mut dyn FnMut(&E)) {
-        let (first, start) = self.first_after(after);
-        self.blocks
-            .range(first..)
-            .enumerate()
-            .flat_map(|(i, block)| {
-                block
-                    .get(if i == 0 { start } else { 0 }..)
-                    .unwrap_or_default()
-            })
-            .take(n)
-            .for_each(f);
+    /// The events from the first past `after` to the end of its block at most.
+    fn upcoming(&mut self, after: i64, n: usize) -> &[E] {
+        let (b, i) = self.first_after(after);
+        let rest = self
+            .blocks
+            .get(b)
+            .and_then(|block| block.get(i..))
+            .unwrap_or_default();
+        &rest[..n.min(rest.len())]
     }
 
     fn insert(&mut self, event: E) {
@@ -442,22 +441,28 @@ mod tests {
 
     #[test]
     fn upcoming_offers_the_first_events_past_a_bound() {
-        let mut r = MemReservoir {
-            block_events: 2,
-            ..MemReservoir::default()
+        let upcoming = |r: &mut MemReservoir<Ev>, after, n| {
+            r.upcoming(after, n).iter().map(Ev::key).collect::<Vec<_>>()
         };
+        let mut r = MemReservoir::default();
         for (i, ts) in [10, 20, 15, 20, 5, 30].iter().enumerate() {
             r.insert(Ev(*ts, i as u64));
         }
-        let upcoming = |r: &mut MemReservoir<Ev>, after, n| {
-            let mut out = Vec::new();
-            r.upcoming(after, n, &mut |e| out.push(e.key()));
-            out
-        };
         assert_eq!(upcoming(&mut r, 10, 3), vec![(15, 2), (20, 1), (20, 3)]);
         collect(&r, 5, 15);
         assert_eq!(upcoming(&mut r, 15, 5), vec![(20, 1), (20, 3), (30, 5)]);
         assert_eq!(upcoming(&mut r, 30, 2), vec![]);
+        // In small blocks, an offer stops at the end of the first event's block.
+        let mut r = MemReservoir {
+            block_events: 2,
+            ..MemReservoir::default()
+        };
+        for ts in 1..=6 {
+            r.insert(Ev(ts * 10, ts as u64));
+        }
+        assert_eq!(upcoming(&mut r, 10, 3), vec![(20, 2)]);
+        assert_eq!(upcoming(&mut r, 20, 3), vec![(30, 3), (40, 4)]);
+        assert_eq!(upcoming(&mut r, 25, 1), vec![(30, 3)]);
     }
 
     #[test]

@@ -69,8 +69,24 @@ const TIMESTAMP: u8 = 5;
 const NUMERIC: u8 = 6;
 
 /// Packs the values of `columns` of `row` into `buf` (cleared first).
+#[inline]
 pub fn pack(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
     buf.clear();
+    // One text column is the usual key (a card, an account), packed inline where it is
+    // used: the event path packs every key several times.
+    if let [c] = columns {
+        if let Some(Value::Text(s)) = row.get(*c) {
+            let [a, b, c, d] = (s.len() as u32).to_le_bytes();
+            buf.reserve(5 + s.len());
+            buf.extend_from_slice(&[TEXT, a, b, c, d]);
+            buf.extend_from_slice(s.as_bytes());
+            return;
+        }
+    }
+    pack_any(buf, columns, row);
+}
+
+fn pack_any(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
     for c in columns {
         match &row[*c] {
             Value::Null => buf.push(NULL),

@@ -904,7 +904,7 @@ impl Task {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
                 return;
             }
-            fill_key(key_buf, &g.key.columns, &e.row);
+            pack(key_buf, &g.key.columns, &e.row);
             match slot {
                 None => enter_group(g, key_buf, e, epoch, keep),
                 Some(s) => {
@@ -1235,7 +1235,7 @@ impl Task {
             let w = &mut self.windows[m.window];
             let epoch = w.epoch;
             let g = &mut w.filters[m.filter].groups[m.group];
-            fill_key(&mut self.key_buf, &g.key.columns, row);
+            pack(&mut self.key_buf, &g.key.columns, row);
             let state = g
                 .table
                 .get(self.key_buf.as_slice())
@@ -1325,10 +1325,6 @@ fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
         .collect()
 }
 
-fn fill_key(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
-    pack(buf, columns, row);
-}
-
 /// Moves a window's edges to stream time `t`: events past the tail leave, then events
 /// that reached the head enter, both in event-time order.
 fn advance(
@@ -1398,16 +1394,14 @@ const LEAVING_AHEAD: usize = 4;
 /// (`LEAVING_AHEAD`). An event leaving every so often then finds its row, its text,
 /// its groups and their states in cache.
 fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_buf: &mut Vec<u8>) {
-    let mut stage = 0;
-    reservoir.upcoming(w.tail, LEAVING_AHEAD, &mut |e| {
+    for (stage, e) in reservoir.upcoming(w.tail, LEAVING_AHEAD).iter().enumerate() {
         match stage {
             0 => prefetch_states(&w.filters, &e.row, e.mask, key_buf),
             1 => prefetch_groups(&w.filters, &e.row, e.mask, key_buf),
             2 => prefetch::texts(&e.row),
             _ => prefetch::lines(&e.row[..]),
         }
-        stage += 1;
-    });
+    }
 }
 
 /// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
@@ -1416,7 +1410,7 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
     // Every multiset is MIN's state (`AggFunc::state_func`).
     let multisets = |g: &&GroupExec| g.aggs.iter().any(|a| a.func == AggFunc::Min);
     for g in groups_of(filters, mask).filter(multisets) {
-        fill_key(key_buf, &g.key.columns, row);
+        pack(key_buf, &g.key.columns, row);
         g.table.prefetch_states(key_buf);
     }
 }
@@ -1426,7 +1420,7 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 /// misses, and this way they overlap with other work.
 fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     for g in groups_of(filters, mask) {
-        fill_key(key_buf, &g.key.columns, row);
+        pack(key_buf, &g.key.columns, row);
         g.table.prefetch(key_buf);
     }
 }
@@ -1449,7 +1443,7 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
             continue;
         }
         for g in &mut f.groups {
-            fill_key(key_buf, &g.key.columns, &e.row);
+            pack(key_buf, &g.key.columns, &e.row);
             if enter {
                 enter_group(g, key_buf, e, epoch, keep);
             } else {
@@ -1502,6 +1496,9 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
         }
     }
     state.count += 1;
+    // A multiset's lines all on their way at once, before its search needs them one by
+    // one (an entering event's group is rarely in cache).
+    state.states.iter().for_each(AggState::prefetch);
     for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
         let v = a.arg.map_or(&Value::Null, |c| &e.row[c]);
         s.insert(a.func, v, e.ts, e.seq);
