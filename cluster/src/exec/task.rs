@@ -83,6 +83,14 @@ struct GroupExec {
     touched: Vec<Box<[u8]>>,
 }
 
+impl GroupExec {
+    /// Whether its states keep a multiset on the heap: every multiset is MIN's state
+    /// (`AggFunc::state_func`).
+    fn keeps_multiset(&self) -> bool {
+        self.aggs.iter().any(|a| a.func == AggFunc::Min)
+    }
+}
+
 /// A subscription attached to this task.
 struct TaskWatch {
     id: WatchId,
@@ -1407,9 +1415,7 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
 /// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
 /// the groups that keep a multiset (the others keep nothing there).
 fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
-    // Every multiset is MIN's state (`AggFunc::state_func`).
-    let multisets = |g: &&GroupExec| g.aggs.iter().any(|a| a.func == AggFunc::Min);
-    for g in groups_of(filters, mask).filter(multisets) {
+    for g in groups_of(filters, mask).filter(|g| g.keeps_multiset()) {
         pack(key_buf, &g.key.columns, row);
         g.table.prefetch_states(key_buf);
     }
@@ -1459,6 +1465,7 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
     if g.watched {
         g.touched.push(key.into());
     }
+    let multiset = g.keeps_multiset();
     let state = g.table.entry(key, || GroupState {
         count: 0,
         epoch,
@@ -1498,7 +1505,9 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
     state.count += 1;
     // A multiset's lines all on their way at once, before its search needs them one by
     // one (an entering event's group is rarely in cache).
-    state.states.iter().for_each(AggState::prefetch);
+    if multiset {
+        state.states.iter().for_each(AggState::prefetch);
+    }
     for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
         let v = a.arg.map_or(&Value::Null, |c| &e.row[c]);
         s.insert(a.func, v, e.ts, e.seq);
