@@ -76,9 +76,9 @@ pub fn pack(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
     // used: the event path packs every key several times.
     if let [c] = columns {
         if let Some(Value::Text(s)) = row.get(*c) {
-            let [a, b, c, d] = (s.len() as u32).to_le_bytes();
+            let [l0, l1, l2, l3] = (s.len() as u32).to_le_bytes();
             buf.reserve(5 + s.len());
-            buf.extend_from_slice(&[TEXT, a, b, c, d]);
+            buf.extend_from_slice(&[TEXT, l0, l1, l2, l3]);
             buf.extend_from_slice(s.as_bytes());
             return;
         }
