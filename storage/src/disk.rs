@@ -703,11 +703,10 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         let hint = self
             .hints
             .iter()
-            .rev()
-            .position(|h| h.bound == after && h.generation == self.generation);
+            .rposition(|h| h.bound == after && h.generation == self.generation);
         match hint {
             Some(k) => {
-                let h = &self.hints[self.hints.len() - 1 - k];
+                let h = &self.hints[k];
                 let rest = h.events.get(h.index..).unwrap_or_default();
                 &rest[..n.min(rest.len())]
             }
