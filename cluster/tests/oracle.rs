@@ -130,7 +130,7 @@ struct Ev {
 }
 
 fn text(s: &str) -> Value {
-    Value::Text(Arc::from(s))
+    Value::Text(s.into())
 }
 
 /// The event as the stream's row: id, ts, k, amount, qty, tag.

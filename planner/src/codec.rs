@@ -107,7 +107,7 @@ pub fn decode_value(r: &mut Reader<'_>) -> Option<Value> {
         TEXT => {
             let len = r.u32()? as usize;
             let s = std::str::from_utf8(r.take(len)?).ok()?;
-            Value::Text(Arc::from(s))
+            Value::Text(s.into())
         }
         TIMESTAMP => Value::Timestamp(r.i64()?),
         _ => return None,

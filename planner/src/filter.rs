@@ -399,7 +399,7 @@ pub fn column_values(array: &ArrayRef) -> Result<Vec<Value>> {
         DataType::Int64 => fill!(Int64Array, Value::Int),
         DataType::Float32 => fill!(Float32Array, |v: f32| Value::Float(v as f64)),
         DataType::Float64 => fill!(Float64Array, Value::Float),
-        DataType::Utf8 => fill!(StringArray, |v: &str| Value::Text(Arc::from(v))),
+        DataType::Utf8 => fill!(StringArray, |v: &str| Value::Text(v.into())),
         DataType::Timestamp(_, _) => fill!(TimestampMicrosecondArray, Value::Timestamp),
         other => return Err(Error::internal(format!("unexpected column type {other}"))),
     }

@@ -128,6 +128,12 @@ impl Ord for I128 {
 /// and the reservoir pass the same slice around without copying it.
 pub type Row = Arc<[Value]>;
 
+/// A text value. Up to 15 bytes it lives inline, in the value itself: keys such as a
+/// card or an account cost no allocation to build, no atomic count to share or drop, and
+/// no pointer to follow when packed. Longer texts are shared and reference counted, as an
+/// `Arc<str>` would be. Either way it is 16 bytes, so a `Value` stays 24.
+pub type Text = ecow::EcoString;
+
 /// One scalar of an event or of an aggregate result.
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -137,7 +143,7 @@ pub enum Value {
     /// Exact integer sums (`SUM` of integers is NUMERIC, as in PostgreSQL).
     Numeric(I128),
     Float(f64),
-    Text(Arc<str>),
+    Text(Text),
     /// Microseconds since 1970-01-01 00:00:00 UTC.
     Timestamp(i64),
 }

@@ -456,14 +456,14 @@ fn log_segments_and_records_refuse_without_panicking() {
     let rows: Vec<Vec<Value>> = vec![
         vec![
             Value::Int(1),
-            Value::Text(Arc::from("card")),
+            Value::Text("card".into()),
             Value::Float(2.5),
             Value::Null,
         ],
         vec![
             Value::Bool(true),
             Value::Timestamp(1_700_000_000_000_000),
-            Value::Text(Arc::from("")),
+            Value::Text("".into()),
         ],
     ];
     let records: Vec<Vec<u8>> = rows

@@ -176,7 +176,8 @@ impl ChunkCodec<Event> for EventCodec {
             + e.row
                 .iter()
                 .map(|v| match v {
-                    Value::Text(s) => 32 + s.len(),
+                    // A short text lives inside its value; only a longer one has a heap copy.
+                    Value::Text(s) if !s.is_inline() => 32 + s.len(),
                     _ => 32,
                 })
                 .sum::<usize>()
