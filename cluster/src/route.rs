@@ -126,7 +126,6 @@ pub(crate) fn route(stream: &StreamDef, rows: &[Row]) -> Routed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     /// The vectors of Kafka's own UtilsTest.testMurmur2.
     #[test]
@@ -154,7 +153,7 @@ mod tests {
             .0;
         let stream = catalog.stream("s").unwrap();
         let row = |a: &str, b: &str| -> Row {
-            Arc::from(vec![
+            Row::from(vec![
                 Value::Timestamp(0),
                 Value::Text(a.into()),
                 Value::Text(b.into()),
@@ -170,7 +169,7 @@ mod tests {
             for (_, task, indexes, task_rows) in &mine {
                 assert!(indexes.is_sorted());
                 for (i, r) in indexes.iter().zip(task_rows) {
-                    assert!(Arc::ptr_eq(r, &rows[*i]));
+                    assert!(std::ptr::eq(r.as_ptr(), rows[*i].as_ptr()));
                     let col = stream.partitioners[p];
                     assert_eq!(task.partition, partition_for(&r[col], 4));
                 }

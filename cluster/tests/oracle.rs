@@ -135,7 +135,7 @@ fn text(s: &str) -> Value {
 
 /// The event as the stream's row: id, ts, k, amount, qty, tag.
 fn row(e: &Ev) -> Row {
-    Arc::from(vec![
+    Row::from(vec![
         Value::Int(e.id),
         Value::Timestamp(e.ts),
         text(KEYS[e.k as usize]),

@@ -706,23 +706,24 @@ impl InsertTemplate {
         &self,
         param: &mut dyn FnMut(usize, &ColumnDef) -> Result<Value>,
     ) -> Result<InsertPlan> {
-        let mut rows = Vec::with_capacity(self.rows.len());
-        // One row at a time in a scratch vector, moved into the row's one allocation.
-        let mut out = Vec::with_capacity(self.stream.columns.len());
+        // Every row in one block of values, row after row.
+        let width = self.stream.columns.len();
+        let mut values = Vec::with_capacity(self.rows.len() * width);
         for slots in &self.rows {
-            out.resize(self.stream.columns.len(), Value::Null);
+            let start = values.len();
+            values.resize(start + width, Value::Null);
+            let out = &mut values[start..];
             for (col, slot) in slots {
                 out[*col] = match slot {
                     Slot::Const(v) => v.clone(),
                     Slot::Param(i) => param(*i, &self.stream.columns[*col])?,
                 };
             }
-            check_not_null(&self.stream, &out)?;
-            rows.push(out.drain(..).collect());
+            check_not_null(&self.stream, out)?;
         }
         Ok(InsertPlan {
             stream: self.stream.clone(),
-            rows,
+            rows: Row::block(values, self.rows.len()),
             returning: self.returning.clone(),
         })
     }

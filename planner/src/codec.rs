@@ -6,8 +6,6 @@
 //! Invariant: decoding what was encoded gives the same value, floats bit for bit; a
 //! decoder given bytes it did not write returns `None`, never garbage.
 
-use std::sync::Arc;
-
 use crate::types::{Row, Value};
 
 const NULL: u8 = 0;
@@ -126,7 +124,7 @@ pub fn encode_row(row: &[Value], out: &mut Vec<u8>) {
 pub fn decode_row(bytes: &[u8]) -> Option<Row> {
     let mut r = Reader(bytes);
     let row = read_row(&mut r)?;
-    r.is_empty().then(|| Arc::from(row))
+    r.is_empty().then(|| Row::from(row))
 }
 
 /// Reads one row from the front of `r`.

@@ -341,19 +341,14 @@ pub fn stream_types(stream: &StreamDef) -> Vec<ResultType> {
         .collect()
 }
 
-/// Rows from equally long columns of values.
+/// Rows from equally long columns of values, sharing one block.
 pub fn columns_to_rows(columns: Vec<Vec<Value>>, n: usize) -> Vec<Row> {
+    let mut values = Vec::with_capacity(n * columns.len());
     let mut iters: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
-    (0..n)
-        .map(|_| {
-            // One allocation a row: a mapped slice iterator tells the shared slice its
-            // exact length.
-            iters
-                .iter_mut()
-                .map(|it| it.next().unwrap_or(Value::Null))
-                .collect()
-        })
-        .collect()
+    for _ in 0..n {
+        values.extend(iters.iter_mut().map(|it| it.next().unwrap_or(Value::Null)));
+    }
+    Row::block(values, n)
 }
 
 /// The rows of a batch `rows_to_batch` built from a stream's rows.

@@ -126,7 +126,108 @@ impl Ord for I128 {
 
 /// An event's column values in the stream's column order, shared: binding, the engine
 /// and the reservoir pass the same slice around without copying it.
-pub type Row = Arc<[Value]>;
+///
+/// Rows made together share one block (`Row::block`): a COPY batch or a decoded reservoir
+/// chunk is one allocation, and dropping it is one free, not one per row. A row that must
+/// outlive its neighbours by far (a count window's newest events) takes a copy of its own
+/// (`Row::own`), so it cannot hold a whole block alive.
+#[derive(Clone)]
+pub struct Row {
+    block: Arc<[Value]>,
+    start: u32,
+    len: u32,
+}
+
+impl Row {
+    /// `rows` rows that share `values`, which holds them one after another.
+    pub fn block(values: Vec<Value>, rows: usize) -> Vec<Row> {
+        let width = values.len().checked_div(rows).unwrap_or(0);
+        assert_eq!(width * rows, values.len(), "a block holds whole rows");
+        let block: Arc<[Value]> = values.into();
+        let len = u32::try_from(width).expect("row width");
+        (0..rows)
+            .map(|i| Row {
+                block: block.clone(),
+                start: u32::try_from(i * width).expect("block size"),
+                len,
+            })
+            .collect()
+    }
+
+    /// This row alone: itself when it has its block to itself, else a copy of its values.
+    pub fn own(&self) -> Row {
+        if self.block.len() == self.len as usize {
+            self.clone()
+        } else {
+            Row::from(&**self)
+        }
+    }
+}
+
+impl std::ops::Deref for Row {
+    type Target = [Value];
+
+    #[inline]
+    fn deref(&self) -> &[Value] {
+        let start = self.start as usize;
+        // SAFETY: every constructor places the row inside its block (`start + len` is at
+        // most the block's length), and neither field changes after. This is the hottest
+        // read there is: every column an event's key, filters and aggregates read.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.block.get_unchecked(start..start + self.len as usize)
+        }
+    }
+}
+
+impl AsRef<[Value]> for Row {
+    fn as_ref(&self) -> &[Value] {
+        self
+    }
+}
+
+impl From<Vec<Value>> for Row {
+    fn from(values: Vec<Value>) -> Row {
+        Row::from(Arc::<[Value]>::from(values))
+    }
+}
+
+impl From<&[Value]> for Row {
+    fn from(values: &[Value]) -> Row {
+        Row::from(Arc::<[Value]>::from(values))
+    }
+}
+
+impl From<Arc<[Value]>> for Row {
+    fn from(block: Arc<[Value]>) -> Row {
+        let len = u32::try_from(block.len()).expect("row width");
+        Row {
+            block,
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl FromIterator<Value> for Row {
+    fn from_iter<I: IntoIterator<Item = Value>>(values: I) -> Row {
+        Row::from(values.into_iter().collect::<Arc<[Value]>>())
+    }
+}
+
+impl PartialEq for Row {
+    fn eq(&self, other: &Row) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Row {}
+
+impl fmt::Debug for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
 
 /// A text value. Up to 15 bytes it lives inline, in the value itself: keys such as a
 /// card or an account cost no allocation to build, no atomic count to share or drop, and
@@ -471,6 +572,35 @@ pub fn format_duration_us(us: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_of_a_block_share_it_and_an_owned_row_does_not() {
+        let values: Vec<Value> = (0..6).map(Value::Int).collect();
+        let rows = Row::block(values, 3);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(&*rows[1], &[Value::Int(2), Value::Int(3)]);
+        assert_eq!(rows[2][1], Value::Int(5));
+        // One allocation for all three rows.
+        assert!(std::ptr::eq(
+            rows[1].as_ptr(),
+            rows[0].as_ptr().wrapping_add(2)
+        ));
+        assert_eq!(Arc::strong_count(&rows[0].block), 3);
+
+        let own = rows[1].own();
+        assert_eq!(own, rows[1]);
+        assert_eq!(Arc::strong_count(&own.block), 1);
+        assert_eq!(Arc::strong_count(&rows[0].block), 3);
+        // A row alone in its block is its own already.
+        assert!(std::ptr::eq(own.own().as_ptr(), own.as_ptr()));
+
+        // Rows of no columns (a block of nothing) still count.
+        let empty = Row::block(Vec::new(), 4);
+        assert_eq!(empty.len(), 4);
+        assert!(empty.iter().all(|r| r.is_empty()));
+        assert!(Row::block(Vec::new(), 0).is_empty());
+        assert_eq!(format!("{:?}", rows[0]), "[Int(0), Int(1)]");
+    }
 
     #[test]
     fn timestamps_round_trip() {

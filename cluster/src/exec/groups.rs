@@ -784,7 +784,7 @@ mod tests {
     fn recent_events_round_trip() {
         let mut s = fresh();
         assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
-        let row: Arc<[Value]> = vec![Value::Int(7), Value::Text("a".into()), Value::Null].into();
+        let row: Row = vec![Value::Int(7), Value::Text("a".into()), Value::Null].into();
         s.recent = Some(Box::new(
             [(10, 1, row.clone()), (12, 5, row)].into_iter().collect(),
         ));

@@ -1489,7 +1489,8 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
         if at == 0 && recent.len() >= n {
             return;
         }
-        recent.insert(at, (e.ts, e.seq, e.row.clone()));
+        // Its own copy: a row of a shared block would hold the whole block alive.
+        recent.insert(at, (e.ts, e.seq, e.row.own()));
         if recent.len() > n {
             let (_, _, old) = recent.pop_front().expect("over its size");
             state.count -= 1;
