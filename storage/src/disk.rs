@@ -727,6 +727,10 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         self.cache_bytes = 0;
         self.sealable = UNMEASURED;
         self.open.refresh(None, f);
+        // `f` may have changed the events (rows padded after ADD COLUMN), and the codec
+        // may measure them differently: what sealing subtracts must be what was counted.
+        let codec = &self.codec;
+        self.open_bytes = self.open.iter().map(|e| codec.size_of(e)).sum();
     }
 
     fn seal_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
@@ -1067,6 +1071,54 @@ mod tests {
         let mut r = open(&dir, &io, Some(&mark));
         let e = r.for_range(-1, 1000, &mut |_| {}).unwrap_err();
         assert!(e.0.contains(".seg") && e.0.contains("bad checksum"), "{e}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// `EvCodec`, but an event's size grows with its value.
+    struct GrowingCodec;
+
+    impl ChunkCodec<Ev> for GrowingCodec {
+        fn schema_id(&self) -> u32 {
+            1
+        }
+        fn encode(&self, events: &[&Ev]) -> Result<RecordBatch, String> {
+            EvCodec.encode(events)
+        }
+        fn decode(&self, batch: &RecordBatch) -> Result<Vec<Ev>, String> {
+            EvCodec.decode(batch)
+        }
+        fn size_of(&self, e: &Ev) -> usize {
+            24 + e.2 as usize
+        }
+    }
+
+    /// A refresh that makes the open events larger (as padding rows after ADD COLUMN
+    /// does) is counted: sealing later subtracts what it measures, and never more than
+    /// the open region was said to hold.
+    #[test]
+    fn a_refresh_that_grows_events_is_counted() {
+        let dir = temp_dir("grow");
+        let io = IoThread::start("test-io");
+        let mut r: DiskReservoir<Ev> = DiskReservoir::open(
+            &dir,
+            config(),
+            Arc::new(GrowingCodec),
+            Some(io.clone()),
+            None,
+        )
+        .unwrap();
+        // Exactly one chunk's worth as counted at insert; twice that once grown.
+        for i in 0..50 {
+            r.insert(Ev(i, i as u64, 0));
+        }
+        r.refresh(None, &mut |e| e.2 = 30);
+        r.seal_through(i64::MAX).unwrap();
+        assert_eq!(r.stats().chunks, 2);
+        assert_eq!(collect(&mut r, i64::MIN, i64::MAX).len(), 50);
+        assert!(collect(&mut r, i64::MIN, i64::MAX)
+            .iter()
+            .all(|e| e.2 == 30));
+        drop(r);
         let _ = fs::remove_dir_all(&dir);
     }
 }
