@@ -26,12 +26,15 @@ pub fn lines<T: ?Sized>(value: &T) {
     }
 }
 
-/// Asks for the first line of the text each value of `row` points to.
+/// Asks for the first line of the text each value of `row` points to. A short text is
+/// inline, in the row itself, and points nowhere.
 #[inline]
 pub fn texts(row: &[Value]) {
     for v in row {
         if let Value::Text(s) = v {
-            lines(&s.as_bytes()[..s.len().min(1)]);
+            if !s.is_inline() {
+                lines(&s.as_bytes()[..s.len().min(1)]);
+            }
         }
     }
 }
