@@ -505,7 +505,7 @@ impl AggState {
     pub fn prefetch(&self) {
         if let AggState::Extreme(counts) = self {
             match counts {
-                Counts::Words(_, v) => prefetch::lines(&v[..]),
+                Counts::Words(w) => prefetch::lines(&w.copies[..]),
                 Counts::Small(v) => prefetch::lines(&v[..]),
                 Counts::Large(m) => prefetch::lines(&**m),
             }
@@ -582,13 +582,62 @@ impl Default for OrdValue {
 /// large. A group's multiset usually holds a few values, and then one allocation and a
 /// binary search over it cost a cache miss or two, where a tree's nodes cost several.
 /// Integers, floats and timestamps (a column's values are all one kind) are kept as
-/// order-preserving words: 16 bytes an entry instead of 32, compared as integers.
-/// Removing the last copy of a value removes the value.
+/// order-preserving words, one per copy (`Words`): 8 bytes a copy instead of 32 a
+/// value, compared as integers. Removing the last copy of a value removes the value.
 #[derive(Clone, Debug)]
 pub enum Counts {
-    Words(WordKind, Vec<(u64, u32)>),
+    Words(Words),
     Small(Vec<(OrdValue, u32)>),
     Large(Box<Ranked<OrdValue>>),
+}
+
+/// Values of one kind as words in order, one word per copy, and how many distinct
+/// values they are. A window's values are mostly distinct, so a copy's word costs what
+/// a value with its count would cost in half the bytes, and a group's multiset spans
+/// half the cache lines; the k-th copy is the k-th word.
+#[derive(Clone, Debug)]
+pub struct Words {
+    kind: WordKind,
+    copies: Vec<u64>,
+    distinct: u32,
+}
+
+impl Words {
+    /// Where the first copy of `w` is, or would go.
+    fn position(&self, w: u64) -> usize {
+        self.copies.partition_point(|&x| x < w)
+    }
+
+    fn add(&mut self, w: u64, n: u32) {
+        let at = self.position(w);
+        if self.copies.get(at) != Some(&w) {
+            self.distinct += 1;
+        }
+        match n {
+            1 => self.copies.insert(at, w),
+            n => {
+                self.copies
+                    .splice(at..at, std::iter::repeat_n(w, n as usize));
+            }
+        }
+    }
+
+    /// Removes one copy of `w`, which was added.
+    fn decrement(&mut self, w: u64) {
+        let at = self.position(w);
+        assert_eq!(self.copies.get(at), Some(&w), "removed value was inserted");
+        self.copies.remove(at);
+        if self.copies.get(at) != Some(&w) {
+            self.distinct -= 1;
+        }
+    }
+
+    /// The values with their counts, in order.
+    fn runs(&self) -> impl Iterator<Item = (Value, u32)> + '_ {
+        self.copies
+            .chunk_by(|a, b| a == b)
+            .map(|run| (from_word(self.kind, run[0]), run.len() as u32))
+    }
 }
 
 /// The kind of value a word stands for.
@@ -633,8 +682,9 @@ fn from_word(kind: WordKind, w: u64) -> Value {
     }
 }
 
-/// Values a `Counts` holds in its vector; past this it becomes a B-tree, and back below
-/// half of it (so a multiset at the edge does not convert at every event).
+/// Entries a `Counts` holds in its vector (copies as words, values otherwise); past
+/// this it becomes a tree, and back once it holds below half as many copies (so a
+/// multiset at the edge does not convert at every event).
 const COUNTS_SMALL_MAX: usize = 64;
 
 impl Default for Counts {
@@ -656,14 +706,20 @@ impl Counts {
             .first()
             .and_then(|(v, _)| to_word(&v.0))
             .map(|(k, _)| k);
-        let words: Option<Vec<(u64, u32)>> = kind.and_then(|kind| {
-            entries
-                .iter()
-                .map(|(v, c)| to_word(&v.0).filter(|w| w.0 == kind).map(|(_, w)| (w, *c)))
-                .collect()
+        let words: Option<Vec<u64>> = kind.and_then(|kind| {
+            let mut copies = Vec::new();
+            for (v, c) in &entries {
+                let (_, w) = to_word(&v.0).filter(|w| w.0 == kind)?;
+                copies.extend(std::iter::repeat_n(w, *c as usize));
+            }
+            Some(copies)
         });
         match (kind, words) {
-            (Some(kind), Some(words)) => Counts::Words(kind, words),
+            (Some(kind), Some(copies)) => Counts::Words(Words {
+                kind,
+                copies,
+                distinct: entries.len() as u32,
+            }),
             _ => Counts::Small(entries),
         }
     }
@@ -676,7 +732,7 @@ impl Counts {
     /// Distinct values held.
     pub fn len(&self) -> usize {
         match self {
-            Counts::Words(_, v) => v.len(),
+            Counts::Words(w) => w.distinct as usize,
             Counts::Small(v) => v.len(),
             Counts::Large(m) => m.len(),
         }
@@ -689,7 +745,7 @@ impl Counts {
     /// Copies held, over all values.
     pub fn total(&self) -> u64 {
         match self {
-            Counts::Words(_, v) => v.iter().map(|(_, c)| *c as u64).sum(),
+            Counts::Words(w) => w.copies.len() as u64,
             Counts::Small(v) => v.iter().map(|(_, c)| *c as u64).sum(),
             Counts::Large(m) => m.total(),
         }
@@ -699,7 +755,11 @@ impl Counts {
     pub fn nth(&self, mut k: u64) -> Option<Value> {
         match self {
             Counts::Large(m) => m.nth(k).map(|k| k.0.clone()),
-            _ => self.iter().find_map(|(value, c)| {
+            Counts::Words(w) => {
+                let at = usize::try_from(k).ok()?;
+                w.copies.get(at).map(|&x| from_word(w.kind, x))
+            }
+            Counts::Small(_) => self.iter().find_map(|(value, c)| {
                 if k < c as u64 {
                     Some(value)
                 } else {
@@ -713,7 +773,7 @@ impl Counts {
     /// The values with their counts, in order.
     pub fn iter(&self) -> Box<dyn Iterator<Item = (Value, u32)> + '_> {
         match self {
-            Counts::Words(kind, v) => Box::new(v.iter().map(|(w, c)| (from_word(*kind, *w), *c))),
+            Counts::Words(w) => Box::new(w.runs()),
             Counts::Small(v) => Box::new(v.iter().map(|(k, c)| (k.0.clone(), *c))),
             Counts::Large(m) => Box::new(m.iter().map(|(k, c)| (k.0.clone(), c))),
         }
@@ -721,7 +781,7 @@ impl Counts {
 
     pub fn first(&self) -> Option<Value> {
         match self {
-            Counts::Words(kind, v) => v.first().map(|(w, _)| from_word(*kind, *w)),
+            Counts::Words(w) => w.copies.first().map(|&x| from_word(w.kind, x)),
             Counts::Small(v) => v.first().map(|(k, _)| k.0.clone()),
             Counts::Large(m) => m.first().map(|k| k.0.clone()),
         }
@@ -729,7 +789,7 @@ impl Counts {
 
     pub fn last(&self) -> Option<Value> {
         match self {
-            Counts::Words(kind, v) => v.last().map(|(w, _)| from_word(*kind, *w)),
+            Counts::Words(w) => w.copies.last().map(|&x| from_word(w.kind, x)),
             Counts::Small(v) => v.last().map(|(k, _)| k.0.clone()),
             Counts::Large(m) => m.last().map(|k| k.0.clone()),
         }
@@ -738,19 +798,16 @@ impl Counts {
     /// Adds `n` copies of `v`.
     pub fn add(&mut self, v: &Value, n: u32) {
         match self {
-            Counts::Words(kind, vec) => match to_word(v).filter(|w| w.0 == *kind) {
-                Some((_, w)) => {
+            Counts::Words(words) => match to_word(v).filter(|w| w.0 == words.kind) {
+                Some((_, w)) if words.copies.len() + n as usize <= COUNTS_SMALL_MAX => {
                     // Every line at once, before a binary search walks them one
                     // dependent miss at a time: a group's multiset is rarely in cache.
-                    prefetch::lines(&vec[..]);
-                    match vec.binary_search_by_key(&w, |e| e.0) {
-                        Ok(i) => vec[i].1 += n,
-                        Err(i) if vec.len() < COUNTS_SMALL_MAX => vec.insert(i, (w, n)),
-                        Err(_) => {
-                            *self = Counts::Large(Box::new(self.entries().into_iter().collect()));
-                            self.add(v, n);
-                        }
-                    }
+                    prefetch::lines(&words.copies[..]);
+                    words.add(w, n);
+                }
+                Some(_) => {
+                    *self = Counts::Large(Box::new(self.entries().into_iter().collect()));
+                    self.add(v, n);
                 }
                 None => {
                     // Another kind of value: the general form holds both.
@@ -759,8 +816,13 @@ impl Counts {
                 }
             },
             Counts::Small(vec) if vec.is_empty() && to_word(v).is_some() => {
-                let (kind, w) = to_word(v).expect("a word");
-                *self = Counts::Words(kind, vec![(w, n)]);
+                let (kind, _) = to_word(v).expect("a word");
+                *self = Counts::Words(Words {
+                    kind,
+                    copies: Vec::new(),
+                    distinct: 0,
+                });
+                self.add(v, n);
             }
             Counts::Small(vec) => match vec.binary_search_by(|(k, _)| cmp_values(&k.0, v)) {
                 Ok(i) => vec[i].1 += n,
@@ -778,19 +840,13 @@ impl Counts {
     /// Removes one copy of `v`, which was added.
     pub fn decrement(&mut self, v: &Value) {
         match self {
-            Counts::Words(kind, vec) => {
+            Counts::Words(words) => {
                 let w = to_word(v)
-                    .filter(|w| w.0 == *kind)
+                    .filter(|w| w.0 == words.kind)
                     .expect("removed value was inserted")
                     .1;
-                prefetch::lines(&vec[..]);
-                let i = vec
-                    .binary_search_by_key(&w, |e| e.0)
-                    .expect("removed value was inserted");
-                vec[i].1 -= 1;
-                if vec[i].1 == 0 {
-                    vec.remove(i);
-                }
+                prefetch::lines(&words.copies[..]);
+                words.decrement(w);
             }
             Counts::Small(vec) => {
                 let i = vec
@@ -804,7 +860,7 @@ impl Counts {
             Counts::Large(m) => {
                 let removed = m.decrement(&OrdValue(v.clone()));
                 assert!(removed, "removed value was inserted");
-                if m.len() < COUNTS_SMALL_MAX / 2 {
+                if m.total() < COUNTS_SMALL_MAX as u64 / 2 {
                     *self = Counts::from_sorted(self.entries());
                 }
             }
@@ -937,7 +993,10 @@ mod tests {
         let ints = |x: u64| Value::Int((x as i64 - 100) * 0x0100_0000_0000_0000 / 64);
         let stamps = |x: u64| Value::Timestamp(x as i64 * 1_000_003 - 99_000_000);
         let texts = |x: u64| Value::Text(format!("v{x}").into());
-        let mixed = |x: u64| if x == 7 { Value::Int(7) } else { floats(x) };
+        let mixed = |x: u64| match x % 16 {
+            7 => Value::Int(x as i64),
+            _ => floats(x),
+        };
         let kinds: [(&str, &dyn Fn(u64) -> Value); 5] = [
             ("floats", &floats),
             ("ints", &ints),
@@ -1023,7 +1082,9 @@ mod tests {
                 (words, general),
                 "{name}: the forms"
             );
-            assert!(!matches!(counts, Counts::Large(_)) || counts.len() >= COUNTS_SMALL_MAX / 2);
+            assert!(
+                !matches!(counts, Counts::Large(_)) || counts.total() >= COUNTS_SMALL_MAX as u64 / 2
+            );
         }
     }
 
