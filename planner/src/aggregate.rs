@@ -1083,7 +1083,8 @@ mod tests {
                 "{name}: the forms"
             );
             assert!(
-                !matches!(counts, Counts::Large(_)) || counts.total() >= COUNTS_SMALL_MAX as u64 / 2
+                !matches!(counts, Counts::Large(_))
+                    || counts.total() >= COUNTS_SMALL_MAX as u64 / 2
             );
         }
     }
