@@ -974,8 +974,10 @@ mod tests {
         );
     }
 
-    /// A multiset that grows past its vector and shrinks back agrees with a B-tree model
-    /// at every step: counts, order, first and last, and equality across the forms.
+    /// A multiset that grows past its vector and shrinks back to empty agrees with a
+    /// B-tree model: its size, first and last at every step; counts, order, k-th values
+    /// and equality across the forms at every step while small (and at every change of
+    /// form), every 16th while large.
     /// Floats include -0/0 and NaNs of other bits, which are one value each; integers
     /// and timestamps span both signs; a mixed multiset leaves the word form.
     #[test]
@@ -1009,36 +1011,52 @@ mod tests {
             let mut counts = Counts::default();
             let mut rand = below(0x0dd_ba11_u64);
             let (mut was_large, mut were_words, mut were_general) = (false, false, false);
+            let mut last_form = None;
+            let (mut prev_large, mut went_back) = (false, false);
             for step in 0..20_000 {
                 // Grow for a while, then shrink, so every conversion happens.
                 let growing = (step / 5_000) % 2 == 0;
                 let v = value(rand(200));
                 let present = model.contains_key(&OrdValue(v.clone()));
-                if growing || !present {
-                    if !growing {
-                        continue;
-                    }
+                if growing {
                     counts.add(&v, 1);
                     *model.entry(OrdValue(v)).or_insert(0) += 1;
                 } else {
-                    counts.decrement(&v);
-                    let k = OrdValue(v);
-                    *model.get_mut(&k).unwrap() -= 1;
-                    if model[&k] == 0 {
-                        model.remove(&k);
-                    }
-                    // Shrink faster than random picks would.
-                    if let Some(first) = model.keys().next().cloned() {
-                        counts.decrement(&first.0);
-                        *model.get_mut(&first).unwrap() -= 1;
-                        if model[&first] == 0 {
-                            model.remove(&first);
+                    // A copy of the value picked if it is there, and one of the smallest:
+                    // the multiset empties before the phase ends, back through the
+                    // vector forms, whose last copies of values leave one by one.
+                    let remove = |k: OrdValue, counts: &mut Counts, model: &mut BTreeMap<_, _>| {
+                        counts.decrement(&k.0);
+                        *model.get_mut(&k).unwrap() -= 1;
+                        if model[&k] == 0 {
+                            model.remove(&k);
                         }
+                    };
+                    if present {
+                        remove(OrdValue(v), &mut counts, &mut model);
+                    }
+                    match model.keys().next().cloned() {
+                        Some(first) => remove(first, &mut counts, &mut model),
+                        None if !present => continue,
+                        None => {}
                     }
                 }
-                was_large |= matches!(counts, Counts::Large(_));
+                let large = matches!(counts, Counts::Large(_));
+                went_back |=
+                    std::mem::replace(&mut prev_large, large) && !large && !counts.is_empty();
+                was_large |= large;
                 were_words |= matches!(counts, Counts::Words(..));
                 were_general |= matches!(&counts, Counts::Small(v) if !v.is_empty());
+                assert_eq!(counts.len(), model.len());
+                assert_eq!(counts.first(), model.keys().next().map(|k| k.0.clone()));
+                assert_eq!(counts.last(), model.keys().next_back().map(|k| k.0.clone()));
+                // Every value, at every step near the vector forms' sizes (and at each
+                // change of form); a large tree every 16th step, as its checks cost O(n).
+                let form = std::mem::discriminant(&counts);
+                let changed = last_form.replace(form) != Some(form);
+                if !changed && counts.total() > 2 * COUNTS_SMALL_MAX as u64 && step % 16 != 0 {
+                    continue;
+                }
                 let expected: Vec<(Value, u32)> =
                     model.iter().map(|(k, c)| (k.0.clone(), *c)).collect();
                 assert_eq!(
@@ -1046,9 +1064,6 @@ mod tests {
                     expected,
                     "{name} step {step}"
                 );
-                assert_eq!(counts.len(), model.len());
-                assert_eq!(counts.first(), model.keys().next().map(|k| k.0.clone()));
-                assert_eq!(counts.last(), model.keys().next_back().map(|k| k.0.clone()));
                 let general = Counts::Small(counts.entries());
                 let tree = Counts::Large(Box::new(counts.entries().into_iter().collect()));
                 assert_eq!(counts, general);
@@ -1072,6 +1087,10 @@ mod tests {
                 }
             }
             assert!(was_large, "{name}: the multiset never left its vector");
+            assert!(
+                went_back,
+                "{name}: the multiset never went back to a vector"
+            );
             let (words, general) = match name {
                 "texts" => (false, true),
                 "mixed" => (true, true),
