@@ -504,11 +504,7 @@ impl AggState {
     /// values), without waiting for them: the caller updates the state soon.
     pub fn prefetch(&self) {
         if let AggState::Extreme(counts) = self {
-            match counts {
-                Counts::Words(w) => prefetch::lines(&w.copies[..]),
-                Counts::Small(v) => prefetch::lines(&v[..]),
-                Counts::Large(m) => prefetch::lines(&**m),
-            }
+            counts.prefetch();
         }
     }
 
@@ -795,15 +791,23 @@ impl Counts {
         }
     }
 
+    /// Asks for every line the multiset keeps on the heap at once, before a search walks
+    /// them one dependent miss at a time: a group's multiset is rarely in cache.
+    pub fn prefetch(&self) {
+        match self {
+            Counts::Words(w) => prefetch::lines(&w.copies[..]),
+            Counts::Small(v) => prefetch::lines(&v[..]),
+            Counts::Large(m) => prefetch::lines(&**m),
+        }
+    }
+
     /// Adds `n` copies of `v`.
     pub fn add(&mut self, v: &Value, n: u32) {
+        self.prefetch();
         match self {
             Counts::Words(words) => match to_word(v).filter(|w| w.0 == words.kind) {
                 Some((_, w)) if words.copies.len() + n as usize <= COUNTS_SMALL_MAX => {
-                    // Every line at once, before a binary search walks them one
-                    // dependent miss at a time: a group's multiset is rarely in cache.
-                    prefetch::lines(&words.copies[..]);
-                    words.add(w, n);
+                    words.add(w, n)
                 }
                 Some(_) => {
                     *self = Counts::Large(Box::new(self.entries().into_iter().collect()));
@@ -839,13 +843,13 @@ impl Counts {
 
     /// Removes one copy of `v`, which was added.
     pub fn decrement(&mut self, v: &Value) {
+        self.prefetch();
         match self {
             Counts::Words(words) => {
                 let w = to_word(v)
                     .filter(|w| w.0 == words.kind)
                     .expect("removed value was inserted")
                     .1;
-                prefetch::lines(&words.copies[..]);
                 words.decrement(w);
             }
             Counts::Small(vec) => {

@@ -1465,7 +1465,6 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
     if g.watched {
         g.touched.push(key.into());
     }
-    let multiset = g.keeps_multiset();
     let state = g.table.entry(key, || GroupState {
         count: 0,
         epoch,
@@ -1504,11 +1503,6 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
         }
     }
     state.count += 1;
-    // A multiset's lines all on their way at once, before its search needs them one by
-    // one (an entering event's group is rarely in cache).
-    if multiset {
-        state.states.iter().for_each(AggState::prefetch);
-    }
     for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
         let v = a.arg.map_or(&Value::Null, |c| &e.row[c]);
         s.insert(a.func, v, e.ts, e.seq);
