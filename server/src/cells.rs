@@ -25,7 +25,7 @@ use postgres_types::{IsNull, ToSql};
 use rust_decimal::Decimal;
 
 use eddy_planner::aggregate::ResultType;
-use eddy_planner::types::{format_float, format_timestamp, ColumnType, Value};
+use eddy_planner::types::{format_float, format_timestamp, ColumnType, Text, Value};
 
 /// One result value, typed for the wire.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,7 +36,8 @@ pub enum Cell {
     I64(i64),
     F32(f32),
     F64(f64),
-    Text(String),
+    /// Shared with the value it came from, and inline when short: no copy per row.
+    Text(Text),
     /// Microseconds since the Unix epoch.
     Timestamp(i64),
     /// An instant (TIMESTAMPTZ), microseconds since the Unix epoch in UTC.
@@ -100,6 +101,13 @@ pub fn pg_type_of_arrow(dt: &DataType) -> Type {
     }
 }
 
+impl Cell {
+    /// A text cell.
+    pub fn text(s: impl Into<Text>) -> Cell {
+        Cell::Text(s.into())
+    }
+}
+
 /// Converts an Eddy value to a cell of the given result type.
 pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
     match (v, ty) {
@@ -111,7 +119,7 @@ pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
         (Value::Numeric(n), _) => Cell::Numeric(n.get(), 0),
         (Value::Float(f), ResultType::Column(ColumnType::Float32)) => Cell::F32(*f as f32),
         (Value::Float(f), _) => Cell::F64(*f),
-        (Value::Text(s), _) => Cell::Text(s.to_string()),
+        (Value::Text(s), _) => Cell::Text(s.clone()),
         (Value::Timestamp(t), ResultType::Column(ColumnType::TimestampTz)) => Cell::TimestampTz(*t),
         (Value::Timestamp(t), _) => Cell::Timestamp(*t),
     }
@@ -199,7 +207,7 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                     Cell::Null
                 } else {
                     let (m, d, ns) = months_days_nanos(i);
-                    Cell::Text(interval_text(m, d, ns))
+                    Cell::text(interval_text(m, d, ns))
                 });
             }
         }
@@ -209,7 +217,7 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                 out.push(if a.is_null(i) {
                     Cell::Null
                 } else {
-                    Cell::Text(array_text(&a.value(i)))
+                    Cell::text(array_text(&a.value(i)))
                 });
             }
         }
@@ -253,11 +261,11 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                         out.push(if a.is_null(i) {
                             Cell::Null
                         } else {
-                            Cell::Text(a.value(i).to_string())
+                            Cell::text(a.value(i))
                         });
                     }
                 }
-                None => out.resize(n, Cell::Text(format!("<{}>", array.data_type()))),
+                None => out.resize(n, Cell::text(format!("<{}>", array.data_type()))),
             }
         }
     }
@@ -345,7 +353,7 @@ impl Cell {
             Cell::I64(v) => v.to_string(),
             Cell::F32(v) => format_float(*v as f64),
             Cell::F64(v) => format_float(*v),
-            Cell::Text(s) => s.clone(),
+            Cell::Text(s) => s.as_str().to_owned(),
             Cell::Timestamp(us) => format_timestamp(*us),
             Cell::TimestampTz(us) => format_timestamptz(*us, chrono_tz::UTC),
             Cell::Date(d) => format_timestamp(*d as i64 * 86_400_000_000)[..10].to_string(),
@@ -375,7 +383,7 @@ impl Cell {
             Cell::I64(v) => enc.field(v, ty, bin, opts),
             Cell::F32(v) => enc.field(v, ty, bin, opts),
             Cell::F64(v) => enc.field(v, ty, bin, opts),
-            Cell::Text(s) => enc.field(s, ty, bin, opts),
+            Cell::Text(s) => enc.field(&s.as_str(), ty, bin, opts),
             Cell::Timestamp(us) => {
                 let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());
                 enc.field(&t, ty, bin, opts)

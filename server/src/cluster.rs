@@ -97,9 +97,9 @@ impl Db {
                         let roles = view.plan.roles_of(&f.node);
                         let active = roles.values().filter(|a| **a).count();
                         vec![
-                            Cell::Text(f.node.clone()),
-                            Cell::Text(f.host.clone()),
-                            Cell::Text(f.pg_addr.clone()),
+                            Cell::text(f.node.clone()),
+                            Cell::text(f.host.clone()),
+                            Cell::text(f.pg_addr.clone()),
                             Cell::I32(f.processors as i32),
                             Cell::Bool(view.alive.contains(&f.node)),
                             Cell::I32(active as i32),
@@ -111,9 +111,9 @@ impl Db {
             None => {
                 let tasks = eddy_cluster::node::shards::tasks_of(&self.catalog()).count();
                 vec![vec![
-                    Cell::Text("local".into()),
-                    Cell::Text(String::new()),
-                    Cell::Text(String::new()),
+                    Cell::text("local"),
+                    Cell::text(String::new()),
+                    Cell::text(String::new()),
                     Cell::I32(self.engine().shards() as i32),
                     Cell::Bool(true),
                     Cell::I32(tasks as i32),
@@ -197,11 +197,11 @@ impl Db {
                     Some(0),
                 ),
             };
-            let opt_text = |v: Option<String>| v.map_or(Cell::Null, Cell::Text);
+            let opt_text = |v: Option<String>| v.map_or(Cell::Null, Cell::text);
             let opt_int = |v: Option<u64>| v.map_or(Cell::Null, |v| Cell::I64(v as i64));
             rows.push(vec![
-                Cell::Text(stream.name.clone()),
-                Cell::Text(partitioner),
+                Cell::text(stream.name.clone()),
+                Cell::text(partitioner),
                 Cell::I32(task.partition as i32),
                 opt_text(active),
                 opt_text(replicas),

@@ -481,12 +481,12 @@ impl Db {
                 self.limits
                     .table()
                     .into_iter()
-                    .map(|row| row.into_iter().map(Cell::Text).collect())
+                    .map(|row| row.into_iter().map(Cell::text).collect())
                     .collect(),
             )),
             Statement::ShowVariable(name) => Ok(match self.limits.show(&name) {
                 Some(value) => {
-                    Executed::rows(vec![Column::text(&name)], vec![vec![Cell::Text(value)]])
+                    Executed::rows(vec![Column::text(&name)], vec![vec![Cell::text(value)]])
                 }
                 None => show_variable(&name),
             }),
@@ -567,6 +567,11 @@ impl Db {
     }
 
     /// Ingests a bound INSERT and answers it (with RETURNING, each row's values).
+    ///
+    /// A statement of more than `INSERT_PART_ROWS` rows goes to the engine in parts, all
+    /// submitted (logged, in order) before the first is awaited: the shards apply one
+    /// part while this thread answers the one before. Every check that can fail on a
+    /// row runs before the first part is submitted.
     pub async fn insert(
         &self,
         plan: eddy_planner::bind::InsertPlan,
@@ -578,48 +583,56 @@ impl Db {
         for row in &plan.rows {
             Task::event_time(&plan.stream, row)?;
         }
-        let rows: Vec<Row> = plan.rows;
         let want = plan.returning.is_some();
         let _polling = durable.then(crate::busy::Committing::start);
         let started = Instant::now();
-        let replies = self
-            .engine
-            .ingest(&plan.stream, rows.clone(), want, durable)
-            .await?;
+        let parts: Vec<_> = plan
+            .rows
+            .chunks(INSERT_PART_ROWS)
+            .map(|part| {
+                let replies = self
+                    .engine
+                    .submit(&plan.stream, part.to_vec(), None, want, durable);
+                (part, replies)
+            })
+            .collect();
+        let mut outcomes = Vec::with_capacity(n);
+        let mut out_rows: Vec<Vec<Cell>> = Vec::with_capacity(if want { n } else { 0 });
+        // Where each RETURNING column's metric sits in a reply's list (the same in most).
+        let mut at = vec![0; plan.returning.as_ref().map_or(0, Vec::len)];
+        for (rows, replies) in parts {
+            let replies = replies.await?;
+            if let Some(cols) = &plan.returning {
+                out_rows.extend(rows.iter().zip(&replies).map(|(row, reply)| {
+                    cols.iter()
+                        .zip(at.iter_mut())
+                        .map(|(c, at)| match &c.item {
+                            ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
+                            ReturningItem::Metric { metric, agg } => {
+                                metric_values(reply, &metric.name, at)
+                                    .map_or(Cell::Null, |vals| cell_of(&vals[*agg], c.ty))
+                            }
+                        })
+                        .collect()
+                }));
+            }
+            outcomes.extend(replies.into_iter().map(|r| r.outcomes));
+        }
         self.timings.ingest.record(started.elapsed());
-        let notices = late_notices(&plan.stream, replies.iter().map(|r| &r.outcomes[..]));
+        let notices = late_notices(&plan.stream, outcomes.iter().map(|o| &o[..]));
         let output = match plan.returning {
             None => Output::Command {
                 tag: "INSERT",
                 rows: Some(n),
             },
-            Some(cols) => {
-                let columns: Vec<Column> = cols
+            Some(cols) => Output::Rows {
+                columns: cols
                     .iter()
                     .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
-                    .collect();
-                let out_rows = rows
-                    .iter()
-                    .zip(&replies)
-                    .map(|(row, reply)| {
-                        cols.iter()
-                            .map(|c| match &c.item {
-                                ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
-                                ReturningItem::Metric { metric, agg } => reply
-                                    .metrics
-                                    .iter()
-                                    .find(|(name, _)| **name == *metric.name)
-                                    .map_or(Cell::Null, |(_, vals)| cell_of(&vals[*agg], c.ty)),
-                            })
-                            .collect()
-                    })
-                    .collect();
-                Output::Rows {
-                    columns,
-                    rows: out_rows,
-                    tag: "INSERT",
-                }
-            }
+                    .collect(),
+                rows: out_rows,
+                tag: "INSERT",
+            },
         };
         Ok(Executed { output, notices })
     }
@@ -691,9 +704,9 @@ impl Db {
                     rs.iter().map(|r| f(r)).sum::<u64>() as i64
                 };
                 vec![
-                    Cell::Text(s.name.clone()),
-                    Cell::Text(s.columns[s.event_time].name.clone()),
-                    Cell::Text(
+                    Cell::text(s.name.clone()),
+                    Cell::text(s.columns[s.event_time].name.clone()),
+                    Cell::text(
                         s.partitioners
                             .iter()
                             .map(|p| s.columns[*p].name.as_str())
@@ -701,8 +714,8 @@ impl Db {
                             .join(", "),
                     ),
                     Cell::I32(s.tasks_per_partitioner() as i32),
-                    Cell::Text(duration_text(s.lateness_us)),
-                    Cell::Text(duration_text(s.retention_us)),
+                    Cell::text(duration_text(s.lateness_us)),
+                    Cell::text(duration_text(s.retention_us)),
                     Cell::I64(catalog.metrics_of(&s.name).len() as i64),
                     Cell::I64(sum(&|r| r.stats.accepted, &first)),
                     Cell::I64(sum(&|r| r.stats.late, &first)),
@@ -796,7 +809,7 @@ impl Db {
                 let raw = sum(&|r| r.reservoir.raw_bytes);
                 let chunk = sum(&|r| r.reservoir.chunk_bytes);
                 vec![
-                    Cell::Text(s.name.clone()),
+                    Cell::text(s.name.clone()),
                     Cell::I32(tasks.len() as i32),
                     Cell::I64(events as i64),
                     Cell::I64(late as i64),
@@ -1261,12 +1274,12 @@ impl Db {
                 vec![
                     Cell::I64(s.id as i64),
                     Cell::I32(s.client.pid),
-                    Cell::Text(s.client.user.clone()),
-                    Cell::Text(s.client.application_name.clone()),
-                    Cell::Text(s.client.addr.clone()),
-                    Cell::Text(s.kind.to_string()),
-                    Cell::Text(s.query.target().to_string()),
-                    Cell::Text(s.text.clone()),
+                    Cell::text(s.client.user.clone()),
+                    Cell::text(s.client.application_name.clone()),
+                    Cell::text(s.client.addr.clone()),
+                    Cell::text(s.kind.to_string()),
+                    Cell::text(s.query.target().to_string()),
+                    Cell::text(s.text.clone()),
                     Cell::Timestamp(s.started_at),
                     Cell::I64(s.rows_sent() as i64),
                     Cell::I64(s.rows_coalesced() as i64),
@@ -1298,18 +1311,18 @@ impl Db {
             .map(|m| {
                 let s = catalog.stream(&m.stream).expect("metric's stream exists");
                 vec![
-                    Cell::Text(m.name.clone()),
-                    Cell::Text(m.stream.clone()),
-                    Cell::Text(m.window.to_sql()),
-                    m.filter.clone().map_or(Cell::Null, Cell::Text),
-                    Cell::Text(
+                    Cell::text(m.name.clone()),
+                    Cell::text(m.stream.clone()),
+                    Cell::text(m.window.to_sql()),
+                    m.filter.clone().map_or(Cell::Null, Cell::text),
+                    Cell::text(
                         m.group_by
                             .iter()
                             .map(|c| s.columns[*c].name.as_str())
                             .collect::<Vec<_>>()
                             .join(", "),
                     ),
-                    Cell::Text(
+                    Cell::text(
                         m.aggregates
                             .iter()
                             .map(|a| format!("{} AS {}", a.to_sql(s), a.alias))
@@ -1354,13 +1367,13 @@ impl Db {
                         roles.push(format!("partitioner {}", p + 1));
                     }
                     vec![
-                        Cell::Text(c.name.clone()),
-                        Cell::Text(c.ty.sql_name().to_string()),
+                        Cell::text(c.name.clone()),
+                        Cell::text(c.ty.sql_name().to_string()),
                         Cell::Bool(!c.not_null),
                         if roles.is_empty() {
                             Cell::Null
                         } else {
-                            Cell::Text(roles.join(", "))
+                            Cell::text(roles.join(", "))
                         },
                     ]
                 })
@@ -1375,19 +1388,19 @@ impl Db {
                 .map(|c| {
                     let col = &s.columns[*c];
                     vec![
-                        Cell::Text(col.name.clone()),
-                        Cell::Text(col.ty.sql_name().to_string()),
+                        Cell::text(col.name.clone()),
+                        Cell::text(col.ty.sql_name().to_string()),
                         Cell::Bool(!col.not_null),
-                        Cell::Text("group key".to_string()),
+                        Cell::text("group key".to_string()),
                     ]
                 })
                 .collect();
             rows.extend(m.aggregates.iter().map(|a| {
                 vec![
-                    Cell::Text(a.alias.clone()),
-                    Cell::Text(type_name(a.result_type(s))),
+                    Cell::text(a.alias.clone()),
+                    Cell::text(type_name(a.result_type(s))),
                     Cell::Bool(true),
-                    Cell::Text(a.to_sql(s)),
+                    Cell::text(a.to_sql(s)),
                 ]
             }));
             rows
@@ -1551,9 +1564,26 @@ fn where_it_runs(catalog: &Catalog, stream: &StreamDef, shards: usize) -> Vec<St
 fn plan_rows(lines: Vec<String>) -> Executed {
     Executed::new(Output::Rows {
         columns: vec![Column::text("QUERY PLAN")],
-        rows: lines.into_iter().map(|l| vec![Cell::Text(l)]).collect(),
+        rows: lines.into_iter().map(|l| vec![Cell::text(l)]).collect(),
         tag: "EXPLAIN",
     })
+}
+
+/// Rows of an INSERT submitted to the engine at once (`Db::insert`).
+const INSERT_PART_ROWS: usize = 256;
+
+/// A metric's values in an event's reply: at `*at`, where the last reply had them, or
+/// found by name (and `*at` moved there).
+fn metric_values<'r>(
+    reply: &'r eddy_cluster::EventReply,
+    name: &str,
+    at: &mut usize,
+) -> Option<&'r [eddy_planner::types::Value]> {
+    let named = |i: &usize| reply.metrics.get(*i).filter(|(n, _)| **n == *name);
+    if named(at).is_none() {
+        *at = (0..reply.metrics.len()).find(|i| named(i).is_some())?;
+    }
+    Some(&reply.metrics[*at].1)
 }
 
 fn late_notices<'a>(
@@ -1660,7 +1690,7 @@ fn show_variable(name: &str) -> Executed {
     };
     Executed::new(Output::Rows {
         columns: vec![Column::text(name)],
-        rows: vec![vec![Cell::Text(value.to_string())]],
+        rows: vec![vec![Cell::text(value.to_string())]],
         tag: "SHOW",
     })
 }

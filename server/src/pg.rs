@@ -481,7 +481,7 @@ impl Session {
             }
             Statement::ShowVariable(name) if name == "synchronous_commit" => Ok(Executed::rows(
                 vec![Column::text("synchronous_commit")],
-                vec![vec![Cell::Text(
+                vec![vec![Cell::text(
                     if self.durable() { "on" } else { "off" }.to_string(),
                 )]],
             )),
@@ -495,7 +495,7 @@ impl Session {
             }
             Statement::ShowVariable(name) if name == "timezone" => Ok(Executed::rows(
                 vec![Column::text("TimeZone")],
-                vec![vec![Cell::Text(self.format().time_zone.clone())]],
+                vec![vec![Cell::text(self.format().time_zone.clone())]],
             )),
             Statement::SetVariable { name, value } if name == "application_name" => {
                 *self.application_name.lock().expect("session lock") = Some(value);
@@ -503,11 +503,11 @@ impl Session {
             }
             Statement::ShowVariable(name) if name == "application_name" => Ok(Executed::rows(
                 vec![Column::text("application_name")],
-                vec![vec![Cell::Text(self.application_name(client))]],
+                vec![vec![Cell::text(self.application_name(client))]],
             )),
             Statement::ShowVariable(name) if name == "subscription_rows_max" => Ok(Executed::rows(
                 vec![Column::text("subscription_rows_max")],
-                vec![vec![Cell::Text(
+                vec![vec![Cell::text(
                     self.rows_max.load(Ordering::Relaxed).to_string(),
                 )]],
             )),
@@ -1351,7 +1351,7 @@ impl ExtendedQueryHandler for Session {
     }
 
     /// As pgwire's, with BindComplete left for Sync to flush.
-    async fn on_bind<C>(&self, client: &mut C, message: Bind) -> PgWireResult<()>
+    async fn on_bind<C>(&self, client: &mut C, mut message: Bind) -> PgWireResult<()>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
         C::PortalStore: PortalStore<Statement = Self::Statement>,
@@ -1362,7 +1362,10 @@ impl ExtendedQueryHandler for Session {
         let portal_name = message.portal_name.as_deref().unwrap_or(DEFAULT_NAME);
         match client.portal_store().get_statement(statement_name) {
             Some(Entry::Value(statement)) => {
-                let portal = Portal::try_new(&message, statement)?;
+                // The parameters move into the portal (pgwire's `try_new` copies them).
+                let parameters = std::mem::take(&mut message.parameters);
+                let mut portal = Portal::try_new(&message, statement)?;
+                portal.parameters = parameters;
                 client.portal_store().put_portal(Arc::new(portal));
             }
             Some(Entry::Empty) => {
