@@ -523,3 +523,88 @@ async fn prepared_fast_paths_answer_as_the_general_path() {
     assert_eq!(shown[0][0].as_deref(), Some("on"));
     server.stop().await;
 }
+
+/// A multi-row INSERT larger than one part (`Db::insert` hands 256 rows at a time to the
+/// engine) answers every row in input order, each with its metrics' values after it,
+/// from metrics of two partitioners; a bad row anywhere fails it before any row applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_insert_answers_every_row_in_order() {
+    let dir = temp_dir("large-insert");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    client
+        .batch_execute(
+            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, k TEXT NOT NULL, \
+             g INTEGER NOT NULL, n BIGINT) \
+             WITH (event_time = 'ts', event_id = 'id', partition_by = 'k, g', partitions = 4); \
+             CREATE METRIC by_k AS SELECT k, COUNT(*) AS c, SUM(n) AS sn \
+             FROM s WINDOW SLIDING (SIZE 1 DAY) GROUP BY k; \
+             CREATE METRIC by_g AS SELECT g, COUNT(*) AS c \
+             FROM s WINDOW INFINITE GROUP BY g",
+        )
+        .await
+        .unwrap();
+    let rows = 700i64;
+    let values: Vec<String> = (0..rows)
+        .map(|i| {
+            let p = 4 * i;
+            format!(
+                "(${}, ${}, ${}, ${}, ${})",
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4,
+                4 * rows + 1
+            )
+        })
+        .collect();
+    let insert = client
+        .prepare(&format!(
+            "INSERT INTO s (id, ts, k, g, n) VALUES {} RETURNING id, k, by_k.c, by_k.sn, by_g.c",
+            values.join(", ")
+        ))
+        .await
+        .unwrap();
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .unwrap()
+        .naive_utc();
+    let params = |bad: Option<i64>| {
+        let mut p: Vec<P> = Vec::new();
+        for i in 0..rows {
+            p.push(Box::new(i));
+            let ts = base + chrono::Duration::seconds(i);
+            p.push(Box::new((bad != Some(i)).then_some(ts)));
+            p.push(Box::new(format!("c-{}", i % 5)));
+            p.push(Box::new((i % 3) as i32));
+        }
+        p.push(Box::new(1i64));
+        p
+    };
+    type P = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+    fn refs(p: &[P]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        p.iter()
+            .map(|b| b.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect()
+    }
+    // A NULL event time in the last part: nothing of the statement applies.
+    let bad = params(Some(rows - 10));
+    let err = client.query(&insert, &refs(&bad)).await.unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "23502", "{err}");
+    let good = params(None);
+    let answered = client.query(&insert, &refs(&good)).await.unwrap();
+    assert_eq!(answered.len(), rows as usize);
+    for (i, row) in (0..rows).zip(&answered) {
+        // Every n is 1: a card's count and sum are the events of it so far.
+        let seen = i / 5 + 1;
+        assert_eq!(row.get::<_, i64>(0), i);
+        assert_eq!(row.get::<_, String>(1), format!("c-{}", i % 5));
+        assert_eq!(row.get::<_, i64>(2), seen, "by_k.c of row {i}");
+        assert_eq!(
+            row.get::<_, rust_decimal::Decimal>(3),
+            rust_decimal::Decimal::from(seen),
+            "by_k.sn of row {i}"
+        );
+        assert_eq!(row.get::<_, i64>(4), i / 3 + 1, "by_g.c of row {i}");
+    }
+    server.stop().await;
+}
