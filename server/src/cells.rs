@@ -101,13 +101,6 @@ pub fn pg_type_of_arrow(dt: &DataType) -> Type {
     }
 }
 
-impl Cell {
-    /// A text cell.
-    pub fn text(s: impl Into<Text>) -> Cell {
-        Cell::Text(s.into())
-    }
-}
-
 /// Converts an Eddy value to a cell of the given result type.
 pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
     match (v, ty) {
@@ -344,6 +337,11 @@ fn epoch_2000_us() -> i64 {
 }
 
 impl Cell {
+    /// A text cell.
+    pub fn text(s: impl Into<Text>) -> Cell {
+        Cell::Text(s.into())
+    }
+
     /// PostgreSQL's text output of the value (`None` for NULL).
     pub fn to_text(&self) -> Option<String> {
         Some(match self {

@@ -97,9 +97,9 @@ impl Db {
                         let roles = view.plan.roles_of(&f.node);
                         let active = roles.values().filter(|a| **a).count();
                         vec![
-                            Cell::text(f.node.clone()),
-                            Cell::text(f.host.clone()),
-                            Cell::text(f.pg_addr.clone()),
+                            Cell::text(f.node.as_str()),
+                            Cell::text(f.host.as_str()),
+                            Cell::text(f.pg_addr.as_str()),
                             Cell::I32(f.processors as i32),
                             Cell::Bool(view.alive.contains(&f.node)),
                             Cell::I32(active as i32),
@@ -200,7 +200,7 @@ impl Db {
             let opt_text = |v: Option<String>| v.map_or(Cell::Null, Cell::text);
             let opt_int = |v: Option<u64>| v.map_or(Cell::Null, |v| Cell::I64(v as i64));
             rows.push(vec![
-                Cell::text(stream.name.clone()),
+                Cell::text(stream.name.as_str()),
                 Cell::text(partitioner),
                 Cell::I32(task.partition as i32),
                 opt_text(active),

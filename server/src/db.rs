@@ -704,8 +704,8 @@ impl Db {
                     rs.iter().map(|r| f(r)).sum::<u64>() as i64
                 };
                 vec![
-                    Cell::text(s.name.clone()),
-                    Cell::text(s.columns[s.event_time].name.clone()),
+                    Cell::text(s.name.as_str()),
+                    Cell::text(s.columns[s.event_time].name.as_str()),
                     Cell::text(
                         s.partitioners
                             .iter()
@@ -809,7 +809,7 @@ impl Db {
                 let raw = sum(&|r| r.reservoir.raw_bytes);
                 let chunk = sum(&|r| r.reservoir.chunk_bytes);
                 vec![
-                    Cell::text(s.name.clone()),
+                    Cell::text(s.name.as_str()),
                     Cell::I32(tasks.len() as i32),
                     Cell::I64(events as i64),
                     Cell::I64(late as i64),
@@ -1274,12 +1274,12 @@ impl Db {
                 vec![
                     Cell::I64(s.id as i64),
                     Cell::I32(s.client.pid),
-                    Cell::text(s.client.user.clone()),
-                    Cell::text(s.client.application_name.clone()),
-                    Cell::text(s.client.addr.clone()),
+                    Cell::text(s.client.user.as_str()),
+                    Cell::text(s.client.application_name.as_str()),
+                    Cell::text(s.client.addr.as_str()),
                     Cell::text(s.kind.to_string()),
                     Cell::text(s.query.target().to_string()),
-                    Cell::text(s.text.clone()),
+                    Cell::text(s.text.as_str()),
                     Cell::Timestamp(s.started_at),
                     Cell::I64(s.rows_sent() as i64),
                     Cell::I64(s.rows_coalesced() as i64),
@@ -1311,8 +1311,8 @@ impl Db {
             .map(|m| {
                 let s = catalog.stream(&m.stream).expect("metric's stream exists");
                 vec![
-                    Cell::text(m.name.clone()),
-                    Cell::text(m.stream.clone()),
+                    Cell::text(m.name.as_str()),
+                    Cell::text(m.stream.as_str()),
                     Cell::text(m.window.to_sql()),
                     m.filter.clone().map_or(Cell::Null, Cell::text),
                     Cell::text(
@@ -1367,7 +1367,7 @@ impl Db {
                         roles.push(format!("partitioner {}", p + 1));
                     }
                     vec![
-                        Cell::text(c.name.clone()),
+                        Cell::text(c.name.as_str()),
                         Cell::text(c.ty.sql_name().to_string()),
                         Cell::Bool(!c.not_null),
                         if roles.is_empty() {
@@ -1388,7 +1388,7 @@ impl Db {
                 .map(|c| {
                     let col = &s.columns[*c];
                     vec![
-                        Cell::text(col.name.clone()),
+                        Cell::text(col.name.as_str()),
                         Cell::text(col.ty.sql_name().to_string()),
                         Cell::Bool(!col.not_null),
                         Cell::text("group key".to_string()),
@@ -1397,7 +1397,7 @@ impl Db {
                 .collect();
             rows.extend(m.aggregates.iter().map(|a| {
                 vec![
-                    Cell::text(a.alias.clone()),
+                    Cell::text(a.alias.as_str()),
                     Cell::text(type_name(a.result_type(s))),
                     Cell::Bool(true),
                     Cell::text(a.to_sql(s)),

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 mod common;
 
+use eddy_server::serve::Server;
+
 use common::{connect, repo, simple_rows, start, temp_dir};
 
 /// Runs `clients/psql/NAME.sql` with `psql` against a fresh server and compares what it
@@ -307,12 +309,11 @@ fn row_text(row: &tokio_postgres::Row) -> Vec<Option<String>> {
         .collect()
 }
 
-/// Prepared INSERTs bind their parameters without SQL, and prepared point lookups read
-/// the group directly: both must answer exactly as the same statement with its
-/// parameters written as literals, run through the simple protocol.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prepared_fast_paths_answer_as_the_general_path() {
-    let dir = temp_dir("fastpaths");
+/// A server (and its directory) with a client, and stream `s` partitioned by `k` and by
+/// `g`, with metrics of both partitioners: `by_k` (COUNT and SUM of `n` per `k` over a
+/// sliding minute), `by_g` (COUNT and MAX per `g`) and `by_kg` (SUM per `k`, `g`).
+async fn with_stream_s(name: &str) -> (common::TempDir, Server, tokio_postgres::Client) {
+    let dir = temp_dir(name);
     let server = start(&dir).await;
     let client = connect(&server).await;
     client
@@ -329,6 +330,15 @@ async fn prepared_fast_paths_answer_as_the_general_path() {
         )
         .await
         .unwrap();
+    (dir, server, client)
+}
+
+/// Prepared INSERTs bind their parameters without SQL, and prepared point lookups read
+/// the group directly: both must answer exactly as the same statement with its
+/// parameters written as literals, run through the simple protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_fast_paths_answer_as_the_general_path() {
+    let (_dir, server, client) = with_stream_s("fastpaths").await;
     // Parameters and constants mixed, a column left out, RETURNING of both kinds.
     let insert = client
         .prepare(
@@ -529,21 +539,7 @@ async fn prepared_fast_paths_answer_as_the_general_path() {
 /// from metrics of two partitioners; a bad row anywhere fails it before any row applies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_insert_answers_every_row_in_order() {
-    let dir = temp_dir("large-insert");
-    let server = start(&dir).await;
-    let client = connect(&server).await;
-    client
-        .batch_execute(
-            "CREATE STREAM s (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, k TEXT NOT NULL, \
-             g INTEGER NOT NULL, n BIGINT) \
-             WITH (event_time = 'ts', event_id = 'id', partition_by = 'k, g', partitions = 4); \
-             CREATE METRIC by_k AS SELECT k, COUNT(*) AS c, SUM(n) AS sn \
-             FROM s WINDOW SLIDING (SIZE 1 DAY) GROUP BY k; \
-             CREATE METRIC by_g AS SELECT g, COUNT(*) AS c \
-             FROM s WINDOW INFINITE GROUP BY g",
-        )
-        .await
-        .unwrap();
+    let (_dir, server, client) = with_stream_s("large-insert").await;
     let rows = 700i64;
     let values: Vec<String> = (0..rows)
         .map(|i| {
@@ -572,12 +568,13 @@ async fn a_large_insert_answers_every_row_in_order() {
         let mut p: Vec<P> = Vec::new();
         for i in 0..rows {
             p.push(Box::new(i));
-            let ts = base + chrono::Duration::seconds(i);
+            // 700 events in 35 s: none leaves by_k's sliding minute.
+            let ts = base + chrono::Duration::milliseconds(50 * i);
             p.push(Box::new((bad != Some(i)).then_some(ts)));
             p.push(Box::new(format!("c-{}", i % 5)));
             p.push(Box::new((i % 3) as i32));
         }
-        p.push(Box::new(1i64));
+        p.push(Box::new(1i32));
         p
     };
     type P = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
