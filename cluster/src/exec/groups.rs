@@ -23,7 +23,7 @@ use eddy_planner::codec::{decode_value, encode_value, Reader};
 use eddy_planner::types::{Row, Value};
 use eddy_storage::{Family, OwnedPut, StateStore};
 
-use crate::exec::key::PackedKey;
+use crate::exec::key::{KeyRef, PackedKey};
 use crate::exec::split::{Pos, SplitMap, LINE};
 
 /// Puts waiting in the write-through batch before it is written.
@@ -487,25 +487,29 @@ impl GroupTable {
     /// Brings `key` into L1 from L2 or the backing store if it exists there (or records
     /// in L1 that it does not), and returns its slot's place in L1: one probe for a
     /// group already in L1, the common case. Only with a backing store.
-    fn load(&mut self, key: &[u8]) -> Pos {
+    fn load(&mut self, key: KeyRef<'_>) -> Pos {
         let h = self.l1.hash(key);
         if let Some(at) = self.l1.find(h, key) {
             self.stats.l1_hits += 1;
             return at;
         }
-        let state = match self.l2.remove(key).and_then(|b| GroupState::unpack(&b)) {
+        let key = key.to_packed();
+        let state = match self
+            .l2
+            .remove(key.as_bytes().into())
+            .and_then(|b| GroupState::unpack(&b))
+        {
             Some(s) => {
                 self.stats.l2_hits += 1;
                 Some(s)
             }
             None => {
                 self.stats.misses += 1;
-                self.read(key)
+                self.read(key.as_bytes())
             }
         };
         // Eviction moves L1's entries: the place is taken after it.
         self.make_room();
-        let key = PackedKey::new(key);
         let stored = state.as_ref().map(aux_slots).unwrap_or_default();
         if !stored.is_empty() {
             self.stored.insert(key.clone(), stored.into());
@@ -521,13 +525,13 @@ impl GroupTable {
     }
 
     /// Asks for the cache lines `key`'s L1 entry is in (see `SplitMap::prefetch`).
-    pub fn prefetch(&self, key: &[u8]) {
+    pub fn prefetch(&self, key: KeyRef<'_>) {
         self.l1.prefetch(self.l1.hash(key));
     }
 
     /// Asks for the cache lines of what `key`'s states keep on the heap, if its entry
     /// is in L1 (`AggState::prefetch`).
-    pub fn prefetch_states(&self, key: &[u8]) {
+    pub fn prefetch_states(&self, key: KeyRef<'_>) {
         let h = self.l1.hash(key);
         if let Some(state) = self
             .l1
@@ -539,24 +543,24 @@ impl GroupTable {
     }
 
     /// A backed table's slot for `key` in L1, loaded if it was not there (absent or not).
-    fn loaded(&mut self, key: &[u8]) -> &mut Slot {
+    fn loaded(&mut self, key: KeyRef<'_>) -> &mut Slot {
         let at = self.load(key);
         self.l1.at_mut(at)
     }
 
     /// `key`'s slot in L1: found there alone without a backing store, else loaded.
-    fn slot(&mut self, key: &[u8]) -> Option<&mut Slot> {
+    fn slot(&mut self, key: KeyRef<'_>) -> Option<&mut Slot> {
         match self.backing {
             None => self.l1.get_mut(key),
             Some(_) => Some(self.loaded(key)),
         }
     }
 
-    pub fn get(&mut self, key: &[u8]) -> Option<&GroupState> {
+    pub fn get(&mut self, key: KeyRef<'_>) -> Option<&GroupState> {
         self.slot(key)?.state.as_ref()
     }
 
-    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut GroupState> {
+    pub fn get_mut(&mut self, key: KeyRef<'_>) -> Option<&mut GroupState> {
         let slot = self.slot(key)?;
         let state = slot.state.as_mut()?;
         slot.dirty = true;
@@ -564,7 +568,7 @@ impl GroupTable {
     }
 
     /// The state of `key`, created with `make` if absent.
-    pub fn entry(&mut self, key: &[u8], make: impl FnOnce() -> GroupState) -> &mut GroupState {
+    pub fn entry(&mut self, key: KeyRef<'_>, make: impl FnOnce() -> GroupState) -> &mut GroupState {
         let slot = match self.backing {
             None => self.l1.get_or_insert_with(key, Slot::absent),
             Some(_) => self.loaded(key),
@@ -573,7 +577,7 @@ impl GroupTable {
         slot.state.get_or_insert_with(make)
     }
 
-    pub fn remove(&mut self, key: &[u8]) {
+    pub fn remove(&mut self, key: KeyRef<'_>) {
         if self.backing.is_none() {
             self.l1.remove(key);
         } else if let Some(slot) = self.slot(key) {
@@ -834,7 +838,15 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut layout_changes = 0;
         for step in 0..20_000 {
-            let key = format!("card{}", rng.below(40)).into_bytes();
+            // A key of one text column, looked up by its packed bytes or by its text.
+            let card = format!("card{}", rng.below(40));
+            let row = [Value::Text(card.as_str().into())];
+            let key = KeyRef::Text(&card).to_vec();
+            let mut buf = Vec::new();
+            let at = match step % 2 {
+                0 => KeyRef::Packed(&key),
+                _ => KeyRef::of(&mut buf, &[0], &row),
+            };
             match rng.below(100) {
                 0..=59 => {
                     let v = rng.below(1000) as i64;
@@ -852,13 +864,13 @@ mod tests {
                     };
                     let m = model.entry(key.clone()).or_insert_with(make);
                     apply(m, v);
-                    apply(t.entry(&key, make), v);
+                    apply(t.entry(at, make), v);
                 }
                 60..=74 => {
                     model.remove(&key);
-                    t.remove(&key);
+                    t.remove(at);
                 }
-                75..=94 => assert_eq!(t.get(&key), model.get(&key), "step {step}"),
+                75..=94 => assert_eq!(t.get(at), model.get(&key), "step {step}"),
                 95..=96 => {
                     // A metric dropped or added: the layout of every state changes.
                     layout_changes += 1;
@@ -909,7 +921,7 @@ mod tests {
     fn a_missing_auxiliary_state_stops_the_table() {
         let store = Arc::new(MemStateStore::default());
         let mut t = table(&store);
-        apply(t.entry(b"k", fresh), 5);
+        apply(t.entry(KeyRef::Text("k"), fresh), 5);
         t.flush();
         let gone = store.scan_prefix(AUX, b"task/node").unwrap();
         let deletes: Vec<Put<'_>> = gone
@@ -918,7 +930,7 @@ mod tests {
             .collect();
         store.write(&deletes).unwrap();
         let mut t = table(&store);
-        assert_eq!(t.get(b"k"), None);
+        assert_eq!(t.get(KeyRef::Text("k")), None);
         let failure = t.take_failure().expect("a failure");
         assert!(failure.contains("extremes family"), "{failure}");
     }

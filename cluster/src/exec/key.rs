@@ -7,7 +7,7 @@
 //! following a pointer to each stored string.
 
 use std::borrow::Borrow;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use eddy_planner::types::Value;
 
@@ -69,27 +69,104 @@ const TIMESTAMP: u8 = 5;
 const NUMERIC: u8 = 6;
 
 /// Packs the values of `columns` of `row` into `buf` (cleared first).
-#[inline]
 pub fn pack(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
     buf.clear();
-    // One text column is the usual key (a card, an account), packed inline where it is
-    // used: the event path packs every key several times.
-    if let [c] = columns {
-        if let Some(Value::Text(s)) = row.get(*c) {
-            pack_text(buf, s);
-            return;
-        }
-    }
     pack_any(buf, columns, row);
 }
 
 /// A text value's bytes: its tag, its length, then the text.
 #[inline]
 fn pack_text(buf: &mut Vec<u8>, s: &str) {
-    let [l0, l1, l2, l3] = (s.len() as u32).to_le_bytes();
     buf.reserve(5 + s.len());
-    buf.extend_from_slice(&[TEXT, l0, l1, l2, l3]);
+    buf.extend_from_slice(&text_header(s));
     buf.extend_from_slice(s.as_bytes());
+}
+
+fn text_header(s: &str) -> [u8; 5] {
+    let [l0, l1, l2, l3] = (s.len() as u32).to_le_bytes();
+    [TEXT, l0, l1, l2, l3]
+}
+
+/// The text of a key packed from one text value alone.
+#[inline]
+fn lone_text(packed: &[u8]) -> Option<&[u8]> {
+    let ([TEXT, l0, l1, l2, l3], text) = packed.split_first_chunk::<5>()? else {
+        return None;
+    };
+    (u32::from_le_bytes([*l0, *l1, *l2, *l3]) as usize == text.len()).then_some(text)
+}
+
+/// A group key as a lookup takes it: packed, or (a key of one text column, the usual
+/// card or account) the text itself, which the event path looks up several times per
+/// event without packing it each time. Both forms of a key hash and match alike.
+#[derive(Clone, Copy, Debug)]
+pub enum KeyRef<'a> {
+    Packed(&'a [u8]),
+    Text(&'a str),
+}
+
+impl<'a> KeyRef<'a> {
+    /// The key of `columns` of `row`: its text, or its values packed into `buf`.
+    #[inline]
+    pub fn of(buf: &'a mut Vec<u8>, columns: &[usize], row: &'a [Value]) -> KeyRef<'a> {
+        if let [c] = columns {
+            if let Some(Value::Text(s)) = row.get(*c) {
+                return KeyRef::Text(s);
+            }
+        }
+        pack(buf, columns, row);
+        KeyRef::Packed(buf)
+    }
+
+    /// The key's hash under `hasher`: of a lone text, the text's bytes; else of the
+    /// packed bytes.
+    #[inline]
+    pub fn hash(self, hasher: &impl BuildHasher) -> u64 {
+        let bytes = match self {
+            KeyRef::Text(s) => s.as_bytes(),
+            KeyRef::Packed(b) => lone_text(b).unwrap_or(b),
+        };
+        hasher.hash_one(bytes)
+    }
+
+    /// Whether `packed` is this key packed.
+    #[inline]
+    pub fn matches(self, packed: &[u8]) -> bool {
+        match self {
+            KeyRef::Packed(b) => b == packed,
+            KeyRef::Text(s) => lone_text(packed) == Some(s.as_bytes()),
+        }
+    }
+
+    pub fn to_packed(self) -> PackedKey {
+        match self {
+            KeyRef::Packed(b) => PackedKey::new(b),
+            KeyRef::Text(s) if 5 + s.len() <= INLINE_BYTES_MAX => {
+                let mut buf = [0u8; INLINE_BYTES_MAX];
+                buf[..5].copy_from_slice(&text_header(s));
+                buf[5..5 + s.len()].copy_from_slice(s.as_bytes());
+                PackedKey::Inline((5 + s.len()) as u8, buf)
+            }
+            KeyRef::Text(_) => PackedKey::Heap(self.to_vec().into()),
+        }
+    }
+
+    pub fn to_vec(self) -> Vec<u8> {
+        match self {
+            KeyRef::Packed(b) => b.to_vec(),
+            KeyRef::Text(s) => {
+                let mut v = Vec::new();
+                pack_text(&mut v, s);
+                v
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [u8]> for KeyRef<'a> {
+    fn from(packed: &'a [u8]) -> KeyRef<'a> {
+        KeyRef::Packed(packed)
+    }
 }
 
 fn pack_any(buf: &mut Vec<u8>, columns: &[usize], row: &[Value]) {
@@ -199,12 +276,39 @@ mod tests {
         assert!(PackedKey::new(&buf) == PackedKey::new(&buf));
         assert!(matches!(PackedKey::new(&buf), PackedKey::Heap(_)));
         assert!(matches!(PackedKey::new(&zero), PackedKey::Inline(..)));
-        // A key of one text column (packed on its own path) is the general form's bytes.
-        let mut one = Vec::new();
-        pack(&mut one, &[0], &row);
-        let mut general = Vec::new();
-        pack_any(&mut general, &[0], &row);
-        assert_eq!(one, general);
-        assert_eq!(unpack(&one), vec![row[0].clone()]);
+    }
+
+    /// A key of one text column, looked up by its text, hashes and matches as its
+    /// packed bytes do; a longer key that begins with the same text matches neither.
+    #[test]
+    fn a_lone_text_key_is_found_by_its_text() {
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let row = vec![
+            Value::Text("card-1".into()),
+            Value::Int(3),
+            Value::Text("a text longer than a key kept inline".into()),
+        ];
+        for c in [0, 2] {
+            let mut buf = Vec::new();
+            let text = KeyRef::of(&mut buf, &[c], &row);
+            assert!(matches!(text, KeyRef::Text(_)));
+            let mut packed = Vec::new();
+            pack(&mut packed, &[c], &row);
+            let packed = KeyRef::Packed(&packed);
+            assert_eq!(text.hash(&hasher), packed.hash(&hasher));
+            assert!(text.matches(&packed.to_vec()) && packed.matches(&text.to_vec()));
+            assert!(text.to_packed() == packed.to_packed());
+            assert_eq!(unpack(text.to_packed().as_bytes()), vec![row[c].clone()]);
+        }
+        let mut two = Vec::new();
+        pack(&mut two, &[0, 1], &row);
+        let mut buf = Vec::new();
+        let text = KeyRef::of(&mut buf, &[0], &row);
+        assert!(!text.matches(&two));
+        let mut buf = Vec::new();
+        assert!(matches!(
+            KeyRef::of(&mut buf, &[1], &row),
+            KeyRef::Packed(_)
+        ));
     }
 }

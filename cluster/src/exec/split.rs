@@ -7,7 +7,6 @@
 //! buckets starting on a cache line (`LineAligned`).
 
 use std::alloc::Layout;
-use std::hash::BuildHasher;
 use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
@@ -16,7 +15,7 @@ use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::prefetch;
 
-use crate::exec::key::PackedKey;
+use crate::exec::key::{KeyRef, PackedKey};
 
 /// Parts of a map (a power of two).
 const PARTS: usize = 256;
@@ -89,24 +88,24 @@ impl<V> SplitMap<V> {
     }
 
     /// `key`'s hash, for `find` and `insert_new`.
-    pub fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    pub fn hash(&self, key: KeyRef<'_>) -> u64 {
+        key.hash(&self.hasher)
     }
 
-    pub fn get(&self, key: &[u8]) -> Option<&V> {
+    pub fn get(&self, key: KeyRef<'_>) -> Option<&V> {
         let h = self.hash(key);
         self.parts[Self::part(h)]
-            .find(h, |(k, _)| k.as_bytes() == key)
+            .find(h, |(k, _)| key.matches(k.as_bytes()))
             .map(|(_, v)| v)
     }
 
     /// The place of `key`'s entry, its hash `h`: one probe, then `at_mut` reaches it
     /// without another (for a caller that must change the map between finding and
     /// using an entry, which a borrowed entry would not allow).
-    pub fn find(&self, h: u64, key: &[u8]) -> Option<Pos> {
+    pub fn find(&self, h: u64, key: KeyRef<'_>) -> Option<Pos> {
         let part = Self::part(h);
         self.parts[part]
-            .find_bucket_index(h, |(k, _)| k.as_bytes() == key)
+            .find_bucket_index(h, |(k, _)| key.matches(k.as_bytes()))
             .map(|bucket| (part, bucket))
     }
 
@@ -145,46 +144,43 @@ impl<V> SplitMap<V> {
         let hasher = &self.hasher;
         let part = Self::part(h);
         let bucket = self.parts[part]
-            .insert_unique(h, (key, value), |(k, _)| hasher.hash_one(k.as_bytes()))
+            .insert_unique(h, (key, value), |(k, _)| rehash(hasher, k))
             .bucket_index();
         self.len += 1;
         (part, bucket)
     }
 
-    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut V> {
+    pub fn get_mut(&mut self, key: KeyRef<'_>) -> Option<&mut V> {
         let h = self.hash(key);
         self.parts[Self::part(h)]
-            .find_mut(h, |(k, _)| k.as_bytes() == key)
+            .find_mut(h, |(k, _)| key.matches(k.as_bytes()))
             .map(|(_, v)| v)
     }
 
     /// The value of `key`, made by `make` if absent.
-    pub fn get_or_insert_with(&mut self, key: &[u8], make: impl FnOnce() -> V) -> &mut V {
+    pub fn get_or_insert_with(&mut self, key: KeyRef<'_>, make: impl FnOnce() -> V) -> &mut V {
         let h = self.hash(key);
         let hasher = &self.hasher;
         let entry = self.parts[Self::part(h)].entry(
             h,
-            |(k, _)| k.as_bytes() == key,
-            |(k, _)| hasher.hash_one(k.as_bytes()),
+            |(k, _)| key.matches(k.as_bytes()),
+            |(k, _)| rehash(hasher, k),
         );
         match entry {
             Entry::Occupied(e) => &mut e.into_mut().1,
             Entry::Vacant(e) => {
                 self.len += 1;
-                &mut e.insert((PackedKey::new(key), make())).into_mut().1
+                &mut e.insert((key.to_packed(), make())).into_mut().1
             }
         }
     }
 
     /// Sets `key`'s value; returns the old one.
     pub fn insert(&mut self, key: PackedKey, value: V) -> Option<V> {
-        let h = self.hash(key.as_bytes());
+        let h = self.hash(key.as_bytes().into());
         let hasher = &self.hasher;
-        let entry = self.parts[Self::part(h)].entry(
-            h,
-            |(k, _)| *k == key,
-            |(k, _)| hasher.hash_one(k.as_bytes()),
-        );
+        let entry =
+            self.parts[Self::part(h)].entry(h, |(k, _)| *k == key, |(k, _)| rehash(hasher, k));
         match entry {
             Entry::Occupied(mut e) => Some(std::mem::replace(&mut e.get_mut().1, value)),
             Entry::Vacant(e) => {
@@ -195,9 +191,9 @@ impl<V> SplitMap<V> {
         }
     }
 
-    pub fn remove(&mut self, key: &[u8]) -> Option<V> {
+    pub fn remove(&mut self, key: KeyRef<'_>) -> Option<V> {
         let h = self.hash(key);
-        let found = self.parts[Self::part(h)].find_entry(h, |(k, _)| k.as_bytes() == key);
+        let found = self.parts[Self::part(h)].find_entry(h, |(k, _)| key.matches(k.as_bytes()));
         let ((_, v), _) = found.ok()?.remove();
         self.len -= 1;
         Some(v)
@@ -236,6 +232,11 @@ impl<V> SplitMap<V> {
     }
 }
 
+/// A stored key's hash, as its lookups compute it (`KeyRef::hash`).
+fn rehash(hasher: &DefaultHashBuilder, key: &PackedKey) -> u64 {
+    KeyRef::Packed(key.as_bytes()).hash(hasher)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -264,10 +265,10 @@ mod tests {
         for i in 0..40_000u32 {
             let k = key(i.wrapping_mul(2_654_435_761));
             match i % 5 {
-                0 => assert_eq!(m.remove(&k), model.remove(&k)),
+                0 => assert_eq!(m.remove(k[..].into()), model.remove(&k)),
                 1 => assert_eq!(m.insert(PackedKey::new(&k), i), model.insert(k.clone(), i)),
-                2 => *m.get_or_insert_with(&k, || 7) += 1,
-                _ => assert_eq!(m.get(&k), model.get(&k)),
+                2 => *m.get_or_insert_with(k[..].into(), || 7) += 1,
+                _ => assert_eq!(m.get(k[..].into()), model.get(&k)),
             }
             if i % 5 == 2 {
                 *model.entry(k).or_insert(7) += 1;

@@ -35,7 +35,7 @@ use crate::exec::events::{Event, EventCodec, Outcome, Row};
 use smallvec::SmallVec;
 
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
-use crate::exec::key::{pack, unpack};
+use crate::exec::key::{pack, unpack, KeyRef};
 use crate::exec::passes::Passes;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
@@ -912,13 +912,13 @@ impl Task {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
                 return;
             }
-            pack(key_buf, &g.key.columns, &e.row);
+            let key = KeyRef::of(key_buf, &g.key.columns, &e.row);
             match slot {
-                None => enter_group(g, key_buf, e, epoch, keep),
+                None => enter_group(g, key, e, epoch, keep),
                 Some(s) => {
                     let a = &g.aggs[s];
                     let (func, arg) = (a.func, a.arg);
-                    if let Some(state) = g.table.get_mut(key_buf.as_slice()) {
+                    if let Some(state) = g.table.get_mut(key) {
                         // Under a count window, only the events the group still holds.
                         let held = state.recent.as_ref().is_none_or(|r| {
                             r.binary_search_by(|(ts, seq, _)| (*ts, *seq).cmp(&(e.ts, e.seq)))
@@ -1094,7 +1094,7 @@ impl Task {
                     for key in &touched {
                         let state = g
                             .table
-                            .get(key)
+                            .get(KeyRef::Packed(key))
                             .filter(|s| s.epoch == epoch && s.count > 0)
                             .cloned();
                         out.push(change_row(m, key, state.as_ref(), t));
@@ -1243,11 +1243,8 @@ impl Task {
             let w = &mut self.windows[m.window];
             let epoch = w.epoch;
             let g = &mut w.filters[m.filter].groups[m.group];
-            pack(&mut self.key_buf, &g.key.columns, row);
-            let state = g
-                .table
-                .get(self.key_buf.as_slice())
-                .filter(|s| s.epoch == epoch && s.count > 0);
+            let key = KeyRef::of(&mut self.key_buf, &g.key.columns, row);
+            let state = g.table.get(key).filter(|s| s.epoch == epoch && s.count > 0);
             let values = metric_values(m, state);
             out.push((m.name.clone(), values));
         }
@@ -1274,7 +1271,7 @@ impl Task {
                 let mut packed = Vec::new();
                 pack(&mut packed, &positions, k);
                 g.table
-                    .get(packed.as_slice())
+                    .get(KeyRef::Packed(&packed))
                     .filter(|s| live(s))
                     .map(|s| row(&packed, s))
                     .into_iter()
@@ -1416,8 +1413,8 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
 /// the groups that keep a multiset (the others keep nothing there).
 fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     for g in groups_of(filters, mask).filter(|g| g.keeps_multiset()) {
-        pack(key_buf, &g.key.columns, row);
-        g.table.prefetch_states(key_buf);
+        g.table
+            .prefetch_states(KeyRef::of(key_buf, &g.key.columns, row));
     }
 }
 
@@ -1426,8 +1423,7 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 /// misses, and this way they overlap with other work.
 fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     for g in groups_of(filters, mask) {
-        pack(key_buf, &g.key.columns, row);
-        g.table.prefetch(key_buf);
+        g.table.prefetch(KeyRef::of(key_buf, &g.key.columns, row));
     }
 }
 
@@ -1449,11 +1445,11 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
             continue;
         }
         for g in &mut f.groups {
-            pack(key_buf, &g.key.columns, &e.row);
+            let key = KeyRef::of(key_buf, &g.key.columns, &e.row);
             if enter {
-                enter_group(g, key_buf, e, epoch, keep);
+                enter_group(g, key, e, epoch, keep);
             } else {
-                leave_group(g, key_buf, e);
+                leave_group(g, key, e);
             }
         }
     }
@@ -1461,9 +1457,9 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
 
 /// Enters an event into its group; under a count window that keeps `keep` events, the
 /// group's oldest event leaves when it overflows (or the event itself, if older than all).
-fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Option<usize>) {
+fn enter_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event, epoch: i64, keep: Option<usize>) {
     if g.watched {
-        g.touched.push(key.into());
+        g.touched.push(key.to_vec().into());
     }
     let state = g.table.entry(key, || GroupState {
         count: 0,
@@ -1509,9 +1505,9 @@ fn enter_group(g: &mut GroupExec, key: &[u8], e: &Event, epoch: i64, keep: Optio
     }
 }
 
-fn leave_group(g: &mut GroupExec, key: &[u8], e: &Event) {
+fn leave_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event) {
     if g.watched {
-        g.touched.push(key.into());
+        g.touched.push(key.to_vec().into());
     }
     let Some(state) = g.table.get_mut(key) else {
         g.table.fail("an event left a group it never entered");
