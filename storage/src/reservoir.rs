@@ -181,8 +181,11 @@ pub struct MemReservoir<E> {
     block_events: usize,
     /// Where recent scans stopped, as (bound, block, index): window edges start each scan
     /// where the last one stopped, so a hint that still holds spares the search.
-    hints: [Cell<(i64, usize, usize)>; HINTS],
+    hints: [Cell<(i64, usize, usize, u64)>; HINTS],
     next_hint: Cell<usize>,
+    /// Counts the changes that move or remove stored events (an append moves none): a
+    /// hint taken at the current shape that points at a stored event still holds.
+    shape: u64,
 }
 
 /// Scan ends remembered: two edges for each of a few windows.
@@ -194,8 +197,9 @@ impl<E> Default for MemReservoir<E> {
             blocks: VecDeque::new(),
             len: 0,
             block_events: BLOCK_EVENTS,
-            hints: std::array::from_fn(|_| Cell::new((i64::MIN, usize::MAX, 0))),
+            hints: std::array::from_fn(|_| Cell::new((i64::MIN, usize::MAX, 0, 0))),
             next_hint: Cell::new(0),
+            shape: 0,
         }
     }
 }
@@ -232,7 +236,11 @@ impl<E: Timed> MemReservoir<E> {
 
     fn hint(&self, bound: i64, block: usize, index: usize) {
         let at = self.next_hint.get();
-        self.hints[at].set((bound, block, index));
+        // A place past the newest event is where later appends go: it holds only
+        // while nothing is appended, so it is checked each time it is used.
+        let holds_event = self.blocks.get(block).is_some_and(|b| index < b.len());
+        let shape = if holds_event { self.shape } else { u64::MAX };
+        self.hints[at].set((bound, block, index, shape));
         self.next_hint.set((at + 1) % HINTS);
     }
 
@@ -242,9 +250,13 @@ impl<E: Timed> MemReservoir<E> {
     fn hinted(&self, bound: i64) -> Option<(usize, usize)> {
         // Newest first: the edge that moved last is the one most likely asked for.
         let newest = self.next_hint.get() + HINTS;
-        let (_, mut b, mut i) = (1..=HINTS)
+        let (_, mut b, mut i, shape) = (1..=HINTS)
             .map(|k| self.hints[(newest - k) % HINTS].get())
             .find(|h| h.0 == bound)?;
+        // Nothing moved since, and the place holds an event: it is the one it was.
+        if shape == self.shape && self.blocks.get(b).is_some_and(|block| i < block.len()) {
+            return Some((b, i));
+        }
         if b < self.blocks.len() && i >= self.blocks[b].len() {
             (b, i) = (b + 1, 0);
         }
@@ -278,6 +290,7 @@ impl<E: Timed> MemReservoir<E> {
             }
         }
         self.len -= n;
+        self.shape += 1;
         n
     }
 
@@ -300,6 +313,7 @@ impl<E: Timed> MemReservoir<E> {
             }
         }
         self.len -= out.len();
+        self.shape += 1;
         out
     }
 
@@ -384,6 +398,7 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
                 let block = &mut self.blocks[b];
                 let at = block.partition_point(|e| e.key() < key);
                 block.insert(at, event);
+                self.shape += 1;
             }
             Some(last) if last.len() < self.block_events => last.push(event),
             _ => {
@@ -408,6 +423,7 @@ impl<E: Timed + Send> Reservoir<E> for MemReservoir<E> {
         for e in self.blocks.iter_mut().flatten() {
             f(e);
         }
+        self.shape += 1;
     }
 
     fn expire_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
@@ -500,7 +516,11 @@ mod tests {
         // A window edge that scans on from where it stopped (the hinted path).
         let mut edge = -100;
         for seq in 0..5000u64 {
-            let ts = (seq as i64) - (next() % 50) as i64;
+            // Half the events come in order: appends, which leave hints standing.
+            let ts = match next() % 2 {
+                0 => seq as i64,
+                _ => (seq as i64) - (next() % 50) as i64,
+            };
             if ts > horizon {
                 r.insert(Ev(ts, seq));
                 model.push(Ev(ts, seq));
@@ -527,6 +547,11 @@ mod tests {
                 .map(|e| e.key())
                 .collect();
             assert_eq!(collect(&r, edge, to), want);
+            // What leaves next, found where the scan stopped.
+            let ahead: Vec<_> = model.iter().filter(|e| e.0 > to).map(|e| e.key()).collect();
+            let offered: Vec<_> = r.upcoming(to, 3).iter().map(|e| e.key()).collect();
+            assert_eq!(offered, ahead[..offered.len()]);
+            assert!(!offered.is_empty() || ahead.is_empty());
             edge = to;
         }
         let all: Vec<_> = model.iter().map(|e| e.key()).collect();
