@@ -13,10 +13,10 @@ use eddy_planner::Result;
 use eddy_storage::ReservoirStats;
 
 use crate::exec::checkpoint::TaskStats;
-use crate::exec::events::{Outcome, Row};
+use crate::exec::events::Row;
 use crate::exec::groups::CacheStats;
 use crate::exec::passes::Passes;
-use crate::exec::task::{MetricValues, PendingRecord, Task};
+use crate::exec::task::{PendingRecord, Task};
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
 use crate::node::durable::TaskMeta;
 use crate::node::transfer::Staged;
@@ -59,11 +59,7 @@ impl PendingMeta {
     }
 }
 
-/// An event's answer from its task: its outcome, and its metric values if asked.
-pub type Answer = (Outcome, MetricValues);
-
-/// The answers to one task batch, one per event.
-pub type Answers = Vec<Answer>;
+pub use crate::exec::task::{Answer, Answers};
 
 pub(crate) type IngestReply = Result<Answers>;
 

@@ -152,6 +152,13 @@ struct MetricSlot {
 /// Metric values for one event: per metric of the task (creation order), its aggregates.
 pub type MetricValues = Vec<(Arc<str>, Vec<Value>)>;
 
+/// An event's answer from its task: its outcome, and its metric values if asked.
+pub type Answer = (Outcome, MetricValues);
+
+/// The answers to one task batch, one per event: inline for a batch of one event (a
+/// client scoring one event per statement), so that answer costs no allocation.
+pub type Answers = SmallVec<[Answer; 1]>;
+
 pub struct Task {
     stream: Arc<StreamDef>,
     partitioner: usize,
@@ -938,7 +945,7 @@ impl Task {
 
     /// Processes a batch of events in order. With `values`, returns after each event the
     /// values of every metric of the task for that event's group.
-    pub fn ingest(&mut self, rows: &[Row], values: bool) -> Result<Vec<(Outcome, MetricValues)>> {
+    pub fn ingest(&mut self, rows: &[Row], values: bool) -> Result<Answers> {
         self.ingest_with(rows, values, None)
     }
 
@@ -949,7 +956,7 @@ impl Task {
         rows: &[Row],
         values: bool,
         passes: Option<&Passes>,
-    ) -> Result<Vec<(Outcome, MetricValues)>> {
+    ) -> Result<Answers> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -999,7 +1006,7 @@ impl Task {
                 }
             }
         }
-        let mut out = Vec::with_capacity(rows.len());
+        let mut out = Answers::with_capacity(rows.len());
         let mask = |i: usize| bits.get(i).copied().unwrap_or(0);
         if let Some(first) = rows.first() {
             self.prefetch_groups(first, mask(0));

@@ -28,7 +28,7 @@ use eddy_planner::{Error, Result};
 
 use super::config::{kafka_error, wait_until, watermarks, KafkaConfig};
 use super::KafkaStats;
-use crate::command::Answer;
+use crate::command::{Answer, Answers};
 use crate::exec::events::{Outcome, Row};
 use crate::route::TaskId;
 
@@ -313,7 +313,7 @@ pub(super) fn send_replies(
     replier: &Replier,
     stats: &KafkaStats,
     asks: Vec<(usize, ReplyTo)>,
-    result: Result<Vec<Answer>>,
+    result: Result<Answers>,
 ) {
     // (reply topic, request) → (slot, values wanted, the event's index in the batch)
     type Slots = Vec<(u32, bool, usize)>;
