@@ -168,7 +168,7 @@ fn run_one(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
             engine
                 .ingest_batches(&stream, batches, false, true)
                 .await
-                .map(|answers| answers.iter().map(Vec::len).sum::<usize>())
+                .map(|answers| answers.iter().map(|a| a.len()).sum::<usize>())
         })
     };
 
