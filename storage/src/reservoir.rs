@@ -513,8 +513,10 @@ mod tests {
         };
         let mut model: Vec<Ev> = Vec::new();
         let mut horizon = i64::MIN;
-        // A window edge that scans on from where it stopped (the hinted path).
-        let mut edge = -100;
+        // Window edges that scan on from where they stopped (the hinted path): one that
+        // runs ahead of the newest events, and one that trails them as a tail edge does,
+        // with events expiring behind it.
+        let mut edges = [-100, -100];
         for seq in 0..5000u64 {
             // Half the events come in order: appends, which leave hints standing.
             let ts = match next() % 2 {
@@ -540,19 +542,25 @@ mod tests {
                 .collect();
             assert_eq!(collect(&r, a, b), want);
             assert_eq!(r.len(), model.len());
-            let to = edge + (next() % 4) as i64;
-            let want: Vec<_> = model
-                .iter()
-                .filter(|e| e.0 > edge && e.0 <= to)
-                .map(|e| e.key())
-                .collect();
-            assert_eq!(collect(&r, edge, to), want);
-            // What leaves next, found where the scan stopped.
-            let ahead: Vec<_> = model.iter().filter(|e| e.0 > to).map(|e| e.key()).collect();
-            let offered: Vec<_> = r.upcoming(to, 3).iter().map(|e| e.key()).collect();
-            assert_eq!(offered, ahead[..offered.len()]);
-            assert!(!offered.is_empty() || ahead.is_empty());
-            edge = to;
+            for (k, edge) in edges.iter_mut().enumerate() {
+                let step = *edge + (next() % 4) as i64;
+                let to = match k {
+                    0 => step,
+                    _ => step.min(seq as i64 - 100).max(*edge),
+                };
+                let want: Vec<_> = model
+                    .iter()
+                    .filter(|e| e.0 > *edge && e.0 <= to)
+                    .map(|e| e.key())
+                    .collect();
+                assert_eq!(collect(&r, *edge, to), want);
+                // What leaves next, found where the scan stopped.
+                let ahead: Vec<_> = model.iter().filter(|e| e.0 > to).map(|e| e.key()).collect();
+                let offered: Vec<_> = r.upcoming(to, 3).iter().map(|e| e.key()).collect();
+                assert_eq!(offered, ahead[..offered.len()]);
+                assert!(!offered.is_empty() || ahead.is_empty());
+                *edge = to;
+            }
         }
         let all: Vec<_> = model.iter().map(|e| e.key()).collect();
         assert_eq!(r.iter().map(|e| e.key()).collect::<Vec<_>>(), all);

@@ -310,5 +310,9 @@ mod tests {
             KeyRef::of(&mut buf, &[1], &row),
             KeyRef::Packed(_)
         ));
+        // A text made of the bytes that follow a two-column key's first header is not
+        // that key: the header's length says where its text ends.
+        let forged = std::str::from_utf8(&two[5..]).expect("ASCII and control bytes");
+        assert!(!KeyRef::Text(forged).matches(&two));
     }
 }
