@@ -88,6 +88,7 @@ impl<V> SplitMap<V> {
     }
 
     /// `key`'s hash, for `find` and `insert_new`.
+    #[inline]
     pub fn hash(&self, key: KeyRef<'_>) -> u64 {
         key.hash(&self.hasher)
     }

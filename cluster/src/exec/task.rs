@@ -1398,7 +1398,7 @@ fn advance(
 /// Events past a sliding window's tail edge whose cache lines are asked for ahead, in
 /// stages, each reading what the one after it asked for at an earlier event: the next
 /// event to leave has what its groups' states keep on the heap asked for (a multiset's
-/// values), the second its group entries (its key is packed from its row and text), the
+/// values), the second its group entries (its key is read from its row and text), the
 /// third the text its values point to, and the fourth its row.
 const LEAVING_AHEAD: usize = 4;
 
