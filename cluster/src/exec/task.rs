@@ -336,10 +336,17 @@ impl Task {
     /// Stops the task if a storage error happened.
     #[inline]
     fn check_storage(&mut self) -> Result<()> {
+        // Only a store fails; the in-memory engine has none (checked once per batch).
+        if self.failed.is_none() && self.storage.is_none() {
+            return Ok(());
+        }
+        self.check_store()
+    }
+
+    fn check_store(&mut self) -> Result<()> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        // Only a store fails; the in-memory engine has none.
         if self.storage.is_none() {
             return Ok(());
         }
