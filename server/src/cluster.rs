@@ -112,8 +112,8 @@ impl Db {
                 let tasks = eddy_cluster::node::shards::tasks_of(&self.catalog()).count();
                 vec![vec![
                     Cell::text("local"),
-                    Cell::text(String::new()),
-                    Cell::text(String::new()),
+                    Cell::text(""),
+                    Cell::text(""),
                     Cell::I32(self.engine().shards() as i32),
                     Cell::Bool(true),
                     Cell::I32(tasks as i32),

@@ -1368,7 +1368,7 @@ impl Db {
                     }
                     vec![
                         Cell::text(c.name.as_str()),
-                        Cell::text(c.ty.sql_name().to_string()),
+                        Cell::text(c.ty.sql_name()),
                         Cell::Bool(!c.not_null),
                         if roles.is_empty() {
                             Cell::Null
@@ -1389,9 +1389,9 @@ impl Db {
                     let col = &s.columns[*c];
                     vec![
                         Cell::text(col.name.as_str()),
-                        Cell::text(col.ty.sql_name().to_string()),
+                        Cell::text(col.ty.sql_name()),
                         Cell::Bool(!col.not_null),
-                        Cell::text("group key".to_string()),
+                        Cell::text("group key"),
                     ]
                 })
                 .collect();

@@ -481,9 +481,7 @@ impl Session {
             }
             Statement::ShowVariable(name) if name == "synchronous_commit" => Ok(Executed::rows(
                 vec![Column::text("synchronous_commit")],
-                vec![vec![Cell::text(
-                    if self.durable() { "on" } else { "off" }.to_string(),
-                )]],
+                vec![vec![Cell::text(if self.durable() { "on" } else { "off" })]],
             )),
             Statement::Insert(insert) => {
                 let plan = eddy_planner::bind::bind_insert(&self.db.catalog(), &insert)?;

@@ -336,20 +336,18 @@ impl Task {
     /// Stops the task if a storage error happened.
     #[inline]
     fn check_storage(&mut self) -> Result<()> {
-        // Only a store fails; the in-memory engine has none (checked once per batch).
-        if self.failed.is_none() && self.storage.is_none() {
-            return Ok(());
-        }
-        self.check_store()
-    }
-
-    fn check_store(&mut self) -> Result<()> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        // Only a store fails; the in-memory engine has none.
         if self.storage.is_none() {
             return Ok(());
         }
+        self.take_store_failure()
+    }
+
+    /// Stops the task if one of its group tables met a store error.
+    fn take_store_failure(&mut self) -> Result<()> {
         let mut failure = None;
         for w in &mut self.windows {
             for f in &mut w.filters {
