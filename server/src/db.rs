@@ -4,7 +4,10 @@
 //! the shards installed it and the catalog file was rewritten; a statement that fails
 //! before reaching the engine has applied nothing.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -567,16 +570,31 @@ impl Db {
     }
 
     /// Ingests a bound INSERT and answers it (with RETURNING, each row's values).
-    ///
-    /// A statement of more than `INSERT_PART_ROWS` rows goes to the engine in parts, all
-    /// submitted (logged, in order) before the first is awaited: the shards apply one
-    /// part while this thread answers the one before. Every check that can fail on a
-    /// row runs before the first part is submitted.
     pub async fn insert(
         &self,
         plan: eddy_planner::bind::InsertPlan,
         durable: bool,
     ) -> Result<Executed> {
+        let mut inserting = self.inserting(&plan, durable)?;
+        let mut rows = Vec::with_capacity(plan.returning.as_ref().map_or(0, |_| plan.rows.len()));
+        while let Some(part) = inserting.next_part().await? {
+            rows.extend(part);
+        }
+        Ok(inserting.finish(plan.returning.is_some().then_some(rows)))
+    }
+
+    /// Submits a bound INSERT to the engine; its answers come part by part
+    /// (`Inserting::next_part`).
+    ///
+    /// A statement of more than `INSERT_PART_ROWS` rows goes to the engine in parts, all
+    /// submitted (logged, in order) before the first is awaited: the shards apply one
+    /// part while the caller answers the one before. Every check that can fail on a
+    /// row runs before the first part is submitted.
+    pub fn inserting<'a>(
+        &'a self,
+        plan: &'a eddy_planner::bind::InsertPlan,
+        durable: bool,
+    ) -> Result<Inserting<'a>> {
         let n = plan.rows.len();
         self.limits
             .check(Limit::InsertRows, n as u64, "rows in the INSERT")?;
@@ -584,57 +602,27 @@ impl Db {
             Task::event_time(&plan.stream, row)?;
         }
         let want = plan.returning.is_some();
-        let _polling = durable.then(crate::busy::Committing::start);
+        let polling = durable.then(crate::busy::Committing::start);
         let started = Instant::now();
-        let parts: Vec<_> = plan
+        let parts = plan
             .rows
             .chunks(INSERT_PART_ROWS)
-            .map(|part| {
+            .map(|part| -> (&[Row], PartReplies<'a>) {
                 let replies = self
                     .engine
                     .submit(&plan.stream, part.to_vec(), None, want, durable);
-                (part, replies)
+                (part, Box::pin(replies))
             })
             .collect();
-        let mut outcomes = Vec::with_capacity(n);
-        let mut out_rows: Vec<Vec<Cell>> = Vec::with_capacity(if want { n } else { 0 });
-        // Where each RETURNING column's metric sits in a reply's list (the same in most).
-        let mut at = vec![0; plan.returning.as_ref().map_or(0, Vec::len)];
-        for (rows, replies) in parts {
-            let replies = replies.await?;
-            if let Some(cols) = &plan.returning {
-                out_rows.extend(rows.iter().zip(&replies).map(|(row, reply)| {
-                    cols.iter()
-                        .zip(at.iter_mut())
-                        .map(|(c, at)| match &c.item {
-                            ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
-                            ReturningItem::Metric { metric, agg } => {
-                                metric_values(reply, &metric.name, at)
-                                    .map_or(Cell::Null, |vals| cell_of(&vals[*agg], c.ty))
-                            }
-                        })
-                        .collect()
-                }));
-            }
-            outcomes.extend(replies.into_iter().map(|r| r.outcomes));
-        }
-        self.timings.ingest.record(started.elapsed());
-        let notices = late_notices(&plan.stream, outcomes.iter().map(|o| &o[..]));
-        let output = match plan.returning {
-            None => Output::Command {
-                tag: "INSERT",
-                rows: Some(n),
-            },
-            Some(cols) => Output::Rows {
-                columns: cols
-                    .iter()
-                    .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
-                    .collect(),
-                rows: out_rows,
-                tag: "INSERT",
-            },
-        };
-        Ok(Executed { output, notices })
+        Ok(Inserting {
+            db: self,
+            plan,
+            parts,
+            skipped: Skipped::default(),
+            at: vec![0; plan.returning.as_ref().map_or(0, Vec::len)],
+            started,
+            _polling: polling,
+        })
     }
 
     /// Parses and applies a finished COPY; nothing is applied if any row is bad.
@@ -642,14 +630,14 @@ impl Db {
         // Every check that can fail ran before the first row reaches a task.
         let copy = copy.finish().await?;
         let stream = copy.stream;
-        let mut late = Vec::new();
+        let mut skipped = Skipped::default();
         // Two batches in flight: the shards apply one while this thread makes the rows of
         // the next, so neither waits for the other. Futures are awaited in submission
         // order, which keeps the batches in input order (`Engine::submit`).
         let mut applying = None;
         let mut applied = |started: Instant, replies: Vec<eddy_cluster::EventReply>| {
             self.timings.ingest.record(started.elapsed());
-            late.extend(replies.into_iter().map(|r| r.outcomes));
+            replies.iter().for_each(|r| skipped.count(&r.outcomes));
         };
         for (batch, passes) in &copy.batches {
             let rows: Vec<Row> = batch_to_rows(batch)?;
@@ -670,7 +658,7 @@ impl Db {
                 tag: "COPY",
                 rows: Some(copy.rows),
             },
-            notices: late_notices(&stream, late.iter().map(|o| &o[..])),
+            notices: skipped.notices(&stream),
         })
     }
 
@@ -1586,35 +1574,123 @@ fn metric_values<'r>(
     Some(&reply.metrics[*at].1)
 }
 
-fn late_notices<'a>(
-    stream: &StreamDef,
-    outcomes: impl Iterator<Item = &'a [Outcome]>,
-) -> Vec<String> {
-    let (mut late, mut dup) = (0, 0);
-    for o in outcomes {
-        if o.contains(&Outcome::Late) {
-            late += 1;
-        } else if o.contains(&Outcome::Duplicate) {
-            dup += 1;
+/// The replies of one part of an INSERT, in the engine.
+type PartReplies<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<eddy_cluster::EventReply>>> + Send + 'a>>;
+
+/// An INSERT in the engine (`Db::inserting`): its parts answer in input order.
+pub struct Inserting<'a> {
+    db: &'a Db,
+    plan: &'a eddy_planner::bind::InsertPlan,
+    /// The parts not yet answered, first first: their rows and their replies.
+    parts: VecDeque<(&'a [Row], PartReplies<'a>)>,
+    skipped: Skipped,
+    /// Where each RETURNING column's metric sits in a reply's list (the same in most).
+    at: Vec<usize>,
+    started: Instant,
+    /// A durable statement's thread polls for its commit (`busy::Committing`).
+    _polling: Option<crate::busy::Committing>,
+}
+
+impl Inserting<'_> {
+    /// The RETURNING columns (none without RETURNING).
+    pub fn columns(&self) -> Vec<Column> {
+        self.plan
+            .returning
+            .iter()
+            .flatten()
+            .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
+            .collect()
+    }
+
+    /// The next part's RETURNING rows (empty without RETURNING), once the shards have
+    /// applied it; `None` after the last part.
+    pub async fn next_part(&mut self) -> Result<Option<Vec<Vec<Cell>>>> {
+        let Some((rows, replies)) = self.parts.pop_front() else {
+            return Ok(None);
+        };
+        let replies = replies.await?;
+        let mut out = Vec::new();
+        if let Some(cols) = &self.plan.returning {
+            let at = &mut self.at;
+            out.reserve(rows.len());
+            out.extend(rows.iter().zip(&replies).map(|(row, reply)| {
+                cols.iter()
+                    .zip(at.iter_mut())
+                    .map(|(c, at)| match &c.item {
+                        ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
+                        ReturningItem::Metric { metric, agg } => {
+                            metric_values(reply, &metric.name, at)
+                                .map_or(Cell::Null, |vals| cell_of(&vals[*agg], c.ty))
+                        }
+                    })
+                    .collect()
+            }));
+        }
+        replies.iter().for_each(|r| self.skipped.count(&r.outcomes));
+        Ok(Some(out))
+    }
+
+    /// The statement's result once every part has answered: its RETURNING rows if
+    /// `rows` has them, else its command tag; with notices of late and duplicate events.
+    pub fn finish(self, rows: Option<Vec<Vec<Cell>>>) -> Executed {
+        debug_assert!(self.parts.is_empty(), "every part answered");
+        self.db.timings.ingest.record(self.started.elapsed());
+        let n = self.plan.rows.len();
+        let notices = self.skipped.notices(&self.plan.stream);
+        let output = match rows {
+            None => Output::Command {
+                tag: "INSERT",
+                rows: Some(n),
+            },
+            Some(rows) => Output::Rows {
+                columns: self.columns(),
+                rows,
+                tag: "INSERT",
+            },
+        };
+        Executed { output, notices }
+    }
+}
+
+/// Events a statement did not apply: late ones, and duplicates of applied ones.
+#[derive(Default)]
+struct Skipped {
+    late: usize,
+    dup: usize,
+}
+
+impl Skipped {
+    /// Counts an event by its outcomes (one per partitioner).
+    fn count(&mut self, outcomes: &[Outcome]) {
+        if outcomes.contains(&Outcome::Late) {
+            self.late += 1;
+        } else if outcomes.contains(&Outcome::Duplicate) {
+            self.dup += 1;
         }
     }
-    let mut out = Vec::new();
-    if late > 0 {
-        out.push(format!(
+
+    /// The statement's notices of them.
+    fn notices(&self, stream: &StreamDef) -> Vec<String> {
+        let (late, dup) = (self.late, self.dup);
+        let mut out = Vec::new();
+        if late > 0 {
+            out.push(format!(
             "{late} late event{} not applied to stream \"{}\" (older than stream time minus lateness {})",
             if late == 1 { "" } else { "s" },
             stream.name,
             duration_text(stream.lateness_us)
         ));
+        }
+        if dup > 0 {
+            out.push(format!(
+                "{dup} duplicate event{} not applied again to stream \"{}\"",
+                if dup == 1 { "" } else { "s" },
+                stream.name
+            ));
+        }
+        out
     }
-    if dup > 0 {
-        out.push(format!(
-            "{dup} duplicate event{} not applied again to stream \"{}\"",
-            if dup == 1 { "" } else { "s" },
-            stream.name
-        ));
-    }
-    out
 }
 
 /// A task's labels in `/metrics`.

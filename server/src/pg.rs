@@ -38,6 +38,7 @@ use postgres_types::FromSql;
 use tracing::Instrument;
 
 use eddy_planner::aggregate::ResultType;
+use eddy_planner::bind::InsertPlan;
 use eddy_planner::sql::{self, quote_literal, CopyOut, Fetch, Statement};
 use eddy_planner::types::format_timestamp;
 use eddy_planner::{Error, ErrorKind};
@@ -1093,12 +1094,13 @@ impl Session {
     }
 
     /// Runs a portal's statement: through its fast path when it has one, else with its
-    /// parameters substituted, parsed and run.
+    /// parameters substituted, parsed and run. A prepared INSERT with RETURNING is only
+    /// bound (`Ran::Insert`): the caller runs it, sending its rows as they come.
     async fn execute_portal<C: ClientInfo>(
         &self,
         client: &C,
         portal: &Portal<Arc<Prepared>>,
-    ) -> eddy_planner::Result<Executed> {
+    ) -> eddy_planner::Result<Ran> {
         let prepared = &portal.statement.statement;
         if prepared.cacheable() {
             let bound = self.bind(prepared).await?;
@@ -1117,19 +1119,56 @@ impl Session {
                             format!("there is no parameter ${}", i + 1),
                         )),
                     })?;
-                    return self.db.insert(plan, self.durable()).await;
+                    if plan.returning.is_some() {
+                        return Ok(Ran::Insert(plan));
+                    }
+                    return self
+                        .db
+                        .insert(plan, self.durable())
+                        .await
+                        .map(Ran::Executed);
                 }
                 Fast::Lookup(lookup) => {
                     let texts = self.parameter_texts(portal).await?;
                     if let Some(rows) = lookup.run(self.db.engine(), &texts).await? {
-                        return Ok(Executed::selected(bound.shape.1.clone(), rows));
+                        return Ok(Ran::Executed(Executed::selected(
+                            bound.shape.1.clone(),
+                            rows,
+                        )));
                     }
                 }
                 Fast::General => {}
             }
         }
         let stmt = sql::parse_statement(&self.bound_sql(portal).await?)?;
-        self.run(client, stmt).await
+        self.run(client, stmt).await.map(Ran::Executed)
+    }
+
+    /// Runs an INSERT with RETURNING, sending each part's rows as soon as the shards
+    /// have applied it: the client reads one part while the next is applied and
+    /// encoded. Its notices (late and duplicate events) follow the rows, and its
+    /// command tag comes back to be sent.
+    async fn insert_streaming<C>(
+        &self,
+        client: &mut C,
+        plan: &InsertPlan,
+        format_for: &(dyn Fn(usize) -> FieldFormat + Sync),
+    ) -> PgWireResult<Executed>
+    where
+        C: Sink<PgWireBackendMessage> + Unpin + Send,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let mut inserting = self
+            .db
+            .inserting(plan, self.durable())
+            .map_err(|e| user_error(&e))?;
+        let f = fields(&inserting.columns(), format_for, &self.format());
+        while let Some(rows) = inserting.next_part().await.map_err(|e| user_error(&e))? {
+            for row in encode_rows(&f, rows) {
+                client.feed(PgWireBackendMessage::DataRow(row?)).await?;
+            }
+        }
+        Ok(inserting.finish(None))
     }
 }
 
@@ -1452,7 +1491,7 @@ impl ExtendedQueryHandler for Session {
         &self,
         client: &mut C,
         portal: &Portal<Arc<Prepared>>,
-        _max_rows: usize,
+        max_rows: usize,
     ) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -1463,16 +1502,36 @@ impl ExtendedQueryHandler for Session {
         let prepared = &portal.statement.statement;
         let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
         let span = tracing::debug_span!("statement", sql = %prepared.text);
-        let result = self.execute_portal(client, portal).instrument(span).await;
-        self.db.statement_done(kind, &prepared.text, started);
-        match result {
-            Ok(executed) => {
-                send_notices(client, &executed.notices).await?;
-                Ok(self.respond(executed, &|i| portal.result_column_format.format_for(i)))
+        let format_for = |i| portal.result_column_format.format_for(i);
+        let result = async {
+            match self.execute_portal(client, portal).await {
+                Ok(Ran::Executed(executed)) => Ok(executed),
+                // A row limit (`max_rows`) suspends the portal: pgwire pages the rows.
+                Ok(Ran::Insert(plan)) if max_rows == 0 => {
+                    self.insert_streaming(client, &plan, &format_for).await
+                }
+                Ok(Ran::Insert(plan)) => self
+                    .db
+                    .insert(plan, self.durable())
+                    .await
+                    .map_err(|e| user_error(&e)),
+                Err(e) => Err(user_error(&e)),
             }
-            Err(e) => Err(user_error(&e)),
         }
+        .instrument(span)
+        .await;
+        self.db.statement_done(kind, &prepared.text, started);
+        let executed = result?;
+        send_notices(client, &executed.notices).await?;
+        Ok(self.respond(executed, &format_for))
     }
+}
+
+/// What `execute_portal` did: ran the statement, or bound an INSERT with RETURNING for
+/// its caller to run, streaming its rows (`Session::insert_streaming`).
+enum Ran {
+    Executed(Executed),
+    Insert(InsertPlan),
 }
 
 /// Whether a statement is a continuous query.

@@ -333,6 +333,111 @@ async fn with_stream_s(name: &str) -> (common::TempDir, Server, tokio_postgres::
     (dir, server, client)
 }
 
+/// A prepared INSERT with RETURNING sends each part's rows as the shards apply it: every
+/// row still comes back in order, its notices (here of duplicates) still reach the client,
+/// and an Execute with a row limit still gets its rows a few at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_insert_sends_its_notices_and_keeps_a_row_limit() {
+    let (_dir, server, _) = with_stream_s("streamed-insert").await;
+    let config = format!(
+        "host=127.0.0.1 port={} user=eddy dbname=eddy",
+        server.addr.port()
+    );
+    let (mut client, mut conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(m) = futures::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notice(n)) = m {
+                let _ = notices.send(n.message().to_string());
+            }
+        }
+    });
+    // Three parts (`INSERT_PART_ROWS` is 256).
+    let rows = 600i64;
+    let values: Vec<String> = (0..rows)
+        .map(|i| format!("(${}, ${}, ${}, 1, 1)", 3 * i + 1, 3 * i + 2, 3 * i + 3))
+        .collect();
+    let insert = client
+        .prepare(&format!(
+            "INSERT INTO s (id, ts, k, g, n) VALUES {} RETURNING id, by_k.c",
+            values.join(", ")
+        ))
+        .await
+        .unwrap();
+    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .unwrap()
+        .naive_utc();
+    let params: Vec<(i64, chrono::NaiveDateTime, String)> = (0..rows)
+        .map(|i| {
+            (
+                i,
+                base + chrono::Duration::milliseconds(i),
+                (i % 7).to_string(),
+            )
+        })
+        .collect();
+    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+        .iter()
+        .flat_map(|(id, ts, k)| {
+            [
+                id as &(dyn tokio_postgres::types::ToSql + Sync),
+                ts as _,
+                k as _,
+            ]
+        })
+        .collect();
+    let first = client.query(&insert, &refs).await.unwrap();
+    assert!(heard.try_recv().is_err(), "no notice for new events");
+    // The same ids again: every event is a duplicate, answered with its group's values.
+    let again = client.query(&insert, &refs).await.unwrap();
+    assert_eq!((first.len(), again.len()), (rows as usize, rows as usize));
+    for (i, (a, b)) in (0..rows).zip(first.iter().zip(&again)) {
+        assert_eq!((a.get::<_, i64>(0), b.get::<_, i64>(0)), (i, i));
+        assert_eq!(a.get::<_, i64>(1), i / 7 + 1, "by_k.c of row {i}");
+        assert_eq!(
+            b.get::<_, i64>(1),
+            (rows - 1 - i % 7) / 7 + 1,
+            "by_k.c of row {i} again"
+        );
+    }
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("a notice of the duplicates")
+            .unwrap(),
+        "600 duplicate events not applied again to stream \"s\""
+    );
+    // Five rows, two at a time, in a transaction's portal.
+    let small = client
+        .prepare(
+            "INSERT INTO s (id, ts, k, g, n) VALUES ($1, $2, 'd', 1, 1), ($3, $2, 'd', 1, 1), \
+             ($4, $2, 'd', 1, 1), ($5, $2, 'd', 1, 1), ($6, $2, 'd', 1, 1) RETURNING id, by_k.c",
+        )
+        .await
+        .unwrap();
+    let ts = base + chrono::Duration::seconds(1);
+    let ids: Vec<i64> = (1000..1005).collect();
+    let tx = client.transaction().await.unwrap();
+    let portal = tx
+        .bind(&small, &[&ids[0], &ts, &ids[1], &ids[2], &ids[3], &ids[4]])
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for want in [2, 2, 1] {
+        let part = tx.query_portal(&portal, 2).await.unwrap();
+        assert_eq!(part.len(), want, "rows of one Execute");
+        got.extend(
+            part.iter()
+                .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1))),
+        );
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(got, (1000..1005).zip(1..6).collect::<Vec<_>>());
+    server.stop().await;
+}
+
 /// Prepared INSERTs bind their parameters without SQL, and prepared point lookups read
 /// the group directly: both must answer exactly as the same statement with its
 /// parameters written as literals, run through the simple protocol.
