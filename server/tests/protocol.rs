@@ -333,6 +333,28 @@ async fn with_stream_s(name: &str) -> (common::TempDir, Server, tokio_postgres::
     (dir, server, client)
 }
 
+/// A prepared INSERT into `s` (id, ts, k, g, n) of the rows `values`, returning `returning`.
+async fn prepare_insert(
+    client: &tokio_postgres::Client,
+    values: &[String],
+    returning: &str,
+) -> tokio_postgres::Statement {
+    client
+        .prepare(&format!(
+            "INSERT INTO s (id, ts, k, g, n) VALUES {} RETURNING {returning}",
+            values.join(", ")
+        ))
+        .await
+        .unwrap()
+}
+
+/// The event time the large-INSERT tests start from.
+fn t0() -> chrono::NaiveDateTime {
+    chrono::DateTime::from_timestamp(1_800_000_000, 0)
+        .unwrap()
+        .naive_utc()
+}
+
 /// A prepared INSERT with RETURNING sends each part's rows as the shards apply it: every
 /// row still comes back in order, its notices (here of duplicates) still reach the client,
 /// and an Execute with a row limit still gets its rows a few at a time.
@@ -359,16 +381,8 @@ async fn a_streamed_insert_sends_its_notices_and_keeps_a_row_limit() {
     let values: Vec<String> = (0..rows)
         .map(|i| format!("(${}, ${}, ${}, 1, 1)", 3 * i + 1, 3 * i + 2, 3 * i + 3))
         .collect();
-    let insert = client
-        .prepare(&format!(
-            "INSERT INTO s (id, ts, k, g, n) VALUES {} RETURNING id, by_k.c",
-            values.join(", ")
-        ))
-        .await
-        .unwrap();
-    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
-        .unwrap()
-        .naive_utc();
+    let insert = prepare_insert(&client, &values, "id, by_k.c").await;
+    let base = t0();
     let params: Vec<(i64, chrono::NaiveDateTime, String)> = (0..rows)
         .map(|i| {
             (
@@ -659,16 +673,8 @@ async fn a_large_insert_answers_every_row_in_order() {
             )
         })
         .collect();
-    let insert = client
-        .prepare(&format!(
-            "INSERT INTO s (id, ts, k, g, n) VALUES {} RETURNING id, k, by_k.c, by_k.sn, by_g.c",
-            values.join(", ")
-        ))
-        .await
-        .unwrap();
-    let base = chrono::DateTime::from_timestamp(1_800_000_000, 0)
-        .unwrap()
-        .naive_utc();
+    let insert = prepare_insert(&client, &values, "id, k, by_k.c, by_k.sn, by_g.c").await;
+    let base = t0();
     let params = |bad: Option<i64>| {
         let mut p: Vec<P> = Vec::new();
         for i in 0..rows {
