@@ -1557,7 +1557,7 @@ fn plan_rows(lines: Vec<String>) -> Executed {
     })
 }
 
-/// Rows of an INSERT submitted to the engine at once (`Db::insert`).
+/// Rows of an INSERT submitted to the engine at once (`Db::inserting`).
 const INSERT_PART_ROWS: usize = 256;
 
 /// A metric's values in an event's reply: at `*at`, where the last reply had them, or
@@ -1676,11 +1676,12 @@ impl Skipped {
         let mut out = Vec::new();
         if late > 0 {
             out.push(format!(
-            "{late} late event{} not applied to stream \"{}\" (older than stream time minus lateness {})",
-            if late == 1 { "" } else { "s" },
-            stream.name,
-            duration_text(stream.lateness_us)
-        ));
+                "{late} late event{} not applied to stream \"{}\" (older than stream time \
+                 minus lateness {})",
+                if late == 1 { "" } else { "s" },
+                stream.name,
+                duration_text(stream.lateness_us)
+            ));
         }
         if dup > 0 {
             out.push(format!(

@@ -1094,8 +1094,8 @@ impl Session {
     }
 
     /// Runs a portal's statement: through its fast path when it has one, else with its
-    /// parameters substituted, parsed and run. A prepared INSERT with RETURNING is only
-    /// bound (`Ran::Insert`): the caller runs it, sending its rows as they come.
+    /// parameters substituted, parsed and run. A prepared INSERT is only bound
+    /// (`Ran::Insert`): the caller runs it, sending RETURNING rows as they come.
     async fn execute_portal<C: ClientInfo>(
         &self,
         client: &C,
@@ -1119,14 +1119,7 @@ impl Session {
                             format!("there is no parameter ${}", i + 1),
                         )),
                     })?;
-                    if plan.returning.is_some() {
-                        return Ok(Ran::Insert(plan));
-                    }
-                    return self
-                        .db
-                        .insert(plan, self.durable())
-                        .await
-                        .map(Ran::Executed);
+                    return Ok(Ran::Insert(plan));
                 }
                 Fast::Lookup(lookup) => {
                     let texts = self.parameter_texts(portal).await?;
@@ -1506,8 +1499,9 @@ impl ExtendedQueryHandler for Session {
         let result = async {
             match self.execute_portal(client, portal).await {
                 Ok(Ran::Executed(executed)) => Ok(executed),
-                // A row limit (`max_rows`) suspends the portal: pgwire pages the rows.
-                Ok(Ran::Insert(plan)) if max_rows == 0 => {
+                // Under a row limit (`max_rows`) pgwire pages the rows, suspending the
+                // portal: they are collected first.
+                Ok(Ran::Insert(plan)) if plan.returning.is_some() && max_rows == 0 => {
                     self.insert_streaming(client, &plan, &format_for).await
                 }
                 Ok(Ran::Insert(plan)) => self
@@ -1527,8 +1521,8 @@ impl ExtendedQueryHandler for Session {
     }
 }
 
-/// What `execute_portal` did: ran the statement, or bound an INSERT with RETURNING for
-/// its caller to run, streaming its rows (`Session::insert_streaming`).
+/// What `execute_portal` did: ran the statement, or bound an INSERT for its caller to
+/// run (streaming RETURNING rows, `Session::insert_streaming`).
 enum Ran {
     Executed(Executed),
     Insert(InsertPlan),
