@@ -1610,25 +1610,22 @@ impl Inserting<'_> {
             return Ok(None);
         };
         let replies = replies.await?;
-        let mut out = Vec::new();
-        if let Some(cols) = &self.plan.returning {
-            let at = &mut self.at;
-            out.reserve(rows.len());
-            out.extend(rows.iter().zip(&replies).map(|(row, reply)| {
-                cols.iter()
-                    .zip(at.iter_mut())
-                    .map(|(c, at)| match &c.item {
-                        ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
-                        ReturningItem::Metric { metric, agg } => {
-                            metric_values(reply, &metric.name, at)
-                                .map_or(Cell::Null, |vals| cell_of(&vals[*agg], c.ty))
-                        }
-                    })
-                    .collect()
-            }));
-        }
         replies.iter().for_each(|r| self.skipped.count(&r.outcomes));
-        Ok(Some(out))
+        let Some(cols) = &self.plan.returning else {
+            return Ok(Some(Vec::new()));
+        };
+        let at = &mut self.at;
+        let out = rows.iter().zip(&replies).map(|(row, reply)| {
+            cols.iter()
+                .zip(at.iter_mut())
+                .map(|(c, at)| match &c.item {
+                    ReturningItem::Event(i) => cell_of(&row[*i], c.ty),
+                    ReturningItem::Metric { metric, agg } => metric_values(reply, &metric.name, at)
+                        .map_or(Cell::Null, |vals| cell_of(&vals[*agg], c.ty)),
+                })
+                .collect()
+        });
+        Ok(Some(out.collect()))
     }
 
     /// The statement's result once every part has answered: its RETURNING rows if
