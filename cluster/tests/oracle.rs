@@ -1700,7 +1700,7 @@ impl Harness {
         let mut left = events;
         while left > 0 {
             let size = (self.rng.between(1, 50) as usize).min(left);
-            let with_values = !self.rng.chance(0.1);
+            let with_values = !self.rng.chance(0.3);
             self.batch(size, with_values);
             left -= size;
             if self.disk.is_some() && self.rng.chance(0.02) {

@@ -159,6 +159,12 @@ pub type Answer = (Outcome, MetricValues);
 /// client scoring one event per statement), so that answer costs no allocation.
 pub type Answers = SmallVec<[Answer; 1]>;
 
+/// What `Task::admit` decided about an event.
+enum Admitted {
+    Event(Event),
+    Rejected(Outcome),
+}
+
 pub struct Task {
     stream: Arc<StreamDef>,
     partitioner: usize,
@@ -1013,6 +1019,25 @@ impl Task {
         }
         let mut out = Answers::with_capacity(rows.len());
         let mask = |i: usize| bits.get(i).copied().unwrap_or(0);
+        // Nobody asks for a state between two of the batch's events: the windows move once.
+        if !values && self.watches.is_empty() && rows.len() > 1 {
+            for (i, row) in rows.iter().enumerate() {
+                match self.admit(row, mask(i)) {
+                    Ok(Admitted::Event(e)) => {
+                        self.place(e);
+                        out.push((Outcome::Accepted, Vec::new()));
+                    }
+                    Ok(Admitted::Rejected(outcome)) => out.push((outcome, Vec::new())),
+                    Err(e) => {
+                        // The events placed before it still count.
+                        self.catch_up()?;
+                        return Err(e);
+                    }
+                }
+            }
+            self.catch_up()?;
+            return self.finish_batch(out);
+        }
         if let Some(first) = rows.first() {
             self.prefetch_groups(first, mask(0));
         }
@@ -1039,11 +1064,15 @@ impl Task {
                 }
             }
         }
-        // A store error in this batch fails the statement and stops the task before any
-        // change reaches a subscriber (checked once per batch, not per event).
+        self.finish_batch(out)
+    }
+
+    /// Ends a batch: a store error in it fails the statement and stops the task before
+    /// any change reaches a subscriber (checked once per batch, not per event), and
+    /// events no later one can precede move to disk in whole chunks.
+    fn finish_batch(&mut self, out: Answers) -> Result<Answers> {
         self.check_storage()?;
         self.deliver_changes();
-        // Events no later one can precede move to disk in whole chunks.
         if let Some(t) = self.time {
             self.reservoir
                 .seal_through(t.saturating_sub(self.stream.lateness_us))
@@ -1143,7 +1172,9 @@ impl Task {
         }
     }
 
-    fn apply(&mut self, row: &Row, mask: u64) -> Result<Outcome> {
+    /// Decides an event's outcome. An accepted event is numbered, its id remembered and
+    /// the stream time moved to it; the windows have not moved yet.
+    fn admit(&mut self, row: &Row, mask: u64) -> Result<Admitted> {
         let ts = Task::event_time(&self.stream, row)?;
         let id = self
             .stream
@@ -1155,35 +1186,44 @@ impl Task {
             let (seen, hash) = self.seen_ids.seen(id);
             if seen {
                 self.stats.duplicates += 1;
-                return Ok(Outcome::Duplicate);
+                return Ok(Admitted::Rejected(Outcome::Duplicate));
             }
             id_hash = hash;
         }
         if let Some(t) = self.time {
             if ts < t.saturating_sub(self.stream.lateness_us) {
                 self.stats.late += 1;
-                return Ok(Outcome::Late);
+                return Ok(Admitted::Rejected(Outcome::Late));
             }
         }
         self.stats.accepted += 1;
         self.seq += 1;
-        let event = Event {
+        if let Some(id) = id {
+            self.seen_ids.record(id_hash, ts, id);
+        }
+        self.time = Some(self.time.map_or(ts, |t| t.max(ts)));
+        self.since_sweep += 1;
+        Ok(Admitted::Event(Event {
             ts,
             seq: self.seq,
             mask,
             row: row.clone(),
-        };
-        if let Some(id) = id {
-            self.seen_ids.record(id_hash, ts, id);
-        }
-        let new_t = self.time.map_or(ts, |t| t.max(ts));
-        let mut read = Ok(());
-        // Every stored event is at or before the old stream time.
+        }))
+    }
+
+    /// Applies one event: the windows move to the stream time it sets.
+    fn apply(&mut self, row: &Row, mask: u64) -> Result<Outcome> {
+        // Every stored event is at or before the stream time before this one.
         let stored = match self.time {
             Some(t) => Some(t),
             None => self.reservoir.is_empty().then_some(i64::MIN),
         };
-        self.time = Some(new_t);
+        let event = match self.admit(row, mask)? {
+            Admitted::Event(e) => e,
+            Admitted::Rejected(outcome) => return Ok(outcome),
+        };
+        let (ts, new_t) = (event.ts, self.time.expect("set by an accepted event"));
+        let mut read = Ok(());
         match stored.filter(|&t| ts > t) {
             // The newest event: the windows take it before the reservoir does, so no
             // head range has to be read back to find it.
@@ -1220,12 +1260,46 @@ impl Task {
             }
         }
         read.map_err(|e| self.fail(e))?;
-        self.since_sweep += 1;
+        self.sweep_if_due(new_t)?;
+        Ok(Outcome::Accepted)
+    }
+
+    /// Stores an admitted event without moving the windows (`catch_up` moves them): it
+    /// enters at once the windows whose edges it sits between, as the events they hold
+    /// did; the others take it when their head passes it. Its groups' lines are asked
+    /// for now, so the batch's misses overlap.
+    fn place(&mut self, event: Event) {
+        for w in &mut self.windows {
+            if event.ts <= w.head && event.ts > w.tail {
+                apply_event(w, &event, &mut self.key_buf, true);
+            } else if event.ts > w.head {
+                prefetch_groups(&w.filters, &event.row, event.mask, &mut self.key_buf);
+            }
+        }
+        self.reservoir.insert(event);
+    }
+
+    /// Moves every window to the stream time once, after a batch of `place`d events.
+    fn catch_up(&mut self) -> Result<()> {
+        let Some(t) = self.time else { return Ok(()) };
+        let mut read = Ok(());
+        for w in &mut self.windows {
+            prefetch_leaving_batch(w, t, self.reservoir.as_mut(), &mut self.key_buf);
+            read = advance(w, t, self.reservoir.as_mut(), &mut self.key_buf, None);
+            if read.is_err() {
+                break;
+            }
+        }
+        read.map_err(|e| self.fail(e))?;
+        self.sweep_if_due(t)
+    }
+
+    fn sweep_if_due(&mut self, t: i64) -> Result<()> {
         if self.since_sweep >= RETENTION_SWEEP_EVENTS {
             self.since_sweep = 0;
-            self.sweep(new_t).map_err(|e| self.fail(e))?;
+            self.sweep(t).map_err(|e| self.fail(e))?;
         }
-        Ok(Outcome::Accepted)
+        Ok(())
     }
 
     /// Drops events past retention (never inside a window) and old event ids; moves
@@ -1418,6 +1492,36 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
             2 => prefetch::texts(&e.row),
             _ => prefetch::lines(&e.row[..]),
         }
+    }
+}
+
+/// Leaving events asked for at once when a batch moves a window (`prefetch_leaving_batch`).
+const LEAVING_BATCH: usize = 128;
+
+/// Asks for the lines of the events that leave a sliding window when it moves to `t`
+/// (the first `LEAVING_BATCH`), in passes over them: their rows, then their text, then
+/// their groups and states. A batch's leaving events then miss in cache together rather
+/// than one after another.
+fn prefetch_leaving_batch(
+    w: &WindowExec,
+    t: i64,
+    reservoir: &mut dyn Reservoir<Event>,
+    key_buf: &mut Vec<u8>,
+) {
+    if !matches!(w.key.spec, WindowSpec::Sliding { .. }) {
+        return;
+    }
+    let upto = w.key.spec.tail_bound(t).unwrap_or(i64::MIN).min(w.head);
+    if upto <= w.tail {
+        return;
+    }
+    let events = reservoir.upcoming(w.tail, LEAVING_BATCH);
+    let events = &events[..events.partition_point(|e| e.ts <= upto)];
+    events.iter().for_each(|e| prefetch::lines(&e.row[..]));
+    events.iter().for_each(|e| prefetch::texts(&e.row));
+    for e in events {
+        prefetch_states(&w.filters, &e.row, e.mask, key_buf);
+        prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
     }
 }
 
