@@ -1174,6 +1174,9 @@ impl Task {
 
     /// Decides an event's outcome. An accepted event is numbered, its id remembered and
     /// the stream time moved to it; the windows have not moved yet.
+    // Inlined into both paths: out of line it cost the event-by-event path about 90
+    // instructions an event (callgrind).
+    #[inline(always)]
     fn admit(&mut self, row: &Row, mask: u64) -> Result<Admitted> {
         let ts = Task::event_time(&self.stream, row)?;
         let id = self
@@ -1294,6 +1297,7 @@ impl Task {
         self.sweep_if_due(t)
     }
 
+    #[inline(always)]
     fn sweep_if_due(&mut self, t: i64) -> Result<()> {
         if self.since_sweep >= RETENTION_SWEEP_EVENTS {
             self.since_sweep = 0;
