@@ -412,10 +412,7 @@ async fn ddl_rebalances_only_when_topics_change() {
             )
             .await
             .unwrap();
-        let before = counter(
-            &reqwest_metrics(&http).await,
-            "eddy_kafka_assignments_total",
-        );
+        let before = settled_assignments(&http, "wide").await;
         client
             .batch_execute(
                 "CREATE METRIC wide_n AS SELECT k, COUNT(*) AS n FROM wide WINDOW INFINITE GROUP BY k; \
@@ -451,6 +448,29 @@ async fn ddl_rebalances_only_when_topics_change() {
             .unwrap();
     }
     drop(eddy);
+}
+
+/// The task consumer's assignments once `stream`'s tasks are held and the count has
+/// not moved for a second: the plan that gives a new stream's tasks to this node comes
+/// after CREATE STREAM returns, and its assignment with it.
+async fn settled_assignments(http: &str, stream: &str) -> u64 {
+    let held = format!("eddy_task_active{{stream=\"{stream}\"");
+    let (mut last, mut still) = (None, 0);
+    for _ in 0..300 {
+        let metrics = reqwest_metrics(http).await;
+        let now = counter(&metrics, "eddy_kafka_assignments_total");
+        if metrics.contains(&held) && last == Some(now) {
+            still += 1;
+            if still == 5 {
+                return now;
+            }
+        } else {
+            still = 0;
+        }
+        last = Some(now);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("{stream}'s tasks were not assigned within a minute");
 }
 
 /// `GET /metrics` over a plain TCP connection.
