@@ -9,11 +9,18 @@ use crate::types::Value;
 /// Asks for every cache line of `value`, without waiting for them.
 #[inline]
 pub fn lines<T: ?Sized>(value: &T) {
+    first_lines(value, std::mem::size_of_val(value));
+}
+
+/// Asks for the cache lines of the first `bytes` bytes of `value` (at most all of it):
+/// the part of a large entry that is read, without the rest.
+#[inline]
+pub fn first_lines<T: ?Sized>(value: &T, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let start = value as *const T as *const u8 as usize;
-        let end = start + std::mem::size_of_val(value);
+        let end = start + bytes.min(std::mem::size_of_val(value));
         let mut line = start & !63;
         while line < end {
             // SAFETY: a prefetch only hints the cache; it never faults.

@@ -40,12 +40,13 @@ pub type States = SmallVec<[AggState; INLINE_STATES]>;
 /// The state of one group: how many events its window holds, the tumbling epoch it
 /// belongs to, one state per aggregate slot, and under a count window its events.
 #[derive(Clone, Debug, PartialEq)]
+#[repr(C)]
 pub struct GroupState {
     pub count: i64,
     pub epoch: i64,
-    pub states: States,
     /// `SLIDING (SIZE n EVENTS)`: the group's n newest events, oldest first.
     pub recent: Option<Box<Recent>>,
+    pub states: States,
 }
 
 /// A count window's events of one group as (event time, arrival, row), in that order.
@@ -303,18 +304,56 @@ impl Backing {
 }
 
 /// An L1 entry: a state, or a known absence (`None`); dirty ones differ from the store.
-/// An event pays for every cache line of its group's entry, twice (entering and
-/// leaving): with its key, an entry fills three lines exactly (`ENTRY_BYTES`; the
-/// table's buckets start on a line, `split::LineAligned`).
+/// An event pays for the cache lines of its group's entry it reads, twice (entering
+/// and leaving): with its key, an entry fills three lines exactly (`ENTRY_BYTES`; the
+/// table's buckets start on a line, `split::LineAligned`). `repr(C)` here and in
+/// `GroupState` puts what every event reads first (key, flag, counts, the states'
+/// header), then the states in slot order, so a group with one inline state is read
+/// from two lines (`hot_bytes`).
+#[repr(C)]
 struct Slot {
-    state: Option<GroupState>,
     dirty: bool,
+    state: Option<GroupState>,
 }
 
 /// Bytes of an L1 entry with its key: three cache lines.
 const ENTRY_BYTES: usize = 192;
 const _: () = assert!(std::mem::size_of::<(PackedKey, Slot)>() == ENTRY_BYTES);
 const _: () = assert!(ENTRY_BYTES.is_multiple_of(LINE));
+
+/// Bytes from the start of an L1 entry to the end of what an event reads in a group of
+/// `states` states: the key, the flags and counts, and the first `states` states when
+/// they are inline (the whole entry when they are on the heap). Measured on an entry, so
+/// it follows the layout; a prefetch is only a hint, so a wrong figure costs time only.
+fn hot_bytes(states: usize) -> usize {
+    if states > INLINE_STATES {
+        return ENTRY_BYTES;
+    }
+    let entry = (
+        PackedKey::new(&[]),
+        Slot::clean(Some(GroupState {
+            count: 0,
+            epoch: 0,
+            recent: None,
+            states: (0..states).map(|_| AggState::Count(0)).collect(),
+        })),
+    );
+    let state = entry.1.state.as_ref().expect("set above");
+    let at = |p: *const u8| p as usize - std::ptr::addr_of!(entry) as usize;
+    let inline = state.states.as_ptr() as *const u8;
+    [
+        at(std::ptr::addr_of!(entry.0).cast()) + std::mem::size_of::<PackedKey>(),
+        at(std::ptr::addr_of!(entry.1.dirty).cast()) + 1,
+        at(std::ptr::addr_of!(state.count).cast()) + 8,
+        at(std::ptr::addr_of!(state.epoch).cast()) + 8,
+        at(std::ptr::addr_of!(state.recent).cast()) + 8,
+        at(inline) + states * std::mem::size_of::<AggState>(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(ENTRY_BYTES)
+    .min(ENTRY_BYTES)
+}
 
 pub struct GroupTable {
     l1: SplitMap<Slot>,
@@ -327,11 +366,14 @@ pub struct GroupTable {
     pending: Pending,
     failure: Option<String>,
     stats: CacheStats,
+    /// What a prefetch of an entry asks for (`hot_bytes`).
+    hot_bytes: usize,
 }
 
 impl GroupTable {
     pub fn new(backing: Option<Backing>) -> GroupTable {
         GroupTable {
+            hot_bytes: ENTRY_BYTES,
             l1: SplitMap::default(),
             stored: HashMap::new(),
             l2: SplitMap::default(),
@@ -514,19 +556,18 @@ impl GroupTable {
         if !stored.is_empty() {
             self.stored.insert(key.clone(), stored.into());
         }
-        self.l1.insert_new(
-            h,
-            key,
-            Slot {
-                state,
-                dirty: false,
-            },
-        )
+        self.l1.insert_new(h, key, Slot::clean(state))
     }
 
-    /// Asks for the cache lines `key`'s L1 entry is in (see `SplitMap::prefetch`).
+    /// Sets how many states each group keeps, for the lines a prefetch asks for.
+    pub fn set_states(&mut self, states: usize) {
+        self.hot_bytes = hot_bytes(states);
+    }
+
+    /// Asks for the cache lines of `key`'s L1 entry an event reads (see
+    /// `SplitMap::prefetch`).
     pub fn prefetch(&self, key: KeyRef<'_>) {
-        self.l1.prefetch(self.l1.hash(key));
+        self.l1.prefetch(self.l1.hash(key), self.hot_bytes);
     }
 
     /// Asks for the cache lines of what `key`'s states keep on the heap, if its entry
@@ -711,9 +752,13 @@ impl GroupTable {
 
 impl Slot {
     fn absent() -> Slot {
+        Slot::clean(None)
+    }
+
+    fn clean(state: Option<GroupState>) -> Slot {
         Slot {
-            state: None,
             dirty: false,
+            state,
         }
     }
 }
@@ -756,6 +801,18 @@ mod tests {
         // Three inline states (say a SUM, a MIN/MAX/COUNT DISTINCT and a LAST) fill
         // three whole cache lines with the key (also held at compile time).
         assert_eq!(size_of::<(PackedKey, Slot)>(), ENTRY_BYTES);
+    }
+
+    /// A prefetch asks for the lines an event reads: two for a group of one inline
+    /// state (COUNT, SUM and AVG share one), three for more, the whole entry when the
+    /// states are on the heap.
+    #[test]
+    fn a_prefetch_asks_for_the_lines_an_event_reads() {
+        assert!(hot_bytes(0) <= 2 * LINE, "{}", hot_bytes(0));
+        assert!(hot_bytes(1) <= 2 * LINE, "{}", hot_bytes(1));
+        assert!(hot_bytes(2) > 2 * LINE && hot_bytes(2) <= ENTRY_BYTES);
+        assert!(hot_bytes(INLINE_STATES) <= ENTRY_BYTES);
+        assert_eq!(hot_bytes(INLINE_STATES + 1), ENTRY_BYTES);
     }
 
     fn table(store: &Arc<MemStateStore>) -> GroupTable {

@@ -110,17 +110,17 @@ impl<V> SplitMap<V> {
             .map(|bucket| (part, bucket))
     }
 
-    /// Asks for the cache lines of the entry `key` (hash `h`) would occupy, without
-    /// comparing keys: the control bytes are read, and the first bucket whose tag
-    /// matches is prefetched. The caller goes on with other work while it arrives; a
-    /// later `find` or `get_mut` of the key then meets it in cache.
-    pub fn prefetch(&self, h: u64) {
+    /// Asks for the cache lines of the first `bytes` bytes of the entry `key` (hash
+    /// `h`) would occupy, without comparing keys: the control bytes are read, and the
+    /// first bucket whose tag matches is prefetched. The caller goes on with other work
+    /// while it arrives; a later `find` or `get_mut` of the key then meets it in cache.
+    pub fn prefetch(&self, h: u64, bytes: usize) {
         let part = &self.parts[Self::part(h)];
         if let Some(entry) = part
             .find_bucket_index(h, |_| true)
             .and_then(|i| part.get_bucket(i))
         {
-            prefetch::lines(entry);
+            prefetch::first_lines(entry, bytes);
         }
     }
 

@@ -667,6 +667,14 @@ impl Task {
             }
         }
         self.order_slots(&metrics);
+        for g in self
+            .windows
+            .iter_mut()
+            .flat_map(|w| &mut w.filters)
+            .flat_map(|f| &mut f.groups)
+        {
+            g.table.set_states(g.aggs.len());
+        }
 
         // Backfill: filter bits first, then new groups whole, then new slots of old groups.
         if self.used_bits != filters_before || !new_filters.is_empty() {
