@@ -75,9 +75,11 @@ pub struct Have {
 /// A fault a sender injects on purpose, to test that receivers reject it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// One byte of the first file's data is flipped after its checksum was taken.
+    /// One byte of the first file's data is flipped after its checksum was taken (the
+    /// state's checksum is, when no file data is sent).
     Flip,
-    /// The transfer stops after the first file's data, as if the connection dropped.
+    /// The transfer stops after the first file's data, as if the connection dropped
+    /// (before the state's end, when no file data is sent).
     Cut,
 }
 
@@ -309,31 +311,43 @@ impl Export {
                 break;
             }
         }
-        if stopped
-            || !send(Piece::StateEnd {
-                entries,
-                crc: crc.finalize(),
-            })
-        {
-            return Ok(());
-        }
-        let mut fault = fault;
+        // The receiver's prefix of a file counts if it is what we have.
+        let mut starts = Vec::with_capacity(self.files.len());
         for (path, len) in &self.files {
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or_default()
                 .to_string();
-            // The receiver's prefix counts if it is what we have.
-            let mut start = 0;
-            let mut crc = crc32fast::Hasher::new();
+            let mut start = (0, crc32fast::Hasher::new());
             if let Some(h) = have.iter().find(|h| h.name == name && h.len <= *len) {
                 let prefix = crc_of(path, h.len).map_err(io(path))?;
                 if prefix.clone().finalize() == h.crc {
-                    start = h.len;
-                    crc = prefix;
+                    start = (h.len, prefix);
                 }
             }
+            starts.push((name, start));
+        }
+        // A fault goes into the first file's data; a transfer without file data takes it
+        // in its state instead, so an injected fault always reaches the receiver.
+        let data = self
+            .files
+            .iter()
+            .zip(&starts)
+            .any(|((_, len), (_, (start, _)))| start < len);
+        let mut fault = fault;
+        let mut crc = crc.finalize();
+        if !data {
+            match fault.take() {
+                Some(Fault::Flip) => crc ^= 1,
+                Some(Fault::Cut) => return Ok(()),
+                None => {}
+            }
+        }
+        if stopped || !send(Piece::StateEnd { entries, crc }) {
+            return Ok(());
+        }
+        for ((path, len), (name, (start, mut crc))) in self.files.iter().zip(starts) {
             let mut file = File::open(path).map_err(io(path))?;
             file.seek(SeekFrom::Start(start)).map_err(io(path))?;
             let mut file = file.take(len - start);
