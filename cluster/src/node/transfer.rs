@@ -319,14 +319,14 @@ impl Export {
                 .and_then(|n| n.to_str())
                 .unwrap_or_default()
                 .to_string();
-            let mut start = (0, crc32fast::Hasher::new());
+            let (mut start, mut crc) = (0, crc32fast::Hasher::new());
             if let Some(h) = have.iter().find(|h| h.name == name && h.len <= *len) {
                 let prefix = crc_of(path, h.len).map_err(io(path))?;
                 if prefix.clone().finalize() == h.crc {
-                    start = (h.len, prefix);
+                    (start, crc) = (h.len, prefix);
                 }
             }
-            starts.push((name, start));
+            starts.push((name, start, crc));
         }
         // A fault goes into the first file's data; a transfer without file data takes it
         // in its state instead, so an injected fault always reaches the receiver.
@@ -334,7 +334,7 @@ impl Export {
             .files
             .iter()
             .zip(&starts)
-            .any(|((_, len), (_, (start, _)))| start < len);
+            .any(|((_, len), (_, start, _))| start < len);
         let mut fault = fault;
         let mut crc = crc.finalize();
         if !data {
@@ -347,7 +347,7 @@ impl Export {
         if stopped || !send(Piece::StateEnd { entries, crc }) {
             return Ok(());
         }
-        for ((path, len), (name, (start, mut crc))) in self.files.iter().zip(starts) {
+        for ((path, len), (name, start, mut crc)) in self.files.iter().zip(starts) {
             let mut file = File::open(path).map_err(io(path))?;
             file.seek(SeekFrom::Start(start)).map_err(io(path))?;
             let mut file = file.take(len - start);
