@@ -73,6 +73,12 @@ pub trait StateStore: Send + Sync {
     /// Every entry of `family` whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError>;
 
+    /// Whether `family` may hold a key starting with `prefix`: false only when it holds
+    /// none (a store may answer true when unsure). Cheap where it is overridden: one seek.
+    fn holds_prefix(&self, family: Family, prefix: &[u8]) -> Result<bool, StateError> {
+        Ok(!self.scan_prefix(family, prefix)?.is_empty())
+    }
+
     /// Makes every write so far durable.
     fn sync(&self) -> Result<(), StateError>;
 }
@@ -608,6 +614,36 @@ impl RocksStore {
     }
 }
 
+impl RocksStore {
+    /// `StateStore::holds_prefix` as writer `writer` reads: the overlay it reads, then
+    /// the database (the order of `scan_prefix_as`). Any overlay entry under the prefix
+    /// counts, a deletion too: it may stand for a key.
+    fn holds_prefix_as(
+        &self,
+        writer: usize,
+        family: Family,
+        prefix: &[u8],
+    ) -> Result<bool, StateError> {
+        let held = self.held.read().expect("hold lock");
+        for part in held.iter().flat_map(|h| h.parts_ending_with(writer)) {
+            if part
+                .lock()
+                .expect("overlay lock")
+                .scan(family, prefix)
+                .next()
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        match self.db.iterator_cf(self.cf(family), mode).next() {
+            Some(item) => Ok(item.map_err(rocks_error)?.0.starts_with(prefix)),
+            None => Ok(false),
+        }
+    }
+}
+
 fn owned(batch: &[Put<'_>]) -> Vec<OwnedPut> {
     batch
         .iter()
@@ -641,6 +677,10 @@ impl StateStore for StoreWriter {
 
     fn scan_prefix(&self, family: Family, prefix: &[u8]) -> Result<Entries, StateError> {
         self.store.scan_prefix_as(self.id, family, prefix)
+    }
+
+    fn holds_prefix(&self, family: Family, prefix: &[u8]) -> Result<bool, StateError> {
+        self.store.holds_prefix_as(self.id, family, prefix)
     }
 
     fn sync(&self) -> Result<(), StateError> {
@@ -882,6 +922,40 @@ mod tests {
         drop((rocks, reopened));
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(&copy);
+    }
+
+    /// A prefix check never says "none" while a key is there, held or not.
+    #[test]
+    fn holds_prefix_answers_false_only_for_an_empty_prefix() {
+        let dir = std::env::temp_dir().join(format!("eddy-rocks-holds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rocks = Arc::new(RocksStore::open(&dir).unwrap());
+        let w = rocks.writer(0);
+        let holds = |p: &[u8]| w.holds_prefix(Family::Aggregates, p).unwrap();
+        assert!(!holds(b"t/1/"));
+        w.write(&[(Family::Aggregates, b"t/1/a", Some(b"x"))])
+            .unwrap();
+        w.write(&[(Family::Extremes, b"t/2/a", Some(b"x"))])
+            .unwrap();
+        assert!(holds(b"t/1/") && holds(b"t/") && !holds(b"t/2/") && !holds(b"t/1/b"));
+        w.write(&[(Family::Aggregates, b"t/1/a", None)]).unwrap();
+        assert!(!holds(b"t/1/"));
+        // While held, the writer's overlay counts, a deletion too (it may hide a key).
+        rocks.hold(1);
+        w.write(&[(Family::Aggregates, b"t/3/a", Some(b"x"))])
+            .unwrap();
+        w.write(&[(Family::Aggregates, b"t/4/a", None)]).unwrap();
+        assert!(holds(b"t/3/") && holds(b"t/4/") && !holds(b"t/5/"));
+        rocks.release().unwrap();
+        assert!(holds(b"t/3/") && !holds(b"t/5/"));
+        let model = MemStateStore::default();
+        model
+            .write(&[(Family::Aggregates, b"t/1/a", Some(b"x"))])
+            .unwrap();
+        assert!(model.holds_prefix(Family::Aggregates, b"t/1").unwrap());
+        assert!(!model.holds_prefix(Family::Aggregates, b"t/2").unwrap());
+        drop((w, rocks));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A shard scans its keys while the checkpoint thread writes the cuts to the

@@ -368,11 +368,23 @@ pub struct GroupTable {
     stats: CacheStats,
     /// What a prefetch of an entry asks for (`hot_bytes`).
     hot_bytes: usize,
+    /// Every state the store holds for this table is in L1 or L2 as well, so a key in
+    /// neither has no state and is not read from the store: true from a table over an
+    /// empty prefix until a state leaves both layers (an eviction from L2, or from L1
+    /// with no L2) or a layout change rewrites the store.
+    complete: bool,
 }
 
 impl GroupTable {
     pub fn new(backing: Option<Backing>) -> GroupTable {
+        // A store error here only costs the shortcut: the reads it would spare report it.
+        let complete = backing.as_ref().is_none_or(|b| {
+            b.store
+                .holds_prefix(Family::Aggregates, &b.prefix)
+                .is_ok_and(|holds| !holds)
+        });
         GroupTable {
+            complete,
             hot_bytes: ENTRY_BYTES,
             l1: SplitMap::default(),
             stored: HashMap::new(),
@@ -464,12 +476,18 @@ impl GroupTable {
                 if slot.dirty {
                     self.queue_write(k.as_bytes(), slot.state.as_ref(), &stored);
                 }
-                if let (Some(state), true) = (slot.state, config.l2_entries > 0) {
-                    self.l2.insert(k, state.pack());
+                match (slot.state, config.l2_entries > 0) {
+                    (Some(state), true) => {
+                        self.l2.insert(k, state.pack());
+                    }
+                    // Only in the store now.
+                    (Some(_), false) => self.complete = false,
+                    (None, _) => {}
                 }
             }
         }
         if self.l2.len() > config.l2_entries {
+            self.complete = false;
             let mut evict = self.l2.len() - config.l2_entries + config.l2_entries / 16;
             self.l2.retain(|_, _| {
                 if evict == 0 {
@@ -545,6 +563,7 @@ impl GroupTable {
                 self.stats.l2_hits += 1;
                 Some(s)
             }
+            None if self.complete => None,
             None => {
                 self.stats.misses += 1;
                 self.read(key.as_bytes())
@@ -707,6 +726,7 @@ impl GroupTable {
         self.l1.clear();
         self.stored.clear();
         self.l2.clear();
+        self.complete = entries.is_empty();
         for (k, mut s) in entries {
             let stored = aux_slots(&s);
             f(&mut s);
@@ -727,6 +747,8 @@ impl GroupTable {
         self.l1.clear();
         self.stored.clear();
         self.l2.clear();
+        // The store holds none of its states now.
+        self.complete = true;
     }
 
     /// Writes every dirty L1 entry to the store (the synchronous stage of a checkpoint);
@@ -972,6 +994,80 @@ mod tests {
         for f in [Family::Aggregates, AUX] {
             assert_eq!(stored(&store, f), 0, "{f:?}");
         }
+    }
+
+    /// A store that counts its reads.
+    #[derive(Default)]
+    struct Counting {
+        inner: MemStateStore,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl StateStore for Counting {
+        fn multi_get(
+            &self,
+            family: Family,
+            keys: &[&[u8]],
+        ) -> std::result::Result<Vec<Option<Vec<u8>>>, eddy_storage::StateError> {
+            self.reads
+                .fetch_add(keys.len(), std::sync::atomic::Ordering::Relaxed);
+            self.inner.multi_get(family, keys)
+        }
+        fn write(&self, batch: &[Put<'_>]) -> std::result::Result<(), eddy_storage::StateError> {
+            self.inner.write(batch)
+        }
+        fn scan_prefix(
+            &self,
+            family: Family,
+            prefix: &[u8],
+        ) -> std::result::Result<eddy_storage::state::Entries, eddy_storage::StateError> {
+            self.inner.scan_prefix(family, prefix)
+        }
+        fn sync(&self) -> std::result::Result<(), eddy_storage::StateError> {
+            Ok(())
+        }
+    }
+
+    /// While the cache holds every state the store does, a new group is not looked up
+    /// in the store; once a state lives only there, it is, and is found.
+    #[test]
+    fn a_complete_cache_does_not_read_the_store_for_new_groups() {
+        let store = Arc::new(Counting::default());
+        let open = |l2_entries| {
+            GroupTable::new(Some(Backing {
+                store: store.clone(),
+                prefix: b"task/node".to_vec(),
+                config: CacheConfig {
+                    l1_entries: 64,
+                    l2_entries,
+                },
+            }))
+        };
+        let reads = || store.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let key = |i: u32| PackedKey::new(format!("card-{i}").as_bytes());
+        let mut t = open(1024);
+        for i in 0..500 {
+            t.entry(key(i).as_bytes().into(), fresh).count += 1;
+        }
+        assert_eq!(reads(), 0, "new groups read from the store");
+        t.flush();
+        // A table over a prefix the store holds reads it, and finds its states.
+        let mut t = open(0);
+        assert_eq!(t.get(key(7).as_bytes().into()).map(|s| s.count), Some(1));
+        assert!(reads() > 0);
+        // Without an L2, a state L1 evicts lives only in the store: found there.
+        t.clear();
+        let before = reads();
+        for i in 0..60 {
+            t.entry(key(i).as_bytes().into(), fresh).count += 1;
+        }
+        assert_eq!(reads(), before, "a cleared table read the store");
+        for i in 500..1000 {
+            t.entry(key(i).as_bytes().into(), fresh).count += 1;
+        }
+        assert!(reads() > before);
+        assert_eq!(t.get(key(3).as_bytes().into()).map(|s| s.count), Some(1));
+        assert_eq!(t.take_failure(), None);
     }
 
     #[test]
