@@ -16,11 +16,20 @@ pub fn lines<T: ?Sized>(value: &T) {
 /// the part of a large entry that is read, without the rest.
 #[inline]
 pub fn first_lines<T: ?Sized>(value: &T, bytes: usize) {
+    address(
+        value as *const T as *const u8 as usize,
+        bytes.min(std::mem::size_of_val(value)),
+    );
+}
+
+/// Asks for the cache lines of the `bytes` bytes at `start`, which need not be memory the
+/// caller may read: a prefetch never faults.
+#[inline]
+pub fn address(start: usize, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = value as *const T as *const u8 as usize;
-        let end = start + bytes.min(std::mem::size_of_val(value));
+        let end = start + bytes;
         let mut line = start & !63;
         while line < end {
             // SAFETY: a prefetch only hints the cache; it never faults.

@@ -10,6 +10,8 @@ use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::types::Value;
 
+use crate::exec::split::{prefetch_probe, LineAligned};
+
 /// A table entry: the high 32 bits of the id's hash, then the low 32 bits of its arrival
 /// number. The table places an entry by a hash spread from its tag, so growing it never
 /// reads the ids back, and an id is compared only when its tag matches.
@@ -40,8 +42,8 @@ const IDS_MAX: usize = u32::MAX as usize;
 #[derive(Default)]
 pub(crate) struct SeenIds {
     /// Arrival numbers by tag (`Entry`): 8 bytes a bucket, so the table a new id probes
-    /// stays small in cache.
-    table: HashTable<Entry>,
+    /// stays small in cache. Its allocator knows its block (`prefetch`).
+    table: HashTable<Entry, LineAligned>,
     hasher: DefaultHashBuilder,
     /// The ids in arrival order with their event times; the first arrived as `first`.
     /// At most `IDS_MAX` are remembered, so an entry's low 32 bits name one.
@@ -53,6 +55,13 @@ impl SeenIds {
     /// The position in `order` of the entry's id.
     fn index(&self, e: Entry) -> usize {
         (e as u32).wrapping_sub(self.first as u32) as usize
+    }
+
+    /// Asks for the lines `seen` and `record` of `id` will read (the table's control
+    /// bytes and bucket where its probe starts), without waiting for them: a batch asks
+    /// a few events ahead, so an event's two misses overlap with earlier events' work.
+    pub(crate) fn prefetch(&self, id: &Value) {
+        prefetch_probe(&self.table, spread(tag(self.hasher.hash_one(id))));
     }
 
     /// Whether `id` was seen, and its hash (for `record`).

@@ -60,6 +60,8 @@ impl PendingRecord {
 
 /// How long event ids are remembered beyond the lateness, in stream time.
 pub const DEDUP_EXTRA_US: i64 = 3_600_000_000;
+/// Events of a batch between asking for an event id's dedup lines and looking it up.
+const IDS_AHEAD: usize = 8;
 /// Events between two retention sweeps of the reservoir.
 const RETENTION_SWEEP_EVENTS: u32 = 4096;
 /// Events per Arrow batch when a new filter is evaluated over stored events.
@@ -1032,9 +1034,17 @@ impl Task {
         }
         let mut out = Answers::with_capacity(rows.len());
         let mask = |i: usize| bits.get(i).copied().unwrap_or(0);
+        // A batch asks for each event id's dedup lines `IDS_AHEAD` events before it looks
+        // the id up (one event alone has nothing to overlap them with).
+        let ids_ahead = |i: usize| match rows.len() {
+            1 => &[][..],
+            _ if i == 0 => rows.get(..=IDS_AHEAD).unwrap_or(rows),
+            _ => rows.get(i + IDS_AHEAD..=i + IDS_AHEAD).unwrap_or_default(),
+        };
         // Nobody asks for a state between two of the batch's events: the windows move once.
         if !values && self.watches.is_empty() && rows.len() > 1 {
             for (i, row) in rows.iter().enumerate() {
+                self.prefetch_ids(ids_ahead(i));
                 match self.admit(row, mask(i)) {
                     Ok(Admitted::Event(e)) => {
                         self.place(e);
@@ -1060,6 +1070,7 @@ impl Task {
             if let Some(next) = rows.get(i + 1) {
                 self.prefetch_groups(next, mask(i + 1));
             }
+            self.prefetch_ids(ids_ahead(i));
             let outcome = self.apply(row, mask(i));
             if !self.watches.is_empty() && matches!(outcome, Ok(Outcome::Accepted)) {
                 self.collect_changes(row);
@@ -1092,6 +1103,14 @@ impl Task {
                 .map_err(|e| self.fail(e))?;
         }
         Ok(out)
+    }
+
+    /// Asks for the lines the dedup lookups of `rows`' event ids will read
+    /// (`SeenIds::prefetch`), for a stream with ids.
+    fn prefetch_ids(&self, rows: &[Row]) {
+        if let Some(c) = self.stream.event_id {
+            rows.iter().for_each(|row| self.seen_ids.prefetch(&row[c]));
+        }
     }
 
     /// Asks for the cache lines of the group entries `row` will enter, without waiting
