@@ -20,6 +20,10 @@ use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
 const PARTITIONS: u32 = 4;
+/// Events acknowledged by the end of each round at least, whatever the machine's speed:
+/// by the last restart their event time (10 ms an id) passes the stream's lateness (10 s)
+/// by several seconds, so the restarts go through sealed chunks, not only the log.
+const ACKED_PER_ROUND: usize = 300;
 
 fn ts_text(id: i64) -> String {
     let base = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
@@ -180,6 +184,12 @@ async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool)
             }));
         }
         tokio::time::sleep(Duration::from_millis(150 + rand(600))).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acked.lock().unwrap().len() < (round + 1) * ACKED_PER_ROUND
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         drop(child); // SIGKILL: no shutdown, no flush
         for w in writers {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
