@@ -2,15 +2,18 @@
 //! their event times (to forget the old ones), and a hash table of their arrival numbers
 //! (one hash per event: the lookup's hash records the id if the event is accepted).
 
+use std::alloc::Layout;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::HashTable;
 use hashbrown::DefaultHashBuilder;
 
+use eddy_planner::prefetch;
 use eddy_planner::types::Value;
-
-use crate::exec::split::{prefetch_probe, LineAligned};
 
 /// A table entry: the high 32 bits of the id's hash, then the low 32 bits of its arrival
 /// number. The table places an entry by a hash spread from its tag, so growing it never
@@ -35,6 +38,53 @@ fn tag_of(e: Entry) -> u32 {
     (e >> 32) as u32
 }
 
+/// The table's allocator: `Global`, remembering the block it gave last, which is the
+/// table's (a table allocates its new block before it frees the old one), so the lines a
+/// lookup reads first can be asked for before it (`SeenIds::prefetch`).
+#[derive(Debug, Default)]
+struct Tracked {
+    block: AtomicUsize,
+    size: AtomicUsize,
+}
+
+impl Clone for Tracked {
+    /// A new table's allocator: it has given no block yet.
+    fn clone(&self) -> Self {
+        Tracked::default()
+    }
+}
+
+// SAFETY: every block comes from `Global` and goes back to it with the same layout.
+#[allow(unsafe_code)]
+unsafe impl Allocator for Tracked {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let block = Global.allocate(layout)?;
+        self.block
+            .store(block.as_ptr() as *mut u8 as usize, Relaxed);
+        self.size.store(layout.size(), Relaxed);
+        Ok(block)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `allocate` above, from `Global` with `layout`.
+        unsafe { Global.deallocate(ptr, layout) }
+    }
+}
+
+/// Control bytes after the last bucket's (hashbrown's `Group::WIDTH` with SSE2): a
+/// probe reads a group of this many from its start.
+const GROUP_WIDTH: usize = 16;
+
+/// Where the control bytes of `table` start: they end its block, followed by
+/// `GROUP_WIDTH` more, and its buckets end where they start, bucket `i` the `i + 1`th
+/// before them (hashbrown's layout). `None` before any block.
+fn ctrl(table: &HashTable<Entry, Tracked>) -> Option<usize> {
+    let a = table.allocator();
+    let (block, size) = (a.block.load(Relaxed), a.size.load(Relaxed));
+    let buckets = table.num_buckets();
+    (block != 0 && size > buckets + GROUP_WIDTH).then(|| block + size - GROUP_WIDTH - buckets)
+}
+
 /// Ids remembered at most; past it the oldest is forgotten (about 170 GB of ids, so
 /// memory runs out first).
 const IDS_MAX: usize = u32::MAX as usize;
@@ -43,7 +93,7 @@ const IDS_MAX: usize = u32::MAX as usize;
 pub(crate) struct SeenIds {
     /// Arrival numbers by tag (`Entry`): 8 bytes a bucket, so the table a new id probes
     /// stays small in cache. Its allocator knows its block (`prefetch`).
-    table: HashTable<Entry, LineAligned>,
+    table: HashTable<Entry, Tracked>,
     hasher: DefaultHashBuilder,
     /// The ids in arrival order with their event times; the first arrived as `first`.
     /// At most `IDS_MAX` are remembered, so an entry's low 32 bits name one.
@@ -60,8 +110,15 @@ impl SeenIds {
     /// Asks for the lines `seen` and `record` of `id` will read (the table's control
     /// bytes and bucket where its probe starts), without waiting for them: a batch asks
     /// a few events ahead, so an event's two misses overlap with earlier events' work.
+    /// The addresses follow hashbrown's layout (`ctrl`); a prefetch is only a hint, so
+    /// were the layout to change, this would cost time and never a result.
     pub(crate) fn prefetch(&self, id: &Value) {
-        prefetch_probe(&self.table, spread(tag(self.hasher.hash_one(id))));
+        let Some(ctrl) = ctrl(&self.table) else {
+            return;
+        };
+        let at = spread(tag(self.hasher.hash_one(id))) as usize & (self.table.num_buckets() - 1);
+        prefetch::address(ctrl + at, GROUP_WIDTH);
+        prefetch::address(ctrl - (at + 1) * size_of::<Entry>(), size_of::<Entry>());
     }
 
     /// Whether `id` was seen, and its hash (for `record`).
@@ -161,6 +218,26 @@ mod tests {
             copy.restore(*ts, id.clone());
         }
         assert!(copy.seen(&text).0 && !copy.seen(&Value::Int(3)).0);
+    }
+
+    /// `prefetch` asks for the lines where hashbrown keeps them: each entry sits
+    /// `i + 1` buckets before the control bytes, `i` its bucket.
+    #[test]
+    fn a_prefetch_addresses_the_table_as_hashbrown_lays_it_out() {
+        let mut ids = SeenIds::default();
+        for i in 0..20_000 {
+            let (_, hash) = ids.seen(&Value::Int(i));
+            ids.record(hash, i, Value::Int(i));
+            let t = tag(hash);
+            let n = ids.first + i as u64;
+            let bucket = ids
+                .table
+                .find_bucket_index(spread(t), |&e| e == entry(t, n))
+                .expect("recorded");
+            let ctrl = ctrl(&ids.table).expect("allocated");
+            let at = ids.table.get_bucket(bucket).expect("full") as *const Entry as usize;
+            assert_eq!(at, ctrl - (bucket + 1) * size_of::<Entry>());
+        }
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::{Entry, HashTable};
@@ -35,52 +34,8 @@ pub const LINE: usize = 64;
 /// buckets out back to back, ending where the control bytes start, which is at a multiple
 /// of the bucket size from the allocation's start: a bucket of a multiple of 64 bytes
 /// then fills whole lines, and a lookup never pays for one more line than its entry has.
-///
-/// It also remembers the block it gave last, which is its table's (a table allocates
-/// its new block before it frees the old one), so the lines a lookup reads first can be
-/// asked for before the lookup (`prefetch_probe`).
-#[derive(Debug, Default)]
-pub struct LineAligned {
-    /// Address of the table's block, and its size.
-    block: AtomicUsize,
-    size: AtomicUsize,
-}
-
-impl Clone for LineAligned {
-    /// A new table's allocator: it has given no block yet.
-    fn clone(&self) -> Self {
-        LineAligned::default()
-    }
-}
-
-/// Control bytes after the last bucket's (hashbrown's `Group::WIDTH` with SSE2): a
-/// probe reads a group of this many from its start.
-const GROUP_WIDTH: usize = 16;
-
-impl LineAligned {
-    /// Where the control bytes of a table of `buckets` buckets start in the last block:
-    /// they end the block, followed by `GROUP_WIDTH` more. `None` before any block.
-    fn ctrl(&self, buckets: usize) -> Option<usize> {
-        let block = self.block.load(Relaxed);
-        let size = self.size.load(Relaxed);
-        (block != 0 && size > buckets + GROUP_WIDTH).then(|| block + size - GROUP_WIDTH - buckets)
-    }
-}
-
-/// Asks for the lines a lookup of hash `h` in `table` reads first, without waiting for
-/// them: the control bytes where its probe starts, and the bucket there (where the key
-/// is, or where a new key goes, most of the time). The addresses follow hashbrown's
-/// layout (buckets downwards from the control bytes); a prefetch is only a hint, so were
-/// the layout to change, this would cost time and never a result.
-pub fn prefetch_probe<T>(table: &HashTable<T, LineAligned>, h: u64) {
-    let buckets = table.num_buckets();
-    if let Some(ctrl) = table.allocator().ctrl(buckets) {
-        let at = h as usize & (buckets - 1);
-        let size = std::mem::size_of::<T>();
-        prefetch::address(ctrl + at, GROUP_WIDTH);
-        prefetch::address(ctrl - (at + 1) * size, size);
-    }
-}
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineAligned;
 
 fn line_aligned(layout: Layout) -> Result<Layout, AllocError> {
     layout.align_to(LINE).map_err(|_| AllocError)
@@ -91,11 +46,7 @@ fn line_aligned(layout: Layout) -> Result<Layout, AllocError> {
 #[allow(unsafe_code)]
 unsafe impl Allocator for LineAligned {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let block = Global.allocate(line_aligned(layout)?)?;
-        self.block
-            .store(block.as_ptr() as *mut u8 as usize, Relaxed);
-        self.size.store(layout.size(), Relaxed);
-        Ok(block)
+        Global.allocate(line_aligned(layout)?)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -116,9 +67,7 @@ pub struct SplitMap<V> {
 impl<V> Default for SplitMap<V> {
     fn default() -> Self {
         SplitMap {
-            parts: (0..PARTS)
-                .map(|_| HashTable::new_in(LineAligned::default()))
-                .collect(),
+            parts: (0..PARTS).map(|_| HashTable::new_in(LineAligned)).collect(),
             hasher: DefaultHashBuilder::default(),
             len: 0,
         }
@@ -278,7 +227,7 @@ impl<V> SplitMap<V> {
 
     pub fn clear(&mut self) {
         for part in self.parts.iter_mut() {
-            *part = HashTable::new_in(LineAligned::default());
+            *part = HashTable::new_in(LineAligned);
         }
         self.len = 0;
     }
@@ -306,25 +255,6 @@ mod tests {
         let key_at = std::mem::offset_of!((PackedKey, [u8; 40]), 0);
         for (k, _) in m.iter() {
             assert_eq!((k as *const PackedKey as usize - key_at) % LINE, 0);
-        }
-    }
-
-    /// `prefetch_probe` asks for the lines where hashbrown keeps them: the buckets end
-    /// where the control bytes start, bucket `i` the `i + 1`th before them.
-    #[test]
-    fn a_probe_prefetch_asks_for_the_control_bytes_and_buckets() {
-        let mut m: SplitMap<u64> = SplitMap::default();
-        let size = std::mem::size_of::<(PackedKey, u64)>();
-        for i in 0..20_000u64 {
-            let key = PackedKey::new(&i.to_le_bytes());
-            let h = m.hash(key.as_bytes().into());
-            m.insert(key, i);
-            let (part, bucket) = m.find(h, i.to_le_bytes()[..].into()).expect("inserted");
-            let p = &m.parts[part];
-            let ctrl = p.allocator().ctrl(p.num_buckets()).expect("allocated");
-            let at = m.at((part, bucket)) as *const u64 as usize;
-            let entry = at - std::mem::offset_of!((PackedKey, u64), 1);
-            assert_eq!(entry, ctrl - (bucket + 1) * size);
         }
     }
 

@@ -1034,17 +1034,18 @@ impl Task {
         }
         let mut out = Answers::with_capacity(rows.len());
         let mask = |i: usize| bits.get(i).copied().unwrap_or(0);
-        // A batch asks for each event id's dedup lines `IDS_AHEAD` events before it looks
-        // the id up (one event alone has nothing to overlap them with).
-        let ids_ahead = |i: usize| match rows.len() {
-            1 => &[][..],
-            _ if i == 0 => rows.get(..=IDS_AHEAD).unwrap_or(rows),
-            _ => rows.get(i + IDS_AHEAD..=i + IDS_AHEAD).unwrap_or_default(),
-        };
+        // A batch of a stream with ids asks for each id's dedup lines `IDS_AHEAD` events
+        // before it looks the id up (one event alone has nothing to overlap them with).
+        let ids = self.stream.event_id.filter(|_| rows.len() > 1);
+        if let Some(c) = ids {
+            for row in rows.iter().take(IDS_AHEAD) {
+                self.seen_ids.prefetch(&row[c]);
+            }
+        }
         // Nobody asks for a state between two of the batch's events: the windows move once.
         if !values && self.watches.is_empty() && rows.len() > 1 {
             for (i, row) in rows.iter().enumerate() {
-                self.prefetch_ids(ids_ahead(i));
+                self.prefetch_id(ids, rows.get(i + IDS_AHEAD));
                 match self.admit(row, mask(i)) {
                     Ok(Admitted::Event(e)) => {
                         self.place(e);
@@ -1070,7 +1071,7 @@ impl Task {
             if let Some(next) = rows.get(i + 1) {
                 self.prefetch_groups(next, mask(i + 1));
             }
-            self.prefetch_ids(ids_ahead(i));
+            self.prefetch_id(ids, rows.get(i + IDS_AHEAD));
             let outcome = self.apply(row, mask(i));
             if !self.watches.is_empty() && matches!(outcome, Ok(Outcome::Accepted)) {
                 self.collect_changes(row);
@@ -1105,11 +1106,12 @@ impl Task {
         Ok(out)
     }
 
-    /// Asks for the lines the dedup lookups of `rows`' event ids will read
-    /// (`SeenIds::prefetch`), for a stream with ids.
-    fn prefetch_ids(&self, rows: &[Row]) {
-        if let Some(c) = self.stream.event_id {
-            rows.iter().for_each(|row| self.seen_ids.prefetch(&row[c]));
+    /// Asks for the lines the dedup lookup of `row`'s event id (column `ids`) will read
+    /// (`SeenIds::prefetch`).
+    #[inline(always)]
+    fn prefetch_id(&self, ids: Option<usize>, row: Option<&Row>) {
+        if let (Some(c), Some(row)) = (ids, row) {
+            self.seen_ids.prefetch(&row[c]);
         }
     }
 
