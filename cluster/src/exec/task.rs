@@ -1584,8 +1584,8 @@ fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 }
 
 /// Calls `f` on the group nodes an event with filter bits `mask` is in: those under the
-/// filters it passes. Plain loops: a chained iterator here cost an event about 90
-/// instructions a call (these run several times an event).
+/// filters it passes. Plain loops: a chained `flat_map` here cost about 30 instructions
+/// more a call (callgrind), and these run several times an event.
 #[inline(always)]
 fn each_group(filters: &[FilterExec], mask: u64, mut f: impl FnMut(&GroupExec)) {
     for filter in filters {
