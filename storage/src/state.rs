@@ -55,6 +55,9 @@ fn puts(batch: &[OwnedPut]) -> Vec<Put<'_>> {
 /// Key-value pairs in key order.
 pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// A key and its value as RocksDB hands them out.
+type DbEntry = (Box<[u8]>, Box<[u8]>);
+
 /// Keyed byte state with batch reads and writes.
 pub trait StateStore: Send + Sync {
     /// The values of `keys` in `family`, in the same order.
@@ -595,13 +598,9 @@ impl RocksStore {
                     .map(|(k, v)| (k.clone(), v.clone())),
             );
         }
-        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
         let mut out = BTreeMap::new();
-        for item in self.db.iterator_cf(self.cf(family), mode) {
-            let (k, v) = item.map_err(rocks_error)?;
-            if !k.starts_with(prefix) {
-                break;
-            }
+        for item in self.db_prefix(family, prefix) {
+            let (k, v) = item?;
             out.insert(k.to_vec(), v.to_vec());
         }
         for (k, v) in overlay {
@@ -612,9 +611,21 @@ impl RocksStore {
         }
         Ok(out.into_iter().collect())
     }
-}
 
-impl RocksStore {
+    /// The database's entries of `family` whose key starts with `prefix`, in key order.
+    fn db_prefix<'a>(
+        &'a self,
+        family: Family,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = Result<DbEntry, StateError>> + 'a {
+        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
+        self.db
+            .iterator_cf(self.cf(family), mode)
+            .map(|item| item.map_err(rocks_error))
+            // An error is handed on: the callers stop at it.
+            .take_while(move |item| !matches!(item, Ok((k, _)) if !k.starts_with(prefix)))
+    }
+
     /// `StateStore::holds_prefix` as writer `writer` reads: the overlay it reads, then
     /// the database (the order of `scan_prefix_as`). Any overlay entry under the prefix
     /// counts, a deletion too: it may stand for a key.
@@ -636,11 +647,7 @@ impl RocksStore {
                 return Ok(true);
             }
         }
-        let mode = rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward);
-        match self.db.iterator_cf(self.cf(family), mode).next() {
-            Some(item) => Ok(item.map_err(rocks_error)?.0.starts_with(prefix)),
-            None => Ok(false),
-        }
+        Ok(self.db_prefix(family, prefix).next().transpose()?.is_some())
     }
 }
 
