@@ -1579,8 +1579,8 @@ const LAG_EVENTS_MAX: usize = 64;
 
 /// Asks for the lines of the events that leave a sliding window when it moves to `t`
 /// (the first `LEAVING_BATCH`), in passes over them: their rows, then their text, then
-/// their groups and states. A batch's leaving events then miss in cache together rather
-/// than one after another.
+/// their group entries, then the multisets those entries point to. A batch's leaving
+/// events then miss in cache together rather than one after another.
 fn prefetch_leaving_batch(
     w: &WindowExec,
     t: i64,
@@ -1599,8 +1599,11 @@ fn prefetch_leaving_batch(
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
     for e in events {
-        prefetch_states(&w.filters, &e.row, e.mask, key_buf);
         prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
+    }
+    // A multiset is found through its group's entry, asked for by the pass above.
+    for e in events {
+        prefetch_states(&w.filters, &e.row, e.mask, key_buf);
     }
 }
 
