@@ -55,6 +55,16 @@ fn name_taken(catalog: &Catalog, name: &str) -> Option<&'static str> {
     }
 }
 
+/// The catalog `statements` make from an empty one, applied in order.
+pub fn catalog_of<S: AsRef<str>>(statements: impl IntoIterator<Item = S>) -> Result<Catalog> {
+    statements
+        .into_iter()
+        .try_fold(Catalog::default(), |catalog, sql| {
+            let stmt = crate::sql::parse_statement(sql.as_ref())?;
+            Ok(apply(&catalog, &stmt)?.0)
+        })
+}
+
 pub fn apply(catalog: &Catalog, stmt: &Statement) -> Result<(Catalog, DdlOutcome)> {
     let mut next = catalog.clone();
     let outcome = match stmt {

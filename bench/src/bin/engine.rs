@@ -15,7 +15,6 @@ use eddy_bench::XorShift;
 use eddy_cluster::{Engine, MemoryLog, Row, Task};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::ddl;
-use eddy_planner::sql::parse_statement;
 use eddy_planner::types::Value;
 
 /// Eddy's allocator, as in the server.
@@ -129,8 +128,7 @@ fn catalog(partitions: u32, aggs: &str, window: &str) -> Result<Catalog> {
     if window.contains('\'') {
         bail!("--window {window}: quotes are not allowed");
     }
-    let mut c = Catalog::default();
-    for sql in [
+    Ok(ddl::catalog_of([
         format!(
             "CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
              amount DOUBLE PRECISION) WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}, retention = '{window}')"
@@ -140,10 +138,7 @@ fn catalog(partitions: u32, aggs: &str, window: &str) -> Result<Catalog> {
              WINDOW SLIDING (SIZE INTERVAL '{window}') GROUP BY card",
             aggregates(aggs)?
         ),
-    ] {
-        c = ddl::apply(&c, &parse_statement(&sql)?)?.0;
-    }
-    Ok(c)
+    ])?)
 }
 
 /// What a run computes, for its JSON.

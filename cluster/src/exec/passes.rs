@@ -99,19 +99,15 @@ mod tests {
     use eddy_planner::types::Value;
 
     fn catalog() -> Catalog {
-        let mut c = Catalog::default();
-        for sql in [
+        eddy_planner::ddl::catalog_of([
             "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
              WITH (event_time = 'ts', partitions = 1)",
             "CREATE METRIC big AS SELECT card, COUNT(*) AS n FROM p WINDOW INFINITE \
              WHERE amount > 10 GROUP BY card",
             "CREATE METRIC odd AS SELECT card, SUM(amount) AS s FROM p WINDOW INFINITE \
              WHERE amount % 2 = 1 GROUP BY card",
-        ] {
-            let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
-            c = eddy_planner::ddl::apply(&c, &stmt).unwrap().0;
-        }
-        c
+        ])
+        .unwrap()
     }
 
     /// The rows of every metric after `rows`, with `passes` handed to the task.

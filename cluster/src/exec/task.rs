@@ -1730,19 +1730,16 @@ fn leave_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_planner::catalog::Catalog;
+    use eddy_planner::ddl::catalog_of;
 
     fn task() -> Task {
-        let mut c = Catalog::default();
-        for sql in [
+        let c = catalog_of([
             "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
              WITH (event_time = 'ts', partitions = 1)",
             "CREATE METRIC m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM p \
              WINDOW SLIDING (SIZE INTERVAL '10 seconds') GROUP BY card",
-        ] {
-            let stmt = eddy_planner::sql::parse_statement(sql).unwrap();
-            c = eddy_planner::ddl::apply(&c, &stmt).unwrap().0;
-        }
+        ])
+        .unwrap();
         let mut task = Task::new(c.stream("p").unwrap().clone(), 0);
         task.set_metrics(&c.metrics_of("p")).unwrap();
         task

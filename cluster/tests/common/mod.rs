@@ -8,12 +8,7 @@ use eddy_storage::ReservoirConfig;
 
 /// The catalog `ddl` builds, statement by statement.
 pub fn catalog_of(ddl: &[&str]) -> Arc<Catalog> {
-    let mut catalog = Catalog::default();
-    for sql in ddl {
-        let stmt = eddy_planner::sql::parse_statement(sql).expect("parse");
-        catalog = eddy_planner::ddl::apply(&catalog, &stmt).expect("ddl").0;
-    }
-    Arc::new(catalog)
+    Arc::new(eddy_planner::ddl::catalog_of(ddl).expect("ddl"))
 }
 
 /// Storage whose chunks, segments and chunk cache are a few KiB: chunks are sealed,
