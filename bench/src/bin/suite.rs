@@ -17,7 +17,10 @@
 //!    (Debian packages, installed when missing), each started on free loopback ports in a
 //!    temporary directory and stopped by PID. Every answer is checked against an exact
 //!    reference computed here.
-//! 4. Writes `results.json`, `results.md` and SVG plots to `--out` (default
+//! 4. Runs `floor`: the machine's own floor, a clock-reading loop's longest gap and a
+//!    loopback echo's round trips, so the figures above can be read against what no
+//!    server on this host can beat.
+//! 5. Writes `results.json`, `results.md` and SVG plots to `--out` (default
 //!    `bench/results/`).
 //!
 //! `--quick` runs everything with tiny sizes (well under 2 minutes on 2 cores) and only
@@ -90,6 +93,8 @@ pub struct Plan {
     pub batch: usize,
     /// The time cap of each scoring run (it stops early, its answers still checked).
     pub step_cap: Duration,
+    /// Seconds of each of `floor`'s probes.
+    pub floor_seconds: f64,
 }
 
 impl Plan {
@@ -125,6 +130,7 @@ impl Plan {
                 batch_events: 2_000,
                 batch: 100,
                 step_cap: Duration::from_secs(15),
+                floor_seconds: 0.3,
             }
         } else {
             Plan {
@@ -145,6 +151,7 @@ impl Plan {
                 batch_events: 500_000,
                 batch: 100,
                 step_cap: Duration::from_secs(60),
+                floor_seconds: 10.0,
             }
         }
     }
@@ -194,7 +201,14 @@ fn build_release(logs: &Path, results: &mut Results) -> Result<PathBuf> {
 
 /// Fails unless `dir` has every binary the suite runs.
 fn check_binaries(dir: &Path) -> Result<()> {
-    for name in ["engine", "frontdoor", "eddy", "hopping", "placement"] {
+    for name in [
+        "engine",
+        "frontdoor",
+        "eddy",
+        "hopping",
+        "placement",
+        "floor",
+    ] {
         let path = dir.join(name);
         if !path.is_file() {
             bail!(
@@ -354,6 +368,28 @@ fn placement(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) ->
         bail!("placement gave no throughput: {report}");
     }
     results.placement = Some(report);
+    Ok(())
+}
+
+/// The machine's floor (`floor`), as raw JSON.
+fn floor(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
+    let mut cmd = Command::new(bin_dir.join("floor"));
+    cmd.args(["--seconds", &plan.floor_seconds.to_string()]);
+    results.commands.push(Step {
+        step: "floor: clock gaps and loopback round trips of this machine".to_string(),
+        command: procs::command_line(&cmd),
+    });
+    let report = procs::run_json(&mut cmd, "floor", plan.frontdoor_cap, logs)?;
+    let trips: Vec<f64> = report["floor"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["round_trips_per_sec"].as_f64())
+        .collect();
+    if trips.len() != 2 || trips.iter().any(|r| *r <= 0.0) {
+        bail!("floor gave no round trips: {report}");
+    }
+    results.floor = Some(report);
     Ok(())
 }
 
@@ -604,6 +640,9 @@ fn main() -> Result<()> {
     }
     if let Err(e) = scoring(&plan, &bin_dir, &scratch.0, &mut results) {
         results.failures.push(format!("scoring: {e:#}"));
+    }
+    if let Err(e) = floor(&plan, &bin_dir, &logs, &mut results) {
+        results.failures.push(format!("floor: {e:#}"));
     }
     drop(scratch);
 

@@ -64,6 +64,8 @@ pub struct Results {
     /// `placement`'s report.
     pub placement: Option<serde_json::Value>,
     pub frontdoor: Vec<FrontdoorRun>,
+    /// `floor`'s report: what no server on this machine can beat.
+    pub floor: Option<serde_json::Value>,
     pub scoring_workload: Option<Workload>,
     pub scoring: Vec<ScoreRun>,
     pub plots: Vec<String>,
@@ -213,6 +215,9 @@ MEDIAN and PERCENTILE_CONT(0.99) of the amount per card, \
     }
     frontdoor_table(&mut s, &r.frontdoor);
     scoring_table(&mut s, r);
+    if let Some(f) = &r.floor {
+        floor_section(&mut s, f);
+    }
     if !r.plots.is_empty() {
         let _ = writeln!(s, "## Plots\n");
         for p in &r.plots {
@@ -264,6 +269,42 @@ fn engine_table(s: &mut String, title: &str, runs: &[EngineRun]) {
             ms(l.p999),
             ms(l.max),
             grouped(r.stored_events as f64)
+        );
+    }
+    s.push('\n');
+}
+
+fn floor_section(s: &mut String, f: &serde_json::Value) {
+    let probes: Vec<&serde_json::Value> = f["floor"].as_array().into_iter().flatten().collect();
+    let _ = writeln!(
+        s,
+        "## The machine's floor\n\nWhat no server on this host can beat, whatever its code: \
+         a loop that only reads the clock, and one message in flight between two threads over \
+         loopback TCP with no work on either side.\n"
+    );
+    for p in probes.iter().filter(|p| p["probe"] == "clock") {
+        let _ = writeln!(
+            s,
+            "- clock, {} s: longest gap {} ms, {} gaps over 1 ms ({} a second).",
+            p["seconds"], p["longest_gap_ms"], p["gaps_over_1ms"], p["gaps_over_1ms_per_sec"]
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n| echo | bytes | round trips/s | p50 ms | p99 ms | p99.9 ms | max ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
+    );
+    for p in probes.iter().filter(|p| p["probe"] != "clock") {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            p["probe"].as_str().unwrap_or_default(),
+            p["message_bytes"],
+            grouped(p["round_trips_per_sec"].as_f64().unwrap_or(0.0)),
+            p["p50_ms"],
+            p["p99_ms"],
+            p["p999_ms"],
+            p["max_ms"]
         );
     }
     s.push('\n');
