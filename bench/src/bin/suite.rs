@@ -338,12 +338,44 @@ fn hopping(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> R
         200_000
     };
     cmd.args(["--events", &events.to_string()]);
-    results.commands.push(Step {
-        step: "hopping windows against the exact sliding window".to_string(),
-        command: procs::command_line(&cmd),
-    });
-    results.hopping = Some(procs::run_json(&mut cmd, "hopping", plan.engine_cap, logs)?);
+    let step = "hopping windows against the exact sliding window";
+    results.hopping = Some(json_step(
+        results,
+        step,
+        "hopping",
+        &mut cmd,
+        plan.engine_cap,
+        logs,
+    )?);
     Ok(())
+}
+
+/// Runs one benchmark that prints its report as JSON (`procs::run_json`, its logs named
+/// `name`), its command line recorded for the reports under `step`.
+fn json_step(
+    results: &mut Results,
+    step: &str,
+    name: &str,
+    cmd: &mut Command,
+    cap: Duration,
+    logs: &Path,
+) -> Result<Value> {
+    results.commands.push(Step {
+        step: step.to_string(),
+        command: procs::command_line(cmd),
+    });
+    procs::run_json(cmd, name, cap, logs)
+}
+
+/// Whether `report[list]` has exactly `n` objects whose `field` is a positive number.
+fn positive_figures(report: &Value, list: &str, field: &str, n: usize) -> bool {
+    let figures: Vec<f64> = report[list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o[field].as_f64())
+        .collect();
+    figures.len() == n && figures.iter().all(|f| *f > 0.0)
 }
 
 /// HiBench's fixed window on 1 and 2 shards, pinned and not (`placement`), as raw JSON.
@@ -353,18 +385,16 @@ fn placement(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) ->
         true => cmd.args(["--events", "20000", "--ips", "1000", "--runs", "1"]),
         false => cmd.args(["--events", "2000000", "--runs", "5"]),
     };
-    results.commands.push(Step {
-        step: "placement: HiBench fixed window, 1 and 2 shards, pinned and not".to_string(),
-        command: procs::command_line(&cmd),
-    });
-    let report = procs::run_json(&mut cmd, "placement", plan.engine_cap * 4, logs)?;
-    let rates: Vec<f64> = report["configurations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["events_per_sec"].as_f64())
-        .collect();
-    if rates.len() != 4 || rates.iter().any(|r| *r <= 0.0) {
+    let step = "placement: HiBench fixed window, 1 and 2 shards, pinned and not";
+    let report = json_step(
+        results,
+        step,
+        "placement",
+        &mut cmd,
+        plan.engine_cap * 4,
+        logs,
+    )?;
+    if !positive_figures(&report, "configurations", "events_per_sec", 4) {
         bail!("placement gave no throughput: {report}");
     }
     results.placement = Some(report);
@@ -375,18 +405,9 @@ fn placement(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) ->
 fn floor(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
     let mut cmd = Command::new(bin_dir.join("floor"));
     cmd.args(["--seconds", &plan.floor_seconds.to_string()]);
-    results.commands.push(Step {
-        step: "floor: clock gaps and loopback round trips of this machine".to_string(),
-        command: procs::command_line(&cmd),
-    });
-    let report = procs::run_json(&mut cmd, "floor", plan.frontdoor_cap, logs)?;
-    let trips: Vec<f64> = report["floor"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["round_trips_per_sec"].as_f64())
-        .collect();
-    if trips.len() != 2 || trips.iter().any(|r| *r <= 0.0) {
+    let step = "floor: clock gaps and loopback round trips of this machine";
+    let report = json_step(results, step, "floor", &mut cmd, plan.frontdoor_cap, logs)?;
+    if !positive_figures(&report, "floor", "round_trips_per_sec", 2) {
         bail!("floor gave no round trips: {report}");
     }
     results.floor = Some(report);
@@ -397,11 +418,14 @@ fn floor(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Res
 fn frontdoor(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
     let mut cmd = Command::new(bin_dir.join("frontdoor"));
     cmd.args(&plan.frontdoor_args);
-    results.commands.push(Step {
-        step: "frontdoor".to_string(),
-        command: procs::command_line(&cmd),
-    });
-    let v = procs::run_json(&mut cmd, "frontdoor", plan.frontdoor_cap, logs)?;
+    let v = json_step(
+        results,
+        "frontdoor",
+        "frontdoor",
+        &mut cmd,
+        plan.frontdoor_cap,
+        logs,
+    )?;
     let modes = v
         .get("frontdoor")
         .and_then(Value::as_array)
