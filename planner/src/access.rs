@@ -96,6 +96,14 @@ pub enum AccessStatement {
         names: Vec<String>,
         if_exists: bool,
     },
+    /// `ALTER ROLE role SET name = value` (`value: None`: `RESET name` or `SET name TO
+    /// DEFAULT`; `name: None`: `RESET ALL`). The server checks the value and writes it in
+    /// its canonical form before the statement reaches the catalog.
+    RoleSetting {
+        role: String,
+        name: Option<String>,
+        value: Option<String>,
+    },
     Grant {
         privileges: Vec<Privilege>,
         target: Target,
@@ -117,7 +125,7 @@ impl AccessStatement {
     pub fn tag(&self) -> &'static str {
         match self {
             AccessStatement::CreateRole { .. } => "CREATE ROLE",
-            AccessStatement::AlterRole { .. } => "ALTER ROLE",
+            AccessStatement::AlterRole { .. } | AccessStatement::RoleSetting { .. } => "ALTER ROLE",
             AccessStatement::DropRole { .. } => "DROP ROLE",
             AccessStatement::Grant { .. } => "GRANT",
             AccessStatement::Revoke { .. } => "REVOKE",
@@ -155,6 +163,8 @@ pub struct Access {
     /// Objects whose owner is not `eddy`.
     pub owners: BTreeMap<String, String>,
     pub grants: BTreeSet<Grant>,
+    /// Each role's session defaults (`ALTER ROLE … SET`), the superuser's included.
+    pub settings: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Access {
@@ -166,6 +176,15 @@ impl Access {
         } else {
             login
         }
+    }
+
+    /// The session defaults `ALTER ROLE … SET` gave `role`.
+    pub fn settings_of(&self, role: &str) -> impl Iterator<Item = (&str, &str)> {
+        self.settings
+            .get(role)
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn is_superuser(&self, role: &str) -> bool {
@@ -255,6 +274,24 @@ impl Access {
                     .ok_or_else(|| undefined_role(name))?;
                 set_options(role, options)?;
             }
+            AccessStatement::RoleSetting { role, name, value } => {
+                if role != SUPERUSER && !self.roles.contains_key(role) {
+                    return Err(undefined_role(role));
+                }
+                let settings = self.settings.entry(role.clone()).or_default();
+                match (name, value) {
+                    (Some(name), Some(value)) => {
+                        settings.insert(name.clone(), value.clone());
+                    }
+                    (Some(name), None) => {
+                        settings.remove(name);
+                    }
+                    (None, _) => settings.clear(),
+                }
+                if settings.is_empty() {
+                    self.settings.remove(role);
+                }
+            }
             AccessStatement::DropRole { names, if_exists } => {
                 let mut skipped = Vec::new();
                 for name in names {
@@ -290,6 +327,7 @@ impl Access {
                 }
                 for name in names {
                     self.roles.remove(name);
+                    self.settings.remove(name);
                     self.grants.retain(|g| g.role != *name);
                 }
                 if !skipped.is_empty() && skipped.len() == names.len() {
@@ -378,6 +416,15 @@ impl Access {
                 sql.push_str(&format!(" PASSWORD '{}'", v.replace('\'', "''")));
             }
             out.push(sql);
+        }
+        for (role, settings) in &self.settings {
+            for (name, value) in settings {
+                out.push(format!(
+                    "ALTER ROLE {} SET {name} = '{}'",
+                    ident(role),
+                    value.replace('\'', "''")
+                ));
+            }
         }
         for (object, owner) in &self.owners {
             let kind = if catalog.is_metric(object) {

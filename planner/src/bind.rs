@@ -607,11 +607,13 @@ fn insert_target(catalog: &Catalog, insert: &ast::Insert) -> Result<(Arc<StreamD
     load_target(catalog, &object_name(table), &columns, "insert")
 }
 
-/// One VALUES cell of a prepared INSERT: a constant, or the `$n` it takes (0-based).
+/// One VALUES cell of a prepared INSERT: a constant, the `$n` it takes (0-based), or an
+/// expression evaluated per execution (its index in `InsertTemplate::exprs`).
 #[derive(Clone, Debug)]
 enum Slot {
     Const(Value),
     Param(usize),
+    Expr(usize),
 }
 
 /// An INSERT bound once against a catalog, with its `$n` parameters still open: a
@@ -621,9 +623,44 @@ pub struct InsertTemplate {
     pub stream: Arc<StreamDef>,
     /// Per VALUES row, (stream column, slot) for each column given.
     rows: Vec<Vec<(usize, Slot)>>,
-    /// The stream column each `$n` fills (`None` for a `$n` the statement skips).
+    /// The stream column each `$n` fills (`None` for a `$n` the statement skips, or one
+    /// inside an expression).
     pub params: Vec<Option<ColumnDef>>,
+    /// The VALUES cells that are expressions (`now()`, `$1 + 1`, `'c-' || $2`), each with
+    /// the column it fills, in row order: the caller evaluates them per execution.
+    pub exprs: Vec<(Expr, ColumnDef)>,
     pub returning: Option<Vec<ReturningColumn>>,
+}
+
+/// Whether a VALUES cell is a constant `value_from_expr` reads (a literal, maybe signed,
+/// cast or parenthesised), rather than an expression to evaluate.
+fn is_constant(expr: &Expr) -> bool {
+    match expr {
+        Expr::Nested(e) | Expr::Cast { expr: e, .. } => is_constant(e),
+        Expr::UnaryOp {
+            op: UnaryOperator::Plus,
+            expr,
+        } => is_constant(expr),
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => matches!(expr.as_ref(), Expr::Value(v) if matches!(v.value, ast::Value::Number(..))),
+        Expr::Value(v) => !matches!(v.value, ast::Value::Placeholder(_)),
+        Expr::TypedString(_) => true,
+        _ => false,
+    }
+}
+
+/// The `$n` (0-based) inside an expression.
+fn placeholders_in(expr: &Expr) -> Vec<usize> {
+    let mut out = Vec::new();
+    let _ = datafusion::sql::sqlparser::ast::visit_expressions(expr, |e| {
+        if let Some(n) = placeholder(e) {
+            out.push(n);
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    out
 }
 
 /// Where a `$n` stands (through casts and parentheses), its 0-based index.
@@ -659,6 +696,7 @@ impl InsertTemplate {
         };
         let mut rows = Vec::with_capacity(values.rows.len());
         let mut params: Vec<Option<ColumnDef>> = Vec::new();
+        let mut expressions = Vec::new();
         for row in &values.rows {
             let exprs = &row.content;
             if exprs.len() > targets.len() {
@@ -682,7 +720,16 @@ impl InsertTemplate {
                         params[i] = Some(def.clone());
                         Slot::Param(i)
                     }
-                    None => Slot::Const(value_from_expr(expr, def)?),
+                    None if is_constant(expr) => Slot::Const(value_from_expr(expr, def)?),
+                    None => {
+                        for i in placeholders_in(expr) {
+                            if params.len() <= i {
+                                params.resize(i + 1, None);
+                            }
+                        }
+                        expressions.push((expr.clone(), def.clone()));
+                        Slot::Expr(expressions.len() - 1)
+                    }
                 };
                 slots.push((col, slot));
             }
@@ -697,14 +744,26 @@ impl InsertTemplate {
             stream,
             rows,
             params,
+            exprs: expressions,
             returning,
         })
     }
 
-    /// The bound rows, with `param(i, column)` giving the value of `$(i+1)` for a column.
+    /// The bound rows, with `param(i, column)` giving the value of `$(i+1)` for a column;
+    /// the template has no expressions (else `bind_with`).
     pub fn bind(
         &self,
         param: &mut dyn FnMut(usize, &ColumnDef) -> Result<Value>,
+    ) -> Result<InsertPlan> {
+        self.bind_with(param, &[])
+    }
+
+    /// The bound rows, with `computed` the values of `exprs`, in order, each of its
+    /// column's type.
+    pub fn bind_with(
+        &self,
+        param: &mut dyn FnMut(usize, &ColumnDef) -> Result<Value>,
+        computed: &[Value],
     ) -> Result<InsertPlan> {
         // Every row in one block of values, row after row.
         let width = self.stream.columns.len();
@@ -717,6 +776,9 @@ impl InsertTemplate {
                 out[*col] = match slot {
                     Slot::Const(v) => v.clone(),
                     Slot::Param(i) => param(*i, &self.stream.columns[*col])?,
+                    Slot::Expr(i) => computed.get(*i).cloned().ok_or_else(|| {
+                        Error::internal("an INSERT's expression was not evaluated")
+                    })?,
                 };
             }
             check_not_null(&self.stream, out)?;
@@ -731,12 +793,15 @@ impl InsertTemplate {
 
 /// Binds an INSERT whose VALUES are all constants.
 pub fn bind_insert(catalog: &Catalog, insert: &ast::Insert) -> Result<InsertPlan> {
-    InsertTemplate::new(catalog, insert)?.bind(&mut |i, _| {
-        Err(Error::new(
-            ErrorKind::InvalidParameter,
-            format!("there is no parameter ${}", i + 1),
-        ))
-    })
+    InsertTemplate::new(catalog, insert)?.bind(&mut no_parameter)
+}
+
+/// The parameter callback of a statement that has none.
+pub fn no_parameter(i: usize, _: &ColumnDef) -> Result<Value> {
+    Err(Error::new(
+        ErrorKind::InvalidParameter,
+        format!("there is no parameter ${}", i + 1),
+    ))
 }
 
 /// Fails with 23502 when a NOT NULL column of `row` is NULL.

@@ -271,6 +271,8 @@ pub fn needs(before: &Catalog, after: &Catalog, role: &str, stmt: &Statement) ->
             {
                 Vec::new()
             }
+            // As in PostgreSQL, a role sets its own session defaults.
+            AccessStatement::RoleSetting { role: of, .. } if of == role => Vec::new(),
             AccessStatement::Grant { target, .. } | AccessStatement::Revoke { target, .. } => {
                 match target {
                     Target::Stream(n) | Target::Metric(n) => existing(n).into_iter().collect(),

@@ -45,6 +45,9 @@ pub enum ErrorKind {
     UndefinedCursor,
     /// A node that runs part of the statement cannot be reached now (retry).
     Unavailable,
+    /// The statement was cancelled (`statement_timeout`) before it applied anything.
+    QueryCanceled,
+    DivisionByZero,
     Internal,
 }
 
@@ -70,6 +73,8 @@ impl ErrorKind {
             ErrorKind::ResourcesExhausted => "53000",
             ErrorKind::LimitExceeded => "53400",
             ErrorKind::ProgramLimitExceeded => "54000",
+            ErrorKind::QueryCanceled => "57014",
+            ErrorKind::DivisionByZero => "22012",
             ErrorKind::TooManyConnections => "53300",
             ErrorKind::InsufficientPrivilege => "42501",
             ErrorKind::InvalidEncoding => "22021",

@@ -76,11 +76,28 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
             )
             .with_hint("SHOW STREAMS and SHOW METRICS list what can be queried.")
         }
+        DataFusionError::Plan(m) if m.starts_with("Invalid function") => {
+            let message = m.lines().next().unwrap_or_default();
+            let name = message.split('\'').nth(1).unwrap_or(message);
+            let mut e = Error::new(
+                ErrorKind::UndefinedFunction,
+                format!("function {name} does not exist"),
+            );
+            if let Some(hint) = m.lines().nth(1) {
+                e = e.with_hint(hint.to_string());
+            }
+            e
+        }
         DataFusionError::Plan(m) if m.contains("oerc") || m.contains("type") => {
             Error::new(ErrorKind::DatatypeMismatch, m)
         }
         DataFusionError::Plan(m) => Error::syntax(m),
         DataFusionError::NotImplemented(m) => Error::unsupported(m),
+        DataFusionError::ArrowError(e, _)
+            if matches!(*e, datafusion::arrow::error::ArrowError::DivideByZero) =>
+        {
+            Error::new(ErrorKind::DivisionByZero, "division by zero")
+        }
         DataFusionError::ArrowError(e, _) => Error::new(ErrorKind::InvalidText, e.to_string()),
         DataFusionError::Context(_, inner) => datafusion_error(*inner),
         DataFusionError::Diagnostic(_, inner) => datafusion_error(*inner),

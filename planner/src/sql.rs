@@ -80,6 +80,8 @@ pub enum Statement {
     },
     /// `SHOW name` of a runtime parameter.
     ShowVariable(String),
+    /// `RESET name`, `SET name TO DEFAULT` (`Some`), or `RESET ALL` (`None`).
+    Reset(Option<String>),
     /// `ALTER SYSTEM SET name = value` (`value`: `None` for `DEFAULT`), or `ALTER SYSTEM
     /// RESET name` (`None`), or `ALTER SYSTEM RESET ALL` (name `all`).
     AlterSystem {
@@ -271,6 +273,8 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["COMMIT", ..] | ["END", ..] => Ok(Statement::Commit),
         ["ROLLBACK", ..] | ["ABORT", ..] => Ok(Statement::Rollback),
         ["SET", ..] => Ok(parse_set(&tokens)),
+        ["RESET", "ALL"] => Ok(Statement::Reset(None)),
+        ["RESET", name] => Ok(Statement::Reset(Some(name.to_ascii_lowercase()))),
         ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
         ["SHOW", name, ..] => Ok(Statement::ShowVariable(name.to_ascii_lowercase())),
         _ => match cut_emit_changes(&tokens)? {
@@ -501,6 +505,11 @@ fn parse_set(tokens: &[Token]) -> Statement {
             name: "timezone".to_string(),
             value: text(value),
         },
+        [Token::Word(name), op, value]
+            if (**op == Token::Eq || is_word(op, "TO")) && is_word(value, "DEFAULT") =>
+        {
+            Statement::Reset(Some(name.value.to_ascii_lowercase()))
+        }
         [Token::Word(name), op, value] if **op == Token::Eq || is_word(op, "TO") => {
             Statement::SetVariable {
                 name: name.value.to_ascii_lowercase(),
@@ -1126,6 +1135,41 @@ pub fn quote_literal(text: &str) -> String {
 
 /// Parses `CREATE|ALTER|DROP ROLE|USER`, `GRANT`, `REVOKE` and `ALTER STREAM|METRIC …
 /// OWNER TO`, given the statement's tokens without whitespace.
+/// `ALTER ROLE name SET setting {= | TO} {value | DEFAULT}`, `ALTER ROLE name RESET
+/// setting` and `ALTER ROLE name RESET ALL`, after the role's name.
+fn parse_role_setting(p: &mut Words, role: String) -> Result<AccessStatement> {
+    let set = p.keyword()? == "SET";
+    let name = match p.next() {
+        Some(Token::Word(w)) => w.value.to_ascii_lowercase(),
+        _ => return Err(Error::syntax("syntax error: expected a setting's name")),
+    };
+    let (name, value) = if set {
+        match p.next() {
+            Some(Token::Eq) => {}
+            Some(t) if is_word(t, "TO") => {}
+            _ => {
+                return Err(Error::syntax(
+                    "syntax error: expected = or TO after the setting's name",
+                ))
+            }
+        }
+        let value = match p.next() {
+            Some(t) if is_word(t, "DEFAULT") => None,
+            Some(Token::SingleQuotedString(s)) => Some(s.clone()),
+            Some(Token::Word(w)) => Some(w.value.clone()),
+            Some(Token::Number(n, _)) => Some(n.clone()),
+            _ => return Err(Error::syntax("syntax error: expected the setting's value")),
+        };
+        (Some(name), value)
+    } else if name == "all" {
+        (None, None)
+    } else {
+        (Some(name), None)
+    };
+    p.end()?;
+    Ok(AccessStatement::RoleSetting { role, name, value })
+}
+
 fn parse_access(words: &[&Token]) -> Result<AccessStatement> {
     let mut p = Words { words, at: 0 };
     let first = p.keyword()?;
@@ -1150,6 +1194,11 @@ fn parse_access(words: &[&Token]) -> Result<AccessStatement> {
                 return Err(Error::syntax(format!("syntax error at or near \"{kind}\"")));
             }
             let name = p.name()?;
+            if first == "ALTER"
+                && matches!(p.peek(), Some(t) if is_word(t, "SET") || is_word(t, "RESET"))
+            {
+                return parse_role_setting(&mut p, name);
+            }
             let mut options = RoleOptions::default();
             if first == "CREATE" && user {
                 options.login = Some(true);

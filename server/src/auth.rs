@@ -169,7 +169,7 @@ impl ServerParameterProvider for Parameters {
         C: ClientInfo,
     {
         let mut params = DefaultServerParameterProvider::default().server_parameters(client)?;
-        if let Some(zone) = self.0.startup_time_zone(client.metadata()) {
+        if let Some(zone) = self.0.start_settings(client.metadata()) {
             params.insert("TimeZone".to_string(), zone);
         }
         Some(params)

@@ -335,6 +335,11 @@ pub struct Config {
     pub storage: eddy_cluster::StorageConfig,
     /// The limits from `eddy.toml` and the environment (`ALTER SYSTEM`'s go between).
     pub limits: crate::limits::LimitLayers,
+    /// The server's defaults of session settings (`synchronous_commit`,
+    /// `statement_timeout`), canonical; `ALTER SYSTEM`'s kept values replace them,
+    /// except for those in `session_given` (from the command line or the environment).
+    pub session_defaults: std::collections::BTreeMap<crate::session_settings::Setting, String>,
+    pub session_given: std::collections::BTreeSet<crate::session_settings::Setting>,
 }
 
 impl Config {
@@ -357,6 +362,8 @@ impl Config {
             tls_required: false,
             storage: Default::default(),
             limits: Default::default(),
+            session_defaults: Default::default(),
+            session_given: Default::default(),
         }
     }
 }

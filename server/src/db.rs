@@ -16,7 +16,7 @@ use pgwire::api::Type;
 use eddy_cluster::{Engine, EventLog, Kafka, LocalLog, NodeStorage, Outcome, Row, Task, TaskId};
 use eddy_planner::access::{Need, SUPERUSER};
 use eddy_planner::aggregate::ResultType;
-use eddy_planner::bind::{bind_insert, ReturningItem};
+use eddy_planner::bind::{no_parameter, InsertPlan, InsertTemplate, ReturningItem};
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::dag::StreamDag;
 use eddy_planner::ddl::{self, DdlOutcome};
@@ -30,6 +30,7 @@ use crate::copy::{CopyIn, CopyLines};
 use crate::histogram::Timings;
 use crate::limits::{Limit, Limits};
 use crate::query;
+use crate::session_settings::{ServerDefaults, Setting};
 use crate::subscribe::{
     self, ContinuousQuery, Opening, Registry, Subscription, SubscriptionHandle,
 };
@@ -164,6 +165,8 @@ pub struct Db {
     subscriptions: Arc<Registry>,
     /// The limits clients meet (`limits`), as `ALTER SYSTEM` last set them.
     pub(crate) limits: Arc<Limits>,
+    /// The server's defaults of `synchronous_commit` and `statement_timeout`.
+    session_defaults: ServerDefaults,
     timings: Timings,
     lock: DirLock,
 }
@@ -257,6 +260,7 @@ impl Db {
                 &config.limits,
                 &crate::settings::load(data_dir)?,
             )),
+            session_defaults: session_defaults(config)?,
             lock,
         });
         let weak = Arc::downgrade(&db);
@@ -421,8 +425,7 @@ impl Db {
                 }))
             }
             Statement::Insert(insert) => {
-                let catalog = self.catalog();
-                let plan = bind_insert(&catalog, &insert)?;
+                let plan = self.bind_insert(&insert).await?;
                 self.insert(plan, true).await
             }
             Statement::Copy(copy) => {
@@ -472,10 +475,12 @@ impl Db {
             | Statement::Close(_) => Err(Error::internal(
                 "cursors and continuous queries run in a session",
             )),
-            Statement::Set | Statement::SetVariable { .. } => Ok(Executed::new(Output::Command {
-                tag: "SET",
-                rows: None,
-            })),
+            Statement::Set | Statement::SetVariable { .. } | Statement::Reset(_) => {
+                Ok(Executed::new(Output::Command {
+                    tag: "SET",
+                    rows: None,
+                }))
+            }
             Statement::ShowVariable(name) if name == "limits" => Ok(Executed::rows(
                 ["name", "setting", "default", "what it bounds"]
                     .into_iter()
@@ -505,6 +510,28 @@ impl Db {
         if let Statement::Access(access) = &mut stmt {
             if let Some(password) = access.password_mut() {
                 *password = crate::scram::verifier_of(password)?;
+            }
+            // A role's session default is checked, and kept as SHOW gives it.
+            if let eddy_planner::access::AccessStatement::RoleSetting {
+                name: Some(name),
+                value,
+                ..
+            } = access
+            {
+                let setting = Setting::named(name).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::UndefinedObject,
+                        format!("unrecognized configuration parameter \"{name}\""),
+                    )
+                    .with_hint(format!(
+                        "A role sets {}.",
+                        Setting::ALL.map(|s| s.name()).join(", ")
+                    ))
+                })?;
+                *name = setting.name().to_ascii_lowercase();
+                if let Some(value) = value {
+                    *value = setting.canonical(value)?;
+                }
             }
         }
         let _guard = self.ddl.lock().await;
@@ -1703,22 +1730,55 @@ fn task_label(t: &eddy_cluster::TaskId) -> String {
 
 /// `ALTER SYSTEM SET shards = n | auto | DEFAULT`, `ALTER SYSTEM RESET shards | ALL`.
 impl Db {
+    /// Binds an INSERT without parameters, its VALUES expressions evaluated first (by
+    /// DataFusion, `query::evaluate`): an error there applies nothing.
+    pub async fn bind_insert(
+        &self,
+        insert: &datafusion::sql::sqlparser::ast::Insert,
+    ) -> Result<InsertPlan> {
+        let template = InsertTemplate::new(&self.catalog(), insert)?;
+        let computed = if template.exprs.is_empty() {
+            Vec::new()
+        } else {
+            query::evaluate(&self.query_context()?, &template.exprs).await?
+        };
+        template.bind_with(&mut no_parameter, &computed)
+    }
+
+    /// The server's default of a session setting (the built-in one for the settings it
+    /// does not give).
+    pub fn session_default(&self, setting: Setting) -> String {
+        self.session_defaults.get(setting)
+    }
+
     async fn alter_system(&self, name: &str, value: Option<&str>) -> Result<Executed> {
         if Limits::is_limit(name) {
             self.limits.set(name, value)?;
             return self.keep_setting(name, value);
+        }
+        if let Some(setting) = Setting::named(name).filter(|s| s.server_wide()) {
+            let value = value.map(|v| setting.canonical(v)).transpose()?;
+            self.session_defaults.set(setting, value.clone());
+            return self.keep_setting(setting.name(), value.as_deref());
         }
         if name != "shards" && !(name == "all" && value.is_none()) {
             return Err(Error::new(
                 ErrorKind::UndefinedObject,
                 format!("unrecognized configuration parameter \"{name}\""),
             )
-            .with_hint("ALTER SYSTEM sets shards and the limits (see SHOW LIMITS)."));
+            .with_hint(
+                "ALTER SYSTEM sets shards, synchronous_commit, statement_timeout and the limits \
+                 (see SHOW LIMITS).",
+            ));
         }
         if name == "all" {
             for (kept, _) in crate::settings::load(&self.data_dir).unwrap_or_default() {
                 if Limits::is_limit(&kept) {
                     self.limits.set(&kept, None)?;
+                    self.keep_setting(&kept, None)?;
+                }
+                if let Some(setting) = Setting::named(&kept).filter(|s| s.server_wide()) {
+                    self.session_defaults.set(setting, None);
                     self.keep_setting(&kept, None)?;
                 }
             }
@@ -1748,6 +1808,29 @@ impl Db {
         })?;
         Ok(Executed::command("ALTER SYSTEM"))
     }
+}
+
+/// The server's session defaults: the configuration's, below what `ALTER SYSTEM` kept
+/// unless the command line or the environment gave the setting.
+fn session_defaults(config: &crate::config::Config) -> anyhow::Result<ServerDefaults> {
+    let defaults = ServerDefaults::new(config.session_defaults.clone());
+    for (name, value) in crate::settings::load(&config.data_dir)? {
+        let Some(setting) = Setting::named(&name).filter(|s| s.server_wide()) else {
+            continue;
+        };
+        if config.session_given.contains(&setting) {
+            continue;
+        }
+        let value = setting.canonical(&value).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: {}",
+                config.data_dir.join(crate::settings::AUTO_CONF).display(),
+                e.message
+            )
+        })?;
+        defaults.set(setting, Some(value));
+    }
+    Ok(defaults)
 }
 
 fn show_variable(name: &str) -> Executed {

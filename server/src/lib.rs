@@ -22,6 +22,7 @@ pub mod prepared;
 pub mod query;
 pub mod scram;
 pub mod serve;
+pub mod session_settings;
 pub mod settings;
 pub mod subscribe;
 pub mod wire;

@@ -171,7 +171,7 @@ impl LimitLayers {
 }
 
 /// An error's message with its hint, for a line of the log or of a refused start.
-pub(crate) fn reason(e: &eddy_planner::Error) -> String {
+pub fn reason(e: &eddy_planner::Error) -> String {
     match &e.hint {
         Some(hint) => format!("{} ({hint})", e.message),
         None => e.message.clone(),

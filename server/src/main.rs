@@ -13,6 +13,7 @@ use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
 use eddy_server::config;
 use eddy_server::limits::LimitLayers;
 use eddy_server::serve::{default_io_threads, run_on, Config};
+use eddy_server::session_settings::Setting;
 use eddy_storage::{ReservoirConfig, RocksConfig};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
@@ -101,6 +102,15 @@ struct ServeArgs {
     /// event waits for the fsync that makes it durable.
     #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = 10)]
     commit_delay: u64,
+    /// Sessions' default `synchronous_commit` (on: a statement is acknowledged once its
+    /// events are fsynced; off: once written, with the fsync within the commit delay).
+    /// A role's `ALTER ROLE … SET`, a client's startup options and `SET` override it.
+    #[arg(long, env = "EDDY_SYNCHRONOUS_COMMIT", default_value = "on", value_parser = synchronous_commit)]
+    synchronous_commit: String,
+    /// Sessions' default `statement_timeout` (milliseconds, or with ms, s, min or h; 0:
+    /// none). A statement past it is cancelled with 57014 before it applies anything.
+    #[arg(long, env = "EDDY_STATEMENT_TIMEOUT", default_value = "0", value_parser = statement_timeout)]
+    statement_timeout: String,
     /// Kafka bootstrap servers: Kafka becomes the log (cluster mode).
     #[arg(long, env = "EDDY_KAFKA")]
     kafka: Option<String>,
@@ -213,6 +223,20 @@ fn bytes(s: &str) -> Result<usize, String> {
     eddy_server::limits::parse_bytes(s)
 }
 
+fn synchronous_commit(s: &str) -> Result<String, String> {
+    session_setting(Setting::SynchronousCommit, s)
+}
+
+fn statement_timeout(s: &str) -> Result<String, String> {
+    session_setting(Setting::StatementTimeout, s)
+}
+
+fn session_setting(setting: Setting, s: &str) -> Result<String, String> {
+    setting
+        .canonical(s)
+        .map_err(|e| eddy_server::limits::reason(&e))
+}
+
 /// `--shards`: a number of shards, or `auto` (`None`).
 #[derive(Clone, Copy, Debug)]
 struct ShardCount(Option<usize>);
@@ -307,16 +331,35 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => {
-            let shards_from_file = matches
-                .subcommand_matches("serve")
-                .and_then(|m| m.value_source("shards"))
-                == Some(clap::parser::ValueSource::DefaultValue);
-            serve(args, shards_from_file, limits)
+            let serve_matches = matches.subcommand_matches("serve");
+            let source = |id: &str| serve_matches.and_then(|m| m.value_source(id));
+            let shards_from_file =
+                source("shards") == Some(clap::parser::ValueSource::DefaultValue);
+            // The command line and the environment beat what ALTER SYSTEM kept.
+            let given = Setting::ALL
+                .into_iter()
+                .filter(|s| s.server_wide())
+                .filter(|s| {
+                    matches!(
+                        source(s.name()),
+                        Some(
+                            clap::parser::ValueSource::CommandLine
+                                | clap::parser::ValueSource::EnvVariable
+                        )
+                    )
+                })
+                .collect();
+            serve(args, shards_from_file, given, limits)
         }
     }
 }
 
-fn serve(args: ServeArgs, shards_from_file: bool, limits: LimitLayers) -> anyhow::Result<()> {
+fn serve(
+    args: ServeArgs,
+    shards_from_file: bool,
+    session_given: std::collections::BTreeSet<Setting>,
+    limits: LimitLayers,
+) -> anyhow::Result<()> {
     eddy_server::log::init(&args.log, &args.log_format, args.slow_statement_ms)?;
     let password = match &args.password_file {
         Some(path) => Some(
@@ -397,6 +440,12 @@ fn serve(args: ServeArgs, shards_from_file: bool, limits: LimitLayers) -> anyhow
             tls_required: args.tls_required,
             storage,
             limits,
+            session_defaults: [
+                (Setting::SynchronousCommit, args.synchronous_commit),
+                (Setting::StatementTimeout, args.statement_timeout),
+            ]
+            .into(),
+            session_given,
         },
     )
 }

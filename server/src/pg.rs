@@ -4,7 +4,7 @@
 //! Invariant: an error ends only the statement that raised it; the session and the
 //! connection stay usable.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -53,6 +53,7 @@ use crate::histogram::Kind;
 use crate::limits::{Limit, Limits};
 use crate::prepared::{Bound, Fast, Prepared};
 use crate::query;
+use crate::session_settings::{self, Setting};
 use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
 use eddy_planner::access::Need;
 
@@ -117,11 +118,13 @@ struct LivePortal {
 pub struct Session {
     db: Arc<Db>,
     manager: Arc<ConnectionManager>,
-    copy: Mutex<Option<CopyIn>>,
+    /// A COPY FROM in progress, and when its `statement_timeout` runs out.
+    copy: Mutex<Option<(CopyIn, Option<Instant>)>>,
     parser: Arc<EddyParser>,
     cursors: Mutex<HashMap<String, Cursor>>,
     live_portals: Mutex<HashMap<String, LivePortal>>,
-    /// `SET subscription_rows_max`.
+    /// The session's settings (`session_settings`), the ones statements read in
+    /// atomics. `SET subscription_rows_max`:
     rows_max: AtomicUsize,
     /// Inside BEGIN … COMMIT (tracked here: pgwire learns it only after a whole query
     /// string ran).
@@ -130,8 +133,12 @@ pub struct Session {
     /// events are fsynced; off once they are written, with the fsync within the commit
     /// delay.
     synchronous_commit: std::sync::atomic::AtomicBool,
+    /// `SET statement_timeout`, in milliseconds (0: none).
+    statement_timeout: std::sync::atomic::AtomicU64,
     /// `SET application_name` (pgjdbc sets it after startup).
     application_name: Mutex<Option<String>>,
+    /// Each setting as the session started with it: what `RESET` goes back to.
+    started: Mutex<BTreeMap<Setting, String>>,
     /// How values are written, with `SET TimeZone` (TIMESTAMPTZ is shown in it).
     format: Mutex<Arc<FormatOptions>>,
     /// A second handle on the client's socket, to notice a disconnect while a continuous
@@ -169,7 +176,9 @@ impl Handlers {
             rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
             in_block: std::sync::atomic::AtomicBool::new(false),
             synchronous_commit: std::sync::atomic::AtomicBool::new(true),
+            statement_timeout: std::sync::atomic::AtomicU64::new(0),
             application_name: Mutex::new(None),
+            started: Mutex::new(BTreeMap::new()),
             format: Mutex::new(Arc::new({
                 let mut options = FormatOptions::default();
                 options.time_zone = "UTC".to_string();
@@ -220,8 +229,8 @@ impl NoopStartupHandler for Session {
         Some(self.manager.clone())
     }
 
-    /// A `TimeZone` sent at startup (pgjdbc sends the JVM's) is the session's, as in
-    /// PostgreSQL, and is reported back; an unknown one leaves UTC, as a later SET would.
+    /// The session's settings as its startup gives them (see `session_settings`), which
+    /// the client then learns: its TimeZone is reported back.
     async fn post_startup<C>(
         &self,
         client: &mut C,
@@ -232,7 +241,7 @@ impl NoopStartupHandler for Session {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        if let Some(zone) = self.startup_time_zone(client.metadata()) {
+        if let Some(zone) = self.start_settings(client.metadata()) {
             client
                 .feed(PgWireBackendMessage::ParameterStatus(
                     pgwire::messages::startup::ParameterStatus::new("TimeZone".into(), zone),
@@ -244,15 +253,88 @@ impl NoopStartupHandler for Session {
 }
 
 impl Session {
-    /// Makes the TimeZone a client sent at startup (a parameter, or in `options`) the
-    /// session's; returns its canonical name, or `None` if it sent none or an unknown one.
-    pub(crate) fn startup_time_zone(&self, metadata: &HashMap<String, String>) -> Option<String> {
-        let sent = metadata
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("timezone"))
-            .map(|(_, v)| v.clone())
-            .or_else(|| startup_option(metadata.get("options")?, "timezone"));
-        sent.and_then(|v| self.set_time_zone(&v).ok())
+    /// Gives the session its starting settings: the server's defaults, then its role's
+    /// (`ALTER ROLE … SET`), then the startup message's (`wire` refused bad values
+    /// before the login). Returns the TimeZone when it is not the server's.
+    pub(crate) fn start_settings(&self, metadata: &HashMap<String, String>) -> Option<String> {
+        let catalog = self.db.catalog();
+        let mut values: BTreeMap<Setting, String> = Setting::ALL
+            .into_iter()
+            .map(|s| (s, self.db.session_default(s)))
+            .collect();
+        for (name, value) in catalog.access.settings_of(self.role_in(&catalog)) {
+            if let Some(setting) = Setting::named(name) {
+                values.insert(setting, value.to_string());
+            }
+        }
+        values.extend(session_settings::from_startup(metadata).unwrap_or_default());
+        for (setting, value) in &values {
+            self.apply(*setting, value);
+        }
+        let zone = values
+            .get(&Setting::TimeZone)
+            .filter(|z| *z != "UTC")
+            .cloned();
+        *self.started.lock().expect("session lock") = values;
+        zone
+    }
+
+    /// Makes a checked (canonical) value the setting's.
+    fn apply(&self, setting: Setting, value: &str) {
+        match setting {
+            Setting::SynchronousCommit => self
+                .synchronous_commit
+                .store(session_settings::is_on(value), Ordering::Relaxed),
+            Setting::StatementTimeout => self.statement_timeout.store(
+                session_settings::parse_millis(value).unwrap_or(0),
+                Ordering::Relaxed,
+            ),
+            Setting::TimeZone => {
+                let _ = self.set_time_zone(value);
+            }
+            Setting::ApplicationName => {
+                *self.application_name.lock().expect("session lock") = Some(value.to_string())
+            }
+            Setting::SubscriptionRowsMax => self.rows_max.store(
+                value.parse().unwrap_or(SUBSCRIPTION_ROWS_MAX),
+                Ordering::Relaxed,
+            ),
+        }
+    }
+
+    /// A setting's value now, as `SHOW` gives it.
+    fn current<C: ClientInfo>(&self, client: &C, setting: Setting) -> String {
+        match setting {
+            Setting::SynchronousCommit => if self.durable() { "on" } else { "off" }.into(),
+            Setting::StatementTimeout => {
+                session_settings::show_millis(self.statement_timeout.load(Ordering::Relaxed))
+            }
+            Setting::TimeZone => self.format().time_zone.clone(),
+            Setting::ApplicationName => self.application_name(client),
+            Setting::SubscriptionRowsMax => self.rows_max.load(Ordering::Relaxed).to_string(),
+        }
+    }
+
+    /// `RESET name` (`RESET ALL`: `None`): back to the value the session started with.
+    fn reset(&self, setting: Option<Setting>) {
+        let started = self.started.lock().expect("session lock").clone();
+        for s in Setting::ALL {
+            if setting.is_none_or(|one| one == s) {
+                let value = started
+                    .get(&s)
+                    .cloned()
+                    .unwrap_or_else(|| s.default_value().to_string());
+                self.apply(s, &value);
+            }
+        }
+    }
+
+    /// When a statement that starts now must end (`statement_timeout`).
+    fn deadline(&self) -> Option<std::time::Instant> {
+        match self.statement_timeout.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(std::time::Instant::now() + std::time::Duration::from_millis(ms)),
+        }
     }
 
     fn format(&self) -> Arc<FormatOptions> {
@@ -307,7 +389,7 @@ impl Session {
             )),
             Output::CopyIn(copy) => {
                 let columns = copy.columns();
-                *self.copy.lock().expect("copy lock") = Some(copy);
+                *self.copy.lock().expect("copy lock") = Some((copy, self.deadline()));
                 Response::CopyIn(CopyResponse::new(0, columns, stream::empty()))
             }
             Output::Begin => Response::TransactionStart(Tag::new("BEGIN")),
@@ -317,23 +399,13 @@ impl Session {
     }
 }
 
-/// A setting in the startup `options` (`PGOPTIONS='-c TimeZone=UTC'`): `-c name=value`,
-/// `-cname=value` or `--name=value`, the name matched without case.
-fn startup_option(options: &str, name: &str) -> Option<String> {
-    let mut words = options.split_whitespace();
-    let mut found = None;
-    while let Some(w) = words.next() {
-        let setting = match w {
-            "-c" => words.next(),
-            w => w.strip_prefix("--").or_else(|| w.strip_prefix("-c")),
-        };
-        if let Some((k, v)) = setting.and_then(|s| s.split_once('=')) {
-            if k.eq_ignore_ascii_case(name) {
-                found = Some(v.to_string());
-            }
-        }
-    }
-    found
+/// 57014, as PostgreSQL cancels a statement past `statement_timeout`.
+fn statement_timeout() -> Error {
+    Error::new(
+        ErrorKind::QueryCanceled,
+        "canceling statement due to statement timeout",
+    )
+    .with_hint("Nothing of the statement was applied. SET statement_timeout = 0 removes the limit.")
 }
 
 fn client_of<C: ClientInfo>(client: &C, application_name: String) -> Client {
@@ -451,65 +523,30 @@ impl Session {
                 }
                 Ok(Executed::command("CLOSE CURSOR"))
             }
-            Statement::SetVariable { name, value } if name == "subscription_rows_max" => {
-                let n: usize = value.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidParameter,
-                        format!("invalid value for parameter \"subscription_rows_max\": \"{value}\""),
-                    )
-                    .with_hint("A positive number of rows.")
-                })?;
-                self.rows_max.store(n, Ordering::Relaxed);
+            Statement::SetVariable { name, value } if Setting::named(&name).is_some() => {
+                let setting = Setting::named(&name).expect("named");
+                self.apply(setting, &setting.canonical(&value)?);
                 Ok(Executed::command("SET"))
             }
-            Statement::SetVariable { name, value } if name == "synchronous_commit" => {
-                let v = value.trim().trim_matches('\'').to_ascii_lowercase();
-                let on = match v.as_str() {
-                    "on" | "true" | "yes" | "1" | "local" | "remote_write" | "remote_apply" => true,
-                    "off" | "false" | "no" | "0" => false,
-                    _ => {
-                        return Err(Error::new(
-                            ErrorKind::InvalidParameter,
-                            format!(
-                                "invalid value for parameter \"synchronous_commit\": \"{value}\""
-                            ),
-                        )
-                        .with_hint("Available values: on, off."))
-                    }
-                };
-                self.synchronous_commit.store(on, Ordering::Relaxed);
-                Ok(Executed::command("SET"))
+            Statement::ShowVariable(name) if Setting::named(&name).is_some() => {
+                let setting = Setting::named(&name).expect("named");
+                Ok(Executed::rows(
+                    vec![Column::text(setting.name())],
+                    vec![vec![Cell::text(self.current(client, setting))]],
+                ))
             }
-            Statement::ShowVariable(name) if name == "synchronous_commit" => Ok(Executed::rows(
-                vec![Column::text("synchronous_commit")],
-                vec![vec![Cell::text(if self.durable() { "on" } else { "off" })]],
-            )),
+            Statement::Reset(name) => {
+                let setting = name.as_deref().and_then(Setting::named);
+                // A name Eddy does not keep is accepted, as SET accepts it.
+                if name.is_none() || setting.is_some() {
+                    self.reset(setting);
+                }
+                Ok(Executed::command("RESET"))
+            }
             Statement::Insert(insert) => {
-                let plan = eddy_planner::bind::bind_insert(&self.db.catalog(), &insert)?;
+                let plan = self.db.bind_insert(&insert).await?;
                 self.db.insert(plan, self.durable()).await
             }
-            Statement::SetVariable { name, value } if name == "timezone" => {
-                self.set_time_zone(&value)?;
-                Ok(Executed::command("SET"))
-            }
-            Statement::ShowVariable(name) if name == "timezone" => Ok(Executed::rows(
-                vec![Column::text("TimeZone")],
-                vec![vec![Cell::text(self.format().time_zone.clone())]],
-            )),
-            Statement::SetVariable { name, value } if name == "application_name" => {
-                *self.application_name.lock().expect("session lock") = Some(value);
-                Ok(Executed::command("SET"))
-            }
-            Statement::ShowVariable(name) if name == "application_name" => Ok(Executed::rows(
-                vec![Column::text("application_name")],
-                vec![vec![Cell::text(self.application_name(client))]],
-            )),
-            Statement::ShowVariable(name) if name == "subscription_rows_max" => Ok(Executed::rows(
-                vec![Column::text("subscription_rows_max")],
-                vec![vec![Cell::text(
-                    self.rows_max.load(Ordering::Relaxed).to_string(),
-                )]],
-            )),
             Statement::Begin => {
                 self.in_block.store(true, Ordering::Relaxed);
                 self.db.execute_statement(stmt).await
@@ -519,6 +556,15 @@ impl Session {
                 self.end_transaction().await;
                 self.db.execute_statement(stmt).await
             }
+            // A query applies nothing, so it is cancelled wherever its time runs out.
+            query @ Statement::Query(_) => match self.deadline() {
+                None => self.db.execute_by(&role, query).await,
+                Some(deadline) => {
+                    tokio::time::timeout_at(deadline.into(), self.db.execute_by(&role, query))
+                        .await
+                        .unwrap_or_else(|_| Err(statement_timeout()))
+                }
+            },
             other => self.db.execute_by(&role, other).await,
         }
     }
@@ -951,7 +997,13 @@ impl Session {
                     .flatten()
                     .map(|c| Column::new(c.name.clone(), pg_type(c.ty)))
                     .collect();
-                ((params, columns), Fast::Insert(Arc::new(template)))
+                // Expressions are evaluated with their parameters as literals (General).
+                let fast = if template.exprs.is_empty() {
+                    Fast::Insert(Arc::new(template))
+                } else {
+                    Fast::General
+                };
+                ((params, columns), fast)
             }
             Statement::Query(q) => {
                 let ctx = self.db.query_context()?;
@@ -1656,7 +1708,12 @@ impl CopyHandler for Session {
     {
         let mut guard = self.copy.lock().expect("copy lock");
         match guard.as_mut() {
-            Some(copy) => copy.push(&copy_data.data).map_err(|e| {
+            // Past its time the COPY ends, and none of it applies.
+            Some((_, Some(deadline))) if Instant::now() >= *deadline => {
+                *guard = None;
+                Err(user_error(&statement_timeout()))
+            }
+            Some((copy, _)) => copy.push(&copy_data.data).map_err(|e| {
                 *guard = None;
                 user_error(&e)
             }),
@@ -1671,9 +1728,13 @@ impl CopyHandler for Session {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let copy = self.copy.lock().expect("copy lock").take();
-        let Some(copy) = copy else {
+        let Some((copy, deadline)) = copy else {
             return Err(user_error(&Error::internal("COPY done without COPY")));
         };
+        // The last moment a COPY can be cancelled: nothing of it has applied yet.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(user_error(&statement_timeout()));
+        }
         let executed = self
             .db
             .finish_copy(copy, self.durable())
@@ -1709,16 +1770,6 @@ mod tests {
     use super::*;
     use eddy_planner::catalog::ColumnDef;
     use eddy_planner::types::ColumnType;
-
-    #[test]
-    fn startup_options_name_settings_as_postgresql_reads_them() {
-        let tz = |o: &str| startup_option(o, "timezone");
-        assert_eq!(tz("-c TimeZone=Asia/Tokyo"), Some("Asia/Tokyo".into()));
-        assert_eq!(tz("-ctimezone=UTC -c geqo=off"), Some("UTC".into()));
-        assert_eq!(tz("--TimeZone=Europe/Paris"), Some("Europe/Paris".into()));
-        assert_eq!(tz("-c geqo=off"), None);
-        assert_eq!(tz("-c"), None);
-    }
 
     /// A binary parameter read straight into a column's value gives exactly what the
     /// text path gives, and declines whatever the text path might refuse or read

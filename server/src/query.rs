@@ -259,6 +259,54 @@ pub async fn run_within(
     Ok((columns, rows_of_batches(&batches)))
 }
 
+/// The values of an INSERT's VALUES expressions (`InsertTemplate::exprs`), each of its
+/// column's type: one `SELECT CAST((e) AS type), …` of them all, planned (with the
+/// `pg_catalog` rewrites) and run by DataFusion, so its functions, operators and casts
+/// and their errors are DataFusion's. An expression may not read a stream or metric.
+pub async fn evaluate(
+    ctx: &SessionContext,
+    exprs: &[(
+        datafusion::sql::sqlparser::ast::Expr,
+        eddy_planner::catalog::ColumnDef,
+    )],
+) -> Result<Vec<Value>> {
+    use datafusion::arrow::compute::cast;
+    let items: Vec<String> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, (e, col))| format!("CAST(({e}) AS {}) AS v{i}", col.ty.sql_name()))
+        .collect();
+    let plan = pg_catalog::plan(ctx, &format!("SELECT {}", items.join(", ")))
+        .await
+        .map_err(unwrap_external)?;
+    if !tables_read(&plan).is_empty() {
+        return Err(Error::unsupported(
+            "an INSERT's VALUES expressions may not read streams or metrics",
+        )
+        .with_hint("Read the values first, then insert them."));
+    }
+    let batches = ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(unwrap_external)?
+        .collect()
+        .await
+        .map_err(unwrap_external)?;
+    let batch = batches
+        .iter()
+        .find(|b| b.num_rows() == 1)
+        .ok_or_else(|| Error::internal("VALUES expressions gave no row"))?;
+    exprs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, col))| {
+            let array =
+                cast(batch.column(i), &col.ty.arrow()).map_err(|e| datafusion_error(e.into()))?;
+            Ok(eddy_planner::filter::column_values(&array)?.remove(0))
+        })
+        .collect()
+}
+
 /// The streams and metrics a plan reads (the catalog tables of `pg_catalog` and
 /// `information_schema` are everyone's), its subqueries included.
 pub fn tables_read(plan: &datafusion::logical_expr::LogicalPlan) -> Vec<String> {

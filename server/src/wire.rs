@@ -194,7 +194,17 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
                     format!("TLS is required: \"{user}\" may not connect without it"),
                 )))
             } else {
-                ticket.admit(&user)
+                ticket.admit(&user).and_then(|()| {
+                    // A setting the startup names with a bad value refuses the session,
+                    // as PostgreSQL does.
+                    crate::session_settings::from_startup(&startup.parameters)
+                        .map(|_| ())
+                        .map_err(|e| {
+                            let mut info = fatal("22023", e.message);
+                            info.hint = e.hint;
+                            Box::new(info)
+                        })
+                })
             };
             if let Err(info) = refused {
                 let _ = socket

@@ -135,6 +135,34 @@ class EddyJdbcTest {
     }
 
     /** pgjdbc sends the JVM's zone at startup: it is the session's TimeZone, as in PostgreSQL. */
+    /** pgjdbc's {@code options} property sets any session setting at startup, as PGOPTIONS does. */
+    @Test
+    void optionsPropertySetsSessionSettings() throws SQLException {
+        Properties extra = new Properties();
+        extra.setProperty("options", "-c synchronous_commit=off -c statement_timeout=5s");
+        try (Connection c = connect(extra); Statement st = c.createStatement()) {
+            try (ResultSet rs = st.executeQuery("SHOW synchronous_commit")) {
+                assertTrue(rs.next());
+                assertEquals("off", rs.getString(1));
+            }
+            try (ResultSet rs = st.executeQuery("SHOW statement_timeout")) {
+                assertTrue(rs.next());
+                assertEquals("5s", rs.getString(1));
+            }
+            st.execute("SET synchronous_commit = on");
+            st.execute("RESET synchronous_commit");
+            try (ResultSet rs = st.executeQuery("SHOW synchronous_commit")) {
+                assertTrue(rs.next());
+                assertEquals("off", rs.getString(1), "RESET goes back to the startup value");
+            }
+        }
+        try (Connection c = connect(); Statement st = c.createStatement();
+                ResultSet rs = st.executeQuery("SHOW synchronous_commit")) {
+            assertTrue(rs.next());
+            assertEquals("on", rs.getString(1));
+        }
+    }
+
     @Test
     void startupTimeZoneIsTheSessions() throws SQLException {
         java.util.TimeZone before = java.util.TimeZone.getDefault();
