@@ -27,7 +27,7 @@
 #
 # Nothing is built: the Eddy binary is ${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}
 # (CARGO_TARGET_DIR defaults to ~/.cache/eddy-target). SYSTEMS="postgres" (or "eddy")
-# runs one side only (default "eddy postgres"). PostgreSQL is Debian's postgresql-15
+# runs one side only (default "eddy postgres"); MODES="on" (or "off") one synchronous_commit. PostgreSQL is Debian's postgresql-15
 # (installed if missing), a throwaway cluster in a temporary directory with
 # max_connections=300; Eddy's default max_connections is 500. Both listen on loopback only
 # and are stopped by PID at the end. Per point it prints throughput, latency percentiles
@@ -60,7 +60,11 @@ fi
 
 work=$(mktemp -d)
 chmod 755 "$work"
-mkdir -p "$work/logs" "$out/runs"
+mkdir -p "$out/runs"
+# pgbench's per-transaction logs go to memory when it can: written to the servers' disk,
+# their dirty pages join every fsync's journal commit and slow both servers' commits.
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then logs=$(mktemp -d -p /dev/shm); else logs="$work/logs"; fi
+mkdir -p "$logs"
 rm -f "$out/runs/"*.txt
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 eport=$(free_port)
@@ -73,7 +77,7 @@ cleanup() {
     kill -INT "$(head -1 "$work/pg/postmaster.pid")" 2>/dev/null || true
     sleep 1
   fi
-  rm -rf "$work"
+  rm -rf "$work" "${logs:-}"
 }
 trap cleanup EXIT
 
@@ -136,7 +140,7 @@ point() {
   if [ "$system" = eddy ]; then port=$eport user=eddy pid=$eddy_pid; else port=$pport user=postgres pid=$pg_pid; fi
   local j=$((n < 2 ? n : 2)) tag="${system}_${mode}_$n" rc=0
   run=$((run + 1))
-  local cmd=(pgbench -n -M prepared -T "$seconds" -c "$n" -j "$j" --log "--log-prefix=$work/logs/$tag"
+  local cmd=(pgbench -n -M prepared -T "$seconds" -c "$n" -j "$j" --log "--log-prefix=$logs/$tag"
     -D "base=$((run * 1000000000000))" -D seq=0 -D "cards=$cards" -D "ts=$(date -u '+%Y-%m-%d %H:%M:%S')"
     -f "$out/$system.pgbench" -h 127.0.0.1 -p "$port" -U "$user" "$user")
   local cpu0 cpu1 children seen command
@@ -150,11 +154,11 @@ point() {
   python3 "$py" point --system "$system" --mode "$mode" --clients "$n" --seconds "$seconds" \
     --cards "$cards" --rc "$rc" --cpu0 "$cpu0" --cpu1 "$cpu1" --seen="$seen" \
     --pgbench-out "$out/runs/$tag.txt" --command="${command% }" \
-    "$work/logs/$tag".* >>"$points"
-  rm -f "$work/logs/$tag".*
+    "$logs/$tag".* >>"$points"
+  rm -f "$logs/$tag".*
 }
 
-for mode in off on; do
+for mode in ${MODES:-off on}; do
   for n in $clients_list; do
     for system in eddy postgres; do
       if [[ " $systems " == *" $system "* ]]; then point "$system" "$mode" "$n"; fi

@@ -92,7 +92,14 @@ async fn one_server_per_data_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_event() {
-    kill_9_rounds("crash", &[], true, true).await;
+    kill_9_rounds("crash", &[], true, true, 3).await;
+}
+
+/// 64 clients insert durably at once (group commit shares each fsync among them): every
+/// acknowledged event is applied exactly once after each restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_64_durable_clients_applies_every_acknowledged_event_once() {
+    kill_9_rounds("crash-64", &[], true, true, 64).await;
 }
 
 /// With `synchronous_commit = off` a statement is acknowledged once its events are in
@@ -100,7 +107,7 @@ async fn kill_9_loses_no_acknowledged_event() {
 /// checkpoints, which fsync the log before they commit, never cover an event twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_synchronous_commit_off_loses_nothing() {
-    kill_9_rounds("crash-async", &["--commit-delay", "50"], true, false).await;
+    kill_9_rounds("crash-async", &["--commit-delay", "50"], true, false, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,12 +115,12 @@ async fn kill_9_on_kafka_applies_every_event_once() {
     let kafka = kafka_addr();
     let cluster = format!("crash{}", std::process::id());
     let args = ["--kafka", kafka.as_str(), "--cluster", cluster.as_str()];
-    kill_9_rounds("crash-kafka", &args, false, true).await;
+    kill_9_rounds("crash-kafka", &args, false, true, 3).await;
 }
 
 /// Six rounds of inserting and `kill -9`, then a restart compared against the model.
-/// Writers run with `synchronous_commit` on or off (`durable`).
-async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool) {
+/// `writers` clients run with `synchronous_commit` on or off (`durable`).
+async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool, writers: usize) {
     let dir = temp_dir(name);
     let id_option = if event_id { "event_id = 'id', " } else { "" };
     let sent: Arc<Mutex<HashSet<i64>>> = Arc::default();
@@ -146,8 +153,8 @@ async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool)
                 .unwrap();
         }
         // Writers insert until the process dies under them.
-        let mut writers = Vec::new();
-        for _ in 0..3 {
+        let mut tasks = Vec::new();
+        for _ in 0..writers {
             let client = connect_port(port).await;
             if !durable {
                 client
@@ -156,7 +163,7 @@ async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool)
                     .unwrap();
             }
             let (sent, acked, next_id) = (sent.clone(), acked.clone(), next_id.clone());
-            writers.push(tokio::spawn(async move {
+            tasks.push(tokio::spawn(async move {
                 let mut k = 0u64;
                 loop {
                     k += 1;
@@ -191,7 +198,7 @@ async fn kill_9_rounds(name: &str, args: &[&str], event_id: bool, durable: bool)
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         drop(child); // SIGKILL: no shutdown, no flush
-        for w in writers {
+        for w in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
         }
     }

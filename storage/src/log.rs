@@ -89,6 +89,30 @@ impl Records {
     pub fn framed_bytes(&self) -> usize {
         self.bytes.len()
     }
+
+    /// The records as the log stores them, headers included.
+    pub fn framed(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The bodies of records framed as `framed` gives them; `None` if a header or a
+    /// checksum does not hold.
+    pub fn bodies(framed: &[u8]) -> Option<Vec<&[u8]>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < framed.len() {
+            let header = framed.get(at..at + HEADER_BYTES)?;
+            let len = u32::from_le_bytes(header[..4].try_into().ok()?) as usize;
+            let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
+            let body = framed.get(at + HEADER_BYTES..at + HEADER_BYTES + len)?;
+            if crc32fast::hash(body) != crc {
+                return None;
+            }
+            out.push(body);
+            at += HEADER_BYTES + len;
+        }
+        Some(out)
+    }
 }
 
 impl<R: AsRef<[u8]>> FromIterator<R> for Records {

@@ -9,6 +9,14 @@
 //! that finds continuations still queued waits behind them, so it takes no thread hop
 //! unless an earlier one needs one.
 //!
+//! Every append also writes its records to the node's journal (`DIR/node-journal`), one
+//! journal record per task batch. A commit fsyncs the journal alone: one file, however
+//! many task logs the group wrote (here one fdatasync takes 0.2–0.3 ms; the four task logs
+//! of a 4-partition stream took 0.8–1.0 ms one after another). `sync` fsyncs the task logs
+//! too and then drops the journal's older segments. Opening the log first copies into
+//! each task log the records the journal holds past its end, which a machine crash may
+//! have taken from the task log but not from the synced journal.
+//!
 //! Invariants: continuations run in append order — so whatever they hand to the tasks
 //! reaches them in log order — and a durable append's continuation runs only once every
 //! record it was given is durable; a task's log replays exactly the records appended to
@@ -82,10 +90,22 @@ struct Waiting {
     result: Result<Vec<u64>>,
 }
 
+/// The journal's directory under the log's, a name no stream's directory has
+/// (`route::dir_name` gives plain lower-case names or `x-…`).
+const JOURNAL_DIR: &str = "node-journal";
+
+/// The journal's segments: `sync` drops those before its start, so it holds little more
+/// than the records since the last checkpoint.
+const JOURNAL_SEGMENT_BYTES: u64 = 16 << 20;
+
 /// The open task logs, and what is written but not yet durable.
 struct Files {
     root: PathBuf,
     logs: HashMap<TaskId, TaskLog>,
+    /// Every task batch written, in write order (see the module's header).
+    journal: TaskLog,
+    /// A `sync` waits: the next commit fsyncs the task logs as well as the journal.
+    sync_all: bool,
     /// When the oldest write not yet durable was made.
     owed_since: Option<Instant>,
     /// Continuations for the committer, in append order.
@@ -111,10 +131,15 @@ impl LocalLog {
     pub fn open(dir: &Path, commit_delay: Duration) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::internal(format!("could not create {}: {e}", dir.display())))?;
+        let journal =
+            TaskLog::open(&dir.join(JOURNAL_DIR), JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
+        restore_from_journal(dir, &journal)?;
         let shared = Arc::new(Shared {
             files: Mutex::new(Files {
                 root: dir.to_path_buf(),
                 logs: HashMap::new(),
+                journal,
+                sync_all: false,
                 owed_since: None,
                 waiting: VecDeque::new(),
                 running: false,
@@ -195,8 +220,10 @@ impl LocalLog {
         self.shared.work.notify_one();
     }
 
-    /// Returns once every record appended before the call is durable.
+    /// Returns once every record appended before the call is durable, in its task's log
+    /// itself (the journal's older records then go).
     pub async fn sync(&self) -> Result<()> {
+        self.shared.lock().sync_all = true;
         let (reply, rx) = oneshot::channel();
         self.append(
             Vec::new(),
@@ -208,10 +235,13 @@ impl LocalLog {
         rx.await.map_err(|_| Self::closed())?
     }
 
-    /// Deletes every task log of a stream (after DROP STREAM).
+    /// Deletes every task log of a stream (after DROP STREAM), and makes the journal
+    /// forget it: the other task logs are fsynced and the journal starts anew, so that no
+    /// record of the stream comes back into a stream of the same name.
     pub fn drop_stream(&self, stream: &str) -> Result<()> {
         let mut files = self.shared.lock();
         files.logs.retain(|t, _| t.stream != stream);
+        files.forget_journal()?;
         let dir = files.root.join(dir_name(stream));
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
@@ -248,6 +278,79 @@ impl LocalLog {
         log.read_from(offset, f).map_err(storage_error)?;
         Ok(log.next_offset())
     }
+}
+
+/// A journal record: the task's directory (under the log's), the offset of the batch's
+/// first record in its task log, and the batch as the task log frames it.
+fn encode_entry(out: &mut Vec<u8>, task: &TaskId, first: u64, records: &Records) {
+    let dir = format!(
+        "{}/{}-{}",
+        dir_name(&task.stream),
+        task.partitioner,
+        task.partition
+    );
+    out.extend_from_slice(&(dir.len() as u16).to_le_bytes());
+    out.extend_from_slice(dir.as_bytes());
+    out.extend_from_slice(&first.to_le_bytes());
+    out.extend_from_slice(records.framed());
+}
+
+/// A journal record's task directory, first offset and record bodies.
+fn decode_entry(bytes: &[u8]) -> Option<(&str, u64, Vec<&[u8]>)> {
+    let len = u16::from_le_bytes(bytes.get(..2)?.try_into().ok()?) as usize;
+    let dir = std::str::from_utf8(bytes.get(2..2 + len)?).ok()?;
+    let first = u64::from_le_bytes(bytes.get(2 + len..10 + len)?.try_into().ok()?);
+    let records = Records::bodies(bytes.get(10 + len..)?)?;
+    Some((dir, first, records))
+}
+
+/// Copies into each task log the records the journal holds past the log's end, and
+/// fsyncs what it wrote (see the module's header). A task log that ends before a
+/// journal record's first offset has lost records the journal no longer holds: that is
+/// an error, never skipped.
+fn restore_from_journal(root: &Path, journal: &TaskLog) -> Result<()> {
+    let mut entries = Vec::new();
+    journal
+        .read_from(0, &mut |offset, bytes| entries.push((offset, bytes)))
+        .map_err(storage_error)?;
+    let mut logs: HashMap<String, TaskLog> = HashMap::new();
+    for (offset, bytes) in &entries {
+        let (dir, first, records) = decode_entry(bytes).ok_or_else(|| {
+            Error::internal(format!(
+                "the log journal holds an unreadable record at offset {offset}"
+            ))
+        })?;
+        let path = root.join(dir);
+        let log = match logs.entry(dir.to_string()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            // The journal names no dropped stream (`drop_stream` starts it anew), so a
+            // missing directory is one a crash took: made again.
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(TaskLog::open(&path, SEGMENT_BYTES_MAX).map_err(storage_error)?)
+            }
+        };
+        let end = log.next_offset();
+        if end >= first + records.len() as u64 {
+            continue;
+        }
+        if end < first {
+            return Err(Error::internal(format!(
+                "the log of {} ends at offset {end}, before the journal's next record at {first}",
+                path.display()
+            )));
+        }
+        let missing: Records = records[(end - first) as usize..].iter().collect();
+        log.append(&missing).map_err(storage_error)?;
+        tracing::info!(
+            "restored {} records of {} from the log journal",
+            missing.len(),
+            path.display()
+        );
+    }
+    for log in logs.values_mut() {
+        log.sync().map_err(storage_error)?;
+    }
+    Ok(())
 }
 
 /// Events replayed per batch handed to a task at start.
@@ -390,13 +493,15 @@ impl Files {
         Ok(self.logs.get_mut(task).expect("inserted"))
     }
 
-    /// Writes one append's records; the task log end after each batch.
+    /// Writes one append's records, to their task logs and to the journal; the task log
+    /// end after each batch.
     fn write(&mut self, batches: Vec<(TaskId, Records)>, stats: &LogStats) -> Result<Vec<u64>> {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
         stats.appends.fetch_add(1, Ordering::Relaxed);
         let mut ends = Vec::with_capacity(batches.len());
+        let mut journal = Records::with_capacity(batches.len(), 0);
         for (task, records) in batches {
             stats
                 .records
@@ -405,21 +510,38 @@ impl Files {
                 .bytes
                 .fetch_add(records.framed_bytes() as u64, Ordering::Relaxed);
             let log = self.log(&task)?;
-            log.append(&records).map_err(storage_error)?;
+            let first = log.append(&records).map_err(storage_error)?;
             ends.push(log.next_offset());
-            self.owed_since.get_or_insert_with(Instant::now);
+            journal.push_with(|b| encode_entry(b, &task, first, &records));
         }
+        self.journal.append(&journal).map_err(storage_error)?;
+        self.owed_since.get_or_insert_with(Instant::now);
         Ok(ends)
     }
 
-    /// What an fsync must cover to make every record written so far durable (each
-    /// `TaskLog` knows whether it holds writes not yet synced).
-    fn unsynced(&mut self) -> Vec<Unsynced> {
+    /// What an fsync must cover to make every record written so far durable: the
+    /// journal, and with `sync_all` every task log holding writes not yet synced. With
+    /// them, the journal offset the fsync covers, before which its segments may go.
+    fn unsynced(&mut self) -> (Vec<Unsynced>, Option<u64>) {
         self.owed_since = None;
-        self.logs
-            .values_mut()
-            .filter_map(TaskLog::unsynced)
-            .collect()
+        let mut out: Vec<Unsynced> = self.journal.unsynced().into_iter().collect();
+        if !std::mem::take(&mut self.sync_all) {
+            return (out, None);
+        }
+        out.extend(self.logs.values_mut().filter_map(TaskLog::unsynced));
+        (out, Some(self.journal.next_offset()))
+    }
+
+    /// fsyncs every task log and starts the journal anew (under the lock: nothing is
+    /// written meanwhile).
+    fn forget_journal(&mut self) -> Result<()> {
+        for log in self.logs.values_mut() {
+            log.sync().map_err(storage_error)?;
+        }
+        let dir = self.root.join(JOURNAL_DIR);
+        let _ = std::fs::remove_dir_all(&dir);
+        self.journal = TaskLog::open(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
+        eddy_storage::log::sync_dir(&self.root).map_err(storage_error)
     }
 
     /// How long the committer may sleep before written records are owed an fsync.
@@ -478,10 +600,10 @@ impl Shared {
             }
             let waiting = std::mem::take(&mut files.waiting);
             let needs_fsync = owed == Some(Duration::ZERO) || waiting.iter().any(|w| w.durable);
-            let unsynced = if needs_fsync {
+            let (unsynced, journal_done) = if needs_fsync {
                 files.unsynced()
             } else {
-                Vec::new()
+                (Vec::new(), None)
             };
             files.running = !waiting.is_empty();
             drop(files);
@@ -491,9 +613,15 @@ impl Shared {
             }
             files = self.lock();
             files.running = false;
+            // Every task log holds what the journal held before `journal_done`.
+            if let (Ok(()), Some(offset)) = (&synced, journal_done) {
+                // A failure leaves the segments; the next sync tries again.
+                let _ = files.journal.truncate_before(offset);
+            }
         }
         // The last writes become durable before the thread ends.
-        let unsynced = files.unsynced();
+        files.sync_all = true;
+        let (unsynced, _) = files.unsynced();
         drop(files);
         let _ = self.commit(unsynced);
     }
@@ -579,6 +707,91 @@ mod tests {
             assert!(Instant::now() < deadline, "no fsync after the commit delay");
             std::thread::sleep(Duration::from_millis(1));
         }
+        drop(log);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The task logs' records of partitions 0 and 1, in order.
+    fn replayed(log: &LocalLog) -> Vec<Vec<u8>> {
+        let mut seen = Vec::new();
+        log.replay(&task(0), 0, &mut |_, r| seen.push(r)).unwrap();
+        log.replay(&task(1), 0, &mut |_, r| seen.push(r)).unwrap();
+        seen
+    }
+
+    /// The segment files of a task's log.
+    fn segments(dir: &Path, partition: u32) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(task_dir(dir, &task(partition)))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn a_commit_fsyncs_the_journal_alone_and_the_journal_restores_lost_task_log_tails() {
+        let dir = temp("journal");
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        append(&log, 0, &["a", "b"], true);
+        append(&log, 1, &["c"], true);
+        // A durable commit fsyncs only the journal: the task logs still owe theirs.
+        {
+            let mut files = log.shared.lock();
+            let owed = files
+                .logs
+                .values_mut()
+                .filter_map(TaskLog::unsynced)
+                .count();
+            assert_eq!(owed, 2, "task logs are not fsynced by a commit");
+        }
+        append(&log, 0, &["d"], true);
+        append(&log, 1, &["e", "f"], true);
+        drop(log);
+        // A machine crash takes the task logs' unsynced tails (here: everything of
+        // partition 1, and the last record of partition 0); the synced journal has them.
+        for seg in segments(&dir, 1) {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&seg)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+        }
+        let seg0 = segments(&dir, 0).pop().unwrap();
+        let len = std::fs::metadata(&seg0).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&seg0)
+            .unwrap()
+            .set_len(len - 9)
+            .unwrap();
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        let all = [b"a", b"b", b"d", b"c", b"e", b"f"].map(|r| r.to_vec());
+        assert_eq!(replayed(&log), all);
+        // Restoring twice changes nothing; new appends follow the restored ones.
+        drop(log);
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        assert_eq!(replayed(&log), all);
+        let (ends, _) = append(&log, 1, &["g"], false);
+        assert_eq!(ends, vec![4]);
+        // `sync` puts everything in the task logs, and the journal's older segments go.
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(log.sync())
+            .unwrap();
+        assert!(log
+            .shared
+            .lock()
+            .logs
+            .values_mut()
+            .all(|l| l.unsynced().is_none()));
+        // A dropped stream's records never come back from the journal.
+        log.drop_stream("s").unwrap();
+        drop(log);
+        let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
+        assert!(replayed(&log).is_empty());
         drop(log);
         let _ = std::fs::remove_dir_all(&dir);
     }
