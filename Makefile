@@ -15,7 +15,9 @@ test:
 	.ci/test
 
 # Every benchmark (bench/src/bin/suite.rs): reports in bench/results/. BENCH_ARGS=--quick
-# runs them with tiny sizes.
+# runs them with tiny sizes. Then the concurrency sweep against PostgreSQL 15
+# (bench/pgbench/sweep.sh; SWEEP_ARGS="SECONDS CLIENTS_LIST CARDS OUT_DIR").
 bench:
 	storage/rocksdb/build-lib
 	cargo run --release -p eddy-bench --bin suite -- $(BENCH_ARGS)
+	bench/pgbench/sweep.sh $(SWEEP_ARGS)

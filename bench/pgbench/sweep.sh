@@ -166,3 +166,16 @@ for mode in ${MODES:-off on}; do
   done
 done
 python3 "$py" report "$points" "$out"
+# Every point must have run in the mode it asked for at startup, and without failures.
+python3 - "$points" <<'PY'
+import json, sys
+bad = []
+for line in open(sys.argv[1]):
+    p = json.loads(line)
+    if p["synchronous_commit_seen"] != p["synchronous_commit"]:
+        bad.append(f'{p["system"]} {p["clients"]} clients ran with synchronous_commit {p["synchronous_commit_seen"]!r}, not {p["synchronous_commit"]}')
+    if p.get("failed") or not p.get("tps"):
+        bad.append(f'{p["system"]} {p["synchronous_commit"]} {p["clients"]} clients: {p.get("failed")} failed, {p.get("tps")} tps')
+if bad:
+    sys.exit("sweep.sh: " + "; ".join(bad))
+PY
