@@ -1,4 +1,4 @@
-// End-to-end test of Eddy's web console (server/src/console.html) in headless Chromium,
+// End-to-end test of Eddy's web console (server/src/ops/console.html) in headless Chromium,
 // against a running eddy and its real HTTP API (no mocks).
 //
 //   node test.mjs BASE_URL SCREENSHOT_PATH      e.g. node test.mjs http://127.0.0.1:9464 /tmp/console.png

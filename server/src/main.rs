@@ -10,10 +10,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use eddy_cluster::placement::{describe, Pinning};
 use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
-use eddy_server::config;
-use eddy_server::limits::LimitLayers;
+use eddy_server::ops::config;
+use eddy_server::ops::limits::LimitLayers;
 use eddy_server::serve::{default_io_threads, run_on, Config};
-use eddy_server::session_settings::Setting;
+use eddy_server::session::settings::Setting;
 use eddy_storage::{ReservoirConfig, RocksConfig};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
@@ -61,7 +61,7 @@ enum Command {
 #[derive(clap::Args)]
 struct ServeArgs {
     /// A TOML file of settings (keys as the flags, without dashes) and a [limits] table.
-    #[arg(long, env = eddy_server::config::ENV)]
+    #[arg(long, env = eddy_server::ops::config::ENV)]
     config: Option<PathBuf>,
 
     /// Address of the PostgreSQL protocol listener.
@@ -93,7 +93,7 @@ struct ServeArgs {
     /// Microseconds a session thread keeps polling its sockets after it answers,
     /// before it sleeps: a client that sends its next statement within it is read
     /// without a wake-up (tens of microseconds on a virtual machine). 0: never.
-    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
+    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::wire::busy::DEFAULT_US)]
     busy_poll: u64,
     /// Seconds between checkpoints (state flushed, log truncated).
     #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
@@ -220,7 +220,7 @@ fn host_port(s: &str) -> Result<String, String> {
 }
 
 fn bytes(s: &str) -> Result<usize, String> {
-    eddy_server::limits::parse_bytes(s)
+    eddy_server::ops::limits::parse_bytes(s)
 }
 
 fn synchronous_commit(s: &str) -> Result<String, String> {
@@ -234,7 +234,7 @@ fn statement_timeout(s: &str) -> Result<String, String> {
 fn session_setting(setting: Setting, s: &str) -> Result<String, String> {
     setting
         .canonical(s)
-        .map_err(|e| eddy_server::limits::reason(&e))
+        .map_err(|e| eddy_server::ops::limits::reason(&e))
 }
 
 /// `--shards`: a number of shards, or `auto` (`None`).
@@ -242,7 +242,7 @@ fn session_setting(setting: Setting, s: &str) -> Result<String, String> {
 struct ShardCount(Option<usize>);
 
 fn shard_count(s: &str) -> Result<ShardCount, String> {
-    eddy_server::settings::parse_shards(s).map(ShardCount)
+    eddy_server::ops::settings::parse_shards(s).map(ShardCount)
 }
 
 /// `--shards` (or `EDDY_SHARDS`), else the count `ALTER SYSTEM` kept in the data
@@ -255,12 +255,14 @@ fn shards_setting(
     if let (Some(given), false) = (given, from_file) {
         return Ok(given);
     }
-    let kept = eddy_server::settings::load(data_dir)?;
+    let kept = eddy_server::ops::settings::load(data_dir)?;
     match kept.get("shards") {
         Some(text) => shard_count(text).map_err(|e| {
             anyhow::anyhow!(
                 "{}: shards: {e}",
-                data_dir.join(eddy_server::settings::AUTO_CONF).display()
+                data_dir
+                    .join(eddy_server::ops::settings::AUTO_CONF)
+                    .display()
             )
         }),
         None => Ok(given.unwrap_or(ShardCount(None))),
@@ -321,7 +323,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Config(args) => {
             let (name, sub) = matches.subcommand().expect("a subcommand was parsed");
-            let kept = eddy_server::settings::load(&args.data_dir)?;
+            let kept = eddy_server::ops::settings::load(&args.data_dir)?;
             // The declared order: the file's defaults moved its arguments to the end.
             let declared = Cli::command();
             let command = declared
@@ -360,7 +362,7 @@ fn serve(
     session_given: std::collections::BTreeSet<Setting>,
     limits: LimitLayers,
 ) -> anyhow::Result<()> {
-    eddy_server::log::init(&args.log, &args.log_format, args.slow_statement_ms)?;
+    eddy_server::ops::log::init(&args.log, &args.log_format, args.slow_statement_ms)?;
     let password = match &args.password_file {
         Some(path) => Some(
             std::fs::read_to_string(path)

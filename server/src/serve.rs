@@ -7,11 +7,11 @@ use pgwire::api::ConnectionManager;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
-use crate::db::Db;
-use crate::pg::Handlers;
+use crate::sql::db::Db;
+use crate::wire::auth::Handlers;
 use crate::wire::Door;
 
-pub use crate::config::{default_io_threads, Config};
+pub use crate::ops::config::{default_io_threads, Config};
 
 /// Stack of every thread that may plan SQL (session threads, the I/O runtime's workers):
 /// DataFusion's planner recurses over the statement, and the release build compiles it
@@ -30,8 +30,9 @@ pub struct Server {
 impl Server {
     pub async fn start(config: &Config) -> anyhow::Result<Server> {
         // Before anything in the directory is read or written.
-        let lock = crate::db::DirLock::take(&config.data_dir)?;
-        let secrets = crate::auth::Secrets::load(&config.data_dir, config.password.as_deref())?;
+        let lock = crate::sql::db::DirLock::take(&config.data_dir)?;
+        let secrets =
+            crate::wire::auth::Secrets::load(&config.data_dir, config.password.as_deref())?;
         if secrets.is_none() && !config.pg_addr.ip().is_loopback() {
             anyhow::bail!(
                 "refusing to listen on {} without a password: anyone who reaches it could \
@@ -51,7 +52,7 @@ impl Server {
             None => (None, None),
         };
         let db = Db::open(lock, config).await?;
-        crate::cluster::follow_catalog(&db);
+        crate::sql::cluster::follow_catalog(&db);
         let listener = TcpListener::bind(config.pg_addr).await?;
         let addr = listener.local_addr()?;
         let http = match config.http_addr {
@@ -82,7 +83,7 @@ impl Server {
                             None => std::future::pending().await,
                         }
                     } => {
-                        let context = crate::http::Context {
+                        let context = crate::ops::http::Context {
                             db: metrics_db.clone(),
                             secrets: http_secrets.clone(),
                             peer: Some(peer),
@@ -95,10 +96,10 @@ impl Server {
                                     tls.accept(socket),
                                 );
                                 if let Ok(Ok(socket)) = handshake.await {
-                                    crate::http::serve(socket, context).await;
+                                    crate::ops::http::serve(socket, context).await;
                                 }
                             }),
-                            None => open.spawn(crate::http::serve(socket, context)),
+                            None => open.spawn(crate::ops::http::serve(socket, context)),
                         };
                     }
                     accepted = listener.accept() => {
@@ -207,7 +208,7 @@ impl SessionThreads {
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             out.handles.push(runtime.handle().clone());
             if !busy_poll.is_zero() {
-                runtime.spawn(crate::busy::poll(busy_poll));
+                runtime.spawn(crate::wire::busy::poll(busy_poll));
             }
             out.stops.push(stop);
             out.threads.push(

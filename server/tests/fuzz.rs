@@ -434,7 +434,7 @@ fn copy_parsing_refuses_without_panicking() {
         let Statement::Copy(copy) = &statements[*first as usize % statements.len()] else {
             unreachable!()
         };
-        let mut copy = eddy_server::copy::CopyIn::bind(&catalog, copy).unwrap();
+        let mut copy = eddy_server::session::copy::CopyIn::bind(&catalog, copy).unwrap();
         let mut at = 0;
         let mut piece = 1 + *first as usize % 7;
         while at < input.len() {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{connect, fails, simple_rows, start, temp_dir};
 use eddy_server::serve::{Config, Server};
-use eddy_server::session_settings::Setting;
+use eddy_server::session::settings::Setting;
 
 /// A client with these startup `options`.
 async fn connect_with_options(

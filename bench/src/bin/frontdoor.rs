@@ -50,7 +50,7 @@ struct Args {
     io_threads: Option<usize>,
     /// Microseconds the server's session threads poll after answering (as `eddy serve
     /// --busy-poll`; 0: they sleep at once).
-    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::busy::DEFAULT_US)]
+    #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::wire::busy::DEFAULT_US)]
     busy_poll: u64,
     /// The server's `--commit-delay`, in milliseconds.
     #[arg(long, default_value_t = 10)]

@@ -25,15 +25,15 @@ use eddy_planner::sql::{self, Statement};
 use eddy_planner::types::format_duration_us;
 use eddy_planner::{Error, ErrorKind, Result};
 
-use crate::cells::{cell_of, pg_type, Cell, Column};
-use crate::copy::{CopyIn, CopyLines};
-use crate::histogram::Timings;
-use crate::limits::{Limit, Limits};
-use crate::query;
-use crate::session_settings::{ServerDefaults, Setting};
-use crate::subscribe::{
+use crate::ops::histogram::Timings;
+use crate::ops::limits::{Limit, Limits};
+use crate::session::cells::{cell_of, pg_type, Cell, Column};
+use crate::session::copy::{CopyIn, CopyLines};
+use crate::session::settings::{ServerDefaults, Setting};
+use crate::session::subscribe::{
     self, ContinuousQuery, Opening, Registry, Subscription, SubscriptionHandle,
 };
+use crate::sql::query;
 
 /// The catalog's CREATE statements, in the data directory.
 const CATALOG_FILE: &str = "catalog.sql";
@@ -174,7 +174,10 @@ pub struct Db {
 impl Db {
     /// Opens the data directory, replays the catalog file and starts the shards.
     /// With `kafka`, Kafka is the log and the catalog topic the catalog's source.
-    pub async fn open(lock: DirLock, config: &crate::config::Config) -> anyhow::Result<Arc<Db>> {
+    pub async fn open(
+        lock: DirLock,
+        config: &crate::ops::config::Config,
+    ) -> anyhow::Result<Arc<Db>> {
         let data_dir = config.data_dir.as_path();
         let kafka = config.kafka.clone();
         std::fs::create_dir_all(data_dir)?;
@@ -258,7 +261,7 @@ impl Db {
             timings: Timings::default(),
             limits: Arc::new(Limits::from_layers(
                 &config.limits,
-                &crate::settings::load(data_dir)?,
+                &crate::ops::settings::load(data_dir)?,
             )),
             session_defaults: session_defaults(config)?,
             lock,
@@ -290,10 +293,10 @@ impl Db {
     }
 
     /// Counts a statement's time in its histogram, and logs it when slow.
-    pub fn statement_done(&self, kind: crate::histogram::Kind, sql: &str, started: Instant) {
+    pub fn statement_done(&self, kind: crate::ops::histogram::Kind, sql: &str, started: Instant) {
         let elapsed = started.elapsed();
         self.timings.statement(kind, elapsed);
-        crate::log::statement_done(sql, elapsed);
+        crate::ops::log::statement_done(sql, elapsed);
     }
 
     pub fn limits(&self) -> &Arc<Limits> {
@@ -509,7 +512,7 @@ impl Db {
         // Only a verifier of a password reaches the catalog.
         if let Statement::Access(access) = &mut stmt {
             if let Some(password) = access.password_mut() {
-                *password = crate::scram::verifier_of(password)?;
+                *password = crate::wire::scram::verifier_of(password)?;
             }
             // A role's session default is checked, and kept as SHOW gives it.
             if let eddy_planner::access::AccessStatement::RoleSetting {
@@ -629,7 +632,7 @@ impl Db {
             Task::event_time(&plan.stream, row)?;
         }
         let want = plan.returning.is_some();
-        let polling = durable.then(crate::busy::Committing::start);
+        let polling = durable.then(crate::wire::busy::Committing::start);
         let started = Instant::now();
         let parts = plan
             .rows
@@ -1464,7 +1467,7 @@ pub(crate) fn persist(data_dir: &Path, catalog: &Catalog) -> Result<()> {
         .map(|s| format!("{s}{CATALOG_SEPARATOR}"))
         .collect();
     let path = data_dir.join(CATALOG_FILE);
-    crate::settings::replace_file(data_dir, CATALOG_FILE, text.as_bytes()).map_err(|e| {
+    crate::ops::settings::replace_file(data_dir, CATALOG_FILE, text.as_bytes()).map_err(|e| {
         Error::new(
             ErrorKind::Internal,
             format!("could not write {}: {e}", path.display()),
@@ -1616,7 +1619,7 @@ pub struct Inserting<'a> {
     at: Vec<usize>,
     started: Instant,
     /// A durable statement's thread polls for its commit (`busy::Committing`).
-    _polling: Option<crate::busy::Committing>,
+    _polling: Option<crate::wire::busy::Committing>,
 }
 
 impl Inserting<'_> {
@@ -1772,7 +1775,7 @@ impl Db {
             ));
         }
         if name == "all" {
-            for (kept, _) in crate::settings::load(&self.data_dir).unwrap_or_default() {
+            for (kept, _) in crate::ops::settings::load(&self.data_dir).unwrap_or_default() {
                 if Limits::is_limit(&kept) {
                     self.limits.set(&kept, None)?;
                     self.keep_setting(&kept, None)?;
@@ -1785,7 +1788,7 @@ impl Db {
         }
         let count = match value {
             None => None,
-            Some(v) => crate::settings::parse_shards(v).map_err(|e| {
+            Some(v) => crate::ops::settings::parse_shards(v).map_err(|e| {
                 Error::new(
                     ErrorKind::InvalidParameter,
                     format!("invalid value for parameter \"shards\": \"{v}\""),
@@ -1801,7 +1804,7 @@ impl Db {
 
     /// Keeps a setting that already applies for the next start.
     fn keep_setting(&self, name: &str, value: Option<&str>) -> Result<Executed> {
-        crate::settings::save(&self.data_dir, name, value).map_err(|e| {
+        crate::ops::settings::save(&self.data_dir, name, value).map_err(|e| {
             Error::internal(format!(
                 "{name} changed, but keeping the setting for the next start failed: {e}"
             ))
@@ -1812,9 +1815,9 @@ impl Db {
 
 /// The server's session defaults: the configuration's, below what `ALTER SYSTEM` kept
 /// unless the command line or the environment gave the setting.
-fn session_defaults(config: &crate::config::Config) -> anyhow::Result<ServerDefaults> {
+fn session_defaults(config: &crate::ops::config::Config) -> anyhow::Result<ServerDefaults> {
     let defaults = ServerDefaults::new(config.session_defaults.clone());
-    for (name, value) in crate::settings::load(&config.data_dir)? {
+    for (name, value) in crate::ops::settings::load(&config.data_dir)? {
         let Some(setting) = Setting::named(&name).filter(|s| s.server_wide()) else {
             continue;
         };
@@ -1824,7 +1827,10 @@ fn session_defaults(config: &crate::config::Config) -> anyhow::Result<ServerDefa
         let value = setting.canonical(&value).map_err(|e| {
             anyhow::anyhow!(
                 "{}: {}",
-                config.data_dir.join(crate::settings::AUTO_CONF).display(),
+                config
+                    .data_dir
+                    .join(crate::ops::settings::AUTO_CONF)
+                    .display(),
                 e.message
             )
         })?;

@@ -27,10 +27,10 @@ use eddy_planner::access::SUPERUSER;
 use eddy_planner::sql::{self, Statement};
 use eddy_planner::{Error, ErrorKind};
 
-use crate::auth::Secrets;
-use crate::db::{Db, Output};
-use crate::limits::Limit;
-use crate::subscribe::{Client, Opening, SUBSCRIPTION_ROWS_MAX};
+use crate::ops::limits::Limit;
+use crate::session::subscribe::{Client, Opening, SUBSCRIPTION_ROWS_MAX};
+use crate::sql::db::{Db, Output};
+use crate::wire::auth::Secrets;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -179,7 +179,7 @@ fn login(request: &Request<Incoming>, context: &Context) -> Result<String, Box<R
                 && role
                     .verifier
                     .as_deref()
-                    .and_then(crate::scram::Verifier::parse)
+                    .and_then(crate::wire::scram::Verifier::parse)
                     .is_some_and(|v| v.accepts(password))
         })
     };
@@ -233,7 +233,7 @@ async fn run_sql(request: Request<Incoming>, context: &Context, role: &str) -> R
         );
     }
     let started = std::time::Instant::now();
-    let kind = crate::histogram::Kind::of(&stmt);
+    let kind = crate::ops::histogram::Kind::of(&stmt);
     let executed = match db.authorize(role, &stmt).await {
         Ok(()) => db.execute_by(role, stmt).await,
         Err(e) => Err(e),

@@ -21,7 +21,7 @@ use clap::error::{ContextKind, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command};
 
-use crate::limits::{limit_env, reason, LimitLayers, Limits};
+use crate::ops::limits::{limit_env, reason, LimitLayers, Limits};
 
 /// The environment variable that names the file when `--config` does not.
 pub const ENV: &str = "EDDY_CONFIG";
@@ -334,12 +334,12 @@ pub struct Config {
     /// The bounds of the state store's caches and the reservoirs' chunks.
     pub storage: eddy_cluster::StorageConfig,
     /// The limits from `eddy.toml` and the environment (`ALTER SYSTEM`'s go between).
-    pub limits: crate::limits::LimitLayers,
+    pub limits: crate::ops::limits::LimitLayers,
     /// The server's defaults of session settings (`synchronous_commit`,
     /// `statement_timeout`), canonical; `ALTER SYSTEM`'s kept values replace them,
     /// except for those in `session_given` (from the command line or the environment).
-    pub session_defaults: std::collections::BTreeMap<crate::session_settings::Setting, String>,
-    pub session_given: std::collections::BTreeSet<crate::session_settings::Setting>,
+    pub session_defaults: std::collections::BTreeMap<crate::session::settings::Setting, String>,
+    pub session_given: std::collections::BTreeSet<crate::session::settings::Setting>,
 }
 
 impl Config {
@@ -356,7 +356,7 @@ impl Config {
             commit_delay: std::time::Duration::from_millis(10),
             kafka: None,
             session_threads: default_io_threads(),
-            busy_poll: std::time::Duration::from_micros(crate::busy::DEFAULT_US),
+            busy_poll: std::time::Duration::from_micros(crate::wire::busy::DEFAULT_US),
             password: None,
             tls: None,
             tls_required: false,

@@ -25,9 +25,9 @@ use eddy_planner::filter::{
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
-use crate::limits::{Limit, Limits};
-use crate::pg_catalog;
+use crate::ops::limits::{Limit, Limits};
+use crate::session::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
+use crate::sql::pg_catalog;
 
 #[derive(Debug)]
 struct MetricTable {
@@ -363,7 +363,7 @@ pub(crate) fn parameter_types(
 /// The name PostgreSQL gives an unaliased result column: a function call is named after
 /// the function (`count(*)` → `count`), any other expression `?column?`.
 pub(crate) fn pg_column_name(name: &str) -> String {
-    if let Some((name, _)) = name.split_once(crate::pg_catalog::DUPLICATE_MARK) {
+    if let Some((name, _)) = name.split_once(crate::sql::pg_catalog::DUPLICATE_MARK) {
         return name.to_string();
     }
     let Some(open) = name.find('(') else {

@@ -13,8 +13,8 @@ use eddy_planner::bind::InsertTemplate;
 use eddy_planner::catalog::Catalog;
 use eddy_planner::sql::Statement;
 
-use crate::cells::Column;
-use crate::query::PointLookup;
+use crate::session::cells::Column;
+use crate::sql::query::PointLookup;
 
 /// A statement of the extended protocol, as the client prepared it.
 #[derive(Debug)]

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::{stream, Sink, SinkExt};
 use pgwire::api::auth::noop::NoopStartupHandler;
-use pgwire::api::cancel::DefaultCancelHandler;
 use pgwire::api::copy::CopyHandler;
 use pgwire::api::portal::{Format, Portal, PortalExecutionState};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -25,7 +24,7 @@ use pgwire::api::stmt::{QueryParser, StoredStatement};
 use pgwire::api::store::{Entry, PortalStore};
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionHandle, ConnectionManager, PgWireConnectionState,
-    PgWireServerHandlers, Type, DEFAULT_NAME,
+    Type, DEFAULT_NAME,
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult, SEVERITY_ERROR, SEVERITY_NOTICE};
 use pgwire::messages::copy::{CopyData, CopyDone, CopyFail, CopyOutResponse};
@@ -43,18 +42,18 @@ use eddy_planner::sql::{self, quote_literal, CopyOut, Fetch, Statement};
 use eddy_planner::types::format_timestamp;
 use eddy_planner::{Error, ErrorKind};
 
-use crate::cells::{
+use crate::ops::histogram::Kind;
+use crate::ops::limits::{Limit, Limits};
+use crate::session::cells::{
     encode_rows, fields, pg_type, pg_type_of_arrow, timestamp_from_pg_binary, Cell, Column,
 };
-use crate::copy::{CopyIn, CopyLines};
-use crate::db::{Db, Executed, Output};
-use crate::deferred::Deferred;
-use crate::histogram::Kind;
-use crate::limits::{Limit, Limits};
-use crate::prepared::{Bound, Fast, Prepared};
-use crate::query;
-use crate::session_settings::{self, Setting};
-use crate::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
+use crate::session::copy::{CopyIn, CopyLines};
+use crate::session::deferred::Deferred;
+use crate::session::prepared::{Bound, Fast, Prepared};
+use crate::session::settings::{self, Setting};
+use crate::session::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
+use crate::sql::db::{Db, Executed, Output};
+use crate::sql::query;
 use eddy_planner::access::Need;
 
 /// The most rows one Execute returns before `PortalSuspended`, whatever the client asks.
@@ -123,7 +122,7 @@ pub struct Session {
     parser: Arc<EddyParser>,
     cursors: Mutex<HashMap<String, Cursor>>,
     live_portals: Mutex<HashMap<String, LivePortal>>,
-    /// The session's settings (`session_settings`), the ones statements read in
+    /// The session's settings (`session::settings`), the ones statements read in
     /// atomics. `SET subscription_rows_max`:
     rows_max: AtomicUsize,
     /// Inside BEGIN … COMMIT (tracked here: pgwire learns it only after a whole query
@@ -150,23 +149,17 @@ pub struct Session {
     trusted: bool,
 }
 
-/// The handlers of one connection.
-pub struct Handlers {
-    session: Arc<Session>,
-    startup: Arc<crate::auth::Startup>,
-    cancel: Arc<DefaultCancelHandler>,
-}
-
-impl Handlers {
+impl Session {
+    /// A new connection's session; `trusted`: the node has no password, and any name
+    /// not a role's acts as the superuser.
     pub fn new(
         db: Arc<Db>,
         manager: Arc<ConnectionManager>,
         peer: Option<tokio::net::TcpStream>,
-        secrets: Option<&Arc<crate::auth::Secrets>>,
-    ) -> Handlers {
-        let cancel = Arc::new(DefaultCancelHandler::new(manager.clone()));
+        trusted: bool,
+    ) -> Arc<Session> {
         let limits = db.limits().clone();
-        let session = Arc::new(Session {
+        Arc::new(Session {
             db,
             manager,
             copy: Mutex::new(None),
@@ -186,40 +179,8 @@ impl Handlers {
             })),
             peer,
             login: std::sync::OnceLock::new(),
-            trusted: secrets.is_none(),
-        });
-        let startup = Arc::new(crate::auth::Startup::new(
-            session.clone(),
-            secrets,
-            session.manager.clone(),
-        ));
-        Handlers {
-            session,
-            startup,
-            cancel,
-        }
-    }
-}
-
-impl PgWireServerHandlers for Handlers {
-    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
-        self.session.clone()
-    }
-
-    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
-        self.session.clone()
-    }
-
-    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        self.startup.clone()
-    }
-
-    fn copy_handler(&self) -> Arc<impl CopyHandler> {
-        self.session.clone()
-    }
-
-    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
-        self.cancel.clone()
+            trusted,
+        })
     }
 }
 
@@ -229,7 +190,7 @@ impl NoopStartupHandler for Session {
         Some(self.manager.clone())
     }
 
-    /// The session's settings as its startup gives them (see `session_settings`), which
+    /// The session's settings as its startup gives them (see `session::settings`), which
     /// the client then learns: its TimeZone is reported back.
     async fn post_startup<C>(
         &self,
@@ -267,7 +228,7 @@ impl Session {
                 values.insert(setting, value.to_string());
             }
         }
-        values.extend(session_settings::from_startup(metadata).unwrap_or_default());
+        values.extend(settings::from_startup(metadata).unwrap_or_default());
         for (setting, value) in &values {
             self.apply(*setting, value);
         }
@@ -284,9 +245,9 @@ impl Session {
         match setting {
             Setting::SynchronousCommit => self
                 .synchronous_commit
-                .store(session_settings::is_on(value), Ordering::Relaxed),
+                .store(settings::is_on(value), Ordering::Relaxed),
             Setting::StatementTimeout => self.statement_timeout.store(
-                session_settings::parse_millis(value).unwrap_or(0),
+                settings::parse_millis(value).unwrap_or(0),
                 Ordering::Relaxed,
             ),
             Setting::TimeZone => {
@@ -307,7 +268,7 @@ impl Session {
         match setting {
             Setting::SynchronousCommit => if self.durable() { "on" } else { "off" }.into(),
             Setting::StatementTimeout => {
-                session_settings::show_millis(self.statement_timeout.load(Ordering::Relaxed))
+                settings::show_millis(self.statement_timeout.load(Ordering::Relaxed))
             }
             Setting::TimeZone => self.format().time_zone.clone(),
             Setting::ApplicationName => self.application_name(client),
@@ -343,7 +304,7 @@ impl Session {
 
     /// Makes `value` the session's TimeZone; returns its canonical name.
     fn set_time_zone(&self, value: &str) -> Result<String, Error> {
-        let zone = crate::cells::time_zone(value).ok_or_else(|| {
+        let zone = crate::session::cells::time_zone(value).ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidParameter,
                 format!("invalid value for parameter \"TimeZone\": \"{value}\""),
@@ -1043,7 +1004,7 @@ impl Session {
         match stmt {
             Statement::Subscribe(q) => {
                 let (columns, params) =
-                    crate::subscribe::ContinuousQuery::describe(&catalog, q).await?;
+                    crate::session::subscribe::ContinuousQuery::describe(&catalog, q).await?;
                 Ok((pg_types(&params), columns))
             }
             Statement::Fetch(f) => {

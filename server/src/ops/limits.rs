@@ -202,7 +202,7 @@ impl Limits {
                 if let Err(e) = limits.set(name, Some(value)) {
                     tracing::warn!(
                         "ignoring {name} in {}: {}",
-                        crate::settings::AUTO_CONF,
+                        crate::ops::settings::AUTO_CONF,
                         e.message
                     );
                 }

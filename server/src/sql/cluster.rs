@@ -13,8 +13,8 @@ use eddy_cluster::{Kafka, TaskId};
 use eddy_planner::catalog::Catalog;
 use eddy_planner::Result;
 
-use crate::cells::{Cell, Column};
-use crate::db::{catalog_of, persist, Db, Executed};
+use crate::session::cells::{Cell, Column};
+use crate::sql::db::{catalog_of, persist, Db, Executed};
 
 /// How often a node looks for other nodes' DDL.
 const CATALOG_POLL: Duration = Duration::from_millis(200);

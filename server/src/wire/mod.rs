@@ -14,6 +14,10 @@
 //!   `max_pending_connections` still logging in, a new socket is closed at once;
 //! - with `--tls-required`, a plaintext client gets FATAL 28000.
 
+pub mod auth;
+pub mod busy;
+pub mod scram;
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::pin::Pin;
@@ -32,7 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
-use crate::limits::{Limit, Limits};
+use crate::ops::limits::{Limit, Limits};
 
 const SSL_REQUEST: u32 = 80877103;
 const GSSENC_REQUEST: u32 = 80877104;
@@ -162,7 +166,7 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
                 next = socket.next() => next,
             }
         } else {
-            crate::busy::answered();
+            crate::wire::busy::answered();
             socket.next().await
         };
         let message = match next {
@@ -197,7 +201,7 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
                 ticket.admit(&user).and_then(|()| {
                     // A setting the startup names with a bad value refuses the session,
                     // as PostgreSQL does.
-                    crate::session_settings::from_startup(&startup.parameters)
+                    crate::session::settings::from_startup(&startup.parameters)
                         .map(|_| ())
                         .map_err(|e| {
                             let mut info = fatal("22023", e.message);

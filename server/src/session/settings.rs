@@ -83,7 +83,9 @@ impl Setting {
                 on_off(text).map(|on| if on { "on" } else { "off" }.into())
             }
             Setting::StatementTimeout => parse_millis(text).map(show_millis),
-            Setting::TimeZone => crate::cells::time_zone(text).map(|z| z.name().to_string()),
+            Setting::TimeZone => {
+                crate::session::cells::time_zone(text).map(|z| z.name().to_string())
+            }
             Setting::ApplicationName => Some(value.to_string()),
             Setting::SubscriptionRowsMax => text
                 .parse::<usize>()

@@ -26,7 +26,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use eddy_cluster::exec::passes::{Passes, Predicates};
 use eddy_cluster::Task;
 
-use crate::limits::{Limit, Limits};
+use crate::ops::limits::{Limit, Limits};
 use eddy_planner::bind::{check_not_null, value_from_text};
 use eddy_planner::filter::BatchBuilder;
 
@@ -676,9 +676,13 @@ pub struct CopyLines {
 }
 
 impl CopyLines {
-    pub fn new(columns: &[crate::cells::Column], copy: &eddy_planner::sql::CopyOut) -> CopyLines {
+    pub fn new(
+        columns: &[crate::session::cells::Column],
+        copy: &eddy_planner::sql::CopyOut,
+    ) -> CopyLines {
         use pgwire::api::results::{CopyCsvOptions, CopyEncoder, CopyTextOptions, FieldFormat};
-        let fields = crate::cells::fields(columns, &|_| FieldFormat::Text, &Default::default());
+        let fields =
+            crate::session::cells::fields(columns, &|_| FieldFormat::Text, &Default::default());
         let delimiter = copy.delimiter.to_string();
         let encoder = if copy.csv {
             CopyEncoder::new_csv(
@@ -722,7 +726,7 @@ impl CopyLines {
     }
 
     /// One row as one line.
-    pub fn line(&mut self, row: Vec<crate::cells::Cell>) -> Result<Vec<u8>> {
+    pub fn line(&mut self, row: Vec<crate::session::cells::Cell>) -> Result<Vec<u8>> {
         for cell in &row {
             self.encoder
                 .encode_field(&cell.to_text())

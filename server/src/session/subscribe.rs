@@ -37,8 +37,8 @@ use eddy_planner::filter::{datafusion_error, result_arrow_type, rows_to_batch};
 use eddy_planner::types::{ColumnType, Value};
 use eddy_planner::{Error, ErrorKind, Result};
 
-use crate::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
-use crate::query::{parameter_types, pg_column_name};
+use crate::session::cells::{cell_of, cells_of_array, pg_type_of_arrow, Cell, Column};
+use crate::sql::query::{parameter_types, pg_column_name};
 
 /// Rows a subscription queues for a slow reader unless the session sets
 /// `subscription_rows_max`.

@@ -27,7 +27,7 @@ use eddy_planner::catalog::{Catalog, EventTimeUnit, StreamDef};
 use eddy_planner::types::format_duration_us;
 use eddy_planner::{Error, Result};
 
-use crate::cells::pg_type;
+use crate::session::cells::pg_type;
 
 const NAMESPACE_PG_CATALOG: i32 = 11;
 const NAMESPACE_PUBLIC: i32 = 2200;

@@ -30,9 +30,9 @@ use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 
 use eddy_planner::access::SUPERUSER;
 
-use crate::db::Db;
-use crate::pg::Session;
-use crate::scram::{Verifier, ITERATIONS};
+use crate::session::pg::Session;
+use crate::sql::db::Db;
+use crate::wire::scram::{Verifier, ITERATIONS};
 
 /// The file that keeps the superuser's SCRAM verifier.
 pub const SECRET_FILE: &str = "auth.scram";
@@ -63,7 +63,7 @@ impl Secrets {
             },
         };
         std::fs::create_dir_all(data_dir)?;
-        crate::settings::replace_file(data_dir, SECRET_FILE, secrets.encode().as_bytes())?;
+        crate::ops::settings::replace_file(data_dir, SECRET_FILE, secrets.encode().as_bytes())?;
         Ok(Some(Arc::new(secrets)))
     }
 
@@ -229,5 +229,54 @@ impl StartupHandler for Startup {
             },
             None => self.session.on_startup(client, message).await,
         }
+    }
+}
+
+/// The handlers of one connection: its session's, and its startup's.
+pub struct Handlers {
+    session: Arc<Session>,
+    startup: Arc<Startup>,
+    cancel: Arc<pgwire::api::cancel::DefaultCancelHandler>,
+}
+
+impl Handlers {
+    pub fn new(
+        db: Arc<Db>,
+        manager: Arc<ConnectionManager>,
+        peer: Option<tokio::net::TcpStream>,
+        secrets: Option<&Arc<Secrets>>,
+    ) -> Handlers {
+        let cancel = Arc::new(pgwire::api::cancel::DefaultCancelHandler::new(
+            manager.clone(),
+        ));
+        let session = Session::new(db, manager.clone(), peer, secrets.is_none());
+        let startup = Arc::new(Startup::new(session.clone(), secrets, manager));
+        Handlers {
+            session,
+            startup,
+            cancel,
+        }
+    }
+}
+
+impl pgwire::api::PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl pgwire::api::query::SimpleQueryHandler> {
+        self.session.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
+        self.session.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        self.startup.clone()
+    }
+
+    fn copy_handler(&self) -> Arc<impl pgwire::api::copy::CopyHandler> {
+        self.session.clone()
+    }
+
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        self.cancel.clone()
     }
 }

@@ -316,7 +316,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
 fn pg_text(v: &ScalarValue) -> Option<String> {
     match v {
         ScalarValue::Boolean(b) => b.map(|b| b.to_string()),
-        v => crate::cells::cells_of_array(&v.to_array().ok()?)
+        v => crate::session::cells::cells_of_array(&v.to_array().ok()?)
             .pop()?
             .to_text(),
     }

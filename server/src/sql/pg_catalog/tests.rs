@@ -6,7 +6,7 @@ use eddy_planner::catalog::Catalog;
 use eddy_planner::sql::{parse_statement, split_statements};
 
 use super::*;
-use crate::query;
+use crate::sql::query;
 
 fn context() -> SessionContext {
     let mut catalog = Catalog::default();
