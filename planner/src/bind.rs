@@ -651,6 +651,15 @@ fn is_constant(expr: &Expr) -> bool {
     }
 }
 
+/// The place of `$(i+1)` in a template's parameters, made if the list is shorter: every
+/// `$n` a statement names has one.
+fn param_slot(params: &mut Vec<Option<ColumnDef>>, i: usize) -> &mut Option<ColumnDef> {
+    if params.len() <= i {
+        params.resize(i + 1, None);
+    }
+    &mut params[i]
+}
+
 /// The `$n` (0-based) inside an expression.
 fn placeholders_in(expr: &Expr) -> Vec<usize> {
     let mut out = Vec::new();
@@ -714,18 +723,13 @@ impl InsertTemplate {
                 let def = &stream.columns[col];
                 let slot = match placeholder(expr) {
                     Some(i) => {
-                        if params.len() <= i {
-                            params.resize(i + 1, None);
-                        }
-                        params[i] = Some(def.clone());
+                        *param_slot(&mut params, i) = Some(def.clone());
                         Slot::Param(i)
                     }
                     None if is_constant(expr) => Slot::Const(value_from_expr(expr, def)?),
                     None => {
                         for i in placeholders_in(expr) {
-                            if params.len() <= i {
-                                params.resize(i + 1, None);
-                            }
+                            param_slot(&mut params, i);
                         }
                         expressions.push((expr.clone(), def.clone()));
                         Slot::Expr(expressions.len() - 1)

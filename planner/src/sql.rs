@@ -244,11 +244,11 @@ fn leading_words(tokens: &[Token], n: usize) -> Vec<String> {
 /// Parses one statement's text (no trailing semicolon).
 pub fn parse_statement(sql: &str) -> Result<Statement> {
     // An INSERT is sqlparser's alone: no tokenizing of Eddy's own first.
-    let first = sql.trim_start();
-    if first
-        .get(..7)
-        .is_some_and(|w| w.eq_ignore_ascii_case("INSERT ") || w.eq_ignore_ascii_case("INSERT\n"))
-    {
+    let first = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next();
+    if first.is_some_and(|w| w.eq_ignore_ascii_case("INSERT")) {
         return parse_standard(sql);
     }
     let tokens = tokenize(sql)?;

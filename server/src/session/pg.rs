@@ -250,9 +250,7 @@ impl Session {
                 settings::parse_millis(value).unwrap_or(0),
                 Ordering::Relaxed,
             ),
-            Setting::TimeZone => {
-                let _ = self.set_time_zone(value);
-            }
+            Setting::TimeZone => self.set_time_zone(value),
             Setting::ApplicationName => {
                 *self.application_name.lock().expect("session lock") = Some(value.to_string())
             }
@@ -291,10 +289,10 @@ impl Session {
     }
 
     /// When a statement that starts now must end (`statement_timeout`).
-    fn deadline(&self) -> Option<std::time::Instant> {
+    fn deadline(&self) -> Option<Instant> {
         match self.statement_timeout.load(Ordering::Relaxed) {
             0 => None,
-            ms => Some(std::time::Instant::now() + std::time::Duration::from_millis(ms)),
+            ms => Some(Instant::now() + Duration::from_millis(ms)),
         }
     }
 
@@ -302,21 +300,12 @@ impl Session {
         self.format.lock().expect("session lock").clone()
     }
 
-    /// Makes `value` the session's TimeZone; returns its canonical name.
-    fn set_time_zone(&self, value: &str) -> Result<String, Error> {
-        let zone = crate::session::cells::time_zone(value).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidParameter,
-                format!("invalid value for parameter \"TimeZone\": \"{value}\""),
-            )
-            .with_hint("A time zone name such as 'UTC' or 'Europe/Paris'.")
-        })?;
-        let name = zone.name().to_string();
+    /// Makes `zone` (canonical: `Setting::canonical` checked it) the session's TimeZone.
+    fn set_time_zone(&self, zone: &str) {
         let mut format = self.format.lock().expect("session lock");
         let mut options = (**format).clone();
-        options.time_zone = name.clone();
+        options.time_zone = zone.to_string();
         *format = Arc::new(options);
-        Ok(name)
     }
 
     /// Turns an executed statement into a protocol response.

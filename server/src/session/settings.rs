@@ -48,6 +48,20 @@ impl Setting {
             .find(|s| s.name().eq_ignore_ascii_case(name))
     }
 
+    /// The setting a name stands for, or 42704 naming those there are.
+    pub fn parse(name: &str) -> Result<Setting, Error> {
+        Setting::named(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::UndefinedObject,
+                format!("unrecognized configuration parameter \"{name}\""),
+            )
+            .with_hint(format!(
+                "The session settings are {}.",
+                Setting::ALL.map(|s| s.name()).join(", ")
+            ))
+        })
+    }
+
     /// Its name, as `SHOW` titles its column.
     pub fn name(self) -> &'static str {
         match self {

@@ -4,7 +4,7 @@
 //! the shards installed it and the catalog file was rewritten; a statement that fails
 //! before reaching the engine has applied nothing.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -251,6 +251,8 @@ impl Db {
             .checkpoint()
             .await
             .map_err(|e| anyhow::anyhow!("checkpointing after recovery: {e}"))?;
+        // What ALTER SYSTEM kept, under the limits and the session defaults alike.
+        let kept = crate::ops::settings::load(data_dir)?;
         let db = Arc::new(Db {
             catalog: RwLock::new(catalog),
             query_ctx: std::sync::Mutex::new(None),
@@ -259,11 +261,8 @@ impl Db {
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
             timings: Timings::default(),
-            limits: Arc::new(Limits::from_layers(
-                &config.limits,
-                &crate::ops::settings::load(data_dir)?,
-            )),
-            session_defaults: session_defaults(config)?,
+            limits: Arc::new(Limits::from_layers(&config.limits, &kept)),
+            session_defaults: session_defaults(config, &kept)?,
             lock,
         });
         let weak = Arc::downgrade(&db);
@@ -521,16 +520,7 @@ impl Db {
                 ..
             } = access
             {
-                let setting = Setting::named(name).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::UndefinedObject,
-                        format!("unrecognized configuration parameter \"{name}\""),
-                    )
-                    .with_hint(format!(
-                        "A role sets {}.",
-                        Setting::ALL.map(|s| s.name()).join(", ")
-                    ))
-                })?;
+                let setting = Setting::parse(name)?;
                 *name = setting.name().to_ascii_lowercase();
                 if let Some(value) = value {
                     *value = setting.canonical(value)?;
@@ -1815,16 +1805,19 @@ impl Db {
 
 /// The server's session defaults: the configuration's, below what `ALTER SYSTEM` kept
 /// unless the command line or the environment gave the setting.
-fn session_defaults(config: &crate::ops::config::Config) -> anyhow::Result<ServerDefaults> {
+fn session_defaults(
+    config: &crate::ops::config::Config,
+    kept: &BTreeMap<String, String>,
+) -> anyhow::Result<ServerDefaults> {
     let defaults = ServerDefaults::new(config.session_defaults.clone());
-    for (name, value) in crate::ops::settings::load(&config.data_dir)? {
-        let Some(setting) = Setting::named(&name).filter(|s| s.server_wide()) else {
+    for (name, value) in kept {
+        let Some(setting) = Setting::named(name).filter(|s| s.server_wide()) else {
             continue;
         };
         if config.session_given.contains(&setting) {
             continue;
         }
-        let value = setting.canonical(&value).map_err(|e| {
+        let value = setting.canonical(value).map_err(|e| {
             anyhow::anyhow!(
                 "{}: {}",
                 config
