@@ -10,13 +10,15 @@
 //! the wake is not paid. A quiet session costs nothing: polling stops once the window
 //! passes with no new message.
 //!
-//! Polling for a commit adapts to load: a thread polls for its session's fsync only while
-//! that session is the only one on the node waiting for one. With more, the committer
-//! and the clients need the cores the polling threads would spin on, and the fsync takes
-//! long enough that a wake-up costs little: with pgbench, durable, polling for every
-//! commit ran 4 clients at 4.3–4.4 k/s and 16 at 15.2–15.8 k/s; polling for a lone
-//! commit only, 6.9–7.6 k/s and 17.9–19.6 k/s (alternated runs), while one client keeps
-//! the polling that saves its wake-up.
+//! Polling adapts to load: while more than one session of the node waits for its fsync,
+//! no thread polls, neither for a commit nor after an answer. The committer and the
+//! clients then need the cores the polling threads would spin on, and an fsync takes
+//! long enough that a wake-up costs little. With pgbench, durable (alternated runs):
+//! polling for every commit ran 2 clients at 1.6–2.0 k/s, 4 at 4.3–4.8 k/s and 16 at
+//! 15.2–15.8 k/s; polling for a lone commit only, 2.8–3.1, 5.9–6.8 and 17.9–19.6 k/s;
+//! no answer's window either while commits wait, 16 clients 15.4–17.6 → 18.0–20.7 k/s
+//! and 64 clients 29.5–29.9 → 32.1–32.4 k/s. A single durable client keeps the polling
+//! that saves its wake-up.
 //!
 //! The poller is a task on each session thread's own runtime. While the window is
 //! open it yields to the runtime, which polls its sockets (`epoll_wait` with no
@@ -94,17 +96,19 @@ impl Drop for Committing {
 }
 
 /// Whether a thread with a session waiting for its commit since `since` polls, when
-/// `on_node` sessions of the node wait for theirs.
+/// `on_node` sessions of the node wait for theirs. (A thread with none polls after an
+/// answer only while `on_node` ≤ 1.)
 fn polls_for_commit(on_node: usize, since: Instant) -> bool {
     on_node == 1 && since.elapsed() < COMMIT_POLL_MAX
 }
 
 fn open(window: Duration) -> bool {
-    let committing = match COMMITTING.get() {
-        (0, _) | (_, None) => false,
-        (_, Some(since)) => polls_for_commit(COMMITTING_ON_NODE.load(Ordering::Relaxed), since),
-    };
-    committing || ANSWERED.get().is_some_and(|at| at.elapsed() < window)
+    let on_node = COMMITTING_ON_NODE.load(Ordering::Relaxed);
+    match COMMITTING.get() {
+        (0, _) | (_, None) => {}
+        (_, Some(since)) => return polls_for_commit(on_node, since),
+    }
+    on_node <= 1 && ANSWERED.get().is_some_and(|at| at.elapsed() < window)
 }
 
 /// The poller of one session thread: runs forever on that thread's runtime.
