@@ -139,8 +139,8 @@ impl LocalLog {
     pub fn open(dir: &Path, commit_delay: Duration) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::internal(format!("could not create {}: {e}", dir.display())))?;
-        let journal =
-            TaskLog::open(&dir.join(JOURNAL_DIR), JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
+        let journal = TaskLog::open_preallocated(&dir.join(JOURNAL_DIR), JOURNAL_SEGMENT_BYTES)
+            .map_err(storage_error)?;
         let journal = restore_from_journal(dir, journal)?;
         let shared = Arc::new(Shared {
             files: Mutex::new(Files {
@@ -374,7 +374,7 @@ fn restore_from_journal(root: &Path, journal: TaskLog) -> Result<TaskLog> {
     }
     journal.destroy().map_err(storage_error)?;
     let dir = root.join(JOURNAL_DIR);
-    let journal = TaskLog::open(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
+    let journal = TaskLog::open_preallocated(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
     eddy_storage::log::sync_dir(&root).map_err(storage_error)?;
     Ok(journal)
 }
@@ -583,7 +583,8 @@ impl Files {
         self.unjournaled.clear();
         let dir = self.root.join(JOURNAL_DIR);
         let _ = std::fs::remove_dir_all(&dir);
-        self.journal = TaskLog::open(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
+        self.journal =
+            TaskLog::open_preallocated(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
         eddy_storage::log::sync_dir(&self.root).map_err(storage_error)
     }
 

@@ -162,10 +162,16 @@ mod tests {
     fn a_thread_polls_for_a_commit_only_while_it_is_the_nodes_only_one() {
         let now = Instant::now();
         assert!(polls_for_commit(1, now));
-        assert!(!polls_for_commit(2, now), "two commits wait: the cores go to the committer");
+        assert!(
+            !polls_for_commit(2, now),
+            "two commits wait: the cores go to the committer"
+        );
         assert!(!polls_for_commit(16, now));
         let long_ago = now - COMMIT_POLL_MAX;
-        assert!(!polls_for_commit(1, long_ago), "polled past COMMIT_POLL_MAX");
+        assert!(
+            !polls_for_commit(1, long_ago),
+            "polled past COMMIT_POLL_MAX"
+        );
     }
 
     #[test]
