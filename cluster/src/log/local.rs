@@ -375,7 +375,7 @@ fn restore_from_journal(root: &Path, journal: TaskLog) -> Result<TaskLog> {
     journal.destroy().map_err(storage_error)?;
     let dir = root.join(JOURNAL_DIR);
     let journal = TaskLog::open_preallocated(&dir, JOURNAL_SEGMENT_BYTES).map_err(storage_error)?;
-    eddy_storage::log::sync_dir(&root).map_err(storage_error)?;
+    eddy_storage::log::sync_dir(root).map_err(storage_error)?;
     Ok(journal)
 }
 
