@@ -162,6 +162,8 @@ fn segment_name(base: u64) -> String {
 /// Reads the records of one segment; stops at the end or at the first bad record, and
 /// reports where the valid prefix ends.
 struct SegmentScan {
+    /// The file's size.
+    len: u64,
     valid_bytes: u64,
     records: u64,
     bad: Option<String>,
@@ -183,6 +185,7 @@ fn scan(
     while pos < len {
         if len - pos < HEADER_BYTES as u64 {
             return Ok(SegmentScan {
+                len,
                 valid_bytes: pos,
                 records,
                 bad: Some("truncated header".into()),
@@ -196,6 +199,7 @@ fn scan(
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
         if n > RECORD_BYTES_MAX || pos + (HEADER_BYTES + n) as u64 > len {
             return Ok(SegmentScan {
+                len,
                 valid_bytes: pos,
                 records,
                 bad: Some(format!("record of {n} bytes runs past the end")),
@@ -205,6 +209,7 @@ fn scan(
         r.read_exact(&mut bytes).map_err(io_err(path))?;
         if crc32fast::hash(&bytes) != crc {
             return Ok(SegmentScan {
+                len,
                 valid_bytes: pos,
                 records,
                 bad: Some("checksum mismatch".into()),
@@ -215,6 +220,7 @@ fn scan(
         records += 1;
     }
     Ok(SegmentScan {
+        len,
         valid_bytes: pos,
         records,
         bad: None,
@@ -263,6 +269,8 @@ impl TaskLog {
         bases.sort_unstable();
         let mut segments = Vec::new();
         let mut next = bases.first().copied().unwrap_or(0);
+        // Where the last segment's records end, and the next record goes.
+        let mut active_bytes = 0;
         for (i, &base) in bases.iter().enumerate() {
             let path = dir.join(segment_name(base));
             if base != next {
@@ -283,8 +291,7 @@ impl TaskLog {
                     why: why.clone(),
                 });
             }
-            let len = fs::metadata(&path).map_err(io_err(&path))?.len();
-            if last && len > s.valid_bytes {
+            if last && s.len > s.valid_bytes {
                 // A torn tail (the write in flight when the node stopped), or the unused
                 // rest of a preallocated segment: a segment with no record is made anew.
                 if preallocated && s.records == 0 {
@@ -299,6 +306,7 @@ impl TaskLog {
                 }
             }
             next = base + s.records;
+            active_bytes = s.valid_bytes;
             segments.push(Segment { base, path });
         }
         if segments.is_empty() {
@@ -312,12 +320,6 @@ impl TaskLog {
             .write(true)
             .open(path)
             .map_err(io_err(path))?;
-        // Where the records end: the file's end, but for a new preallocated segment.
-        let active_bytes = if next == segments.last().expect("one segment").base {
-            0
-        } else {
-            active.metadata().map_err(io_err(path))?.len()
-        };
         Ok(TaskLog {
             dir: dir.to_path_buf(),
             segments,
