@@ -61,15 +61,73 @@ pub struct CheckpointStats {
     pub total_micros_total: AtomicU64,
 }
 
+/// A subscription's watcher on a node of a cluster: past the node's lease it ends the
+/// subscription (57P03) rather than deliver changes the node may no longer answer for.
+struct Fenced {
+    inner: Arc<dyn Watcher>,
+    remote: Arc<dyn Remote>,
+}
+
+impl Watcher for Fenced {
+    fn deliver(&self, changes: &[crate::exec::watch::Change]) -> bool {
+        if let Err(e) = self.remote.lease() {
+            self.inner.end(e);
+            return false;
+        }
+        self.inner.deliver(changes)
+    }
+
+    fn end(&self, error: eddy_planner::Error) {
+        self.inner.end(error)
+    }
+}
+
+/// A peer to read tasks from: its address, and the generation of the plan that makes
+/// them active there (the peer refuses a read made under another plan).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerAt {
+    pub addr: String,
+    pub generation: u64,
+}
+
+/// How long a read retries while its tasks change hands or this node renews its lease.
+const READ_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs a read again while it fails with a retryable error (57P03), for at most
+/// `READ_RETRY`.
+async fn retried<T, F, Fut>(mut read: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = std::time::Instant::now() + READ_RETRY;
+    loop {
+        match read().await {
+            Err(e)
+                if e.kind == eddy_planner::ErrorKind::Unavailable
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Reads of tasks active on other nodes (cluster mode); `peer` implements it.
 pub trait Remote: Send + Sync {
-    /// The peer address of the node `task` is active on, when that is another node.
-    fn elsewhere(&self, task: &TaskId) -> Option<String>;
+    /// Where a read of `task` goes: `None` to this node, which may answer it now, or the
+    /// node it is active on. Past this node's lease, or while the task changes hands, a
+    /// retryable error (57P03).
+    fn owner(&self, task: &TaskId) -> Result<Option<PeerAt>>;
+
+    /// `Ok` while this node holds its lease (it may answer for the tasks it holds).
+    fn lease(&self) -> Result<()>;
 
     /// A metric's rows in some of a peer's tasks (all groups, or the one of `key`).
     fn metric_rows<'a>(
         &'a self,
-        addr: String,
+        peer: PeerAt,
         stream: &'a str,
         partitioner: usize,
         partitions: Vec<u32>,
@@ -80,7 +138,7 @@ pub trait Remote: Send + Sync {
     /// A stream's stored events in some of a peer's tasks (partitioner 0).
     fn stream_rows<'a>(
         &'a self,
-        addr: String,
+        peer: PeerAt,
         stream: &'a str,
         partitions: Vec<u32>,
     ) -> LogFuture<'a, Vec<Row>>;
@@ -453,34 +511,43 @@ impl Engine {
         let _ = self.remote.set(remote);
     }
 
-    /// The partitions of `0..count` this node reads itself, and the others by the peer
-    /// address of the node they are active on.
+    /// The partitions of `0..count` this node reads itself, and the others by the node
+    /// they are active on.
     fn split_by_owner(
         &self,
         stream: &str,
         partitioner: usize,
         partitions: impl Iterator<Item = u32>,
-    ) -> (Vec<u32>, BTreeMap<String, Vec<u32>>) {
+    ) -> Result<(Vec<u32>, BTreeMap<PeerAt, Vec<u32>>)> {
         let mut local = Vec::new();
-        let mut remote: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut remote: BTreeMap<PeerAt, Vec<u32>> = BTreeMap::new();
         for partition in partitions {
             let task = TaskId {
                 stream: stream.to_string(),
                 partitioner,
                 partition,
             };
-            match self.remote.get().and_then(|r| r.elsewhere(&task)) {
-                Some(addr) => remote.entry(addr).or_default().push(partition),
+            match self.remote.get().map(|r| r.owner(&task)).transpose()?.flatten() {
+                Some(peer) => remote.entry(peer).or_default().push(partition),
                 None => local.push(partition),
             }
         }
-        (local, remote)
+        Ok((local, remote))
     }
 
     /// The current rows of a metric; with `key` (all group-by values) only that group,
     /// read from the one task that owns it. In a cluster, each task is read where it is
-    /// active.
+    /// active; a read is retried while its tasks change hands.
     pub async fn metric_rows(
+        &self,
+        stream: &StreamDef,
+        metric: &MetricDef,
+        key: Option<Vec<Value>>,
+    ) -> Result<Vec<Vec<Value>>> {
+        retried(|| self.metric_rows_once(stream, metric, key.clone())).await
+    }
+
+    async fn metric_rows_once(
         &self,
         stream: &StreamDef,
         metric: &MetricDef,
@@ -497,15 +564,15 @@ impl Engine {
         };
         let parts = (0..stream.tasks_per_partitioner())
             .filter(|part| partition.is_none_or(|only| only == *part));
-        let (local, elsewhere) = self.split_by_owner(&stream.name, p, parts);
+        let (local, elsewhere) = self.split_by_owner(&stream.name, p, parts)?;
         let mut rows = self
             .local_metric_rows(&stream.name, p, &local, &metric.name, key.clone())
             .await?;
         if let Some(remote) = self.remote.get() {
-            for (addr, parts) in elsewhere {
+            for (peer, parts) in elsewhere {
                 rows.extend(
                     remote
-                        .metric_rows(addr, &stream.name, p, parts, &metric.name, key.as_deref())
+                        .metric_rows(peer, &stream.name, p, parts, &metric.name, key.as_deref())
                         .await?,
                 );
             }
@@ -560,13 +627,16 @@ impl Engine {
         let Some(remote) = self.remote.get() else {
             return self.local_stream_rows(&stream.name, None).await;
         };
-        let (local, elsewhere) =
-            self.split_by_owner(&stream.name, 0, 0..stream.tasks_per_partitioner());
-        let mut rows = self.local_stream_rows(&stream.name, Some(&local)).await?;
-        for (addr, parts) in elsewhere {
-            rows.extend(remote.stream_rows(addr, &stream.name, parts).await?);
-        }
-        Ok(rows)
+        retried(|| async {
+            let (local, elsewhere) =
+                self.split_by_owner(&stream.name, 0, 0..stream.tasks_per_partitioner())?;
+            let mut rows = self.local_stream_rows(&stream.name, Some(&local)).await?;
+            for (peer, parts) in elsewhere {
+                rows.extend(remote.stream_rows(peer, &stream.name, parts).await?);
+            }
+            Ok(rows)
+        })
+        .await
     }
 
     /// The events stored in some of this node's tasks of a stream (`None`: all).
@@ -646,6 +716,14 @@ impl Engine {
                 })
                 .collect(),
             None => Vec::new(),
+        };
+        // In a cluster, a subscription ends once this node loses its lease.
+        let watcher: Arc<dyn Watcher> = match self.remote.get() {
+            Some(remote) => Arc::new(Fenced {
+                inner: watcher,
+                remote: remote.clone(),
+            }),
+            None => watcher,
         };
         self.watch_partitions(
             stream,

@@ -47,6 +47,9 @@ pub enum ErrorKind {
     Unavailable,
     /// The statement was cancelled (`statement_timeout`) before it applied anything.
     QueryCanceled,
+    /// The statement's outcome is not known: the log did not confirm it in time (it
+    /// may still apply, once).
+    CompletionUnknown,
     DivisionByZero,
     Internal,
 }
@@ -74,6 +77,7 @@ impl ErrorKind {
             ErrorKind::LimitExceeded => "53400",
             ErrorKind::ProgramLimitExceeded => "54000",
             ErrorKind::QueryCanceled => "57014",
+            ErrorKind::CompletionUnknown => "40003",
             ErrorKind::DivisionByZero => "22012",
             ErrorKind::TooManyConnections => "53300",
             ErrorKind::InsufficientPrivilege => "42501",

@@ -35,6 +35,17 @@ use crate::route::TaskId;
 pub use kafka::{Kafka, KafkaConfig};
 pub use local::{LocalLog, LogStats};
 
+tokio::task_local! {
+    /// When the statement being run must end (its `statement_timeout`), for a log that
+    /// waits on a broker: set by the session around each statement.
+    pub static STATEMENT_DEADLINE: Option<std::time::Instant>;
+}
+
+/// The running statement's deadline, if it has one.
+pub fn statement_deadline() -> Option<std::time::Instant> {
+    STATEMENT_DEADLINE.try_with(|d| *d).ok().flatten()
+}
+
 /// A future a log returns; logs are used as trait objects.
 pub type LogFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 

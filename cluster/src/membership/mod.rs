@@ -19,6 +19,8 @@
 //! Invariant: a node's roles come only from the newest plan record it read. If two nodes
 //! lead for a moment, both publish, and the later record wins on every node.
 
+pub mod lease;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -98,6 +100,8 @@ pub struct View {
     pub alive: Vec<String>,
     /// The newest plan read.
     pub plan: Arc<ClusterPlan>,
+    /// Its generation: the offset of its record on the cluster topic (`lease`).
+    pub generation: u64,
     /// The tasks of this node's catalog.
     pub tasks: BTreeSet<TaskId>,
 }
@@ -205,6 +209,7 @@ mod tests {
                 .collect(),
             alive: alive.iter().map(|s| s.to_string()).collect(),
             plan: Arc::default(),
+            generation: 0,
             tasks: (0..tasks).map(task).collect(),
         }
     }

@@ -22,7 +22,8 @@ use eddy_planner::codec::{self, Reader};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
-use crate::engine::{Engine, Remote};
+use crate::engine::{Engine, PeerAt, Remote};
+use crate::log::kafka::fence::{unavailable, Fence};
 use crate::exec::events::Row;
 use crate::log::{Kafka, LogFuture};
 use crate::membership::View;
@@ -80,6 +81,7 @@ pub fn start(engine: &Arc<Engine>) -> Result<()> {
     let peers = Arc::new(Peers {
         me: kafka.config().node.clone(),
         view: kafka.view_handle(),
+        kafka: kafka.weak(),
         clients: Mutex::default(),
     });
     engine.set_remote(peers.clone());
@@ -105,6 +107,37 @@ impl Service {
             .upgrade()
             .ok_or_else(|| Status::unavailable("the node is shutting down"))
     }
+}
+
+/// Admits a peer's read of some tasks made under plan `plan`: this node applies that
+/// plan, holds its lease, and answers for every one of the tasks now.
+fn admit(
+    engine: &Engine,
+    plan: u64,
+    stream: &str,
+    partitioner: usize,
+    partitions: &[u32],
+) -> std::result::Result<(), Status> {
+    let Some(kafka) = engine.log_as::<Kafka>() else {
+        return Ok(());
+    };
+    let generation = kafka.fence().generation();
+    if plan != generation {
+        return Err(Status::unavailable(format!(
+            "the read was routed by plan {plan}, and this node applies plan {generation}"
+        )));
+    }
+    for &partition in partitions {
+        let task = TaskId {
+            stream: stream.to_string(),
+            partitioner,
+            partition,
+        };
+        kafka
+            .serves(&task)
+            .map_err(|e| Status::unavailable(e.message))?;
+    }
+    Ok(())
 }
 
 fn status(e: Error) -> Status {
@@ -179,13 +212,20 @@ type ChangeStream = std::pin::Pin<
 /// behind is cut off and subscribes again.
 const WATCH_BACKLOG: usize = 256;
 
-/// Forwards a task's changes to a peer's subscription; never blocks the shard.
+/// Forwards a task's changes to a peer's subscription; never blocks the shard. Past
+/// this node's lease it ends the stream, and the asker subscribes again where the tasks
+/// are active then.
 struct Forward {
     tx: tokio::sync::mpsc::Sender<std::result::Result<proto::Changes, Status>>,
+    fence: Option<Arc<Fence>>,
 }
 
 impl Watcher for Forward {
     fn deliver(&self, changes: &[Change]) -> bool {
+        if let Some(Err(e)) = self.fence.as_ref().map(|f| f.check()) {
+            self.end(e);
+            return false;
+        }
         self.tx
             .try_send(Ok(proto::Changes {
                 changes: encode_changes(changes),
@@ -243,9 +283,13 @@ impl Peer for Service {
     ) -> std::result::Result<Response<ChangeStream>, Status> {
         let r = request.into_inner();
         let engine = self.engine()?;
+        admit(&engine, r.plan, &r.stream, r.partitioner as usize, &r.partitions)?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BACKLOG);
         let id = remote_watch_id();
-        let forward = Arc::new(Forward { tx: tx.clone() });
+        let forward = Arc::new(Forward {
+            tx: tx.clone(),
+            fence: engine.log_as::<Kafka>().map(|k| k.fence().clone()),
+        });
         engine
             .watch_partitions(
                 &r.stream,
@@ -333,8 +377,9 @@ impl Peer for Service {
             ),
             None => None,
         };
-        let rows = self
-            .engine()?
+        let engine = self.engine()?;
+        admit(&engine, r.plan, &r.stream, r.partitioner as usize, &r.partitions)?;
+        let rows = engine
             .local_metric_rows(
                 &r.stream,
                 r.partitioner as usize,
@@ -354,8 +399,9 @@ impl Peer for Service {
         request: Request<StreamRowsRequest>,
     ) -> std::result::Result<Response<Rows>, Status> {
         let r = request.into_inner();
-        let rows = self
-            .engine()?
+        let engine = self.engine()?;
+        admit(&engine, r.plan, &r.stream, 0, &r.partitions)?;
+        let rows = engine
             .local_stream_rows(&r.stream, Some(&r.partitions))
             .await
             .map_err(status)?;
@@ -389,6 +435,7 @@ fn decode_rows(bytes: &[u8]) -> Result<Vec<Vec<Value>>> {
 struct Peers {
     me: String,
     view: Arc<RwLock<View>>,
+    kafka: Weak<Kafka>,
     clients: Mutex<HashMap<String, PeerClient<Channel>>>,
 }
 
@@ -441,8 +488,8 @@ impl Peers {
     }
 
     /// Where each of a metric's tasks that this node holds no copy of is active: peer
-    /// address → partitions.
-    fn sources(&self, stream: &str, partitioner: usize) -> BTreeMap<String, Vec<u32>> {
+    /// address → partitions, with the plan's generation.
+    fn sources(&self, stream: &str, partitioner: usize) -> (BTreeMap<String, Vec<u32>>, u64) {
         let view = self.view.read().expect("view lock");
         let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         for (t, p) in &view.plan.tasks {
@@ -462,7 +509,7 @@ impl Peers {
                     .push(t.partition);
             }
         }
-        out
+        (out, view.generation)
     }
 }
 
@@ -512,13 +559,14 @@ impl Remote for Peers {
         let me = Peers {
             me: self.me.clone(),
             view: self.view.clone(),
+            kafka: self.kafka.clone(),
             clients: Mutex::default(),
         };
         let task = tokio::spawn(async move {
             let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let mut feeds: HashMap<String, (Vec<u32>, Feed)> = HashMap::new();
             while !gone.load(std::sync::atomic::Ordering::Acquire) {
-                let wanted = me.sources(&stream, partitioner);
+                let (wanted, generation) = me.sources(&stream, partitioner);
                 feeds.retain(|addr, (parts, feed)| {
                     wanted.get(addr) == Some(parts) && !feed.0.is_finished()
                 });
@@ -531,6 +579,7 @@ impl Remote for Peers {
                         partitioner: partitioner as u32,
                         partitions: parts.clone(),
                         metric: metric.clone(),
+                        plan: generation,
                     };
                     let (client, watcher, gone) =
                         (me.stream_client(&addr), watcher.clone(), gone.clone());
@@ -547,23 +596,50 @@ impl Remote for Peers {
         task.abort_handle()
     }
 
-    fn elsewhere(&self, task: &TaskId) -> Option<String> {
-        let view = self.view.read().expect("view lock");
-        let placement = view.plan.placement(task)?;
-        if placement.active == self.me {
-            return None;
-        }
-        Some(
-            view.facts
+    fn owner(&self, task: &TaskId) -> Result<Option<PeerAt>> {
+        let kafka = self
+            .kafka
+            .upgrade()
+            .ok_or_else(|| unavailable("this node is shutting down"))?;
+        let (active, peer) = {
+            let view = self.view.read().expect("view lock");
+            let placement = view
+                .plan
+                .placement(task)
+                .ok_or_else(|| unavailable("the task is not placed on any node yet"))?;
+            let addr = view
+                .facts
                 .get(&placement.active)
                 .map(|f| f.peer_addr.clone())
-                .unwrap_or_default(),
-        )
+                .unwrap_or_default();
+            (
+                placement.active == self.me,
+                PeerAt {
+                    addr,
+                    generation: view.generation,
+                },
+            )
+        };
+        // Without its lease this node does not know the plan is current, so it neither
+        // answers nor routes.
+        kafka.fence().check()?;
+        if active {
+            kafka.serves(task)?;
+            return Ok(None);
+        }
+        Ok(Some(peer))
+    }
+
+    fn lease(&self) -> Result<()> {
+        match self.kafka.upgrade() {
+            Some(kafka) => kafka.fence().check(),
+            None => Err(unavailable("this node is shutting down")),
+        }
     }
 
     fn metric_rows<'a>(
         &'a self,
-        addr: String,
+        peer: PeerAt,
         stream: &'a str,
         partitioner: usize,
         partitions: Vec<u32>,
@@ -571,7 +647,9 @@ impl Remote for Peers {
         key: Option<&'a [Value]>,
     ) -> LogFuture<'a, Vec<Vec<Value>>> {
         Box::pin(async move {
+            let addr = peer.addr;
             let request = MetricRowsRequest {
+                plan: peer.generation,
                 stream: stream.to_string(),
                 partitioner: partitioner as u32,
                 partitions,
@@ -593,12 +671,14 @@ impl Remote for Peers {
 
     fn stream_rows<'a>(
         &'a self,
-        addr: String,
+        peer: PeerAt,
         stream: &'a str,
         partitions: Vec<u32>,
     ) -> LogFuture<'a, Vec<Row>> {
         Box::pin(async move {
+            let addr = peer.addr;
             let request = StreamRowsRequest {
+                plan: peer.generation,
                 stream: stream.to_string(),
                 partitions,
             };

@@ -850,7 +850,9 @@ impl SimpleQueryHandler for Session {
             }
             let (kind, started) = (Kind::of(&stmt), Instant::now());
             let span = tracing::debug_span!("statement", sql = %text);
-            let result = self.run(client, stmt).instrument(span).await;
+            let result = eddy_cluster::log::STATEMENT_DEADLINE
+                .scope(self.deadline(), self.run(client, stmt).instrument(span))
+                .await;
             self.db.statement_done(kind, &text, started);
             match result {
                 Ok(executed) => {
@@ -1514,8 +1516,10 @@ impl ExtendedQueryHandler for Session {
                 Err(e) => Err(user_error(&e)),
             }
         }
-        .instrument(span)
-        .await;
+        .instrument(span);
+        let result = eddy_cluster::log::STATEMENT_DEADLINE
+            .scope(self.deadline(), result)
+            .await;
         self.db.statement_done(kind, &prepared.text, started);
         let executed = result?;
         send_notices(client, &executed.notices).await?;

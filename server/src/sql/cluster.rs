@@ -87,15 +87,27 @@ impl Db {
             Column::new("alive", Type::BOOL),
             Column::new("active_tasks", Type::INT4),
             Column::new("replica_tasks", Type::INT4),
+            Column::text("kafka"),
+            Column::new("lease_ms", Type::INT8),
         ];
         let rows = match self.engine().log_as::<Kafka>() {
             Some(kafka) => {
                 let view = kafka.view();
+                let fence = kafka.fence();
+                let me = kafka.config().node.as_str();
                 view.facts
                     .values()
                     .map(|f| {
                         let roles = view.plan.roles_of(&f.node);
                         let active = roles.values().filter(|a| **a).count();
+                        // What this node knows of itself: whether the broker answers its
+                        // beats, and how long its lease still runs.
+                        let (kafka, lease) = if f.node == me {
+                            let reachable = if fence.reachable() { "reachable" } else { "unreachable" };
+                            (Cell::text(reachable), Cell::I64(fence.remaining().as_millis() as i64))
+                        } else {
+                            (Cell::Null, Cell::Null)
+                        };
                         vec![
                             Cell::text(f.node.as_str()),
                             Cell::text(f.host.as_str()),
@@ -104,6 +116,8 @@ impl Db {
                             Cell::Bool(view.alive.contains(&f.node)),
                             Cell::I32(active as i32),
                             Cell::I32((roles.len() - active) as i32),
+                            kafka,
+                            lease,
                         ]
                     })
                     .collect()
@@ -118,6 +132,8 @@ impl Db {
                     Cell::Bool(true),
                     Cell::I32(tasks as i32),
                     Cell::I32(0),
+                    Cell::Null,
+                    Cell::Null,
                 ]]
             }
         };

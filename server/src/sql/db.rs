@@ -1134,6 +1134,26 @@ impl Db {
                     vec![(String::new(), load(counter) as f64)],
                 );
             }
+            let fence = kafka.fence();
+            for (name, help, value) in [
+                (
+                    "eddy_kafka_reachable",
+                    "1 while this node's beats come back from Kafka, 0 while the broker is unreachable.",
+                    fence.reachable() as u8 as f64,
+                ),
+                (
+                    "eddy_lease_remaining_seconds",
+                    "How long this node's lease on its tasks still runs without a new beat (0: lapsed; it answers for no task).",
+                    fence.remaining().as_secs_f64(),
+                ),
+                (
+                    "eddy_plan_generation",
+                    "The generation of the cluster plan this node applies.",
+                    fence.generation() as f64,
+                ),
+            ] {
+                family(name, "gauge", help, vec![(String::new(), value)]);
+            }
             let roles = kafka.roles();
             let offsets: std::collections::HashMap<&eddy_cluster::TaskId, u64> =
                 report.iter().map(|r| (&r.task, r.log_end)).collect();

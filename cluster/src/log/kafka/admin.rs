@@ -36,13 +36,21 @@ impl Admin {
             let new: Vec<NewTopic<'_>> = todo
                 .iter()
                 .map(|(name, partitions, compacted)| {
-                    let t = NewTopic::new(
+                    let mut t = NewTopic::new(
                         name,
                         *partitions as i32,
                         TopicReplication::Fixed(self.config.replication),
                     );
+                    // With three copies or more, a record is acknowledged (acks=all)
+                    // once two hold it, so one broker may be lost at any time.
+                    if self.config.replication >= 3 {
+                        t = t.set("min.insync.replicas", "2");
+                    }
                     if *compacted {
+                        // The broker's append times order beats of different nodes on
+                        // one clock (`membership::lease`).
                         t.set("cleanup.policy", "compact")
+                            .set("message.timestamp.type", "LogAppendTime")
                     } else {
                         t
                     }

@@ -56,7 +56,9 @@ impl KafkaConfig {
         c.set("bootstrap.servers", &self.brokers)
             .set("client.id", format!("eddy-{}", self.node))
             .set("broker.address.family", "v4")
-            .set("allow.auto.create.topics", "false");
+            .set("allow.auto.create.topics", "false")
+            // A broker back after a restart is reconnected to within a second.
+            .set("reconnect.backoff.max.ms", "1000");
         c
     }
 

@@ -10,7 +10,7 @@
 //! this node does not hold are not applied, and its position stays.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use eddy_planner::codec;
 use eddy_planner::{Error, Result};
 
 use super::config::kafka_error;
+use super::fence::{unavailable, Fence};
 use super::produce::{reply_to, send_replies, ReplyTo, REPLY_TIMEOUT};
 use super::{Kafka, POLL_BATCH_MAX};
 use crate::command::{IngestReply, Reply};
@@ -49,23 +50,56 @@ const UNSENT_MAX: usize = 100_000;
 type Unsent = (Instant, Vec<(usize, ReplyTo)>, IngestReply);
 
 /// A held task's role: active (it answers) or replica (it keeps its answers a while).
+/// An active task answers only while it is open (no other node answers for it any more,
+/// `membership::lease`) and the node holds its lease; until then it keeps its answers as
+/// a replica does, and sends them when it may.
 #[derive(Default)]
 pub(super) struct Role {
     state: Mutex<RoleState>,
+    /// The next offset handed to the task's shard: a read queued behind it sees every
+    /// record below it applied.
+    delivered: AtomicI64,
 }
 
 #[derive(Default)]
 struct RoleState {
     active: bool,
+    /// Taken over: no other node answers for the task.
+    open: bool,
+    /// Reads wait until the records below this offset were handed to the shard: the
+    /// partition's end when the task was opened, past every answer an earlier owner gave.
+    ready: i64,
     unsent: VecDeque<Unsent>,
     unsent_events: usize,
 }
 
+impl RoleState {
+    fn answers(&self, fence: &Fence) -> bool {
+        self.active && self.open && fence.held()
+    }
+
+    /// Sends what was kept and is still awaited.
+    fn flush(&mut self, send: &mut impl FnMut(Unsent)) {
+        self.unsent_events = 0;
+        for unsent in std::mem::take(&mut self.unsent) {
+            if unsent.0.elapsed() <= REPLY_TIMEOUT {
+                send(unsent);
+            }
+        }
+    }
+}
+
 impl Role {
-    /// An applied batch's answers: sent if the task is active, kept otherwise.
-    fn answer(&self, asks: Vec<(usize, ReplyTo)>, result: IngestReply, send: impl FnOnce(Unsent)) {
+    /// An applied batch's answers: sent if the task answers now, kept otherwise.
+    fn answer(
+        &self,
+        asks: Vec<(usize, ReplyTo)>,
+        result: IngestReply,
+        fence: &Fence,
+        send: impl FnOnce(Unsent),
+    ) {
         let mut s = self.state.lock().expect("role lock");
-        if s.active {
+        if s.answers(fence) {
             drop(s);
             send((Instant::now(), asks, result));
             return;
@@ -97,18 +131,45 @@ impl Role {
         }
     }
 
-    /// Makes the task active or a replica. A promoted replica sends what it kept.
-    fn set_active(&self, active: bool, mut send: impl FnMut(Unsent)) {
+    /// Makes the task active or a replica. A promoted task waits to be opened.
+    fn set_active(&self, active: bool) {
         let mut s = self.state.lock().expect("role lock");
-        let promoted = active && !s.active;
+        if active != s.active {
+            s.open = false;
+        }
         s.active = active;
-        if promoted {
-            s.unsent_events = 0;
-            for unsent in std::mem::take(&mut s.unsent) {
-                if unsent.0.elapsed() <= REPLY_TIMEOUT {
-                    send(unsent);
-                }
-            }
+    }
+
+    /// Whether the task is active but not yet opened.
+    fn waiting(&self) -> bool {
+        let s = self.state.lock().expect("role lock");
+        s.active && !s.open
+    }
+
+    /// Opens an active task: it answers, and serves reads once `ready` was delivered.
+    fn open(&self, ready: i64, fence: &Fence, mut send: impl FnMut(Unsent)) {
+        let mut s = self.state.lock().expect("role lock");
+        if !s.active {
+            return;
+        }
+        s.open = true;
+        s.ready = ready;
+        if s.answers(fence) {
+            s.flush(&mut send);
+        }
+    }
+
+    /// Whether reads of the task may be answered here now (the lease aside).
+    fn serves(&self) -> std::result::Result<(), &'static str> {
+        let s = self.state.lock().expect("role lock");
+        if !s.active {
+            Err("this node holds only a replica of the task")
+        } else if !s.open {
+            Err("the task is being taken over by this node")
+        } else if self.delivered.load(Ordering::Acquire) < s.ready {
+            Err("the task is catching up with its partition")
+        } else {
+            Ok(())
         }
     }
 }
@@ -212,9 +273,6 @@ impl Kafka {
     /// has it), and a promoted replica sends what it kept.
     pub(super) fn apply_plan(self: &Arc<Self>, plan: &ClusterPlan) {
         let roles = plan.roles_of(&self.config.node);
-        let send = |(_, asks, result): Unsent| {
-            send_replies(&self.publisher.replier, &self.stats, asks, result)
-        };
         let recovery = self.tasks.recovery.read().expect("recovery lock").clone();
         let mut new = Vec::new();
         let changed = {
@@ -226,7 +284,7 @@ impl Kafka {
                     new.push(task.clone());
                 }
                 let role = held.entry(task).or_default().clone();
-                role.set_active(active, send);
+                role.set_active(active);
             }
             changed
         };
@@ -289,8 +347,84 @@ impl Kafka {
         self.tasks.reassign();
     }
 
+    /// The held tasks that are active but not yet opened.
+    pub(super) fn waiting_roles(&self) -> Vec<(TaskId, Arc<Role>)> {
+        let held = self.tasks.held.lock().expect("held lock");
+        held.iter()
+            .filter(|(_, r)| r.waiting())
+            .map(|(t, r)| (t.clone(), r.clone()))
+            .collect()
+    }
+
+    /// Opens an active task (`Role::open`); reads wait for `ready` to be delivered.
+    pub(super) fn open_role(&self, role: &Role, ready: i64) {
+        role.open(ready, &self.fence, |(_, asks, result)| {
+            send_replies(&self.publisher.replier, &self.stats, asks, result)
+        });
+    }
+
+    /// After the lease lapsed and came back: the open tasks send what they kept.
+    pub(super) fn flush_unsent(&self) {
+        let roles: Vec<Arc<Role>> = self
+            .tasks
+            .held
+            .lock()
+            .expect("held lock")
+            .values()
+            .cloned()
+            .collect();
+        for role in roles {
+            let mut s = role.state.lock().expect("role lock");
+            if s.answers(&self.fence) {
+                s.flush(&mut |(_, asks, result)| {
+                    send_replies(&self.publisher.replier, &self.stats, asks, result)
+                });
+            }
+        }
+    }
+
+    /// `Ok` when this node may answer a read of `task` now: it holds its lease, and the
+    /// task is active here, opened and caught up. Else the retryable error (57P03).
+    pub fn serves(&self, task: &TaskId) -> Result<()> {
+        self.fence.check()?;
+        let role = self.tasks.held.lock().expect("held lock").get(task).cloned();
+        match role {
+            None => Err(unavailable("this node no longer holds the task")),
+            Some(role) => role.serves().map_err(unavailable),
+        }
+    }
+
+    /// Brings `delivered` of tasks waiting to serve reads up to their positions: every
+    /// record below a position was handed to the shard before this runs (consumer thread).
+    fn note_delivered(&self) {
+        let held = self.tasks.held.lock().expect("held lock");
+        let mut waiting: Vec<(&TaskId, &Arc<Role>)> = held
+            .iter()
+            .filter(|(_, r)| {
+                let ready = r.state.lock().expect("role lock").ready;
+                r.delivered.load(Ordering::Acquire) < ready
+            })
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        let positions = self.tasks.positions.lock().expect("positions lock");
+        let routes = self.tasks.routes.read().expect("routes lock");
+        for (topic, (stream, partitioner)) in routes.iter() {
+            waiting.retain(|(t, role)| {
+                if t.stream != *stream || t.partitioner != *partitioner {
+                    return true;
+                }
+                if let Some(&at) = positions.get(&(topic.clone(), t.partition as i32)) {
+                    role.delivered.fetch_max(at, Ordering::AcqRel);
+                }
+                false
+            });
+        }
+    }
+
     /// The topic of a task under the current catalog.
-    fn topic_of_task(&self, task: &TaskId) -> Option<String> {
+    pub(super) fn topic_of_task(&self, task: &TaskId) -> Option<String> {
         let routes = self.tasks.routes.read().expect("routes lock");
         routes
             .iter()
@@ -443,6 +577,7 @@ impl Kafka {
             if !batch.is_empty() {
                 self.dispatch(std::mem::take(&mut batch), &shards);
             }
+            self.note_delivered();
         }
     }
 
@@ -518,6 +653,7 @@ impl Kafka {
                 (task, *next, role)
             };
             if rows.is_empty() {
+                role.delivered.fetch_max(end, Ordering::AcqRel);
                 continue;
             }
             self.stats
@@ -528,8 +664,9 @@ impl Kafka {
                 Box::new(|_| {})
             } else {
                 let (replier, stats) = (self.publisher.replier.clone(), self.stats.clone());
+                let (role, fence) = (role.clone(), self.fence.clone());
                 Box::new(move |result| {
-                    role.answer(asks, result, |(_, asks, result)| {
+                    role.answer(asks, result, &fence, |(_, asks, result)| {
                         send_replies(&replier, &stats, asks, result)
                     })
                 })
@@ -537,6 +674,7 @@ impl Kafka {
             if !shards.deliver(task, rows, values, end as u64, None, reply) {
                 return;
             }
+            role.delivered.fetch_max(end, Ordering::AcqRel);
         }
     }
 }

@@ -2,6 +2,11 @@
 //! this node alive, the reader of the cluster topic (facts and plans) and of the catalog
 //! topic's changes, and, while this node leads, the plans it publishes.
 //!
+//! It also beats: every `beat_every` it writes `beat/<node>` to the cluster topic, and
+//! the beats it reads back renew its lease (`fence`), while the others' beats tell it
+//! when a task it was made active for is no longer answered elsewhere
+//! (`membership::lease`).
+//!
 //! Invariant: a plan takes effect on this node only when it is read back from the cluster
 //! topic, so the leader and every other node apply plans in one order.
 
@@ -20,6 +25,7 @@ use eddy_planner::{Error, Result};
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
 use super::Kafka;
+use crate::membership::lease::{Beat, Beats, Handover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
 use crate::node::shards::tasks_of;
 use crate::route::TaskId;
@@ -28,6 +34,21 @@ use crate::route::TaskId;
 const DESCRIBE_EVERY: Duration = Duration::from_millis(100);
 /// A plan published but not read back within this is published again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(5);
+
+/// How often a node beats: an eighth of the session timeout, within 50 ms and 1 s.
+fn beat_every(session: Duration) -> Duration {
+    (session / 8).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// How long a lease lasts past its beat's send time: the session timeout less a fifth.
+fn lease_for(session: Duration) -> Duration {
+    session - session / 5
+}
+
+/// How long the broker may be silent (no beat read back) before it counts as unreachable.
+pub(super) fn silence(session: Duration) -> Duration {
+    (beat_every(session) * 3).max(Duration::from_millis(500))
+}
 
 /// This node's membership state, shared with its threads.
 #[derive(Default)]
@@ -196,12 +217,24 @@ impl Kafka {
         producer: ThreadedProducer<DefaultProducerContext>,
     ) {
         let (topic, catalog) = (self.config.cluster_topic(), self.config.catalog_topic());
+        let session = self.config.session_timeout;
         let mut described = Instant::now() - DESCRIBE_EVERY;
         let mut published: Option<(Instant, ClusterPlan)> = None;
+        let mut beats = Beats::default();
+        let mut handover = Handover::new(session);
+        let mut beaten = Instant::now() - beat_every(session);
+        let beat_key = format!("beat/{}", self.config.node);
         while !self.stop.load(Ordering::Acquire) {
             // Serves the group's rebalances; its records are not needed.
             let _ = group.poll(Duration::ZERO);
-            let mut wait = Duration::from_millis(50);
+            if beaten.elapsed() >= beat_every(session) {
+                beaten = Instant::now();
+                let beat = beats.send(self.fence.generation(), beaten);
+                if let Ok(body) = serde_json::to_vec(&beat) {
+                    let _ = producer.send(BaseRecord::to(&topic).key(&beat_key).payload(&body));
+                }
+            }
+            let mut wait = Duration::from_millis(20);
             while let Some(Ok(m)) = tail.poll(wait) {
                 wait = Duration::ZERO;
                 if m.topic() == catalog {
@@ -216,8 +249,34 @@ impl Kafka {
                 let (Some(key), Some(body)) = (m.key(), m.payload()) else {
                     continue;
                 };
-                self.cluster_record(key, body);
+                let broker_ms = match m.timestamp() {
+                    rdkafka::Timestamp::LogAppendTime(ms) => Some(ms),
+                    _ => None,
+                };
+                if let Some(node) = key.strip_prefix(b"beat/") {
+                    let Ok(beat) = serde_json::from_slice::<Beat>(body) else {
+                        continue;
+                    };
+                    if node == self.config.node.as_bytes() {
+                        let Some(sent) = beats.read_back(beat.seq) else {
+                            continue; // an earlier life's
+                        };
+                        handover.own_beat(broker_ms);
+                        if self.fence.renew(sent + lease_for(session)) {
+                            self.flush_unsent();
+                        }
+                    } else {
+                        let node = String::from_utf8_lossy(node);
+                        handover.beat(&node, beat, broker_ms, Instant::now());
+                    }
+                    continue;
+                }
+                if self.cluster_record(key, body, m.offset(), &mut handover) {
+                    // Tell the others at once that this node applies the new plan.
+                    beaten = Instant::now() - beat_every(session);
+                }
             }
+            self.open_takeovers(&handover, &tail);
             if described.elapsed() < DESCRIBE_EVERY {
                 continue;
             }
@@ -263,8 +322,15 @@ impl Kafka {
         drop(group);
     }
 
-    /// A record of the cluster topic: a node's facts, or a plan to apply.
-    fn cluster_record(self: &Arc<Self>, key: &[u8], body: &[u8]) {
+    /// A record of the cluster topic at `offset`: a node's facts, or a plan to apply.
+    /// Returns whether it was a plan.
+    fn cluster_record(
+        self: &Arc<Self>,
+        key: &[u8],
+        body: &[u8],
+        offset: i64,
+        handover: &mut Handover,
+    ) -> bool {
         if let Some(node) = key.strip_prefix(b"member/") {
             if let Ok(facts) = serde_json::from_slice::<NodeFacts>(body) {
                 let node = String::from_utf8_lossy(node).into_owned();
@@ -274,11 +340,40 @@ impl Kafka {
         } else if key == b"plan" {
             match serde_json::from_slice::<ClusterPlan>(body) {
                 Ok(plan) => {
+                    let generation = offset.max(0) as u64;
+                    handover.plan(generation, &plan);
                     let plan = Arc::new(plan);
-                    self.members.view.write().expect("view lock").plan = plan.clone();
+                    {
+                        let mut view = self.members.view.write().expect("view lock");
+                        view.plan = plan.clone();
+                        view.generation = generation;
+                    }
+                    self.fence.set_generation(generation);
                     self.apply_plan(&plan);
+                    return true;
                 }
                 Err(e) => tracing::warn!("kafka: an unreadable plan: {e}"),
+            }
+        }
+        false
+    }
+
+    /// Opens the tasks this node was made active for once no other node answers for
+    /// them: each then serves reads once it has applied what its partition held then.
+    fn open_takeovers(&self, handover: &Handover, client: &BaseConsumer) {
+        let generation = self.fence.generation();
+        let now = Instant::now();
+        for (task, role) in self.waiting_roles() {
+            if !handover.clear(&self.config.node, &task, generation, now) {
+                continue;
+            }
+            let Some(topic) = self.topic_of_task(&task) else {
+                continue;
+            };
+            // Every answer the old owner gave was for a record below this end.
+            match client.fetch_watermarks(&topic, task.partition as i32, Duration::from_secs(1)) {
+                Ok((_, high)) => self.open_role(&role, high),
+                Err(_) => return,
             }
         }
     }

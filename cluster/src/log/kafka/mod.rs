@@ -29,6 +29,7 @@ mod admin;
 mod catalog;
 mod config;
 mod consume;
+pub mod fence;
 mod members;
 mod produce;
 mod sources;
@@ -83,6 +84,8 @@ pub struct Kafka {
     tasks: TaskConsumer,
     sources: Sources,
     members: Members,
+    /// The node's lease and what it knows of the broker (`fence`).
+    pub(super) fence: Arc<fence::Fence>,
     /// The peer service's socket, bound at connect, until the node serves it.
     peer_listener: Mutex<Option<std::net::TcpListener>>,
     peer_addr: std::net::SocketAddr,
@@ -143,6 +146,7 @@ impl Kafka {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let replies = publisher.start_replies(stop.clone())?;
+        let fence = Arc::new(fence::Fence::new(members::silence(config.session_timeout)));
         Ok(Arc::new_cyclic(|me| Kafka {
             config,
             admin,
@@ -150,6 +154,7 @@ impl Kafka {
             tasks: TaskConsumer::default(),
             sources: Sources::default(),
             members: Members::default(),
+            fence,
             peer_listener: Mutex::new(Some(peer_listener)),
             peer_addr,
             peer_advertised,
@@ -169,6 +174,16 @@ impl Kafka {
 
     pub fn config(&self) -> &KafkaConfig {
         &self.config
+    }
+
+    /// A handle that does not keep the node alive.
+    pub fn weak(&self) -> Weak<Kafka> {
+        self.me.clone()
+    }
+
+    /// The node's lease (`fence`).
+    pub fn fence(&self) -> &Arc<fence::Fence> {
+        &self.fence
     }
 
     /// Where the peer service listens.
@@ -336,9 +351,25 @@ impl EventLog for Kafka {
                     b.rows.into_iter().map(move |r| (task.clone(), r))
                 })
                 .collect();
+            // While no beat comes back, the broker cannot take the events either: the
+            // statement fails at once, having sent nothing.
+            if self.in_cluster() && !self.fence.reachable() {
+                return Err(Error::new(
+                    eddy_planner::ErrorKind::Unavailable,
+                    "kafka is unreachable from this node: nothing of the statement was sent",
+                )
+                .with_hint("Retry once the broker is back; SHOW CLUSTER shows it."));
+            }
+            let deadline = match crate::log::statement_deadline() {
+                Some(at) => (at, at),
+                None => {
+                    let appended = Instant::now() + produce::APPEND_TIMEOUT;
+                    (appended, appended + self.config.session_timeout * 2)
+                }
+            };
             let mut answers = self
                 .publisher
-                .publish(stream, events, values)
+                .publish(stream, events, values, deadline)
                 .await?
                 .into_iter();
             Ok(sizes

@@ -53,8 +53,17 @@ pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -
             value: Some(&tag),
         })
 }
-/// How long a statement waits for its tasks' answers.
+/// How long a replica keeps the answers it did not send.
 pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a statement waits for Kafka to take its events when it sets no
+/// `statement_timeout`. (It then waits two session timeouts more for its tasks' answers:
+/// long enough for a dead node's replicas to take its tasks over and answer.)
+pub(super) const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The error of a statement whose outcome is not known (40003).
+fn unknown(what: &str, hint: &str) -> Error {
+    Error::new(eddy_planner::ErrorKind::CompletionUnknown, what).with_hint(hint)
+}
 /// A statement waiting for its answers, one per (event, partitioner) slot.
 struct Gather {
     answers: Vec<Option<Answer>>,
@@ -105,8 +114,11 @@ pub(super) struct Publisher {
 
 impl Publisher {
     pub(super) fn new(config: &KafkaConfig, stats: Arc<KafkaStats>) -> Result<Publisher> {
+        // An event Kafka has not taken within 10 s is dropped: a statement that gave up
+        // on it (40003) does not see it applied much later.
         let producer: FutureProducer = config
             .producer()
+            .set("message.timeout.ms", "10000")
             .create()
             .map_err(|e| kafka_error("creating the producer", e))?;
         let replier: Replier = config
@@ -159,12 +171,15 @@ impl Publisher {
         Ok(())
     }
 
-    /// `events` are (task, event) in slot order.
+    /// `events` are (task, event) in slot order. Kafka must take them by `deadline.0`
+    /// and their tasks answer by `deadline.1`; past either the statement's outcome is
+    /// unknown (40003).
     pub(super) async fn publish(
         &self,
         stream: &StreamDef,
         events: Vec<(TaskId, Row)>,
         values: bool,
+        deadline: (std::time::Instant, std::time::Instant),
     ) -> Result<Vec<Answer>> {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
@@ -176,22 +191,33 @@ impl Publisher {
                 done: Some(done),
             },
         );
-        let result = self
-            .send_events(stream, &events, Some((request, values)))
-            .await;
-        if let Err(e) = result {
-            self.pending.lock().expect("pending lock").remove(&request);
-            return Err(e);
+        let forget = || self.pending.lock().expect("pending lock").remove(&request);
+        let sent = self.send_events(stream, &events, Some((request, values)));
+        match tokio::time::timeout_at(deadline.0.into(), sent).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                forget();
+                return Err(e);
+            }
+            Err(_) => {
+                forget();
+                return Err(unknown(
+                    "kafka did not acknowledge the statement's events in time",
+                    "Kafka may still take them: each event applies at most once. Retry only \
+                     if an event applied twice does no harm, or check its effect first.",
+                ));
+            }
         }
-        match tokio::time::timeout(REPLY_TIMEOUT, answered).await {
+        match tokio::time::timeout_at(deadline.1.into(), answered).await {
             Ok(Ok(answers)) => answers,
             Ok(Err(_)) => Err(Error::internal("kafka: the reply consumer stopped")),
             Err(_) => {
-                self.pending.lock().expect("pending lock").remove(&request);
-                Err(Error::internal(format!(
-                    "kafka: no answer from the tasks within {} s; the events are durable in Kafka and will be applied",
-                    REPLY_TIMEOUT.as_secs()
-                )))
+                forget();
+                Err(unknown(
+                    "the statement's tasks did not answer in time",
+                    "Its events are durable in Kafka and will be applied exactly once; \
+                     read the metrics to see their effect.",
+                ))
             }
         }
     }
