@@ -51,8 +51,9 @@ struct Seen {
 pub struct Handover {
     session: Duration,
     beats: HashMap<String, Seen>,
-    /// Per task, per node: the generation of the newest plan that made it active.
-    actives: HashMap<TaskId, BTreeMap<String, u64>>,
+    /// Per task: the generation of the first plan that placed it, and per node the
+    /// generation of the newest plan that made it active.
+    actives: HashMap<TaskId, (u64, BTreeMap<String, u64>)>,
     /// The broker's append time of this node's newest beat read back.
     own_broker_ms: Option<i64>,
 }
@@ -91,17 +92,40 @@ impl Handover {
         for (task, placement) in &plan.tasks {
             self.actives
                 .entry(task.clone())
-                .or_default()
+                .or_insert_with(|| (generation, BTreeMap::new()))
+                .1
                 .insert(placement.active.clone(), generation);
         }
     }
 
-    /// Whether `me`, active for `task` under the plan of `generation`, may answer for it:
-    /// no other node a plan made active for it can still answer, as far as it knows.
-    pub fn clear(&self, me: &str, task: &TaskId, generation: u64, now: Instant) -> bool {
-        let Some(actives) = self.actives.get(task) else {
-            return true;
+    /// Whether `me`, active for `task` under the plan of `generation`, may answer for it
+    /// (no other node a plan made active for it can still answer, as far as it knows),
+    /// and if so, whether it must first catch up with what an earlier owner answered.
+    pub fn takeover(
+        &self,
+        me: &str,
+        task: &TaskId,
+        generation: u64,
+        now: Instant,
+    ) -> Option<Takeover> {
+        let Some((first, actives)) = self.actives.get(task) else {
+            return Some(Takeover::Fresh);
         };
+        if *first == generation {
+            // Placed for the first time by this plan: no one answered for it before.
+            return Some(Takeover::Fresh);
+        }
+        self.clear(me, actives, generation, now)
+            .then_some(Takeover::CatchUp)
+    }
+
+    fn clear(
+        &self,
+        me: &str,
+        actives: &BTreeMap<String, u64>,
+        generation: u64,
+        now: Instant,
+    ) -> bool {
         actives
             .iter()
             .filter(|(node, _)| *node != me)
@@ -120,6 +144,16 @@ impl Handover {
                 }
             })
     }
+}
+
+/// How a node that may answer for a task starts to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// The task is new: nothing was answered for it before.
+    Fresh,
+    /// Earlier owners answered for records up to the partition's end, which the task
+    /// must apply before it serves reads.
+    CatchUp,
 }
 
 /// This node's own beats: when each was sent, until it is read back.
@@ -197,12 +231,14 @@ mod tests {
         h.beat("a", Beat { seq: 1, plan: 10 }, Some(1_000), t0);
         h.plan(20, &plan("b"));
         // "a" may still answer under plan 10.
-        assert!(!h.clear("b", &task(), 20, t0 + Duration::from_secs(1)));
+        assert_eq!(h.takeover("b", &task(), 20, t0 + Duration::from_secs(1)), None);
         // Its lease from the beat read at t0 ends within a session timeout.
-        assert!(h.clear("b", &task(), 20, t0 + s));
+        assert_eq!(h.takeover("b", &task(), 20, t0 + s), Some(Takeover::CatchUp));
         // Or "a" says it applies plan 20.
         h.beat("a", Beat { seq: 2, plan: 20 }, Some(2_000), t0);
-        assert!(h.clear("b", &task(), 20, t0));
+        assert_eq!(h.takeover("b", &task(), 20, t0), Some(Takeover::CatchUp));
+        // A task placed for the first time has nothing to catch up with.
+        assert_eq!(h.takeover("a", &task(), 10, t0), Some(Takeover::Fresh));
     }
 
     #[test]
@@ -214,9 +250,9 @@ mod tests {
         // Read just now, while catching up, but appended long ago.
         h.beat("a", Beat { seq: 1, plan: 10 }, Some(1_000), now);
         h.plan(20, &plan("b"));
-        assert!(!h.clear("b", &task(), 20, now));
+        assert!(h.takeover("b", &task(), 20, now).is_none());
         h.own_beat(Some(1_000 + 6_001));
-        assert!(h.clear("b", &task(), 20, now));
+        assert!(h.takeover("b", &task(), 20, now).is_some());
     }
 
     #[test]
@@ -228,9 +264,9 @@ mod tests {
         h.beat("a", Beat { seq: 5, plan: 20 }, None, now);
         h.plan(30, &plan("c"));
         // "a" applied plan 20, after the last plan that made it active; "b" never beat.
-        assert!(h.clear("c", &task(), 30, now));
+        assert!(h.takeover("c", &task(), 30, now).is_some());
         h.beat("b", Beat { seq: 1, plan: 20 }, None, now);
-        assert!(!h.clear("c", &task(), 30, now));
+        assert!(h.takeover("c", &task(), 30, now).is_none());
     }
 
     #[test]

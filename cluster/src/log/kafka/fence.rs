@@ -60,6 +60,11 @@ impl Fence {
         lapsed
     }
 
+    /// Ends the lease for good (the node stops).
+    pub(super) fn revoke(&self) {
+        self.until.store(0, Ordering::Release);
+    }
+
     /// Whether a beat came back from the broker lately.
     pub fn reachable(&self) -> bool {
         let heard = self.heard.load(Ordering::Acquire);

@@ -25,7 +25,7 @@ use eddy_planner::{Error, Result};
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
 use super::Kafka;
-use crate::membership::lease::{Beat, Beats, Handover};
+use crate::membership::lease::{Beat, Beats, Handover, Takeover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
 use crate::node::shards::tasks_of;
 use crate::route::TaskId;
@@ -316,6 +316,17 @@ impl Kafka {
                 Err((e, _)) => tracing::warn!("kafka: publishing the plan: {e}"),
             }
         }
+        // A last beat tells the others that this node answers for nothing any more, so
+        // they take its tasks over without waiting for its lease to run out.
+        self.fence.revoke();
+        let farewell = Beat {
+            seq: 0,
+            plan: u64::MAX,
+        };
+        if let Ok(body) = serde_json::to_vec(&farewell) {
+            let _ = producer.send(BaseRecord::to(&topic).key(&beat_key).payload(&body));
+            let _ = producer.flush(Duration::from_secs(2));
+        }
         // Leaving the group at once, rather than when the session times out, moves this
         // node's tasks to their replicas right away.
         group.unsubscribe();
@@ -359,21 +370,45 @@ impl Kafka {
     }
 
     /// Opens the tasks this node was made active for once no other node answers for
-    /// them: each then serves reads once it has applied what its partition held then.
+    /// them: each then serves reads once it has applied what its partition held then
+    /// (the ends of all of them asked for in one request).
     fn open_takeovers(&self, handover: &Handover, client: &BaseConsumer) {
         let generation = self.fence.generation();
         let now = Instant::now();
+        let mut ends = TopicPartitionList::new();
+        let mut later = Vec::new();
         for (task, role) in self.waiting_roles() {
-            if !handover.clear(&self.config.node, &task, generation, now) {
-                continue;
+            match handover.takeover(&self.config.node, &task, generation, now) {
+                None => {}
+                Some(Takeover::Fresh) => self.open_role(&role, 0),
+                Some(Takeover::CatchUp) => {
+                    let Some(topic) = self.topic_of_task(&task) else {
+                        continue;
+                    };
+                    let partition = task.partition as i32;
+                    if ends.add_partition_offset(&topic, partition, Offset::End).is_ok() {
+                        later.push((topic, partition, role));
+                    }
+                }
             }
-            let Some(topic) = self.topic_of_task(&task) else {
-                continue;
-            };
-            // Every answer the old owner gave was for a record below this end.
-            match client.fetch_watermarks(&topic, task.partition as i32, Duration::from_secs(1)) {
-                Ok((_, high)) => self.open_role(&role, high),
-                Err(_) => return,
+        }
+        if later.is_empty() || !self.fence.reachable() {
+            return;
+        }
+        // Every answer an earlier owner gave was for a record below these ends.
+        let Ok(ends) = client.offsets_for_times(ends, Duration::from_secs(2)) else {
+            return;
+        };
+        for (topic, partition, role) in later {
+            let end = ends
+                .find_partition(&topic, partition)
+                .filter(|e| e.error().is_ok())
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(end) => Some(end),
+                    _ => None,
+                });
+            if let Some(end) = end {
+                self.open_role(&role, end);
             }
         }
     }
