@@ -36,7 +36,7 @@ use common::{repo, spawn_eddy_env, temp_dir, TempDir};
 
 const SESSION: u64 = 4;
 const NODES: usize = 3;
-const CARDS: usize = 8;
+const CARDS: usize = 24;
 const WRITERS: usize = 4;
 const READERS: usize = 2;
 
@@ -326,7 +326,8 @@ async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
             "INSERT INTO pay VALUES ({id}, '2026-01-01 10:00:00', '{}', {amount}) RETURNING total.n, total.s",
             card_name(card)
         );
-        let (_, result) = client.query(&shared, &sql, Duration::from_secs(20)).await;
+        // A client gives a node 3 s, then tries the next: a paused node cannot answer.
+        let (_, result) = client.query(&shared, &sql, Duration::from_secs(3)).await;
         let acked = match &result {
             Ok(rows) => {
                 let (n, s) = first_row(rows).expect("RETURNING gives a row");
@@ -363,7 +364,7 @@ async fn reader(r: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
             card_name(card)
         );
         let sent = Instant::now();
-        let (node, result) = client.query(&shared, &sql, Duration::from_secs(10)).await;
+        let (node, result) = client.query(&shared, &sql, Duration::from_secs(3)).await;
         {
             let mut h = history.lock().unwrap();
             match result {
