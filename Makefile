@@ -16,8 +16,10 @@ test:
 
 # Every benchmark (bench/src/bin/suite.rs): reports in bench/results/. BENCH_ARGS=--quick
 # runs them with tiny sizes. Then the concurrency sweep against PostgreSQL 15
-# (bench/pgbench/sweep.sh; SWEEP_ARGS="SECONDS CLIENTS_LIST CARDS OUT_DIR").
+# (bench/pgbench/sweep.sh; SWEEP_ARGS="SECONDS CLIENTS_LIST CARDS OUT_DIR"), and the
+# unavailability per fault kind (bench/nemesis.sh; NEMESIS_ARGS="RUNS SECONDS OUT_FILE").
 bench:
 	storage/rocksdb/build-lib
 	cargo run --release -p eddy-bench --bin suite -- $(BENCH_ARGS)
 	bench/pgbench/sweep.sh $(SWEEP_ARGS)
+	bench/nemesis.sh $(NEMESIS_ARGS)

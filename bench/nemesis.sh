@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Unavailability per fault kind (issue 57): runs the nemesis test (server/tests/nemesis.rs,
+# release build: a broker of its own, three nodes with a 4 s session timeout behind TCP
+# proxies, writers and readers through every node) RUNS times, and reports, per fault
+# kind, the median and the worst of the longest time a card (one task's group) went
+# without an acknowledged write: over the whole fault, and after its heal (the node or
+# the broker back).
+#
+# Usage: bench/nemesis.sh [RUNS] [SECONDS_OF_FAULTS] [OUT_FILE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs="${1:-3}"
+seconds="${2:-120}"
+out="${3:-bench/results/nemesis.txt}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+.ci/kafka install
+mkdir -p "$(dirname "$out")"
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+for run in $(seq 1 "$runs"); do
+  echo "== nemesis run $run of $runs" >&2
+  EDDY_NEMESIS_REPORT="$report" EDDY_NEMESIS_SECONDS="$seconds" \
+    cargo test --release -p eddy-server --test nemesis -- --nocapture 2>&1 |
+    grep -E '^(nemesis seed|fault [0-9]+:|[0-9]+ writes|test result)' >&2
+done
+python3 - "$report" "$runs" <<'PYEOF' | tee "$out"
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+kinds = {}
+for kind, _target, total, after in rows:
+    kinds.setdefault(kind, []).append((int(total), int(after)))
+print(f"nemesis: {sys.argv[2]} runs, {len(rows)} faults; session timeout 4 s")
+print(f"{'fault':<12} {'count':>5} {'median ms':>10} {'worst ms':>9} {'after heal: median':>19} {'worst':>6}")
+for kind in sorted(kinds):
+    totals = [t for t, _ in kinds[kind]]
+    afters = [a for _, a in kinds[kind]]
+    print(f"{kind:<12} {len(totals):>5} {int(statistics.median(totals)):>10} {max(totals):>9} "
+          f"{int(statistics.median(afters)):>19} {max(afters):>6}")
+PYEOF
