@@ -3,6 +3,10 @@
 //! Writers insert through every node while one node is killed with kill -9, restarted
 //! on its stale data directory, and joined by a fresh fourth node. At the end every
 //! acknowledged event was applied exactly once, as every node reads it.
+//!
+//! On three brokers with three copies of every topic (min.insync.replicas 2, acks=all):
+//! `EDDY_TEST_KAFKA=$(.ci/kafka start-cluster DIR) EDDY_TEST_KAFKA_REPLICATION=3
+//! cargo test -p eddy-server --test cluster`.
 
 mod common;
 
@@ -32,6 +36,8 @@ fn start_node(cluster: &str, id: &str, dir: TempDir) -> Node {
 fn start_node_env(cluster: &str, id: &str, dir: TempDir, env: &[(&str, &str)]) -> Node {
     let kafka = kafka_addr();
     let host = format!("host-{id}");
+    // With three brokers (`.ci/kafka start-cluster`), topics get three copies.
+    let replication = std::env::var("EDDY_TEST_KAFKA_REPLICATION").unwrap_or_else(|_| "1".into());
     let (eddy, port) = spawn_eddy_env(
         &dir,
         &[
@@ -45,6 +51,8 @@ fn start_node_env(cluster: &str, id: &str, dir: TempDir, env: &[(&str, &str)]) -
             &host,
             "--replicas",
             "2",
+            "--kafka-replication",
+            &replication,
         ],
         env,
     );

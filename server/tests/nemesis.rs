@@ -228,8 +228,10 @@ struct Read {
     got: Option<(i64, i64)>,
 }
 
-#[derive(Default)]
 struct History {
+    start: Instant,
+    /// What happened when, for the report of a violation.
+    faults: Vec<String>,
     writes: Vec<Write>,
     reads: Vec<Read>,
     /// Failed statements by SQLSTATE (or "timeout", "connection").
@@ -419,9 +421,16 @@ fn check(h: &History, last: &BTreeMap<usize, (i64, i64)>, ids: &[i64]) -> Vec<St
             let (n, s) = r.got.unwrap_or((0, 0));
             let before = acked_at.partition_point(|at| *at < r.sent) as i64;
             if n < before {
+                let late = acked_at[n.max(0) as usize..before as usize]
+                    .iter()
+                    .map(|at| format!("{}", at.duration_since(h.start).as_millis()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 bad.push(format!(
-                    "card {card}: a read through port {} returned count {n}, but {before} writes were acknowledged before it was sent",
-                    r.node
+                    "card {card}: a read through port {} sent at {} ms returned count {n}, but {before} writes were acknowledged before it was sent (the last ones at {late} ms); faults: {}",
+                    r.node,
+                    r.sent.duration_since(h.start).as_millis(),
+                    h.faults.join("; ")
                 ));
             }
             if let Some((want, _)) = chain.get(&n) {
@@ -702,7 +711,13 @@ async fn faults_cost_seconds_and_never_correctness() {
     drop(admin);
     cluster.settle(Duration::from_secs(90)).await;
 
-    let history: Arc<Mutex<History>> = Arc::default();
+    let history = Arc::new(Mutex::new(History {
+        start: Instant::now(),
+        faults: Vec::new(),
+        writes: Vec::new(),
+        reads: Vec::new(),
+        errors: BTreeMap::new(),
+    }));
     let mut clients = Vec::new();
     for w in 0..WRITERS {
         clients.push(tokio::spawn(writer(w, shared.clone(), history.clone(), seed)));
@@ -748,9 +763,15 @@ async fn faults_cost_seconds_and_never_correctness() {
         let healed = cluster.inject(fault, i).await;
         cluster.settle(Duration::from_secs(90)).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let h = history.lock().unwrap();
+        let mut h = history.lock().unwrap();
         let cost = unavailability(&h, from, Instant::now());
         let after = unavailability(&h, healed, Instant::now());
+        let ports = shared.ports.lock().unwrap().clone();
+        let (at, back) = (
+            from.duration_since(h.start).as_millis(),
+            healed.duration_since(h.start).as_millis(),
+        );
+        h.faults.push(format!("{fault:?} on {target} at {at} ms, healed at {back} ms, ports then {ports:?}"));
         drop(h);
         eprintln!(
             "fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal",

@@ -31,6 +31,10 @@ use crate::route::TaskId;
 /// A node's beat on the cluster topic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Beat {
+    /// Drawn at random when the process starts: a later (or earlier) process under the
+    /// same node id never takes this one's beats for its own.
+    #[serde(default)]
+    pub life: u64,
     pub seq: u64,
     /// The generation of the plan the node applied when it sent the beat.
     pub plan: u64,
@@ -51,9 +55,8 @@ struct Seen {
 pub struct Handover {
     session: Duration,
     beats: HashMap<String, Seen>,
-    /// Per task: the generation of the first plan that placed it, and per node the
-    /// generation of the newest plan that made it active.
-    actives: HashMap<TaskId, (u64, BTreeMap<String, u64>)>,
+    /// Per task, per node: the generation of the newest plan that made it active.
+    actives: HashMap<TaskId, BTreeMap<String, u64>>,
     /// The broker's append time of this node's newest beat read back.
     own_broker_ms: Option<i64>,
 }
@@ -92,31 +95,20 @@ impl Handover {
         for (task, placement) in &plan.tasks {
             self.actives
                 .entry(task.clone())
-                .or_insert_with(|| (generation, BTreeMap::new()))
-                .1
+                .or_default()
                 .insert(placement.active.clone(), generation);
         }
     }
 
-    /// Whether `me`, active for `task` under the plan of `generation`, may answer for it
-    /// (no other node a plan made active for it can still answer, as far as it knows),
-    /// and if so, whether it must first catch up with what an earlier owner answered.
-    pub fn takeover(
-        &self,
-        me: &str,
-        task: &TaskId,
-        generation: u64,
-        now: Instant,
-    ) -> Option<Takeover> {
-        let Some((first, actives)) = self.actives.get(task) else {
-            return Some(Takeover::Fresh);
+    /// Whether `me`, active for `task` under the plan of `generation`, may answer for it:
+    /// no other node a plan made active for it can still answer, as far as it knows. (It
+    /// then catches up with its partition's end before it serves reads: an earlier owner,
+    /// perhaps an earlier process of this node, may have answered for records up to it.)
+    pub fn takeover(&self, me: &str, task: &TaskId, generation: u64, now: Instant) -> bool {
+        let Some(actives) = self.actives.get(task) else {
+            return true;
         };
-        if *first == generation {
-            // Placed for the first time by this plan: no one answered for it before.
-            return Some(Takeover::Fresh);
-        }
         self.clear(me, actives, generation, now)
-            .then_some(Takeover::CatchUp)
     }
 
     fn clear(
@@ -146,19 +138,10 @@ impl Handover {
     }
 }
 
-/// How a node that may answer for a task starts to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Takeover {
-    /// The task is new: nothing was answered for it before.
-    Fresh,
-    /// Earlier owners answered for records up to the partition's end, which the task
-    /// must apply before it serves reads.
-    CatchUp,
-}
-
 /// This node's own beats: when each was sent, until it is read back.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Beats {
+    life: u64,
     next: u64,
     sent: std::collections::VecDeque<(u64, Instant)>,
 }
@@ -167,6 +150,15 @@ pub struct Beats {
 const SENT_MAX: usize = 1024;
 
 impl Beats {
+    /// The beats of a process whose life is `life` (a random number).
+    pub fn new(life: u64) -> Beats {
+        Beats {
+            life,
+            next: 0,
+            sent: Default::default(),
+        }
+    }
+
     /// The next beat, sent at `now`, under plan `plan`.
     pub fn send(&mut self, plan: u64, now: Instant) -> Beat {
         self.next += 1;
@@ -175,14 +167,19 @@ impl Beats {
             self.sent.pop_front();
         }
         Beat {
+            life: self.life,
             seq: self.next,
             plan,
         }
     }
 
-    /// A beat read back: when it was sent (`None`: one of an earlier life of this node,
-    /// or forgotten).
-    pub fn read_back(&mut self, seq: u64) -> Option<Instant> {
+    /// A beat of this node read back: when it was sent (`None`: one of another life of
+    /// this node id, or forgotten).
+    pub fn read_back(&mut self, beat: &Beat) -> Option<Instant> {
+        if beat.life != self.life {
+            return None;
+        }
+        let seq = beat.seq;
         while let Some(&(s, at)) = self.sent.front() {
             if s > seq {
                 break;
@@ -228,17 +225,15 @@ mod tests {
         let t0 = Instant::now();
         let mut h = Handover::new(s);
         h.plan(10, &plan("a"));
-        h.beat("a", Beat { seq: 1, plan: 10 }, Some(1_000), t0);
+        h.beat("a", Beat { life: 1, seq: 1, plan: 10 }, Some(1_000), t0);
         h.plan(20, &plan("b"));
         // "a" may still answer under plan 10.
-        assert_eq!(h.takeover("b", &task(), 20, t0 + Duration::from_secs(1)), None);
+        assert!(!h.takeover("b", &task(), 20, t0 + Duration::from_secs(1)));
         // Its lease from the beat read at t0 ends within a session timeout.
-        assert_eq!(h.takeover("b", &task(), 20, t0 + s), Some(Takeover::CatchUp));
+        assert!(h.takeover("b", &task(), 20, t0 + s));
         // Or "a" says it applies plan 20.
-        h.beat("a", Beat { seq: 2, plan: 20 }, Some(2_000), t0);
-        assert_eq!(h.takeover("b", &task(), 20, t0), Some(Takeover::CatchUp));
-        // A task placed for the first time has nothing to catch up with.
-        assert_eq!(h.takeover("a", &task(), 10, t0), Some(Takeover::Fresh));
+        h.beat("a", Beat { life: 1, seq: 2, plan: 20 }, Some(2_000), t0);
+        assert!(h.takeover("b", &task(), 20, t0));
     }
 
     #[test]
@@ -248,11 +243,11 @@ mod tests {
         let mut h = Handover::new(s);
         h.plan(10, &plan("a"));
         // Read just now, while catching up, but appended long ago.
-        h.beat("a", Beat { seq: 1, plan: 10 }, Some(1_000), now);
+        h.beat("a", Beat { life: 1, seq: 1, plan: 10 }, Some(1_000), now);
         h.plan(20, &plan("b"));
-        assert!(h.takeover("b", &task(), 20, now).is_none());
+        assert!(!h.takeover("b", &task(), 20, now));
         h.own_beat(Some(1_000 + 6_001));
-        assert!(h.takeover("b", &task(), 20, now).is_some());
+        assert!(h.takeover("b", &task(), 20, now));
     }
 
     #[test]
@@ -261,23 +256,25 @@ mod tests {
         let mut h = Handover::new(Duration::from_secs(6));
         h.plan(10, &plan("a"));
         h.plan(20, &plan("b"));
-        h.beat("a", Beat { seq: 5, plan: 20 }, None, now);
+        h.beat("a", Beat { life: 1, seq: 5, plan: 20 }, None, now);
         h.plan(30, &plan("c"));
         // "a" applied plan 20, after the last plan that made it active; "b" never beat.
-        assert!(h.takeover("c", &task(), 30, now).is_some());
-        h.beat("b", Beat { seq: 1, plan: 20 }, None, now);
-        assert!(h.takeover("c", &task(), 30, now).is_none());
+        assert!(h.takeover("c", &task(), 30, now));
+        h.beat("b", Beat { life: 1, seq: 1, plan: 20 }, None, now);
+        assert!(!h.takeover("c", &task(), 30, now));
     }
 
     #[test]
     fn own_beats_give_their_send_times_back() {
         let t0 = Instant::now();
-        let mut b = Beats::default();
+        let mut b = Beats::new(7);
         let one = b.send(1, t0);
         let two = b.send(1, t0 + Duration::from_millis(5));
-        assert_eq!(b.read_back(one.seq), Some(t0));
-        assert_eq!(b.read_back(one.seq), None);
-        assert_eq!(b.read_back(two.seq), Some(t0 + Duration::from_millis(5)));
-        assert_eq!(b.read_back(99), None);
+        let other_life = Beat { life: 8, ..two };
+        assert_eq!(b.read_back(&other_life), None);
+        assert_eq!(b.read_back(&one), Some(t0));
+        assert_eq!(b.read_back(&one), None);
+        assert_eq!(b.read_back(&two), Some(t0 + Duration::from_millis(5)));
+        assert_eq!(b.read_back(&Beat { seq: 99, ..two }), None);
     }
 }

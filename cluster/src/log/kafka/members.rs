@@ -25,7 +25,7 @@ use eddy_planner::{Error, Result};
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
 use super::Kafka;
-use crate::membership::lease::{Beat, Beats, Handover, Takeover};
+use crate::membership::lease::{Beat, Beats, Handover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
 use crate::node::shards::tasks_of;
 use crate::route::TaskId;
@@ -220,7 +220,11 @@ impl Kafka {
         let session = self.config.session_timeout;
         let mut described = Instant::now() - DESCRIBE_EVERY;
         let mut published: Option<(Instant, ClusterPlan)> = None;
-        let mut beats = Beats::default();
+        let life = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        let mut beats = Beats::new(life);
         let mut handover = Handover::new(session);
         let mut beaten = Instant::now() - beat_every(session);
         let beat_key = format!("beat/{}", self.config.node);
@@ -258,7 +262,7 @@ impl Kafka {
                         continue;
                     };
                     if node == self.config.node.as_bytes() {
-                        let Some(sent) = beats.read_back(beat.seq) else {
+                        let Some(sent) = beats.read_back(&beat) else {
                             continue; // an earlier life's
                         };
                         handover.own_beat(broker_ms);
@@ -320,6 +324,7 @@ impl Kafka {
         // they take its tasks over without waiting for its lease to run out.
         self.fence.revoke();
         let farewell = Beat {
+            life: 0,
             seq: 0,
             plan: u64::MAX,
         };
@@ -378,18 +383,15 @@ impl Kafka {
         let mut ends = TopicPartitionList::new();
         let mut later = Vec::new();
         for (task, role) in self.waiting_roles() {
-            match handover.takeover(&self.config.node, &task, generation, now) {
-                None => {}
-                Some(Takeover::Fresh) => self.open_role(&role, 0),
-                Some(Takeover::CatchUp) => {
-                    let Some(topic) = self.topic_of_task(&task) else {
-                        continue;
-                    };
-                    let partition = task.partition as i32;
-                    if ends.add_partition_offset(&topic, partition, Offset::End).is_ok() {
-                        later.push((topic, partition, role));
-                    }
-                }
+            if !handover.takeover(&self.config.node, &task, generation, now) {
+                continue;
+            }
+            let Some(topic) = self.topic_of_task(&task) else {
+                continue;
+            };
+            let partition = task.partition as i32;
+            if ends.add_partition_offset(&topic, partition, Offset::End).is_ok() {
+                later.push((topic, partition, role));
             }
         }
         if later.is_empty() || !self.fence.reachable() {
