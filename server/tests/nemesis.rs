@@ -489,6 +489,8 @@ enum Fault {
 
 struct Cluster {
     name: String,
+    /// The output of each node's earlier lives.
+    logs: Vec<Vec<String>>,
     nodes: Vec<Node>,
     proxies: Vec<Proxy>,
     broker: Arc<Broker>,
@@ -517,7 +519,27 @@ impl Cluster {
 
     fn kill(&mut self, i: usize) {
         self.set_port(i, None);
-        drop(self.nodes[i].eddy.take());
+        if let Some(eddy) = self.nodes[i].eddy.take() {
+            let said = eddy.output();
+            drop(eddy);
+            self.logs[i].extend(said);
+            self.logs[i].push("---- killed ----".into());
+        }
+    }
+
+    /// Every node's output, each life's in turn, to files named after the seed.
+    fn dump_logs(&self, seed: u64) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let path = std::env::temp_dir().join(format!("eddy-nemesis-{seed}-{}.log", node.id));
+            let mut lines = self.logs[i].clone();
+            if let Some(eddy) = &node.eddy {
+                lines.extend(eddy.output());
+            }
+            std::fs::write(&path, lines.join("\n")).unwrap();
+            out.push(path);
+        }
+        out
     }
 
     fn signal(&self, i: usize, signal: &str) {
@@ -691,6 +713,7 @@ async fn faults_cost_seconds_and_never_correctness() {
     }
     let mut cluster = Cluster {
         name,
+        logs: vec![Vec::new(); NODES],
         nodes,
         proxies,
         broker,
@@ -846,6 +869,9 @@ async fn faults_cost_seconds_and_never_correctness() {
         }
     }
     let bad = check(&h, &last, &ids);
+    if !bad.is_empty() {
+        eprintln!("the nodes' output: {:?}", cluster.dump_logs(seed));
+    }
     assert!(
         bad.is_empty(),
         "seed {seed}: {} violations, the first ones:\n{}",

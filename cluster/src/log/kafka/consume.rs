@@ -174,6 +174,18 @@ impl Role {
     }
 }
 
+/// Whether a record was written within `REPLY_TIMEOUT` (by its timestamp), so its asker
+/// may still wait for the answer.
+fn recent(m: &rdkafka::message::OwnedMessage) -> bool {
+    let Some(at) = m.timestamp().to_millis() else {
+        return true;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    now - at <= REPLY_TIMEOUT.as_millis() as i64
+}
+
 /// How a node given a task it lacks gets the task's checkpoint from a peer (`peer`).
 pub trait Recover: Send + Sync {
     /// Brings `task`, which resumes at offset `after` here, up to a newer checkpoint of a
@@ -645,7 +657,8 @@ impl Kafka {
                         );
                         continue;
                     };
-                    if let Some(reply) = reply_to(m) {
+                    // A record older than any asker waits (a replay) is not answered.
+                    if let Some(reply) = reply_to(m).filter(|_| recent(m)) {
                         asks.push((rows.len(), reply));
                     }
                     rows.push(row);

@@ -365,6 +365,17 @@ impl Kafka {
                         view.generation = generation;
                     }
                     self.fence.set_generation(generation);
+                    let active = plan
+                        .roles_of(&self.config.node)
+                        .into_iter()
+                        .filter(|(_, active)| *active)
+                        .map(|(t, _)| format!("{}/{}", t.stream, t.partition))
+                        .collect::<Vec<_>>();
+                    tracing::info!(
+                        "kafka: plan {generation} (epoch {}, by {}): active here {active:?}",
+                        plan.epoch,
+                        plan.leader
+                    );
                     self.apply_plan(&plan);
                     return true;
                 }
@@ -410,6 +421,9 @@ impl Kafka {
                     _ => None,
                 });
             if let Some(end) = end {
+                tracing::info!(
+                    "kafka: {topic}/{partition} taken over under plan {generation}: it answers now, and serves reads from offset {end}"
+                );
                 self.open_role(&role, end);
             }
         }

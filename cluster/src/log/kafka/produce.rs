@@ -100,6 +100,15 @@ impl ProducerContext for ReplyContext {
 
 pub(super) type Replier = ThreadedProducer<ReplyContext>;
 
+/// The first request id of this process: the time in ns, so a node restarted under its
+/// own id (and reply topic) never takes an answer meant for its earlier life's request
+/// (a task replaying old records answers them again) for one of its own.
+fn first_request() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
 /// The node's producers and its reply topic.
 pub(super) struct Publisher {
     config: KafkaConfig,
@@ -132,7 +141,7 @@ impl Publisher {
             config: config.clone(),
             producer,
             replier,
-            next_request: AtomicU64::new(1),
+            next_request: AtomicU64::new(first_request()),
             pending: Arc::default(),
             stats,
         })
