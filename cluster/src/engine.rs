@@ -90,6 +90,9 @@ pub struct PeerAt {
     pub generation: u64,
 }
 
+/// Partitions to read by the peer they are active on.
+type ByPeer = BTreeMap<PeerAt, Vec<u32>>;
+
 /// How long a read retries while its tasks change hands or this node renews its lease.
 const READ_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -518,16 +521,22 @@ impl Engine {
         stream: &str,
         partitioner: usize,
         partitions: impl Iterator<Item = u32>,
-    ) -> Result<(Vec<u32>, BTreeMap<PeerAt, Vec<u32>>)> {
+    ) -> Result<(Vec<u32>, ByPeer)> {
         let mut local = Vec::new();
-        let mut remote: BTreeMap<PeerAt, Vec<u32>> = BTreeMap::new();
+        let mut remote = ByPeer::new();
         for partition in partitions {
             let task = TaskId {
                 stream: stream.to_string(),
                 partitioner,
                 partition,
             };
-            match self.remote.get().map(|r| r.owner(&task)).transpose()?.flatten() {
+            match self
+                .remote
+                .get()
+                .map(|r| r.owner(&task))
+                .transpose()?
+                .flatten()
+            {
                 Some(peer) => remote.entry(peer).or_default().push(partition),
                 None => local.push(partition),
             }

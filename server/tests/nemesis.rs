@@ -68,7 +68,10 @@ impl Broker {
             .arg(&*dir)
             .env("KAFKA_EXTRA_LISTENERS", extra.join(" "))
             // Sessions shorter than the broker's default minimum of 6 s.
-            .env("KAFKA_EXTRA_PROPERTIES", "group.min.session.timeout.ms=1000")
+            .env(
+                "KAFKA_EXTRA_PROPERTIES",
+                "group.min.session.timeout.ms=1000",
+            )
             .env("KAFKA_HEAP_OPTS", "-Xms512m -Xmx512m")
             .output()
             .unwrap();
@@ -349,7 +352,12 @@ async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
                 acked,
             });
         }
-        tokio::time::sleep(Duration::from_millis(if acked.is_some() { 20 } else { 100 })).await;
+        tokio::time::sleep(Duration::from_millis(if acked.is_some() {
+            20
+        } else {
+            100
+        }))
+        .await;
     }
 }
 
@@ -361,10 +369,7 @@ async fn reader(r: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
         // Every node in turn, so a node that lost its tasks is asked too.
         client.at = rng.random_range(0..NODES);
         client.conn = None;
-        let sql = format!(
-            "SELECT n, s FROM total WHERE card = '{}'",
-            card_name(card)
-        );
+        let sql = format!("SELECT n, s FROM total WHERE card = '{}'", card_name(card));
         let sent = Instant::now();
         let (node, result) = client.query(&shared, &sql, Duration::from_secs(3)).await;
         {
@@ -452,11 +457,15 @@ fn check(h: &History, last: &BTreeMap<usize, (i64, i64)>, ids: &[i64]) -> Vec<St
         }
         if let Some((want, _)) = chain.get(&n) {
             if *want != s {
-                bad.push(format!("card {card}: ends at ({n}, {s}), but count {n} had sum {want}"));
+                bad.push(format!(
+                    "card {card}: ends at ({n}, {s}), but count {n} had sum {want}"
+                ));
             }
         }
         if chain.keys().next_back().is_some_and(|top| *top > n) {
-            bad.push(format!("card {card}: a RETURNING count is above the final {n}"));
+            bad.push(format!(
+                "card {card}: a RETURNING count is above the final {n}"
+            ));
         }
     }
     // Every acknowledged event is stored once; nothing never sent is.
@@ -620,7 +629,9 @@ impl Cluster {
             }
             Fault::Broker => {
                 let broker = self.broker.clone();
-                tokio::task::spawn_blocking(move || broker.kill()).await.unwrap();
+                tokio::task::spawn_blocking(move || broker.kill())
+                    .await
+                    .unwrap();
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let broker = self.broker.clone();
                 tokio::task::spawn_blocking(move || broker.restart())
@@ -677,12 +688,14 @@ async fn faults_cost_seconds_and_never_correctness() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
     let listeners: Vec<(u16, u16)> = (0..NODES).map(|_| (free_port(), free_port())).collect();
-    let broker = Arc::new(tokio::task::spawn_blocking({
-        let l = listeners.clone();
-        move || Broker::start(&l)
-    })
-    .await
-    .unwrap());
+    let broker = Arc::new(
+        tokio::task::spawn_blocking({
+            let l = listeners.clone();
+            move || Broker::start(&l)
+        })
+        .await
+        .unwrap(),
+    );
     let mut proxies = Vec::new();
     for (port, proxy) in &listeners {
         proxies.push(Proxy::start(*proxy, *port).await);
@@ -698,7 +711,8 @@ async fn faults_cost_seconds_and_never_correctness() {
         let dir = temp_dir(&format!("nemesis-{id}"));
         let kafka = format!("127.0.0.1:{proxy}");
         let (eddy, port) = {
-            let (name, id, dir, kafka) = (name.clone(), id.clone(), dir.to_path_buf(), kafka.clone());
+            let (name, id, dir, kafka) =
+                (name.clone(), id.clone(), dir.to_path_buf(), kafka.clone());
             tokio::task::spawn_blocking(move || spawn_node(&name, &id, &dir, &kafka))
                 .await
                 .unwrap()
@@ -743,21 +757,32 @@ async fn faults_cost_seconds_and_never_correctness() {
     }));
     let mut clients = Vec::new();
     for w in 0..WRITERS {
-        clients.push(tokio::spawn(writer(w, shared.clone(), history.clone(), seed)));
+        clients.push(tokio::spawn(writer(
+            w,
+            shared.clone(),
+            history.clone(),
+            seed,
+        )));
     }
     for r in 0..READERS {
-        clients.push(tokio::spawn(reader(r, shared.clone(), history.clone(), seed)));
+        clients.push(tokio::spawn(reader(
+            r,
+            shared.clone(),
+            history.clone(),
+            seed,
+        )));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Every kind once, in the seed's order, then more at random while time is left.
-    let mut plan = vec![
+    const KINDS: [Fault; 5] = [
         Fault::Pause,
         Fault::Kill,
         Fault::Broker,
         Fault::FastRestart,
         Fault::Cut,
     ];
+    let mut plan = KINDS;
     plan.shuffle(&mut rng);
     let started = Instant::now();
     let mut costs: Vec<(Fault, String, Duration, Duration)> = Vec::new();
@@ -765,15 +790,7 @@ async fn faults_cost_seconds_and_never_correctness() {
     while k < plan.len() || started.elapsed() < Duration::from_secs(seconds) {
         let fault = match plan.get(k) {
             Some(f) => *f,
-            None => *[
-                Fault::Pause,
-                Fault::Kill,
-                Fault::Broker,
-                Fault::FastRestart,
-                Fault::Cut,
-            ]
-            .choose(&mut rng)
-            .unwrap(),
+            None => *KINDS.choose(&mut rng).unwrap(),
         };
         k += 1;
         let i = rng.random_range(0..NODES);
@@ -794,7 +811,9 @@ async fn faults_cost_seconds_and_never_correctness() {
             from.duration_since(h.start).as_millis(),
             healed.duration_since(h.start).as_millis(),
         );
-        h.faults.push(format!("{fault:?} on {target} at {at} ms, healed at {back} ms, ports then {ports:?}"));
+        h.faults.push(format!(
+            "{fault:?} on {target} at {at} ms, healed at {back} ms, ports then {ports:?}"
+        ));
         drop(h);
         eprintln!(
             "fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal",
@@ -811,7 +830,13 @@ async fn faults_cost_seconds_and_never_correctness() {
     // The final state, as every node reads it, once every answer in flight is in.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut last: BTreeMap<usize, (i64, i64)> = BTreeMap::new();
-    let ports: Vec<u16> = shared.ports.lock().unwrap().iter().map(|p| p.unwrap()).collect();
+    let ports: Vec<u16> = shared
+        .ports
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.unwrap())
+        .collect();
     for (k, port) in ports.iter().enumerate() {
         let c = connect(*port).await.expect("a node answers at the end");
         for card in 0..CARDS {
@@ -826,7 +851,10 @@ async fn faults_cost_seconds_and_never_correctness() {
             if k == 0 {
                 last.insert(card, got);
             } else {
-                assert_eq!(last[&card], got, "card {card}: the nodes disagree at the end");
+                assert_eq!(
+                    last[&card], got,
+                    "card {card}: the nodes disagree at the end"
+                );
             }
         }
     }

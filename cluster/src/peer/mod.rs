@@ -23,8 +23,8 @@ use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
 use crate::engine::{Engine, PeerAt, Remote};
-use crate::log::kafka::fence::{unavailable, Fence};
 use crate::exec::events::Row;
+use crate::log::kafka::fence::{unavailable, Fence};
 use crate::log::{Kafka, LogFuture};
 use crate::membership::View;
 use crate::route::TaskId;
@@ -283,7 +283,13 @@ impl Peer for Service {
     ) -> std::result::Result<Response<ChangeStream>, Status> {
         let r = request.into_inner();
         let engine = self.engine()?;
-        admit(&engine, r.plan, &r.stream, r.partitioner as usize, &r.partitions)?;
+        admit(
+            &engine,
+            r.plan,
+            &r.stream,
+            r.partitioner as usize,
+            &r.partitions,
+        )?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BACKLOG);
         let id = remote_watch_id();
         let forward = Arc::new(Forward {
@@ -378,7 +384,13 @@ impl Peer for Service {
             None => None,
         };
         let engine = self.engine()?;
-        admit(&engine, r.plan, &r.stream, r.partitioner as usize, &r.partitions)?;
+        admit(
+            &engine,
+            r.plan,
+            &r.stream,
+            r.partitioner as usize,
+            &r.partitions,
+        )?;
         let rows = engine
             .local_metric_rows(
                 &r.stream,

@@ -103,8 +103,15 @@ impl Db {
                         // What this node knows of itself: whether the broker answers its
                         // beats, and how long its lease still runs.
                         let (kafka, lease) = if f.node == me {
-                            let reachable = if fence.reachable() { "reachable" } else { "unreachable" };
-                            (Cell::text(reachable), Cell::I64(fence.remaining().as_millis() as i64))
+                            let reachable = if fence.reachable() {
+                                "reachable"
+                            } else {
+                                "unreachable"
+                            };
+                            (
+                                Cell::text(reachable),
+                                Cell::I64(fence.remaining().as_millis() as i64),
+                            )
                         } else {
                             (Cell::Null, Cell::Null)
                         };

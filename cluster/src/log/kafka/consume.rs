@@ -399,7 +399,13 @@ impl Kafka {
     /// task is active here, opened and caught up. Else the retryable error (57P03).
     pub fn serves(&self, task: &TaskId) -> Result<()> {
         self.fence.check()?;
-        let role = self.tasks.held.lock().expect("held lock").get(task).cloned();
+        let role = self
+            .tasks
+            .held
+            .lock()
+            .expect("held lock")
+            .get(task)
+            .cloned();
         match role {
             None => Err(unavailable("this node no longer holds the task")),
             Some(role) => role.serves().map_err(unavailable),

@@ -98,7 +98,9 @@ pub fn unavailable(why: &str) -> Error {
         ErrorKind::Unavailable,
         format!("{why}; it answers for no task until it knows the current plan"),
     )
-    .with_hint("Retry: the statement applied nothing, and another node answers once it holds the task.")
+    .with_hint(
+        "Retry: the statement applied nothing, and another node answers once it holds the task.",
+    )
 }
 
 #[cfg(test)]

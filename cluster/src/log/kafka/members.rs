@@ -401,7 +401,10 @@ impl Kafka {
                 continue;
             };
             let partition = task.partition as i32;
-            if ends.add_partition_offset(&topic, partition, Offset::End).is_ok() {
+            if ends
+                .add_partition_offset(&topic, partition, Offset::End)
+                .is_ok()
+            {
                 later.push((topic, partition, role));
             }
         }
