@@ -21,7 +21,7 @@ for run in $(seq 1 "$runs"); do
   echo "== nemesis run $run of $runs" >&2
   EDDY_NEMESIS_REPORT="$report" EDDY_NEMESIS_SECONDS="$seconds" \
     cargo test --release -p eddy-server --test nemesis -- --nocapture 2>&1 |
-    grep -E '^(nemesis seed|fault [0-9]+:|[0-9]+ writes|test result|seed [0-9]+: |card [0-9]+:|event [0-9]+ |acknowledged event)' >&2
+    grep -E '^(nemesis seed|nemesis fault [0-9]+:|[0-9]+ writes|test result|seed [0-9]+: |card [0-9]+:|event [0-9]+ |acknowledged event)' >&2
 done
 python3 - "$report" "$runs" <<'PYEOF' | tee "$out"
 import statistics, sys

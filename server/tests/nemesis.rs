@@ -22,6 +22,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -684,7 +685,10 @@ async fn faults_cost_seconds_and_never_correctness() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
-    eprintln!("nemesis seed {seed} (EDDY_NEMESIS_SEED={seed} replays it), {seconds} s of faults");
+    let _ = writeln!(
+        std::io::stderr(),
+        "nemesis seed {seed} (EDDY_NEMESIS_SEED={seed} replays it), {seconds} s of faults"
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
     let listeners: Vec<(u16, u16)> = (0..NODES).map(|_| (free_port(), free_port())).collect();
@@ -815,8 +819,10 @@ async fn faults_cost_seconds_and_never_correctness() {
             "{fault:?} on {target} at {at} ms, healed at {back} ms, ports then {ports:?}"
         ));
         drop(h);
-        eprintln!(
-            "fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal",
+        // Straight to stderr, past the test harness's capture: `make test` shows it.
+        let _ = writeln!(
+            std::io::stderr(),
+            "nemesis fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal",
             cost.as_millis(),
             after.as_millis()
         );
@@ -880,7 +886,6 @@ async fn faults_cost_seconds_and_never_correctness() {
         h.errors
     );
     if let Ok(path) = std::env::var("EDDY_NEMESIS_REPORT") {
-        use std::io::Write as _;
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -304,9 +304,14 @@ impl Kafka {
         let started = Instant::now();
         loop {
             let applied = shards.log_ends().await?;
+            // A task a newer plan took away from this node (it is not read here any
+            // more) has nothing to catch up with.
+            let held = self.roles();
             let behind = targets
                 .iter()
-                .filter(|(t, _, high)| applied.get(t).copied().unwrap_or(0) < *high)
+                .filter(|(t, _, high)| {
+                    held.contains_key(t) && applied.get(t).copied().unwrap_or(0) < *high
+                })
                 .count();
             if behind == 0 {
                 break;
