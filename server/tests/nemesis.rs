@@ -17,7 +17,8 @@
 //! time without an acknowledged write. `EDDY_NEMESIS_SEED` replays a run,
 //! `EDDY_NEMESIS_SECONDS` sets how long faults are injected (120 by default), and
 //! `EDDY_NEMESIS_REPORT` names a file the unavailability per fault is appended to
-//! (`bench/nemesis.sh`).
+//! (`bench/nemesis.sh`). The nodes' output goes to files in the temporary directory when
+//! the check fails, or always with `EDDY_NEMESIS_LOGS` set.
 
 mod common;
 
@@ -902,7 +903,7 @@ async fn faults_cost_seconds_and_never_correctness() {
         }
     }
     let bad = check(&h, &last, &ids);
-    if !bad.is_empty() {
+    if !bad.is_empty() || std::env::var_os("EDDY_NEMESIS_LOGS").is_some() {
         eprintln!("the nodes' output: {:?}", cluster.dump_logs(seed));
     }
     assert!(
