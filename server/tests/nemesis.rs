@@ -56,6 +56,22 @@ struct Broker {
     dir: TempDir,
 }
 
+/// Runs `.ci/kafka ARGS DIR` with a small heap, and fails the test if it fails.
+fn kafka_script(args: &[&str], dir: &std::path::Path, env: &[(&str, &str)]) {
+    let out = Command::new(repo().join(".ci/kafka"))
+        .args(args)
+        .arg(dir)
+        .env("KAFKA_HEAP_OPTS", "-Xms512m -Xmx512m")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        ".ci/kafka {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl Broker {
     fn start(listeners: &[(u16, u16)]) -> Broker {
         let dir = temp_dir("nemesis-kafka");
@@ -65,22 +81,17 @@ impl Broker {
             .enumerate()
             .map(|(i, (port, proxy))| format!("N{i}={port}>{proxy}"))
             .collect();
-        let out = Command::new(repo().join(".ci/kafka"))
-            .args(["start"])
-            .arg(&*dir)
-            .env("KAFKA_EXTRA_LISTENERS", extra.join(" "))
-            // Sessions shorter than the broker's default minimum of 6 s.
-            .env(
-                "KAFKA_EXTRA_PROPERTIES",
-                "group.min.session.timeout.ms=1000",
-            )
-            .env("KAFKA_HEAP_OPTS", "-Xms512m -Xmx512m")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the broker did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        kafka_script(
+            &["start"],
+            &dir,
+            &[
+                ("KAFKA_EXTRA_LISTENERS", &extra.join(" ")),
+                // Sessions shorter than the broker's default minimum of 6 s.
+                (
+                    "KAFKA_EXTRA_PROPERTIES",
+                    "group.min.session.timeout.ms=1000",
+                ),
+            ],
         );
         Broker { dir }
     }
@@ -107,17 +118,7 @@ impl Broker {
     }
 
     fn restart(&self) {
-        let out = Command::new(repo().join(".ci/kafka"))
-            .arg("restart")
-            .arg(&*self.dir)
-            .env("KAFKA_HEAP_OPTS", "-Xms512m -Xmx512m")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the broker did not restart: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        kafka_script(&["restart"], &self.dir, &[]);
     }
 }
 

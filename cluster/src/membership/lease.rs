@@ -219,38 +219,24 @@ mod tests {
         }
     }
 
+    fn beat(seq: u64, plan: u64) -> Beat {
+        Beat { life: 1, seq, plan }
+    }
+
     #[test]
     fn a_takeover_waits_for_the_old_owner_to_apply_the_plan_or_its_lease_to_end() {
         let s = Duration::from_secs(6);
         let t0 = Instant::now();
         let mut h = Handover::new(s);
         h.plan(10, &plan("a"));
-        h.beat(
-            "a",
-            Beat {
-                life: 1,
-                seq: 1,
-                plan: 10,
-            },
-            Some(1_000),
-            t0,
-        );
+        h.beat("a", beat(1, 10), Some(1_000), t0);
         h.plan(20, &plan("b"));
         // "a" may still answer under plan 10.
         assert!(!h.takeover("b", &task(), 20, t0 + Duration::from_secs(1)));
         // Its lease from the beat read at t0 ends within a session timeout.
         assert!(h.takeover("b", &task(), 20, t0 + s));
         // Or "a" says it applies plan 20.
-        h.beat(
-            "a",
-            Beat {
-                life: 1,
-                seq: 2,
-                plan: 20,
-            },
-            Some(2_000),
-            t0,
-        );
+        h.beat("a", beat(2, 20), Some(2_000), t0);
         assert!(h.takeover("b", &task(), 20, t0));
     }
 
@@ -261,16 +247,7 @@ mod tests {
         let mut h = Handover::new(s);
         h.plan(10, &plan("a"));
         // Read just now, while catching up, but appended long ago.
-        h.beat(
-            "a",
-            Beat {
-                life: 1,
-                seq: 1,
-                plan: 10,
-            },
-            Some(1_000),
-            now,
-        );
+        h.beat("a", beat(1, 10), Some(1_000), now);
         h.plan(20, &plan("b"));
         assert!(!h.takeover("b", &task(), 20, now));
         h.own_beat(Some(1_000 + 6_001));
@@ -283,29 +260,11 @@ mod tests {
         let mut h = Handover::new(Duration::from_secs(6));
         h.plan(10, &plan("a"));
         h.plan(20, &plan("b"));
-        h.beat(
-            "a",
-            Beat {
-                life: 1,
-                seq: 5,
-                plan: 20,
-            },
-            None,
-            now,
-        );
+        h.beat("a", beat(5, 20), None, now);
         h.plan(30, &plan("c"));
         // "a" applied plan 20, after the last plan that made it active; "b" never beat.
         assert!(h.takeover("c", &task(), 30, now));
-        h.beat(
-            "b",
-            Beat {
-                life: 1,
-                seq: 1,
-                plan: 20,
-            },
-            None,
-            now,
-        );
+        h.beat("b", beat(1, 20), None, now);
         assert!(!h.takeover("c", &task(), 30, now));
     }
 
