@@ -96,6 +96,8 @@ pub(crate) enum Command {
     /// Flush and record every task, freeze the shard's cut of the held store, answer,
     /// and go on: the shard's part of a checkpoint's synchronous stage.
     Checkpoint {
+        /// Whether the node's checkpoint before this one committed.
+        previous_committed: bool,
         reply: oneshot::Sender<CheckpointReply>,
     },
     MetricRows {

@@ -59,6 +59,11 @@ pub struct CheckpointStats {
     pub last_total_micros: AtomicU64,
     pub sync_micros_total: AtomicU64,
     pub total_micros_total: AtomicU64,
+    /// Checkpoints that failed (a full disk, say): the log keeps what they would have
+    /// covered, and the next one tries again.
+    pub failed: AtomicU64,
+    /// Whether the last checkpoint failed.
+    pub last_failed: std::sync::atomic::AtomicBool,
 }
 
 /// A subscription's watcher on a node of a cluster: past the node's lease it ends the
@@ -261,6 +266,20 @@ impl Engine {
     }
 
     async fn checkpoint_now(&self) -> Result<(std::time::Duration, std::time::Duration)> {
+        let c = &self.checkpoints;
+        let previous_committed = !c.last_failed.load(Ordering::SeqCst);
+        let result = self.checkpoint_attempt(previous_committed).await;
+        c.last_failed.store(result.is_err(), Ordering::SeqCst);
+        if result.is_err() {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn checkpoint_attempt(
+        &self,
+        previous_committed: bool,
+    ) -> Result<(std::time::Duration, std::time::Duration)> {
         let Some(storage) = &self.storage else {
             return Err(Error::internal("this engine keeps no state on disk"));
         };
@@ -272,7 +291,10 @@ impl Engine {
         let paused = async {
             let replies = self
                 .shards
-                .ask_all(|reply| Command::Checkpoint { reply })
+                .ask_all(|reply| Command::Checkpoint {
+                    previous_committed,
+                    reply,
+                })
                 .await?;
             let (mut ends, mut records) = (Vec::new(), Vec::new());
             let mut failure = None;
@@ -323,7 +345,7 @@ impl Engine {
             let released = storage
                 .store
                 .release()
-                .map_err(|e| Error::internal(e.to_string()));
+                .map_err(crate::node::durable::state_error);
             let n = snapshot?;
             released?;
             storage.commit(n)
@@ -416,6 +438,17 @@ impl Engine {
         replies.into_iter().collect::<Result<()>>()?;
         *self.catalog.lock().expect("catalog lock") = catalog;
         Ok(())
+    }
+
+    /// Refuses (53100) events that would write about `bytes` to the log while the data
+    /// directory's free space, less them, is below its reserve. Call before the first
+    /// batch of a statement: a statement refused here applied nothing. (Kafka holds the
+    /// log in cluster mode; the node's own disk still takes the state and reservoirs.)
+    pub fn admit(&self, bytes: u64) -> Result<()> {
+        match &self.storage {
+            Some(s) => s.space.admit(bytes),
+            None => Ok(()),
+        }
     }
 
     /// Routes events to the tasks of every partitioner and gathers the replies per event.

@@ -36,4 +36,5 @@ pub use exec::task::{Task, TaskStorage};
 pub use exec::watch::{Change, WatchId, WatchTarget, Watcher};
 pub use log::{EventLog, Kafka, KafkaConfig, LocalLog, LogStats, MemoryLog};
 pub use node::durable::{NodeStorage, StorageConfig};
+pub use node::space::{DiskSpace, Reserve};
 pub use route::TaskId;

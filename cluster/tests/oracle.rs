@@ -1447,7 +1447,7 @@ impl Harness {
         let seed = self.seed;
         let cp = self
             .task
-            .checkpoint()
+            .checkpoint(true)
             .unwrap_or_else(|e| panic!("seed {seed:#x}: checkpoint: {e:?}"))
             .expect("a task on disk")
             .finish()

@@ -51,6 +51,9 @@ pub enum ErrorKind {
     /// may still apply, once).
     CompletionUnknown,
     DivisionByZero,
+    /// A data directory's filesystem is full, or below the node's reserve (retry once
+    /// space is freed).
+    DiskFull,
     Internal,
 }
 
@@ -86,6 +89,7 @@ impl ErrorKind {
             ErrorKind::DuplicateCursor => "42P03",
             ErrorKind::UndefinedCursor => "34000",
             ErrorKind::Unavailable => "57P03",
+            ErrorKind::DiskFull => "53100",
             ErrorKind::Internal => "XX000",
         }
     }
@@ -128,6 +132,14 @@ impl Error {
 
     pub fn internal(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Internal, message)
+    }
+
+    /// 53100: a write found no room on disk; nothing of the statement was applied.
+    pub fn disk_full(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::DiskFull, message).with_hint(
+            "Free space on the data directory's filesystem (or grow it); ingestion resumes \
+             on its own, and reads keep working meanwhile.",
+        )
     }
 }
 

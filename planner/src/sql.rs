@@ -65,6 +65,8 @@ pub enum Statement {
     Close(Option<String>),
     ShowSubscriptions,
     ShowStorage,
+    /// `CHECKPOINT`: takes a checkpoint now (superusers).
+    Checkpoint,
     /// `SHOW CLUSTER`: the nodes.
     ShowCluster,
     /// `SHOW TASKS`: where each task runs.
@@ -263,6 +265,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SHOW", "METRICS", ..] => Ok(Statement::ShowMetrics),
         ["SHOW", "SUBSCRIPTIONS", ..] => Ok(Statement::ShowSubscriptions),
         ["SHOW", "STORAGE", ..] => Ok(Statement::ShowStorage),
+        ["CHECKPOINT"] => Ok(Statement::Checkpoint),
         ["SHOW", "CLUSTER", ..] => Ok(Statement::ShowCluster),
         ["SHOW", "TASKS", ..] => Ok(Statement::ShowTasks),
         ["SHOW", "SHARDS", ..] => Ok(Statement::ShowShards),

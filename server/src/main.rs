@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use eddy_cluster::placement::{describe, Pinning};
-use eddy_cluster::{CacheConfig, KafkaConfig, StorageConfig};
+use eddy_cluster::{CacheConfig, KafkaConfig, Reserve, StorageConfig};
 use eddy_server::ops::config;
 use eddy_server::ops::limits::LimitLayers;
 use eddy_server::serve::{default_io_threads, run_on, Config};
@@ -206,6 +206,15 @@ struct ServeArgs {
     /// Bytes of the RocksDB block cache all column families share.
     #[arg(long, env = "EDDY_ROCKSDB_BLOCK_CACHE_BYTES", default_value = "32MB", value_parser = bytes)]
     rocksdb_block_cache_bytes: usize,
+    /// Space kept free on the data directory's filesystem, in bytes (`256MB`) or percent
+    /// of it (`1%`); below it new events are refused (53100) while reads, checkpoints
+    /// and shutdown go on. `default`: the smaller of 1% and 256MB.
+    #[arg(long, env = "EDDY_DISK_RESERVE", default_value = "default", value_parser = disk_reserve)]
+    disk_reserve: Reserve,
+}
+
+fn disk_reserve(s: &str) -> Result<Reserve, String> {
+    Reserve::parse(s, |b| bytes(b).map(|n| n as u64))
 }
 
 /// `HOST:PORT`, the port not 0.
@@ -417,6 +426,7 @@ fn serve(
             write_buffer_bytes: args.rocksdb_write_buffer_bytes.max(1 << 16),
             block_cache_bytes: args.rocksdb_block_cache_bytes,
         },
+        reserve: args.disk_reserve,
     };
     let io_threads = args.io_threads.unwrap_or_else(default_io_threads).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()

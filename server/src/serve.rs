@@ -141,6 +141,15 @@ impl Server {
     /// checkpoint, stops the shards and closes the state store. When it returns, nothing
     /// of this server touches its data directory any more.
     pub async fn stop(self) {
+        if let Err(e) = self.shutdown().await {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// `stop`, failing when the last checkpoint failed (a full disk, say): the data
+    /// directory is closed all the same, and the next start replays from the log what
+    /// that checkpoint would have covered.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
         // In a cluster, the node's tasks move to their replicas while it still answers.
         if let Some(kafka) = self.db.engine().log_as::<eddy_cluster::Kafka>() {
             let started = std::time::Instant::now();
@@ -155,9 +164,7 @@ impl Server {
         }
         let _ = self.stop.send(true);
         let _ = self.task.await;
-        if let Err(e) = self.db.engine().last_checkpoint().await {
-            tracing::warn!("the checkpoint at shutdown failed: {e}");
-        }
+        let checkpoint = self.db.engine().last_checkpoint().await;
         // The directory stays locked until the state store is closed.
         let (engine, lock) = match sole(self.db).await {
             Ok(db) => {
@@ -176,6 +183,12 @@ impl Server {
         });
         let _ = closed.await;
         drop(lock);
+        checkpoint.map(|_| ()).map_err(|e| {
+            anyhow::anyhow!(
+                "the checkpoint at shutdown failed: {e}; the next start replays the log \
+                 from the last checkpoint that succeeded"
+            )
+        })
     }
 }
 
@@ -304,11 +317,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("shutting down");
     // A stop that hangs (a broker gone away) must not keep the process alive forever.
-    if tokio::time::timeout(std::time::Duration::from_secs(60), server.stop())
-        .await
-        .is_err()
-    {
-        anyhow::bail!("the shutdown did not finish within 60 s");
+    match tokio::time::timeout(std::time::Duration::from_secs(60), server.shutdown()).await {
+        Err(_) => anyhow::bail!("the shutdown did not finish within 60 s"),
+        Ok(done) => done,
     }
-    Ok(())
 }

@@ -188,6 +188,9 @@ pub struct DiskReservoir<E> {
     /// Whether files changed since the last checkpoint synced them: an idle task's
     /// checkpoint costs no fsync.
     unsynced: bool,
+    /// When a chunk last found the disk full: sealing waits `SEAL_RETRY` before trying
+    /// again, and the open region holds the events meanwhile.
+    seal_blocked: Option<std::time::Instant>,
     /// Set when the fsyncs a checkpoint handed out failed: the next one syncs again.
     sync_failed: Arc<std::sync::atomic::AtomicBool>,
     hits: u64,
@@ -198,6 +201,9 @@ pub struct DiskReservoir<E> {
     /// lookup and no reference count.
     hints: Vec<ScanHint<E>>,
 }
+
+/// How long sealing rests after a chunk found the disk full.
+const SEAL_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Scan hints kept: the tail edges of a few windows.
 const SCAN_HINTS: usize = 4;
@@ -362,6 +368,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             dead: Vec::new(),
             dead_at_checkpoint: Vec::new(),
             unsynced: true,
+            seal_blocked: None,
             sync_failed: Default::default(),
             hits: 0,
             misses: 0,
@@ -584,41 +591,36 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     }
 
     /// Writes `events` (in key order, all below the open region, `size` by the codec's
-    /// measure) as the next chunk.
-    fn seal(&mut self, events: Vec<E>, size: usize) -> Result<(), ReservoirError> {
+    /// measure) as the next chunk. On a full disk they go back to the open region, which
+    /// keeps them (they are in the log too) until a later seal finds room: `false`.
+    fn seal(&mut self, events: Vec<E>, size: usize) -> Result<bool, ReservoirError> {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
-            return Ok(());
+            return Ok(true);
         };
-        self.unsynced = true;
         let refs: Vec<&E> = events.iter().collect();
         let batch = self.codec.encode(&refs).map_err(err)?;
         let (header, bytes) =
             encode_chunk(&batch, self.codec.schema_id(), first.key(), last.key()).map_err(err)?;
-        let roll = match self.segments.back() {
-            None => true,
-            Some(s) => s.bytes > 0 && s.bytes + bytes.len() as u64 > self.config.segment_bytes_max,
-        };
-        if roll {
-            if let Some(w) = &self.writer {
-                w.sync_data().map_err(|e| io_err(&self.dir, e))?;
+        drop(refs);
+        match self.write_chunk(&bytes) {
+            Ok(()) => {}
+            Err((path, e)) if crate::is_disk_full(&e) => {
+                if self.seal_blocked.is_none() {
+                    tracing::warn!(
+                        "{}: {e}; the reservoir keeps its events in memory until there is room",
+                        path.display()
+                    );
+                }
+                self.seal_blocked = Some(std::time::Instant::now());
+                self.open.push_front(events);
+                self.open_bytes += size;
+                self.sealable = UNMEASURED;
+                return Ok(false);
             }
-            let id = self.next_chunk;
-            let path = segment_path(&self.dir, id);
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| io_err(&path, e))?;
-            self.writer = Some(file);
-            self.segments.push_back(Segment { id, path, bytes: 0 });
+            Err((path, e)) => return Err(io_err(&path, e)),
         }
+        self.seal_blocked = None;
         let segment = self.segments.back_mut().expect("a segment");
-        self.writer
-            .as_mut()
-            .expect("a writer")
-            .write_all(&bytes)
-            .map_err(|e| io_err(&segment.path, e))?;
         let chunk = ChunkRef {
             number: self.next_chunk,
             segment: segment.id,
@@ -633,7 +635,55 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         self.chunks.push_back(chunk);
         // Short windows read the newest chunk soon: keep it decoded.
         self.cache_insert(self.next_chunk - 1, Arc::new(events), size);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Appends a chunk's bytes to the last segment, or to a new one when it would grow
+    /// past its size. All or nothing: a failed write is cut off again (and a segment it
+    /// started is removed), so the chunk can be written later.
+    fn write_chunk(&mut self, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
+        let roll = match self.segments.back() {
+            None => true,
+            Some(s) => s.bytes > 0 && s.bytes + bytes.len() as u64 > self.config.segment_bytes_max,
+        };
+        if roll {
+            if let Some(w) = &self.writer {
+                w.sync_data().map_err(|e| (self.dir.clone(), e))?;
+            }
+            let id = self.next_chunk;
+            let path = segment_path(&self.dir, id);
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| (path.clone(), e))?;
+            self.writer = Some(file);
+            self.segments.push_back(Segment { id, path, bytes: 0 });
+        }
+        self.unsynced = true;
+        let segment = self.segments.back().expect("a segment");
+        let writer = self.writer.as_mut().expect("a writer");
+        let Err(e) = writer.write_all(bytes) else {
+            return Ok(());
+        };
+        let path = segment.path.clone();
+        // Back to where the chunk began; the next write goes there too.
+        let cut = writer.set_len(segment.bytes).and_then(|()| {
+            writer
+                .seek(std::io::SeekFrom::Start(segment.bytes))
+                .map(|_| ())
+        });
+        if let Err(cut) = cut {
+            tracing::error!("{}: could not cut a failed write: {cut}", path.display());
+        }
+        if roll && segment.bytes == 0 {
+            let s = self.segments.pop_back().expect("a segment");
+            self.writer = None;
+            let _ = fs::remove_file(&s.path);
+            // The last segment before it is written no more: the next seal rolls again.
+        }
+        Err((path, e))
     }
 }
 
@@ -734,6 +784,12 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
     }
 
     fn seal_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
+        // A full disk: try again a little later, not on every event.
+        if let Some(at) = self.seal_blocked {
+            if at.elapsed() < SEAL_RETRY {
+                return Ok(());
+            }
+        }
         if upto < self.sealable.2 {
             self.sealable = UNMEASURED;
         }
@@ -753,7 +809,9 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             self.sealable = UNMEASURED;
             let events = self.open.pop_front(n);
             self.open_bytes -= bytes;
-            self.seal(events, bytes)?;
+            if !self.seal(events, bytes)? {
+                break;
+            }
         }
         Ok(())
     }
@@ -812,7 +870,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         }
     }
 
-    fn checkpoint(&mut self) -> Result<PendingMark, ReservoirError> {
+    fn checkpoint(&mut self, previous_committed: bool) -> Result<PendingMark, ReservoirError> {
         let mut durable = Durable::default();
         if self.unsynced
             || self
@@ -829,12 +887,21 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             }));
             self.unsynced = false;
         }
-        // The previous checkpoint is committed: what it no longer needed can go.
-        for path in std::mem::take(&mut self.dead_at_checkpoint) {
-            fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
-            self.unsynced = true;
+        // The previous checkpoint is committed: what it no longer needed can go. If it
+        // failed, the one before it (which recovery would start from) may still read
+        // them: they wait for a checkpoint that commits.
+        if previous_committed {
+            for path in std::mem::take(&mut self.dead_at_checkpoint) {
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(&path, e)),
+                }
+                self.unsynced = true;
+            }
         }
-        self.dead_at_checkpoint = std::mem::take(&mut self.dead);
+        let dead = std::mem::take(&mut self.dead);
+        self.dead_at_checkpoint.extend(dead);
         let (last_segment, last_segment_bytes) =
             self.segments.back().map_or((0, 0), |s| (s.id, s.bytes));
         let mark = Mark {
@@ -994,7 +1061,7 @@ mod tests {
                         seq,
                         floor,
                     };
-                    pending = Some((r.checkpoint().unwrap(), saved));
+                    pending = Some((r.checkpoint(true).unwrap(), saved));
                 }
                 6 => {
                     // Crash: back to the last checkpoint (or to nothing).
@@ -1057,7 +1124,7 @@ mod tests {
             r.insert(Ev(i as i64, i, 7));
         }
         r.seal_through(400).unwrap();
-        let mark = r.checkpoint().unwrap().finish().unwrap();
+        let mark = r.checkpoint(true).unwrap().finish().unwrap();
         // Bytes written after the checkpoint are cut when reopening.
         r.seal_through(500).unwrap();
         drop(r);

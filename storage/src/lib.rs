@@ -11,8 +11,17 @@ pub mod log;
 pub mod reservoir;
 pub mod state;
 
+/// Whether an IO error says the filesystem (or the user's quota) is full: a write that
+/// may succeed once space is freed.
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
 pub use disk::{DiskReservoir, IoThread, ReservoirConfig};
-pub use log::{LogError, Records, TaskLog};
+pub use log::{LogEnd, LogError, Records, TaskLog};
 pub use reservoir::{
     ChunkCodec, MemReservoir, PendingMark, Reservoir, ReservoirError, ReservoirStats, Timed,
 };

@@ -28,6 +28,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Where a log ended at one moment (`TaskLog::end`), to go back to (`TaskLog::rewind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogEnd {
+    next: u64,
+    segments: usize,
+    active_bytes: u64,
+}
+
 /// Bytes of a record's header: length and CRC.
 const HEADER_BYTES: usize = 8;
 /// Largest record accepted (a sanity bound that also catches corrupt lengths).
@@ -338,7 +346,73 @@ impl TaskLog {
     }
 
     /// Writes records (not yet durable: call `sync`); returns the first one's offset.
+    /// All or nothing: a failed append (a full disk) leaves the log as it was.
     pub fn append(&mut self, records: &Records) -> Result<u64, LogError> {
+        let end = self.end();
+        self.append_all(records).inspect_err(|_| {
+            // What the write left is cut again; a failure here leaves a torn tail that
+            // the next open cuts, and offsets that later appends write over.
+            let _ = self.rewind(end);
+        })
+    }
+
+    /// Where the log ends now: `rewind` goes back to it.
+    pub fn end(&self) -> LogEnd {
+        LogEnd {
+            next: self.next,
+            segments: self.segments.len(),
+            active_bytes: self.active_bytes,
+        }
+    }
+
+    /// Drops every record appended since `end` was taken (not yet acknowledged: an
+    /// append of several logs that failed in one of them). Segments started since are
+    /// deleted; the active one is cut back (a preallocated one keeps its size: zeros
+    /// end its records again).
+    pub fn rewind(&mut self, end: LogEnd) -> Result<(), LogError> {
+        if self.segments.len() > end.segments {
+            for s in self.segments.drain(end.segments..) {
+                match fs::remove_file(&s.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(&s.path)(e)),
+                }
+            }
+            let path = &self.segments.last().expect("one segment").path;
+            self.active = Arc::new(
+                OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(io_err(path))?,
+            );
+        }
+        self.next = end.next;
+        let path = self.segments.last().expect("one segment").path.clone();
+        if self.preallocated {
+            let len = self.active.metadata().map_err(io_err(&path))?.len();
+            let zeros = vec![0u8; (len.saturating_sub(end.active_bytes)).min(1 << 20) as usize];
+            let mut at = end.active_bytes;
+            while at < len {
+                let n = zeros.len().min((len - at) as usize);
+                if n == 0 {
+                    break;
+                }
+                self.active
+                    .write_all_at(&zeros[..n], at)
+                    .map_err(io_err(&path))?;
+                at += n as u64;
+            }
+        } else {
+            self.active
+                .set_len(end.active_bytes)
+                .map_err(io_err(&path))?;
+        }
+        self.active_bytes = end.active_bytes;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn append_all(&mut self, records: &Records) -> Result<u64, LogError> {
         let first = self.next;
         let bytes = &records.bytes;
         if self.active_bytes + bytes.len() as u64 <= self.segment_bytes_max {
@@ -532,6 +606,43 @@ mod tests {
         log.read_from(47, &mut |o, _| tail.push(o)).unwrap();
         assert_eq!(tail, vec![47, 48, 49]);
         log.destroy().unwrap();
+    }
+
+    /// What a failed append of several logs takes back is gone, at once and after a
+    /// reopen, and the next append takes its offsets, rolled segments or not.
+    #[test]
+    fn a_rewind_takes_back_appends_across_segments() {
+        for preallocated in [false, true] {
+            let dir = temp(&format!("rewind-{preallocated}"));
+            let open = |dir: &Path| match preallocated {
+                false => TaskLog::open(dir, 100).unwrap(),
+                true => TaskLog::open_preallocated(dir, 100).unwrap(),
+            };
+            let mut log = open(&dir);
+            let records: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i + 1; 9]).collect();
+            log.append(&records[..5].iter().collect()).unwrap();
+            let end = log.end();
+            let segments = log.segments.len();
+            log.append(&records[5..].iter().collect()).unwrap();
+            assert!(log.segments.len() > segments, "the append rolled");
+            log.rewind(end).unwrap();
+            assert_eq!(log.next_offset(), 5);
+            assert_eq!(all(&log).len(), 5);
+            // Same-sized records over the taken-back ones: none of those comes back.
+            log.append(&records[10..12].iter().collect()).unwrap();
+            log.sync().unwrap();
+            drop(log);
+            let log = open(&dir);
+            let want: Vec<(u64, Vec<u8>)> = records[..5]
+                .iter()
+                .chain(&records[10..12])
+                .cloned()
+                .enumerate()
+                .map(|(i, r)| (i as u64, r))
+                .collect();
+            assert_eq!(all(&log), want, "preallocated: {preallocated}");
+            log.destroy().unwrap();
+        }
     }
 
     #[test]

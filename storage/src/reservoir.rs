@@ -102,8 +102,9 @@ pub trait Reservoir<E: Timed>: Send {
     /// Takes what reopening needs to come back to exactly this content (see
     /// `DiskReservoir::open`). Only the cheap part runs here, on the event path; the
     /// returned `PendingMark` is finished off it, and the checkpoint may commit only
-    /// after that succeeded.
-    fn checkpoint(&mut self) -> Result<PendingMark, ReservoirError> {
+    /// after that succeeded. `previous_committed` says whether the checkpoint before
+    /// this one was committed: files the committed one still reads must stay.
+    fn checkpoint(&mut self, _previous_committed: bool) -> Result<PendingMark, ReservoirError> {
         Err(ReservoirError(
             "this reservoir is kept in memory only".into(),
         ))
@@ -315,6 +316,17 @@ impl<E: Timed> MemReservoir<E> {
         self.len -= out.len();
         self.shape += 1;
         out
+    }
+
+    /// Puts back events `pop_front` took (a chunk that could not be written): they
+    /// precede every stored event.
+    pub fn push_front(&mut self, events: Vec<E>) {
+        if events.is_empty() {
+            return;
+        }
+        self.len += events.len();
+        self.shape += 1;
+        self.blocks.push_front(events);
     }
 
     /// The position (block, index in it) of the first event with `ts > bound`; the

@@ -38,6 +38,15 @@ impl Family {
 #[error("state store: {0}")]
 pub struct StateError(pub String);
 
+impl StateError {
+    /// Whether RocksDB found no room (ENOSPC or EDQUOT, in the text it gives).
+    pub fn is_disk_full(&self) -> bool {
+        ["No space left on device", "Disk quota exceeded", "NoSpace"]
+            .iter()
+            .any(|m| self.0.contains(m))
+    }
+}
+
 /// One put (`Some`) or delete (`None`) of a write batch.
 pub type Put<'a> = (Family, &'a [u8], Option<&'a [u8]>);
 
@@ -148,9 +157,16 @@ impl StateStore for MemStateStore {
 /// from the database itself, so a release cut short by a crash loses nothing.)
 ///
 /// A writer owns its keys: while the store is held, no two writers write the same key.
+///
+/// A write the database refuses (a full disk) holds the store too: the writes stay in
+/// the overlay, where reads find them, until a checkpoint writes them and releases it. A
+/// failed `release` leaves the store held with every write it had, for the next
+/// checkpoint to try again: no write is ever dropped.
 pub struct RocksStore {
     db: rocksdb::DB,
     held: RwLock<Option<Held>>,
+    /// One more than the highest writer id handed out.
+    writers: std::sync::atomic::AtomicUsize,
 }
 
 /// Writes made while the store is held: a value, or `None` for a delete.
@@ -193,6 +209,12 @@ struct Held {
 }
 
 impl Held {
+    fn new(writers: usize) -> Held {
+        Held {
+            parts: (0..writers.max(1)).map(|_| Mutex::default()).collect(),
+        }
+    }
+
     fn part(&self, writer: usize) -> std::sync::MutexGuard<'_, Part> {
         self.parts
             .get(writer)
@@ -314,6 +336,7 @@ impl RocksStore {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+
         // Flushes and compactions yield the CPU to the shards: a checkpoint's memtable
         // flush must not delay events.
         let mut env = rocksdb::Env::new().map_err(rocks_error)?;
@@ -343,10 +366,20 @@ impl RocksStore {
             cf.set_block_based_table_factory(&table);
             rocksdb::ColumnFamilyDescriptor::new(f.name(), cf)
         });
+        // The unused default family, with a memtable bound too: after a write finds the
+        // disk full, RocksDB resumes by itself once the largest memtable of any family
+        // fits in the free space (64 MiB by RocksDB's default).
+        let mut unused = rocksdb::Options::default();
+        unused.set_write_buffer_size(config.write_buffer_bytes);
+        let families = families.chain(std::iter::once(rocksdb::ColumnFamilyDescriptor::new(
+            rocksdb::DEFAULT_COLUMN_FAMILY_NAME,
+            unused,
+        )));
         let db = rocksdb::DB::open_cf_descriptors(&options, path, families).map_err(rocks_error)?;
         Ok(RocksStore {
             db,
             held: RwLock::new(None),
+            writers: Default::default(),
         })
     }
 
@@ -395,6 +428,8 @@ impl RocksStore {
 
     /// Writer `id`'s handle on the store: reads and writes go through writers.
     pub fn writer(self: &Arc<Self>, id: usize) -> StoreWriter {
+        self.writers
+            .fetch_max(id + 1, std::sync::atomic::Ordering::SeqCst);
         StoreWriter {
             store: self.clone(),
             id,
@@ -455,10 +490,23 @@ impl RocksStore {
     }
 
     /// From now on, the writers `0..writers` write to the overlay and leave the database
-    /// as it is.
+    /// as it is. A store still held (a failed write or release) keeps what it holds.
     pub fn hold(&self, writers: usize) {
-        let parts = (0..writers.max(1)).map(|_| Mutex::default()).collect();
-        *self.held.write().expect("hold lock") = Some(Held { parts });
+        let mut held = self.held.write().expect("hold lock");
+        match held.as_mut() {
+            None => *held = Some(Held::new(writers)),
+            Some(h) => {
+                while h.parts.len() < writers {
+                    h.parts.push(Mutex::default());
+                }
+            }
+        }
+    }
+
+    /// Whether writes wait in the overlay now (a checkpoint runs, or the database
+    /// refused a write and the next checkpoint has yet to write it).
+    pub fn is_held(&self) -> bool {
+        self.held.read().expect("hold lock").is_some()
     }
 
     /// Makes every write of `writer` so far part of the next checkpoint (a no-op when
@@ -481,22 +529,24 @@ impl RocksStore {
             self.write_cuts(h, &[])?;
         }
         let mut held = self.held.write().expect("hold lock");
-        let Some(h) = held.take() else {
+        let Some(h) = held.as_mut() else {
             return Ok(());
         };
-        let parts: Vec<Part> = h
+        let parts: Vec<&Part> = h
             .parts
-            .into_iter()
-            .map(|p| p.into_inner().expect("overlay lock"))
+            .iter_mut()
+            .map(|p| &*p.get_mut().expect("overlay lock"))
             .collect();
         let batch: Vec<Put<'_>> = parts
             .iter()
             .flat_map(|p| batch_of(&p.cut).chain(batch_of(&p.live)))
             .collect();
-        if batch.is_empty() {
-            return Ok(());
+        if !batch.is_empty() {
+            // On failure the store stays held, with all of it.
+            self.write_db(&batch)?;
         }
-        self.write_db(&batch)
+        *held = None;
+        Ok(())
     }
 
     fn write_db(&self, batch: &[Put<'_>]) -> Result<(), StateError> {
@@ -508,7 +558,12 @@ impl RocksStore {
                 None => wb.delete_cf(cf, k),
             }
         }
-        self.db.write(wb).map_err(rocks_error)
+        // No write-ahead log: recovery never reads the live database (it starts from a
+        // checkpoint, which flushes the memtables first), so RocksDB's log would be a
+        // second copy of the event log's work, and one more file to fill a disk.
+        let mut options = rocksdb::WriteOptions::default();
+        options.disable_wal(true);
+        self.db.write_opt(wb, &options).map_err(rocks_error)
     }
 
     fn multi_get_db(
@@ -570,14 +625,26 @@ impl RocksStore {
     }
 
     fn write_as(&self, writer: usize, batch: Vec<OwnedPut>) -> Result<(), StateError> {
-        let held = self.held.read().expect("hold lock");
-        let Some(h) = held.as_ref() else {
-            return self.write_db(&puts(&batch));
-        };
-        h.part(writer)
-            .live
-            .extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
-        Ok(())
+        {
+            let held = self.held.read().expect("hold lock");
+            if let Some(h) = held.as_ref() {
+                h.part(writer)
+                    .live
+                    .extend(batch.into_iter().map(|(f, k, v)| ((f, k), v)));
+                return Ok(());
+            }
+            match self.write_db(&puts(&batch)) {
+                Ok(()) => return Ok(()),
+                Err(e) => tracing::warn!(
+                    "{e}; state writes wait in memory until a checkpoint can write them"
+                ),
+            }
+        }
+        // The writer's other keys are in the database or in its part; no reader sees
+        // this batch until it is in the part, as no reader saw it before the write.
+        let writers = self.writers.load(std::sync::atomic::Ordering::SeqCst);
+        self.hold(writers.max(writer + 1));
+        self.write_as(writer, batch)
     }
 
     fn scan_prefix_as(
@@ -691,7 +758,12 @@ impl StateStore for StoreWriter {
     }
 
     fn sync(&self) -> Result<(), StateError> {
-        self.store.db.flush_wal(true).map_err(rocks_error)
+        // Writes skip RocksDB's log: they are durable once flushed to table files.
+        for family in Family::ALL {
+            let store = &self.store;
+            store.db.flush_cf(store.cf(family)).map_err(rocks_error)?;
+        }
+        Ok(())
     }
 }
 
@@ -1027,6 +1099,38 @@ mod tests {
         let taken = checkpoints.join().unwrap();
         assert!(taken > 10, "{taken} checkpoints");
         drop(writer);
+        drop(rocks);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A store still held when a checkpoint holds it again (its release failed on a
+    /// full disk) keeps every write it held, and a release then writes them all.
+    #[test]
+    fn holding_a_held_store_again_keeps_its_writes() {
+        let dir = std::env::temp_dir().join(format!("eddy-rocks-rehold-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rocks = Arc::new(RocksStore::open(&dir).unwrap());
+        let w = rocks.writer(1);
+        rocks.hold(2);
+        w.write(&[(Family::Aggregates, b"k", Some(b"v"))]).unwrap();
+        rocks.freeze(1);
+        w.write(&[(Family::Aggregates, b"j", Some(b"w"))]).unwrap();
+        rocks.hold(2);
+        assert!(rocks.is_held());
+        let want = vec![Some(b"v".to_vec()), Some(b"w".to_vec())];
+        assert_eq!(
+            w.multi_get(Family::Aggregates, &[b"k", b"j"]).unwrap(),
+            want
+        );
+        rocks.release().unwrap();
+        assert!(!rocks.is_held());
+        assert_eq!(
+            rocks
+                .multi_get_db(Family::Aggregates, &[b"k", b"j"])
+                .unwrap(),
+            want
+        );
+        drop(w);
         drop(rocks);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -256,7 +256,7 @@ fn reservoir(a: &Args) -> Result<serde_json::Value> {
     let node = storage(a)?;
     let (mut task, secs) = feed(a, &node, "7 days", false)?;
     let stats = task.reservoir_stats();
-    let cp = task.checkpoint()?.expect("a task on disk").finish()?;
+    let cp = task.checkpoint(true)?.expect("a task on disk").finish()?;
     let stream = task.stream().clone();
     let codec = Arc::new(EventCodec::new(stream, Vec::new()));
     drop(task);

@@ -390,7 +390,8 @@ impl Task {
     /// The synchronous stage of a checkpoint: writes every dirty group state to the
     /// store and returns the record that restores the rest of the task, to be finished
     /// off the event path. `None` for a task in memory.
-    pub fn checkpoint(&mut self) -> Result<Option<PendingRecord>> {
+    /// `previous_committed`: whether the node's checkpoint before this one committed.
+    pub fn checkpoint(&mut self, previous_committed: bool) -> Result<Option<PendingRecord>> {
         if self.storage.is_none() {
             return Ok(None);
         }
@@ -404,7 +405,10 @@ impl Task {
             }
         }
         self.check_storage()?;
-        let reservoir = self.reservoir.checkpoint().map_err(|e| self.fail(e))?;
+        let reservoir = self
+            .reservoir
+            .checkpoint(previous_committed)
+            .map_err(|e| self.fail(e))?;
         let record = Checkpoint {
             time: self.time,
             seq: self.seq,

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use eddy_planner::{Error, Result};
-use eddy_storage::log::{Records, TaskLog, Unsynced, SEGMENT_BYTES_MAX};
+use eddy_storage::log::{LogEnd, Records, TaskLog, Unsynced, SEGMENT_BYTES_MAX};
 
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::codec;
@@ -124,8 +124,14 @@ struct Files {
     closed: bool,
 }
 
+/// 53100 for a full disk (nothing of the append stays), XX000 otherwise.
 fn storage_error(e: eddy_storage::LogError) -> Error {
-    Error::new(eddy_planner::ErrorKind::Internal, e.to_string())
+    match &e {
+        eddy_storage::LogError::Io { source, .. } if eddy_storage::is_disk_full(source) => {
+            Error::disk_full(format!("could not write the log: {e}"))
+        }
+        _ => Error::internal(e.to_string()),
+    }
 }
 
 fn task_dir(root: &Path, task: &TaskId) -> PathBuf {
@@ -530,30 +536,59 @@ impl Files {
         if batches.is_empty() {
             return Ok(Vec::new());
         }
+        // All or nothing: a write that fails (a full disk) takes back what the append
+        // wrote to the other logs, so no record of a failed statement is ever replayed.
+        let mut written: Vec<(TaskId, LogEnd)> = Vec::with_capacity(batches.len());
+        let result = self.write_all(batches, durable, stats, &mut written);
+        if result.is_err() {
+            for (task, end) in written.into_iter().rev() {
+                if let Some(log) = self.logs.get_mut(&task) {
+                    if let Err(e) = log.rewind(end) {
+                        tracing::error!("could not take back a failed append: {e}");
+                    }
+                }
+            }
+            return result;
+        }
         stats.appends.fetch_add(1, Ordering::Relaxed);
+        self.owed_since.get_or_insert_with(Instant::now);
+        result
+    }
+
+    /// `write`'s writes, noting in `written` where each log it wrote to ended before.
+    fn write_all(
+        &mut self,
+        batches: Vec<(TaskId, Records)>,
+        durable: bool,
+        stats: &LogStats,
+        written: &mut Vec<(TaskId, LogEnd)>,
+    ) -> Result<Vec<u64>> {
         let mut ends = Vec::with_capacity(batches.len());
         // Allocated for a durable append alone: a written one skips the journal.
         let mut journal = Records::default();
+        let mut unjournaled = Vec::new();
         for (task, records) in batches {
+            let log = self.log(&task)?;
+            let before = log.end();
+            let first = log.append(&records).map_err(storage_error)?;
+            written.push((task.clone(), before));
+            ends.push(log.next_offset());
             stats
                 .records
                 .fetch_add(records.len() as u64, Ordering::Relaxed);
             stats
                 .bytes
                 .fetch_add(records.framed_bytes() as u64, Ordering::Relaxed);
-            let log = self.log(&task)?;
-            let first = log.append(&records).map_err(storage_error)?;
-            ends.push(log.next_offset());
             if durable {
                 journal.push_with(|b| encode_entry(b, &task, first, &records));
-            } else if !self.unjournaled.contains(&task) {
-                self.unjournaled.insert(task);
+            } else {
+                unjournaled.push(task);
             }
         }
         if durable {
             self.journal.append(&journal).map_err(storage_error)?;
         }
-        self.owed_since.get_or_insert_with(Instant::now);
+        self.unjournaled.extend(unjournaled);
         Ok(ends)
     }
 

@@ -19,6 +19,7 @@ use eddy_storage::{Family, IoThread, ReservoirConfig, RocksConfig, RocksStore};
 
 use crate::exec::groups::CacheConfig;
 use crate::exec::task::{stable_hash, TaskStorage};
+use crate::node::space::{DiskSpace, Reserve};
 use crate::route::{dir_name, TaskId};
 
 const STATE_DIR: &str = "state";
@@ -28,7 +29,18 @@ const CURRENT: &str = "CURRENT";
 const TRANSFERS_DIR: &str = "transfers";
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |e| Error::internal(format!("{}: {e}", path.display()))
+    move |e| match eddy_storage::is_disk_full(&e) {
+        true => Error::disk_full(format!("{}: {e}", path.display())),
+        false => Error::internal(format!("{}: {e}", path.display())),
+    }
+}
+
+/// 53100 for a store that found the disk full, XX000 otherwise.
+pub fn state_error(e: eddy_storage::StateError) -> Error {
+    match e.is_disk_full() {
+        true => Error::disk_full(e.to_string()),
+        false => Error::internal(e.to_string()),
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,6 +48,8 @@ pub struct StorageConfig {
     pub reservoir: ReservoirConfig,
     pub cache: CacheConfig,
     pub rocks: RocksConfig,
+    /// Space kept free on the data directory's filesystem (`node::space`).
+    pub reserve: Reserve,
 }
 
 /// A node's transfer counters, for `/metrics`.
@@ -60,6 +74,8 @@ pub struct NodeStorage {
     current: std::sync::Mutex<Option<u64>>,
     /// Checkpoints sent to and received from peers.
     pub transfers: TransferStats,
+    /// Free space on the data directory, and the reserve new events may not use.
+    pub space: DiskSpace,
 }
 
 impl std::fmt::Debug for NodeStorage {
@@ -137,6 +153,7 @@ impl NodeStorage {
             config,
             current: std::sync::Mutex::new(current),
             transfers: Default::default(),
+            space: DiskSpace::new(root, config.reserve),
         })
     }
 
@@ -230,9 +247,7 @@ impl NodeStorage {
             .iter()
             .map(|(k, v)| (Family::Meta, k.as_slice(), Some(v.as_slice())))
             .collect();
-        self.store
-            .checkpoint(&dir, &records)
-            .map_err(|e| Error::internal(e.to_string()))?;
+        self.store.checkpoint(&dir, &records).map_err(state_error)?;
         Ok(n)
     }
 

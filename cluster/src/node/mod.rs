@@ -4,4 +4,5 @@
 
 pub mod durable;
 pub mod shards;
+pub mod space;
 pub mod transfer;

@@ -660,20 +660,20 @@ impl Shard {
 
     /// Flushes every task's group states, takes its checkpoint record, and freezes the
     /// shard's cut of the held store: its later writes are not in this checkpoint.
-    fn checkpoint(&mut self) -> CheckpointReply {
+    fn checkpoint(&mut self, previous_committed: bool) -> CheckpointReply {
         let Some(storage) = self.storage.clone() else {
             return Ok((Vec::new(), Vec::new()));
         };
-        let taken = self.take_records();
+        let taken = self.take_records(previous_committed);
         storage.store.freeze(self.index);
         taken
     }
 
-    fn take_records(&mut self) -> CheckpointReply {
+    fn take_records(&mut self, previous_committed: bool) -> CheckpointReply {
         let mut records = Vec::new();
         let mut ends = Vec::new();
         for (id, task) in &mut self.tasks {
-            let Some(record) = task.checkpoint()? else {
+            let Some(record) = task.checkpoint(previous_committed)? else {
                 continue;
             };
             records.push(PendingMeta {
@@ -883,8 +883,11 @@ impl Shard {
                 self.adopt(tasks);
                 let _ = reply.send(());
             }
-            Command::Checkpoint { reply } => {
-                let _ = reply.send(self.checkpoint());
+            Command::Checkpoint {
+                previous_committed,
+                reply,
+            } => {
+                let _ = reply.send(self.checkpoint(previous_committed));
             }
             Command::MetricRows {
                 task,

@@ -246,11 +246,15 @@ impl Db {
         if replayed > 0 {
             tracing::info!("replayed {replayed} logged events");
         }
-        // What was recovered becomes the new base: the replayed log can go.
-        engine
-            .checkpoint()
-            .await
-            .map_err(|e| anyhow::anyhow!("checkpointing after recovery: {e}"))?;
+        // What was recovered becomes the new base: the replayed log can go. On a full
+        // disk the log stays, and a later checkpoint tries again.
+        match engine.checkpoint().await {
+            Ok(_) => {}
+            Err(e) if e.kind == eddy_planner::ErrorKind::DiskFull => {
+                tracing::warn!("checkpointing after recovery: {e}; the log is kept")
+            }
+            Err(e) => anyhow::bail!("checkpointing after recovery: {e}"),
+        }
         // What ALTER SYSTEM kept, under the limits and the session defaults alike.
         let kept = crate::ops::settings::load(data_dir)?;
         let db = Arc::new(Db {
@@ -369,7 +373,7 @@ impl Db {
             Statement::Query(q) | Statement::Subscribe(q) => self.reads(q).await?,
             Statement::Declare { query, .. } => self.reads(query).await?,
             Statement::CopyOut(copy) => self.reads(&copy.query).await?,
-            Statement::AlterSystem { .. } => vec![Need::Superuser],
+            Statement::AlterSystem { .. } | Statement::Checkpoint => vec![Need::Superuser],
             _ => Vec::new(),
         };
         catalog.access.check(catalog.as_ref(), role, &needs)
@@ -464,6 +468,13 @@ impl Db {
             }
             Statement::ShowSubscriptions => Ok(self.show_subscriptions()),
             Statement::ShowStorage => self.show_storage().await,
+            Statement::Checkpoint => {
+                self.engine.checkpoint().await?;
+                Ok(Executed::new(Output::Command {
+                    tag: "CHECKPOINT",
+                    rows: None,
+                }))
+            }
             Statement::ShowCluster => Ok(self.show_cluster()),
             Statement::ShowTasks => self.show_tasks().await,
             Statement::ShowShards => self.show_shards().await,
@@ -621,6 +632,9 @@ impl Db {
         for row in &plan.rows {
             Task::event_time(&plan.stream, row)?;
         }
+        let values = (n * plan.stream.columns.len()) as u64 * 16;
+        self.engine
+            .admit(log_bytes(&plan.stream, values, n as u64, durable))?;
         let want = plan.returning.is_some();
         let polling = durable.then(crate::wire::busy::Committing::start);
         let started = Instant::now();
@@ -645,11 +659,22 @@ impl Db {
         })
     }
 
-    /// Parses and applies a finished COPY; nothing is applied if any row is bad.
+    /// Parses and applies a finished COPY; nothing is applied if any row is bad, or if
+    /// the disk has no room for all of it.
     pub async fn finish_copy(&self, copy: CopyIn, durable: bool) -> Result<Executed> {
         // Every check that can fail ran before the first row reaches a task.
         let copy = copy.finish().await?;
         let stream = copy.stream;
+        // Room for the whole COPY before its first batch: one refused for space applies
+        // nothing.
+        let values: usize = copy
+            .batches
+            .iter()
+            .flat_map(|(b, _)| b.columns())
+            .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+            .sum();
+        self.engine
+            .admit(log_bytes(&stream, values as u64, copy.rows as u64, durable))?;
         let mut skipped = Skipped::default();
         // Two batches in flight: the shards apply one while this thread makes the rows of
         // the next, so neither waits for the other. Futures are awaited in submission
@@ -792,7 +817,16 @@ impl Db {
             Column::new("l1_hits", Type::INT8),
             Column::new("l2_hits", Type::INT8),
             Column::new("state_reads", Type::INT8),
+            Column::new("disk_free_bytes", Type::INT8),
+            Column::new("disk_reserve_bytes", Type::INT8),
         ];
+        let (free, reserve) = match self.engine.storage() {
+            Some(s) => (
+                Cell::I64(s.space.read().free as i64),
+                Cell::I64(s.space.reserve_bytes() as i64),
+            ),
+            None => (Cell::Null, Cell::Null),
+        };
         let rows = catalog
             .streams
             .values()
@@ -836,6 +870,8 @@ impl Db {
                     Cell::I64(sum(&|r| r.cache.l1_hits)),
                     Cell::I64(sum(&|r| r.cache.l2_hits)),
                     Cell::I64(sum(&|r| r.cache.misses)),
+                    free.clone(),
+                    reserve.clone(),
                 ]
             })
             .collect();
@@ -1070,6 +1106,41 @@ impl Db {
             "Checkpoints committed.",
             vec![(String::new(), load(&c.count) as f64)],
         );
+        family(
+            "eddy_checkpoints_failed_total",
+            "counter",
+            "Checkpoints that failed (a full disk, say): the log keeps what they would have covered.",
+            vec![(String::new(), load(&c.failed) as f64)],
+        );
+        if let Some(storage) = self.engine.storage() {
+            let space = &storage.space;
+            let now = space.read();
+            let dir = format!("{{dir=\"{}\"}}", space.dir().display());
+            family(
+                "eddy_disk_free_bytes",
+                "gauge",
+                "Bytes free on the data directory's filesystem.",
+                vec![(dir.clone(), now.free as f64)],
+            );
+            family(
+                "eddy_disk_size_bytes",
+                "gauge",
+                "Size of the data directory's filesystem.",
+                vec![(dir.clone(), now.total as f64)],
+            );
+            family(
+                "eddy_disk_reserve_bytes",
+                "gauge",
+                "Bytes the node keeps free: below them new events are refused (53100).",
+                vec![(dir, space.reserve_bytes() as f64)],
+            );
+            family(
+                "eddy_disk_refused_statements_total",
+                "counter",
+                "Statements refused because the disk was below the reserve.",
+                vec![(String::new(), load(&space.refused) as f64)],
+            );
+        }
         family(
             "eddy_checkpoint_sync_seconds",
             "gauge",
@@ -1869,4 +1940,11 @@ fn show_variable(name: &str) -> Executed {
         rows: vec![vec![Cell::text(value.to_string())]],
         tag: "SHOW",
     })
+}
+
+/// About the bytes a statement's events take in the log: each partitioner logs every
+/// event, and a durable append writes it to the node's journal too.
+fn log_bytes(stream: &StreamDef, values: u64, rows: u64, durable: bool) -> u64 {
+    let copies = stream.partitioner_count() as u64 * if durable { 2 } else { 1 };
+    values.saturating_add(rows * 16).saturating_mul(copies)
 }

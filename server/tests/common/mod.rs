@@ -185,18 +185,25 @@ impl Eddy {
 
     /// Stops the server with SIGTERM (a clean shutdown) and waits for it; returns what
     /// it wrote to stderr.
-    pub fn terminate(mut self) -> Vec<String> {
+    pub fn terminate(self) -> Vec<String> {
+        let (status, said) = self.terminate_status();
+        assert!(
+            status.success(),
+            "eddy exited with {status}:\n{}",
+            said.join("\n")
+        );
+        said
+    }
+
+    /// Stops the server with SIGTERM and waits for it; returns how it exited and what
+    /// it wrote to stderr.
+    pub fn terminate_status(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let pid = self.0.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
         let status = self.0.wait().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
-        assert!(
-            status.success(),
-            "eddy exited with {status}:\n{}",
-            self.1.lock().unwrap().join("\n")
-        );
-        self.output()
+        (status, self.output())
     }
 }
 
@@ -222,7 +229,25 @@ pub fn spawn_eddy_with(dir: &std::path::Path, args: &[&str]) -> (Eddy, u16) {
 /// `spawn_eddy_with` with more environment variables.
 #[allow(dead_code)]
 pub fn spawn_eddy_env(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Eddy, u16) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_eddy"));
+    spawn_eddy_in(&[], dir, args, env)
+}
+
+/// `spawn_eddy_env`, the binary run by the command `wrapper` (`nsenter …`; empty: none).
+#[allow(dead_code)]
+pub fn spawn_eddy_in(
+    wrapper: &[String],
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Eddy, u16) {
+    let mut command = match wrapper.split_first() {
+        None => Command::new(env!("CARGO_BIN_EXE_eddy")),
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_eddy"));
+            c
+        }
+    };
     command.envs(env.iter().copied());
     command
         .args(["serve", "--pg-addr", "127.0.0.1:0", "--data-dir"])
