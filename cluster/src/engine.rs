@@ -246,6 +246,28 @@ impl Engine {
         self.checkpoint_unless_closed(true).await
     }
 
+    /// Takes a checkpoint and then, with no other checkpoint (nor task install or
+    /// reshard) until it returns, runs `copy` with the checkpoint's number on a blocking
+    /// thread: a backup, while nothing that checkpoint reads may be deleted.
+    pub async fn checkpoint_then<T: Send + 'static>(
+        &self,
+        copy: impl FnOnce(u64) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let _one = self.checkpointing.lock().await;
+        if self.is_closing() {
+            return Err(Error::internal("the node took its last checkpoint"));
+        }
+        self.checkpoint_now().await?;
+        let n = self
+            .storage
+            .as_ref()
+            .and_then(|s| s.current_checkpoint())
+            .ok_or_else(|| Error::internal("this engine keeps no state on disk"))?;
+        tokio::task::spawn_blocking(move || copy(n))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+    }
+
     pub fn is_closing(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

@@ -67,6 +67,8 @@ pub enum Statement {
     ShowStorage,
     /// `CHECKPOINT`: takes a checkpoint now (superusers).
     Checkpoint,
+    /// `BACKUP TO '/dir'`: a consistent copy of the node's data (superusers).
+    Backup(String),
     /// `SHOW CLUSTER`: the nodes.
     ShowCluster,
     /// `SHOW TASKS`: where each task runs.
@@ -266,6 +268,7 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SHOW", "SUBSCRIPTIONS", ..] => Ok(Statement::ShowSubscriptions),
         ["SHOW", "STORAGE", ..] => Ok(Statement::ShowStorage),
         ["CHECKPOINT"] => Ok(Statement::Checkpoint),
+        ["BACKUP", ..] => parse_backup(&tokens),
         ["SHOW", "CLUSTER", ..] => Ok(Statement::ShowCluster),
         ["SHOW", "TASKS", ..] => Ok(Statement::ShowTasks),
         ["SHOW", "SHARDS", ..] => Ok(Statement::ShowShards),
@@ -567,6 +570,18 @@ fn parse_alter_system(tokens: &[Token]) -> Result<Statement> {
         }),
         _ => Err(Error::syntax(
             "syntax error: expected ALTER SYSTEM SET name = value or ALTER SYSTEM RESET name",
+        )),
+    }
+}
+
+fn parse_backup(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    match words.as_slice() {
+        [_, to, Token::SingleQuotedString(dir)] if is_word(to, "TO") => {
+            Ok(Statement::Backup(dir.clone()))
+        }
+        _ => Err(Error::syntax(
+            "syntax error: expected BACKUP TO '/path/of/a/new/directory'",
         )),
     }
 }

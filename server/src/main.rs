@@ -54,6 +54,56 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         tasks: usize,
     },
+    /// Back up a running node into a new directory on its machine (`BACKUP TO`, through
+    /// a connection); `eddy serve --data-dir DIR` restores it.
+    Backup {
+        /// The directory to write: an absolute path, new or empty.
+        dir: String,
+        #[arg(long, env = "PGHOST", default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, env = "PGPORT", default_value_t = 5433)]
+        port: u16,
+        /// A superuser (`PGPASSWORD` gives the password).
+        #[arg(long, env = "PGUSER", default_value = "eddy")]
+        user: String,
+    },
+}
+
+/// `eddy backup`: runs `BACKUP TO` and prints its row.
+fn backup(dir: &str, host: &str, port: u16, user: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut config = tokio_postgres::Config::new();
+        config.host(host).port(port).user(user).dbname("eddy");
+        if let Ok(password) = std::env::var("PGPASSWORD") {
+            config.password(password);
+        }
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let sql = format!("BACKUP TO '{}'", dir.replace('\'', "''"));
+        let messages = client
+            .simple_query(&sql)
+            .await
+            .map_err(|e| match e.as_db_error() {
+                Some(db) => anyhow::anyhow!(
+                    "{}: {}{}",
+                    db.code().code(),
+                    db.message(),
+                    db.hint().map(|h| format!(" ({h})")).unwrap_or_default()
+                ),
+                None => e.into(),
+            })?;
+        for m in messages {
+            if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
+                for (i, column) in row.columns().iter().enumerate() {
+                    println!("{}: {}", column.name(), row.get(i).unwrap_or(""));
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 /// The settings of `eddy serve`. Each is a flag, an environment variable, and a key of
@@ -331,6 +381,12 @@ fn main() -> anyhow::Result<()> {
             print!("{}", describe(&pinning.machine, &pinning.plan, tasks));
             Ok(())
         }
+        Command::Backup {
+            dir,
+            host,
+            port,
+            user,
+        } => backup(&dir, &host, port, &user),
         Command::Config(args) => {
             let (name, sub) = matches.subcommand().expect("a subcommand was parsed");
             let kept = eddy_server::ops::settings::load(&args.data_dir)?;

@@ -1,6 +1,7 @@
 //! Running a node: its configuration (`config`, `settings` for what `ALTER SYSTEM` keeps),
 //! the named limits, logging, latency histograms and the HTTP port (metrics, console).
 
+pub mod backup;
 pub mod config;
 pub mod histogram;
 pub mod http;
