@@ -147,7 +147,11 @@ async fn every_format_version_opens_with_its_values() {
         .filter(|p| p.join("expected.txt").exists())
         .collect();
     versions.sort();
-    assert!(!versions.is_empty(), "no fixtures in {}", fixtures().display());
+    assert!(
+        !versions.is_empty(),
+        "no fixtures in {}",
+        fixtures().display()
+    );
     for version in versions {
         let name = version.file_name().unwrap().to_string_lossy().into_owned();
         let dir = temp_dir(&format!("formats-{name}"));
