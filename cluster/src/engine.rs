@@ -64,6 +64,17 @@ pub struct CheckpointStats {
     pub failed: AtomicU64,
     /// Whether the last checkpoint failed.
     pub last_failed: std::sync::atomic::AtomicBool,
+    /// Called with the duration of every checkpoint taken or tried (`/metrics`' histogram).
+    pub on_done: std::sync::OnceLock<CheckpointHook>,
+}
+
+/// What the node calls after each checkpoint, with its duration.
+pub struct CheckpointHook(pub Box<dyn Fn(std::time::Duration) + Send + Sync>);
+
+impl std::fmt::Debug for CheckpointHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointHook")
+    }
 }
 
 /// A subscription's watcher on a node of a cluster: past the node's lease it ends the
@@ -290,7 +301,11 @@ impl Engine {
     async fn checkpoint_now(&self) -> Result<(std::time::Duration, std::time::Duration)> {
         let c = &self.checkpoints;
         let previous_committed = !c.last_failed.load(Ordering::SeqCst);
+        let started = Instant::now();
         let result = self.checkpoint_attempt(previous_committed).await;
+        if let Some(hook) = c.on_done.get() {
+            (hook.0)(started.elapsed());
+        }
         c.last_failed.store(result.is_err(), Ordering::SeqCst);
         if result.is_err() {
             c.failed.fetch_add(1, Ordering::Relaxed);

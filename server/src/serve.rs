@@ -65,6 +65,7 @@ impl Server {
         let sessions = SessionThreads::start(config.session_threads, config.busy_poll)?;
         let manager = Arc::new(ConnectionManager::new());
         let door = Arc::new(Door::new(tls, config.tls_required, db.limits().clone()));
+        let _ = db.door.set(door.clone());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let accept_db = db.clone();
         let metrics_db = db.clone();

@@ -282,6 +282,44 @@ async fn storage_is_observable_in_sql_and_over_http() {
     ] {
         assert!(body.lines().any(|l| l == line), "no {line:?} in\n{body}");
     }
+    // Prometheus' own parser and linter take the page, and no family comes twice.
+    let page = body.split("\r\n\r\n").nth(1).unwrap();
+    let mut families: Vec<&str> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    let all = families.len();
+    families.sort_unstable();
+    families.dedup();
+    assert_eq!(families.len(), all, "a family twice in\n{page}");
+    for name in [
+        "eddy_build_info",
+        "process_resident_memory_bytes",
+        "eddy_connections",
+    ] {
+        assert!(families.contains(&name), "no {name} in\n{page}");
+    }
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; .ci/setup installs it)");
+    use std::io::Write as _;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{page}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
     let mut socket = tokio::net::TcpStream::connect(http).await.unwrap();
     socket
         .write_all(b"GET /nothing HTTP/1.1\r\nHost: eddy\r\nConnection: close\r\n\r\n")

@@ -2,11 +2,12 @@
 //! statements (by kind), ingests and checkpoints. Recording is two relaxed atomic adds
 //! and a search of 18 bounds, so the hot path can afford it.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use eddy_planner::sql::Statement;
+
+use crate::ops::metrics::{Families, Series};
 
 /// Upper bounds of the buckets, in seconds (`+Inf` follows).
 const BOUNDS: [f64; 18] = [
@@ -31,27 +32,23 @@ impl Histogram {
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// The samples `{name}_bucket`, `{name}_sum` and `{name}_count`, with `labels`
-    /// (`kind="insert"`, or empty) on each.
-    fn write(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
+    /// The series: cumulative counts per bound (`+Inf` last), count and sum in seconds.
+    fn series(&self) -> Series {
         let mut cumulative = 0;
-        for (i, count) in self.counts.iter().enumerate() {
-            cumulative += count.load(Ordering::Relaxed);
-            let le = BOUNDS.get(i).map_or("+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
-            );
+        let buckets = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, count)| {
+                cumulative += count.load(Ordering::Relaxed);
+                (BOUNDS.get(i).copied().unwrap_or(f64::INFINITY), cumulative)
+            })
+            .collect();
+        Series {
+            buckets,
+            count: cumulative,
+            sum: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
         }
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {cumulative}");
     }
 }
 
@@ -105,31 +102,27 @@ impl Timings {
         self.statements[i].record(elapsed);
     }
 
-    /// The three families, with their HELP and TYPE lines.
-    pub fn write(&self, out: &mut String) {
-        let head = |out: &mut String, name: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} histogram");
-        };
-        let name = "eddy_statement_duration_seconds";
-        head(
-            out,
-            name,
+    /// The three families.
+    pub fn families(&self, out: &mut Families) {
+        out.histogram(
+            "eddy_statement_duration_seconds",
             "Time to run a statement, by kind (insert, select, copy, ddl, other).",
+            KINDS
+                .iter()
+                .zip(&self.statements)
+                .map(|((_, kind), h)| (vec![("kind", kind.to_string())], h.series()))
+                .collect(),
         );
-        for ((_, label), h) in KINDS.iter().zip(&self.statements) {
-            h.write(out, name, &format!("kind=\"{label}\""));
-        }
-        let name = "eddy_ingest_duration_seconds";
-        head(
-            out,
-            name,
+        out.histogram(
+            "eddy_ingest_duration_seconds",
             "Time from a statement's events reaching the engine to their being applied.",
+            vec![(vec![], self.ingest.series())],
         );
-        self.ingest.write(out, name, "");
-        let name = "eddy_checkpoint_duration_seconds";
-        head(out, name, "Time to take one checkpoint of the node.");
-        self.checkpoint.write(out, name, "");
+        out.histogram(
+            "eddy_checkpoint_duration_seconds",
+            "Time to take one checkpoint of the node (every checkpoint, as eddy_checkpoints_total counts them).",
+            vec![(vec![], self.checkpoint.series())],
+        );
     }
 }
 
@@ -143,22 +136,18 @@ mod tests {
         h.record(Duration::from_micros(30));
         h.record(Duration::from_millis(3));
         h.record(Duration::from_secs(60));
-        let mut out = String::new();
-        h.write(&mut out, "x", "kind=\"a\"");
-        assert!(
-            out.contains("x_bucket{kind=\"a\",le=\"0.00005\"} 1\n"),
-            "{out}"
-        );
-        assert!(
-            out.contains("x_bucket{kind=\"a\",le=\"0.005\"} 2\n"),
-            "{out}"
-        );
-        assert!(out.contains("x_bucket{kind=\"a\",le=\"10\"} 2\n"), "{out}");
-        assert!(
-            out.contains("x_bucket{kind=\"a\",le=\"+Inf\"} 3\n"),
-            "{out}"
-        );
-        assert!(out.contains("x_count{kind=\"a\"} 3\n"), "{out}");
+        let mut families = Families::default();
+        families.histogram("x", "help", vec![(vec![("kind", "a".into())], h.series())]);
+        let out = families.text();
+        for line in [
+            "x_bucket{kind=\"a\",le=\"0.00005\"} 1",
+            "x_bucket{kind=\"a\",le=\"0.005\"} 2",
+            "x_bucket{kind=\"a\",le=\"10\"} 2",
+            "x_bucket{kind=\"a\",le=\"+Inf\"} 3",
+            "x_count{kind=\"a\"} 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "no {line} in {out}");
+        }
         assert!(out.contains("x_sum{kind=\"a\"} 60.00303"), "{out}");
     }
 }

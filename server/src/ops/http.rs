@@ -233,6 +233,7 @@ async fn run_sql(request: Request<Incoming>, context: &Context, role: &str) -> R
         );
     }
     let started = std::time::Instant::now();
+    let _running = db.running();
     let kind = crate::ops::histogram::Kind::of(&stmt);
     let executed = match db.authorize(role, &stmt).await {
         Ok(()) => db.execute_by(role, stmt).await,

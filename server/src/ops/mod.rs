@@ -7,4 +7,5 @@ pub mod histogram;
 pub mod http;
 pub mod limits;
 pub mod log;
+pub mod metrics;
 pub mod settings;

@@ -60,6 +60,7 @@ use eddy_planner::access::Need;
 const EXECUTE_ROWS_MAX: i32 = 1 << 16;
 
 pub fn error_info(e: &Error) -> ErrorInfo {
+    crate::ops::metrics::count_error(e.kind.sqlstate());
     let mut info = ErrorInfo::new(
         SEVERITY_ERROR.to_string(),
         e.kind.sqlstate().to_string(),
@@ -849,6 +850,7 @@ impl SimpleQueryHandler for Session {
                     .map(|_| Vec::new());
             }
             let (kind, started) = (Kind::of(&stmt), Instant::now());
+            let _running = self.db.running();
             let span = tracing::debug_span!("statement", sql = %text);
             let result = eddy_cluster::log::STATEMENT_DEADLINE
                 .scope(self.deadline(), self.run(client, stmt).instrument(span))
@@ -1498,6 +1500,7 @@ impl ExtendedQueryHandler for Session {
     {
         let prepared = &portal.statement.statement;
         let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
+        let _running = self.db.running();
         let span = tracing::debug_span!("statement", sql = %prepared.text);
         let format_for = |i| portal.result_column_format.format_for(i);
         let result = async {

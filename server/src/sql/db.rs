@@ -167,7 +167,11 @@ pub struct Db {
     pub(crate) limits: Arc<Limits>,
     /// The server's defaults of `synchronous_commit` and `statement_timeout`.
     session_defaults: ServerDefaults,
-    timings: Timings,
+    timings: Arc<Timings>,
+    /// The front door, for its connection counts in `/metrics`.
+    pub(crate) door: std::sync::OnceLock<Arc<crate::wire::Door>>,
+    /// Statements running now.
+    pub(crate) running: std::sync::atomic::AtomicI64,
     lock: DirLock,
 }
 
@@ -223,6 +227,16 @@ impl Db {
             log,
             Some(Arc::new(storage)),
         ));
+        // Every checkpoint, whoever asks for it, in the histogram.
+        let timings = Arc::new(Timings::default());
+        let hook = {
+            let timings = timings.clone();
+            move |took| timings.checkpoint.record(took)
+        };
+        let _ = engine
+            .checkpoints
+            .on_done
+            .set(eddy_cluster::engine::CheckpointHook(Box::new(hook)));
         eddy_cluster::peer::start(&engine)
             .map_err(|e| anyhow::anyhow!("starting the peer service: {e}"))?;
         let catalog =
@@ -264,7 +278,9 @@ impl Db {
             data_dir: data_dir.to_path_buf(),
             ddl: tokio::sync::Mutex::new(()),
             subscriptions: Arc::new(Registry::default()),
-            timings: Timings::default(),
+            timings,
+            door: Default::default(),
+            running: Default::default(),
             limits: Arc::new(Limits::from_layers(&config.limits, &kept)),
             session_defaults: session_defaults(config, &kept)?,
             lock,
@@ -275,9 +291,8 @@ impl Db {
             loop {
                 tokio::time::sleep(checkpoint_interval).await;
                 let Some(db) = weak.upgrade() else { break };
-                let started = Instant::now();
                 match db.engine.checkpoint().await {
-                    Ok(_) => db.timings.checkpoint.record(started.elapsed()),
+                    Ok(_) => {}
                     Err(_) if db.engine.is_closing() => break,
                     Err(e) => tracing::warn!("checkpoint failed: {e}"),
                 }
@@ -293,6 +308,13 @@ impl Db {
 
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().expect("catalog lock").clone()
+    }
+
+    /// Counts a statement as running until the guard goes (`eddy_connections`).
+    pub fn running(&self) -> Running<'_> {
+        self.running
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Running(&self.running)
     }
 
     /// Counts a statement's time in its histogram, and logs it when slow.
@@ -922,22 +944,20 @@ impl Db {
 
     /// The node's counters in Prometheus' text format (`GET /metrics`).
     pub async fn metrics_text(&self) -> Result<String> {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
+        use crate::ops::metrics::{Families, Labels};
+        let mut families = Families::default();
+        let mut family =
+            |name: &str, kind: &str, help: &str, samples: Vec<(Labels, f64)>| match kind {
+                "counter" => families.counter(name, help, samples),
+                _ => families.gauge(name, help, samples),
+            };
         let catalog = self.catalog();
         let report = self.engine.report().await?;
         // Per stream, summed over its tasks (`every_partitioner`) or over the first
         // partitioner's tasks only, which see each event once.
         let by_stream = |every_partitioner: bool,
                          f: &dyn Fn(&eddy_cluster::TaskReport) -> u64|
-         -> Vec<(String, f64)> {
+         -> Vec<(Labels, f64)> {
             catalog
                 .streams
                 .keys()
@@ -949,7 +969,7 @@ impl Db {
                         })
                         .map(f)
                         .sum();
-                    (format!("{{stream=\"{}\"}}", label(name)), v as f64)
+                    (vec![("stream", name.to_string())], v as f64)
                 })
                 .collect()
         };
@@ -982,12 +1002,7 @@ impl Db {
             let disk = catalog
                 .streams
                 .keys()
-                .map(|n| {
-                    (
-                        format!("{{stream=\"{}\"}}", label(n)),
-                        log.disk_bytes(n) as f64,
-                    )
-                })
+                .map(|n| (vec![("stream", n.to_string())], log.disk_bytes(n) as f64))
                 .collect();
             family(
                 "eddy_log_disk_bytes",
@@ -997,10 +1012,7 @@ impl Db {
             );
             let s = log.stats();
             let get = |a: &std::sync::atomic::AtomicU64| {
-                vec![(
-                    String::new(),
-                    a.load(std::sync::atomic::Ordering::Relaxed) as f64,
-                )]
+                vec![(vec![], a.load(std::sync::atomic::Ordering::Relaxed) as f64)]
             };
             family(
                 "eddy_log_appends_total",
@@ -1031,13 +1043,13 @@ impl Db {
                 "counter",
                 "Time spent in fsync rounds of the embedded log.",
                 vec![(
-                    String::new(),
+                    vec![],
                     s.commit_micros.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
                 )],
             );
         }
-        let all = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
-            vec![(String::new(), report.iter().map(f).sum::<u64>() as f64)]
+        let all = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(Labels, f64)> {
+            vec![(vec![], report.iter().map(f).sum::<u64>() as f64)]
         };
         family(
             "eddy_reservoir_disk_bytes",
@@ -1137,7 +1149,7 @@ impl Db {
                     &t.rejected,
                 ),
             ] {
-                family(name, "counter", help, vec![(String::new(), load(counter))]);
+                family(name, "counter", help, vec![(vec![], load(counter))]);
             }
         }
         let c = &self.engine.checkpoints;
@@ -1146,18 +1158,18 @@ impl Db {
             "eddy_checkpoints_total",
             "counter",
             "Checkpoints committed.",
-            vec![(String::new(), load(&c.count) as f64)],
+            vec![(vec![], load(&c.count) as f64)],
         );
         family(
             "eddy_checkpoints_failed_total",
             "counter",
             "Checkpoints that failed (a full disk, say): the log keeps what they would have covered.",
-            vec![(String::new(), load(&c.failed) as f64)],
+            vec![(vec![], load(&c.failed) as f64)],
         );
         if let Some(storage) = self.engine.storage() {
             let space = &storage.space;
             let now = space.read();
-            let dir = format!("{{dir=\"{}\"}}", space.dir().display());
+            let dir: Labels = vec![("dir", space.dir().display().to_string())];
             family(
                 "eddy_disk_free_bytes",
                 "gauge",
@@ -1180,26 +1192,26 @@ impl Db {
                 "eddy_disk_refused_statements_total",
                 "counter",
                 "Statements refused because the disk was below the reserve.",
-                vec![(String::new(), load(&space.refused) as f64)],
+                vec![(vec![], load(&space.refused) as f64)],
             );
         }
         family(
-            "eddy_checkpoint_sync_seconds",
+            "eddy_checkpoint_last_sync_seconds",
             "gauge",
             "Synchronous stage of the last checkpoint (until every shard has its cut).",
-            vec![(String::new(), load(&c.last_sync_micros) as f64 / 1e6)],
+            vec![(vec![], load(&c.last_sync_micros) as f64 / 1e6)],
         );
         family(
-            "eddy_checkpoint_seconds",
+            "eddy_checkpoint_last_seconds",
             "gauge",
             "Whole duration of the last checkpoint.",
-            vec![(String::new(), load(&c.last_total_micros) as f64 / 1e6)],
+            vec![(vec![], load(&c.last_total_micros) as f64 / 1e6)],
         );
         family(
             "eddy_checkpoint_sync_seconds_total",
             "counter",
             "Synchronous stages of all checkpoints.",
-            vec![(String::new(), load(&c.sync_micros_total) as f64 / 1e6)],
+            vec![(vec![], load(&c.sync_micros_total) as f64 / 1e6)],
         );
         if let Some(kafka) = self.engine.log_as::<Kafka>() {
             let k = &kafka.stats;
@@ -1240,12 +1252,7 @@ impl Db {
                     &k.assignments,
                 ),
             ] {
-                family(
-                    name,
-                    "counter",
-                    help,
-                    vec![(String::new(), load(counter) as f64)],
-                );
+                family(name, "counter", help, vec![(vec![], load(counter) as f64)]);
             }
             let fence = kafka.fence();
             for (name, help, value) in [
@@ -1265,7 +1272,7 @@ impl Db {
                     fence.generation() as f64,
                 ),
             ] {
-                family(name, "gauge", help, vec![(String::new(), value)]);
+                family(name, "gauge", help, vec![(vec![], value)]);
             }
             let roles = kafka.roles();
             let offsets: std::collections::HashMap<&eddy_cluster::TaskId, u64> =
@@ -1315,11 +1322,11 @@ impl Db {
                 kafka
                     .dead_letters()
                     .into_iter()
-                    .map(|(stream, n)| (format!("{{stream=\"{}\"}}", label(&stream)), n as f64))
+                    .map(|(stream, n)| (vec![("stream", stream.to_string())], n as f64))
                     .collect(),
             );
         }
-        let per_task = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(String, f64)> {
+        let per_task = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(Labels, f64)> {
             report
                 .iter()
                 .map(|r| (task_label(&r.task), f(r) as f64))
@@ -1342,7 +1349,7 @@ impl Db {
             "eddy_subscriptions",
             "gauge",
             "Open continuous queries.",
-            vec![(String::new(), subs.len() as f64)],
+            vec![(vec![], subs.len() as f64)],
         );
         let mut per_metric = std::collections::BTreeMap::<String, f64>::new();
         for sub in &subs {
@@ -1359,12 +1366,12 @@ impl Db {
             "Open continuous queries, by the metric (or stream) they read.",
             per_metric
                 .into_iter()
-                .map(|(on, n)| (format!("{{metric=\"{}\"}}", label(&on)), n))
+                .map(|(on, n)| (vec![("metric", on)], n))
                 .collect(),
         );
-        let per_sub = |f: &dyn Fn(&Subscription) -> u64| -> Vec<(String, f64)> {
+        let per_sub = |f: &dyn Fn(&Subscription) -> u64| -> Vec<(Labels, f64)> {
             subs.iter()
-                .map(|s| (format!("{{subscription=\"{}\"}}", s.id), f(s) as f64))
+                .map(|s| (vec![("subscription", s.id.to_string())], f(s) as f64))
                 .collect()
         };
         family(
@@ -1384,12 +1391,43 @@ impl Db {
             "counter",
             "Rows of open metric subscriptions replaced by newer ones while their reader lagged.",
             vec![(
-                String::new(),
+                vec![],
                 subs.iter().map(|s| s.rows_coalesced()).sum::<u64>() as f64,
             )],
         );
-        self.timings.write(&mut out);
-        Ok(out)
+        self.timings.families(&mut families);
+        families.gauge(
+            "eddy_build_info",
+            "The build this node runs (the value is 1).",
+            vec![(
+                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                1.0,
+            )],
+        );
+        if let Some(door) = self.door.get() {
+            let (pending, sessions) = door.counts();
+            let running = (self
+                .running
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(0) as usize)
+                .min(sessions);
+            families.gauge(
+                "eddy_connections",
+                "Open client connections: logging in, running a statement, or idle.",
+                vec![
+                    (vec![("state", "authenticating".into())], pending as f64),
+                    (vec![("state", "active".into())], running as f64),
+                    (vec![("state", "idle".into())], (sessions - running) as f64),
+                ],
+            );
+        }
+        families.counter(
+            "eddy_errors_total",
+            "Errors sent to clients, by SQLSTATE class (the first two characters).",
+            crate::ops::metrics::errors_by_class(),
+        );
+        families.process();
+        Ok(families.text())
     }
 
     fn show_subscriptions(&self) -> Executed {
@@ -1626,12 +1664,6 @@ fn check_log_kind(data_dir: &Path, kafka: bool) -> anyhow::Result<()> {
     }
 }
 
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 fn undefined_metric(name: &str) -> Error {
     Error::new(
         ErrorKind::UndefinedTable,
@@ -1845,13 +1877,12 @@ impl Skipped {
 }
 
 /// A task's labels in `/metrics`.
-fn task_label(t: &eddy_cluster::TaskId) -> String {
-    format!(
-        "{{stream=\"{}\",partitioner=\"{}\",partition=\"{}\"}}",
-        label(&t.stream),
-        t.partitioner,
-        t.partition
-    )
+fn task_label(t: &eddy_cluster::TaskId) -> crate::ops::metrics::Labels {
+    vec![
+        ("stream", t.stream.clone()),
+        ("partitioner", t.partitioner.to_string()),
+        ("partition", t.partition.to_string()),
+    ]
 }
 
 /// `ALTER SYSTEM SET shards = n | auto | DEFAULT`, `ALTER SYSTEM RESET shards | ALL`.
@@ -1989,4 +2020,13 @@ fn show_variable(name: &str) -> Executed {
 fn log_bytes(stream: &StreamDef, values: u64, rows: u64, durable: bool) -> u64 {
     let copies = stream.partitioner_count() as u64 * if durable { 2 } else { 1 };
     values.saturating_add(rows * 16).saturating_mul(copies)
+}
+
+/// A statement running (`Db::running`).
+pub struct Running<'a>(&'a std::sync::atomic::AtomicI64);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

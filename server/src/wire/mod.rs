@@ -55,6 +55,14 @@ pub struct Door {
 }
 
 impl Door {
+    /// Connections still logging in, and sessions, for `/metrics`.
+    pub fn counts(&self) -> (usize, usize) {
+        (
+            self.pending.load(Ordering::Relaxed),
+            self.sessions.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn new(tls: Option<TlsAcceptor>, tls_required: bool, limits: Arc<Limits>) -> Door {
         Door {
             tls,
