@@ -136,6 +136,9 @@ async function main() {
 
   await waitFor(page, 'a number in #events-per-second', () => /^[\d,.]+$/.test(document.querySelector('#events-per-second')?.textContent.trim()));
   log(`#events-per-second ${await text(page, '#events-per-second')}, #insert-p99 ${await text(page, '#insert-p99')}`);
+  // The data directory's free space and reserve, from /metrics.
+  await waitFor(page, 'free space in #disk', () => /MB free of [\d,.]+ MB/.test(document.querySelector('#disk')?.textContent));
+  log(`#disk ${await text(page, '#disk')}`);
 
   step = 'taking the screenshot';
   await page.screenshot({ path: screenshot, fullPage: true });

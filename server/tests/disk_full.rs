@@ -479,6 +479,8 @@ async fn below_the_reserve_events_are_refused_and_reads_go_on() {
         .await
         .unwrap();
     disk.leave_free(12 << 20);
+    // The node reads the free space at most every 50 ms.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let e = node
         .client
         .batch_execute("INSERT INTO s VALUES (5000, '2026-01-01 01:00:00', 'c1', 'x')")
