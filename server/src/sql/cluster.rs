@@ -51,9 +51,13 @@ pub(crate) fn follow_catalog(db: &Arc<Db>) {
 /// Takes the catalog topic as the cluster reader has read it and, if it differs from this node's catalog, installs it.
 async fn adopt(db: &Arc<Db>) -> Result<()> {
     let _guard = db.ddl.lock().await;
-    let statements = match db.engine().log_as::<Kafka>() {
-        Some(kafka) => kafka.followed_catalog(),
-        None => return Ok(()),
+    // Not before this node's own last DDL is read back: what was read is older.
+    let Some(statements) = db
+        .engine()
+        .log_as::<Kafka>()
+        .and_then(|kafka| kafka.followed_catalog())
+    else {
+        return Ok(());
     };
     let next = catalog_of(&statements)?;
     let current = db.catalog();

@@ -58,9 +58,13 @@ impl Kafka {
             deliveries.push(delivery);
         }
         for d in deliveries {
-            d.await
+            let delivery = d
+                .await
                 .map_err(|_| kafka_error("publishing the catalog", "the producer went away"))?
                 .map_err(|(e, _)| kafka_error("publishing the catalog", e))?;
+            self.members
+                .catalog_published
+                .fetch_max(delivery.offset + 1, std::sync::atomic::Ordering::AcqRel);
         }
         Ok(())
     }

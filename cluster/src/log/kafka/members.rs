@@ -10,7 +10,7 @@
 //! Invariant: a plan takes effect on this node only when it is read back from the cluster
 //! topic, so the leader and every other node apply plans in one order.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,11 @@ pub(super) struct Members {
     pub(super) view: Arc<RwLock<View>>,
     /// Catalog records read since start: another node's DDL shows up here.
     pub(super) catalog_records: Arc<AtomicU64>,
+    /// One past the highest catalog offset read, and one past the highest this node
+    /// published: until the first reaches the second, what was read is older than this
+    /// node's own DDL, and must not be adopted over it.
+    pub(super) catalog_read: AtomicI64,
+    pub(super) catalog_published: AtomicI64,
     /// The catalog topic as read so far: its last record per key.
     catalog: Mutex<Latest>,
     /// Whether the membership thread runs.
@@ -81,9 +86,15 @@ impl Kafka {
     }
 
     /// The catalog's statements as the cluster reader has read its topic so far (as
-    /// `read_catalog` returns them, without reading the topic again).
-    pub fn followed_catalog(&self) -> Vec<String> {
-        live_statements(&self.members.catalog.lock().expect("catalog lock"))
+    /// `read_catalog` returns them, without reading the topic again); `None` while the
+    /// reader has yet to read back this node's own last publication (a catalog older
+    /// than the node's).
+    pub fn followed_catalog(&self) -> Option<Vec<String>> {
+        let m = &self.members;
+        if m.catalog_read.load(Ordering::Acquire) < m.catalog_published.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(live_statements(&m.catalog.lock().expect("catalog lock")))
     }
 
     /// The tasks of a new catalog, for the plans this node makes while it leads.
@@ -247,6 +258,9 @@ impl Kafka {
                     let mut latest = self.members.catalog.lock().expect("catalog lock");
                     latest.insert(key, (m.offset(), sql));
                     drop(latest);
+                    self.members
+                        .catalog_read
+                        .fetch_max(m.offset() + 1, Ordering::AcqRel);
                     self.members.catalog_records.fetch_add(1, Ordering::AcqRel);
                     continue;
                 }
