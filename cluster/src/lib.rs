@@ -12,7 +12,8 @@
 //!   where each task's active copy and replicas run;
 //! - `membership`: the facts nodes announce and the plans the leader publishes (pure;
 //!   carried over Kafka by `log::kafka::members`);
-//! - `peer`: the gRPC service nodes call on each other (reads of tasks active elsewhere).
+//! - `peer`: the gRPC service nodes call on each other (reads of tasks active elsewhere);
+//! - `format`: the format versions of what a node writes, and which it reads.
 //!
 //! Architecture invariant: no pgwire and no SQL text here. The front end hands over bound
 //! rows; a task is touched only by the shard thread that owns it.
@@ -21,6 +22,7 @@ pub mod assign;
 pub mod command;
 pub mod engine;
 pub mod exec;
+pub mod format;
 pub mod log;
 pub mod membership;
 pub mod node;

@@ -171,7 +171,37 @@ async fn every_format_version_opens_with_its_values() {
         assert!(n[0][0].is_some(), "format {name}");
         drop(client);
         eddy.terminate();
+        // Opened, the directory is marked with this build's format (`eddy_cluster::format`).
+        let marked = std::fs::read_to_string(dir.join("FORMAT")).unwrap();
+        assert_eq!(
+            marked.trim(),
+            eddy_cluster::format::FORMAT.to_string(),
+            "format {name}"
+        );
     }
+}
+
+/// A data directory in a format newer than this build reads is refused before anything
+/// in it is touched, with the versions named, and left as it was.
+#[test]
+fn a_newer_format_is_refused() {
+    let dir = temp_dir("formats-newer");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let newer = eddy_cluster::format::FORMAT + 1;
+    std::fs::write(dir.join("FORMAT"), format!("{newer}\n")).unwrap();
+    let said = common::refused_start(&dir, &[], &[]);
+    assert!(
+        said.contains(&format!(
+            "is in format {newer}, and this build of Eddy reads formats 1 to"
+        )),
+        "{said}"
+    );
+    assert!(
+        !dir.join("log").exists() && !dir.join("state").exists(),
+        "it touched the directory"
+    );
+    let marked = std::fs::read_to_string(dir.join("FORMAT")).unwrap();
+    assert_eq!(marked.trim(), newer.to_string());
 }
 
 /// Writes the fixture of the format this build writes (see the module's header).

@@ -46,6 +46,10 @@ pub struct NodeFacts {
     /// their replicas before it leaves.
     #[serde(default)]
     pub leaving: bool,
+    /// The highest format it reads (`crate::format`); a node from before format versions
+    /// announces none: format 1.
+    #[serde(default = "crate::format::oldest")]
+    pub format: u32,
 }
 
 /// The leader's plan: where each task's active copy and replicas run.
@@ -107,6 +111,23 @@ pub struct View {
 }
 
 impl View {
+    /// The format a node that reads up to `own` writes: the lowest any live member reads.
+    /// A member whose facts are not read yet, or no members known yet, count as the
+    /// oldest format.
+    pub fn format(&self, own: u32) -> u32 {
+        if self.alive.is_empty() {
+            return crate::format::OLDEST;
+        }
+        self.alive
+            .iter()
+            .map(|m| {
+                self.facts
+                    .get(m)
+                    .map_or(crate::format::OLDEST, |f| f.format)
+            })
+            .fold(own, u32::min)
+    }
+
     /// The node that computes plans: the live member with the smallest id.
     pub fn leader(&self) -> Option<&str> {
         self.alive.first().map(String::as_str)
@@ -198,6 +219,7 @@ mod tests {
             peer_addr: String::new(),
             stale,
             leaving: false,
+            format: crate::format::FORMAT,
         }
     }
 
@@ -226,6 +248,25 @@ mod tests {
             assert_eq!(p.replicas.len(), 1);
             assert_ne!(p.active, p.replicas[0]);
         }
+    }
+
+    #[test]
+    fn the_cluster_writes_the_lowest_format_its_live_members_read() {
+        let mut v = view(&["a", "b", "c"], 2);
+        let newest = crate::format::FORMAT;
+        assert_eq!(v.format(newest), newest);
+        v.facts.get_mut("b").unwrap().format = 1;
+        assert_eq!(v.format(newest), 1, "b reads format 1 only");
+        v.alive.retain(|m| m != "b");
+        assert_eq!(v.format(newest), newest, "b left");
+        v.alive.push("d".into());
+        assert_eq!(v.format(newest), 1, "d's facts are not read yet");
+        assert_eq!(View::default().format(newest), 1, "no members known yet");
+        let old: NodeFacts = serde_json::from_str(
+            r#"{"node":"x","host":"h","processors":2,"pg_addr":"","peer_addr":"","stale":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(old.format, 1, "facts from before format versions");
     }
 
     #[test]

@@ -148,10 +148,15 @@ type PieceStream = std::pin::Pin<
     Box<dyn tokio_stream::Stream<Item = std::result::Result<proto::Piece, Status>> + Send>,
 >;
 
-fn to_proto(piece: Piece) -> proto::Piece {
+/// A piece as the wire carries it; a header says the transfer's `format`.
+fn to_proto(piece: Piece, format: u32) -> proto::Piece {
     use proto::piece::Piece as P;
     let piece = match piece {
-        Piece::Header { meta, log_end } => P::Header(proto::Header { meta, log_end }),
+        Piece::Header { meta, log_end } => P::Header(proto::Header {
+            meta,
+            log_end,
+            format,
+        }),
         Piece::Entries { family, pairs } => P::Entries(proto::Entries {
             family: eddy_storage::Family::ALL
                 .iter()
@@ -345,6 +350,9 @@ impl Peer for Service {
                 crc: h.crc,
             })
             .collect();
+        // The transfer in the lowest format both read (its bytes are the same in every
+        // format so far: only the header says which).
+        let format = crate::format::own().min(r.format.max(crate::format::OLDEST));
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let fault = self.fault;
         tokio::task::spawn_blocking(move || {
@@ -360,7 +368,7 @@ impl Peer for Service {
             let sent = &storage.transfers.sent_bytes;
             let result = export.send(&have, fault, &mut |piece| {
                 sent.fetch_add(piece.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
-                tx.blocking_send(Ok(to_proto(piece))).is_ok()
+                tx.blocking_send(Ok(to_proto(piece, format))).is_ok()
             });
             if let Err(e) = result {
                 let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
@@ -833,6 +841,7 @@ async fn fetch(
                 crc: h.crc,
             })
             .collect(),
+        format: crate::format::own(),
     };
     let mut stream = peers
         .client(addr)?
@@ -850,6 +859,11 @@ async fn fetch(
         let Some(piece) = next else {
             break;
         };
+        if let Some(proto::piece::Piece::Header(h)) = &piece.piece {
+            let transfer = format!("the transfer from the peer at {addr}");
+            crate::format::check(h.format.max(crate::format::OLDEST), &transfer)
+                .map_err(Error::internal)?;
+        }
         let piece = from_proto(piece).ok_or_else(|| Error::internal("an unreadable piece"))?;
         received.fetch_add(piece.bytes() as u64, std::sync::atomic::Ordering::Relaxed);
         let import = match &mut import {

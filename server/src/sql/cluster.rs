@@ -93,6 +93,8 @@ impl Db {
             Column::new("replica_tasks", Type::INT4),
             Column::text("kafka"),
             Column::new("lease_ms", Type::INT8),
+            Column::new("format", Type::INT4),
+            Column::new("writes_format", Type::INT4),
         ];
         let rows = match self.engine().log_as::<Kafka>() {
             Some(kafka) => {
@@ -106,6 +108,11 @@ impl Db {
                         let active = roles.values().filter(|a| **a).count();
                         // What this node knows of itself: whether the broker answers its
                         // beats, and how long its lease still runs.
+                        let writes = if f.node == me {
+                            Cell::I32(kafka.writes_format() as i32)
+                        } else {
+                            Cell::Null
+                        };
                         let (kafka, lease) = if f.node == me {
                             let reachable = if fence.reachable() {
                                 "reachable"
@@ -129,6 +136,8 @@ impl Db {
                             Cell::I32((roles.len() - active) as i32),
                             kafka,
                             lease,
+                            Cell::I32(f.format as i32),
+                            writes,
                         ]
                     })
                     .collect()
@@ -145,6 +154,8 @@ impl Db {
                     Cell::I32(0),
                     Cell::Null,
                     Cell::Null,
+                    Cell::I32(eddy_cluster::format::own() as i32),
+                    Cell::I32(eddy_cluster::format::own() as i32),
                 ]]
             }
         };

@@ -185,6 +185,7 @@ impl Db {
         let data_dir = config.data_dir.as_path();
         let kafka = config.kafka.clone();
         std::fs::create_dir_all(data_dir)?;
+        eddy_cluster::format::open_dir(data_dir).map_err(|e| anyhow::anyhow!(e))?;
         check_log_kind(data_dir, kafka.is_some())?;
         let storage = NodeStorage::open(data_dir, config.storage)
             .map_err(|e| anyhow::anyhow!("opening the state store: {e}"))?;

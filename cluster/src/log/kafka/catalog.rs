@@ -14,6 +14,7 @@ use eddy_planner::catalog::Catalog;
 use eddy_planner::Result;
 
 use super::config::{kafka_error, watermarks};
+use super::produce::{format_of, tagged};
 use super::Kafka;
 
 impl Kafka {
@@ -44,11 +45,15 @@ impl Kafka {
             ));
         }
         let catalog = self.config.catalog_topic();
+        let format = self.publisher.format();
         let mut deliveries = Vec::new();
         for (key, sql) in &records {
             let mut record = FutureRecord::to(&catalog).key(key.as_str());
             if let Some(sql) = sql {
                 record = record.payload(sql.as_str());
+            }
+            if let Some(headers) = tagged(None, format) {
+                record = record.headers(headers);
             }
             let delivery = self
                 .publisher
@@ -97,6 +102,8 @@ impl Kafka {
                 };
                 let m = m.map_err(|e| kafka_error("reading the catalog topic", e))?;
                 next = m.offset() + 1;
+                crate::format::check(format_of(&m), "the catalog topic")
+                    .map_err(|why| kafka_error("reading the catalog topic", why))?;
                 let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
                 let sql = m.payload().map(|p| String::from_utf8_lossy(p).into_owned());
                 latest.insert(key, (m.offset(), sql));

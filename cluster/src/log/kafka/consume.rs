@@ -25,7 +25,7 @@ use eddy_planner::{Error, Result};
 
 use super::config::kafka_error;
 use super::fence::{unavailable, Fence};
-use super::produce::{reply_to, send_replies, ReplyTo, REPLY_TIMEOUT};
+use super::produce::{format_of, reply_to, send_replies, ReplyTo, REPLY_TIMEOUT};
 use super::{Kafka, POLL_BATCH_MAX};
 use crate::command::{IngestReply, Reply};
 use crate::membership::ClusterPlan;
@@ -371,7 +371,13 @@ impl Kafka {
     /// Opens an active task (`Role::open`); reads wait for `ready` to be delivered.
     pub(super) fn open_role(&self, role: &Role, ready: i64) {
         role.open(ready, &self.fence, |(_, asks, result)| {
-            send_replies(&self.publisher.replier, &self.stats, asks, result)
+            send_replies(
+                &self.publisher.replier,
+                &self.stats,
+                self.publisher.format(),
+                asks,
+                result,
+            )
         });
     }
 
@@ -389,7 +395,13 @@ impl Kafka {
             let mut s = role.state.lock().expect("role lock");
             if s.answers(&self.fence) {
                 s.flush(&mut |(_, asks, result)| {
-                    send_replies(&self.publisher.replier, &self.stats, asks, result)
+                    send_replies(
+                        &self.publisher.replier,
+                        &self.stats,
+                        self.publisher.format(),
+                        asks,
+                        result,
+                    )
                 });
             }
         }
@@ -656,6 +668,13 @@ impl Kafka {
                         continue;
                     }
                     *next = m.offset() + 1;
+                    if let Err(why) = crate::format::check(format_of(m), "an event") {
+                        tracing::error!(
+                            "kafka: {topic}/{partition}@{} not applied: {why}",
+                            m.offset()
+                        );
+                        continue;
+                    }
                     let Some(row) = m.payload().and_then(codec::decode_row) else {
                         tracing::warn!(
                             "kafka: an unreadable event at {topic}/{partition}@{}",
@@ -684,9 +703,11 @@ impl Kafka {
             } else {
                 let (replier, stats) = (self.publisher.replier.clone(), self.stats.clone());
                 let (role, fence) = (role.clone(), self.fence.clone());
+                let format = self.publisher.format.clone();
                 Box::new(move |result| {
+                    let format = format.load(Ordering::Acquire).max(crate::format::OLDEST);
                     role.answer(asks, result, &fence, |(_, asks, result)| {
-                        send_replies(&replier, &stats, asks, result)
+                        send_replies(&replier, &stats, format, asks, result)
                     })
                 })
             };

@@ -24,6 +24,7 @@ use eddy_planner::{Error, Result};
 
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
+use super::produce::{format_of, tagged};
 use super::Kafka;
 use crate::membership::lease::{Beat, Beats, Handover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
@@ -155,7 +156,9 @@ impl Kafka {
             .create()
             .map_err(|e| kafka_error("creating the membership producer", e))?;
         let topic = self.config.cluster_topic();
-        tokio::task::block_in_place(|| announce(&producer, &topic, &facts))?;
+        tokio::task::block_in_place(|| {
+            announce(&producer, &topic, &facts, self.publisher.format())
+        })?;
         let me = self.config.node.clone();
         let view = self.members.view.clone();
         let done = || {
@@ -185,8 +188,9 @@ impl Kafka {
             peer_addr: self.peer_advertised().to_string(),
             stale,
             leaving: false,
+            format: crate::format::own(),
         };
-        announce(&producer, &topic, &facts)?;
+        announce(&producer, &topic, &facts, self.publisher.format())?;
         *self.members.announced.lock().expect("announced lock") = Some(facts);
 
         let tail: BaseConsumer = self
@@ -246,12 +250,17 @@ impl Kafka {
                 beaten = Instant::now();
                 let beat = beats.send(self.fence.generation(), beaten);
                 if let Ok(body) = serde_json::to_vec(&beat) {
-                    let _ = producer.send(BaseRecord::to(&topic).key(&beat_key).payload(&body));
+                    let _ = producer.send(self.record(&topic, &beat_key, &body));
                 }
             }
             let mut wait = Duration::from_millis(20);
             while let Some(Ok(m)) = tail.poll(wait) {
                 wait = Duration::ZERO;
+                let format = format_of(&m);
+                if let Err(why) = crate::format::check(format, "a record of the cluster") {
+                    tracing::error!("kafka: {}@{} not read: {why}", m.topic(), m.offset());
+                    continue;
+                }
                 if m.topic() == catalog {
                     let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
                     let sql = m.payload().map(|p| String::from_utf8_lossy(p).into_owned());
@@ -311,6 +320,7 @@ impl Kafka {
                     // session expired is gone at once, a joining one waits for stability.
                     view.alive.retain(|m| listed.binary_search(m).is_ok());
                 }
+                self.settle_format(&view);
                 view.next_plan(&self.config.node, self.config.replicas)
             };
             let Some(plan) = next else {
@@ -326,7 +336,7 @@ impl Kafka {
             let Ok(body) = serde_json::to_vec(&plan) else {
                 continue;
             };
-            match producer.send(BaseRecord::to(&topic).key("plan").payload(&body)) {
+            match producer.send(self.record(&topic, "plan", &body)) {
                 Ok(()) => {
                     let _ = producer.flush(Duration::from_secs(5));
                     published = Some((Instant::now(), plan));
@@ -343,13 +353,36 @@ impl Kafka {
             plan: u64::MAX,
         };
         if let Ok(body) = serde_json::to_vec(&farewell) {
-            let _ = producer.send(BaseRecord::to(&topic).key(&beat_key).payload(&body));
+            let _ = producer.send(self.record(&topic, &beat_key, &body));
             let _ = producer.flush(Duration::from_secs(2));
         }
         // Leaving the group at once, rather than when the session times out, moves this
         // node's tasks to their replicas right away.
         group.unsubscribe();
         drop(group);
+    }
+
+    /// A record of the cluster topic, tagged with the format this node writes.
+    fn record<'a>(
+        &self,
+        topic: &'a str,
+        key: &'a str,
+        body: &'a [u8],
+    ) -> BaseRecord<'a, str, [u8]> {
+        let record = BaseRecord::to(topic).key(key).payload(body);
+        match tagged(None, self.publisher.format()) {
+            Some(headers) => record.headers(headers),
+            None => record,
+        }
+    }
+
+    /// Keeps the format this node writes in step with the view: the lowest its live
+    /// members read (`View::format`).
+    fn settle_format(&self, view: &View) {
+        let format = view.format(crate::format::own());
+        if self.publisher.format.swap(format, Ordering::AcqRel) != format {
+            tracing::info!("kafka: writing format {format}, the lowest the live members read");
+        }
     }
 
     /// A record of the cluster topic at `offset`: a node's facts, or a plan to apply.
@@ -366,6 +399,7 @@ impl Kafka {
                 let node = String::from_utf8_lossy(node).into_owned();
                 let mut view = self.members.view.write().expect("view lock");
                 view.facts.insert(node, facts);
+                self.settle_format(&view);
             }
         } else if key == b"plan" {
             match serde_json::from_slice::<ClusterPlan>(body) {
@@ -472,11 +506,16 @@ fn announce(
     producer: &ThreadedProducer<DefaultProducerContext>,
     topic: &str,
     facts: &NodeFacts,
+    format: u32,
 ) -> Result<()> {
     let body = serde_json::to_vec(facts).map_err(|e| Error::internal(e.to_string()))?;
     let key = format!("member/{}", facts.node);
+    let mut record = BaseRecord::to(topic).key(&key).payload(&body);
+    if let Some(headers) = tagged(None, format) {
+        record = record.headers(headers);
+    }
     producer
-        .send(BaseRecord::to(topic).key(&key).payload(&body))
+        .send(record)
         .map_err(|(e, _)| kafka_error("announcing the node", e))?;
     producer
         .flush(Duration::from_secs(30))

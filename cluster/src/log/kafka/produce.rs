@@ -6,7 +6,7 @@
 //! (acks=all, idempotent producer) and every task answered for its events.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -30,6 +30,7 @@ use super::config::{kafka_error, wait_until, watermarks, KafkaConfig};
 use super::KafkaStats;
 use crate::command::{Answer, Answers};
 use crate::exec::events::{Outcome, Row};
+use crate::format;
 use crate::route::TaskId;
 
 const REPLY_HEADER: &str = "eddy-reply";
@@ -53,6 +54,34 @@ pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -
             value: Some(&tag),
         })
 }
+/// `headers` with the record's format added (`crate::format`); a format-1 record goes
+/// untagged, as the builds before format versions wrote it.
+pub(super) fn tagged(headers: Option<OwnedHeaders>, format: u32) -> Option<OwnedHeaders> {
+    if format <= 1 {
+        return headers;
+    }
+    let value = format::header_value(format);
+    Some(
+        headers
+            .unwrap_or_else(|| OwnedHeaders::new_with_capacity(1))
+            .insert(Header {
+                key: format::HEADER,
+                value: Some(value.as_bytes()),
+            }),
+    )
+}
+
+/// The format of a record read from Kafka: its header's, or 1 without one.
+pub(super) fn format_of<M: Message>(m: &M) -> u32 {
+    m.headers()
+        .and_then(|hs| {
+            hs.iter()
+                .find(|h| h.key == format::HEADER)
+                .map(|h| format::of_header(h.value))
+        })
+        .unwrap_or(1)
+}
+
 /// How long a replica keeps the answers it did not send.
 pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a statement waits for Kafka to take its events when it sets no
@@ -119,6 +148,9 @@ pub(super) struct Publisher {
     next_request: AtomicU64,
     pending: Arc<Mutex<HashMap<u64, Gather>>>,
     stats: Arc<KafkaStats>,
+    /// The format this node writes its records in: the lowest its live members read
+    /// (`View::format`), kept by the membership thread; 0 until it first knows them.
+    pub(super) format: Arc<AtomicU32>,
 }
 
 impl Publisher {
@@ -144,7 +176,13 @@ impl Publisher {
             next_request: AtomicU64::new(first_request()),
             pending: Arc::default(),
             stats,
+            format: Arc::default(),
         })
+    }
+
+    /// The format to write a record in now.
+    pub(super) fn format(&self) -> u32 {
+        self.format.load(Ordering::Acquire).max(format::OLDEST)
     }
 
     pub(super) fn reply_topic(&self) -> &str {
@@ -242,6 +280,7 @@ impl Publisher {
             .map(|p| self.config.topic_of(stream, p))
             .collect();
         let mut deliveries = Vec::with_capacity(events.len());
+        let format = self.format();
         for (slot, (task, row)) in events.iter().enumerate() {
             let mut payload = Vec::with_capacity(64);
             codec::encode_row(row, &mut payload);
@@ -253,13 +292,11 @@ impl Publisher {
                 .partition(task.partition as i32)
                 .key(key.as_bytes())
                 .payload(&payload);
-            if let Some((request, values)) = answer {
-                record = record.headers(reply_headers(
-                    &self.reply_topic,
-                    request,
-                    slot as u32,
-                    values,
-                ));
+            let asks = answer.map(|(request, values)| {
+                reply_headers(&self.reply_topic, request, slot as u32, values)
+            });
+            if let Some(headers) = tagged(asks, format) {
+                record = record.headers(headers);
             }
             deliveries.push(self.send(record)?);
         }
@@ -315,7 +352,7 @@ impl Publisher {
                         continue;
                     };
                     stats.replies_received.fetch_add(1, Ordering::Relaxed);
-                    deliver_reply(&pending, m.key(), m.payload());
+                    deliver_reply(&pending, format_of(&m), m.key(), m.payload());
                 }
             })
             .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
@@ -347,6 +384,7 @@ pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
 pub(super) fn send_replies(
     replier: &Replier,
     stats: &KafkaStats,
+    format: u32,
     asks: Vec<(usize, ReplyTo)>,
     result: Result<Answers>,
 ) {
@@ -392,7 +430,10 @@ pub(super) fn send_replies(
             }
         }
         let key = request.to_le_bytes();
-        let record = BaseRecord::to(&topic).key(&key[..]).payload(&out);
+        let mut record = BaseRecord::to(&topic).key(&key[..]).payload(&out);
+        if let Some(headers) = tagged(None, format) {
+            record = record.headers(headers);
+        }
         match replier.send(record) {
             Ok(()) => {
                 stats.replies_sent.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +447,12 @@ pub(super) fn send_replies(
 }
 
 /// Fills a waiting statement's slots from one reply record.
-fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, value: Option<&[u8]>) {
+fn deliver_reply(
+    pending: &Mutex<HashMap<u64, Gather>>,
+    format: u32,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) {
     let (Some(key), Some(value)) = (key, value) else {
         return;
     };
@@ -417,6 +463,12 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
     let Some(gather) = pending.get_mut(&request) else {
         return; // a statement of an earlier life of the node, or one that timed out
     };
+    if let Err(why) = format::check(format, "a reply") {
+        if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+            let _ = done.send(Err(Error::internal(why)));
+        }
+        return;
+    }
     let mut r = Reader(value);
     let parsed = (|| -> Option<std::result::Result<Vec<(u32, Answer)>, String>> {
         let failed = r.u8()? == 1;
@@ -481,5 +533,40 @@ fn deliver_reply(pending: &Mutex<HashMap<u64, Gather>>, key: Option<&[u8]>, valu
                 let _ = done.send(Ok(answers));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::OwnedMessage;
+    use rdkafka::Timestamp;
+
+    fn read_back(headers: Option<OwnedHeaders>) -> OwnedMessage {
+        OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            Timestamp::NotAvailable,
+            0,
+            0,
+            headers,
+        )
+    }
+
+    #[test]
+    fn a_record_names_its_format_and_format_one_goes_untagged() {
+        assert!(tagged(None, 1).is_none());
+        assert_eq!(format_of(&read_back(None)), 1);
+        let asks = reply_headers("replies", 7, 3, true);
+        let m = read_back(tagged(Some(asks), format::FORMAT));
+        assert_eq!(format_of(&m), format::FORMAT);
+        let reply = reply_to(&m).expect("the reply headers stay");
+        assert_eq!((reply.request, reply.slot, reply.values), (7, 3, true));
+        let newer = OwnedHeaders::new().insert(Header {
+            key: format::HEADER,
+            value: Some("99"),
+        });
+        assert!(format::check(format_of(&read_back(Some(newer))), "a record").is_err());
     }
 }
