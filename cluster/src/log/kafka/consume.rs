@@ -25,7 +25,7 @@ use eddy_planner::{Error, Result};
 
 use super::config::kafka_error;
 use super::fence::{unavailable, Fence};
-use super::produce::{format_of, reply_to, send_replies, ReplyTo, REPLY_TIMEOUT};
+use super::produce::{format_of, reply_to, ReplyTo, REPLY_TIMEOUT};
 use super::{Kafka, POLL_BATCH_MAX};
 use crate::command::{IngestReply, Reply};
 use crate::membership::ClusterPlan;
@@ -371,13 +371,7 @@ impl Kafka {
     /// Opens an active task (`Role::open`); reads wait for `ready` to be delivered.
     pub(super) fn open_role(&self, role: &Role, ready: i64) {
         role.open(ready, &self.fence, |(_, asks, result)| {
-            send_replies(
-                &self.publisher.replier,
-                &self.stats,
-                self.publisher.format(),
-                asks,
-                result,
-            )
+            self.publisher.answerer.send(asks, result)
         });
     }
 
@@ -394,15 +388,7 @@ impl Kafka {
         for role in roles {
             let mut s = role.state.lock().expect("role lock");
             if s.answers(&self.fence) {
-                s.flush(&mut |(_, asks, result)| {
-                    send_replies(
-                        &self.publisher.replier,
-                        &self.stats,
-                        self.publisher.format(),
-                        asks,
-                        result,
-                    )
-                });
+                s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(asks, result));
             }
         }
     }
@@ -701,13 +687,11 @@ impl Kafka {
             let reply: Reply = if asks.is_empty() {
                 Box::new(|_| {})
             } else {
-                let (replier, stats) = (self.publisher.replier.clone(), self.stats.clone());
+                let answerer = self.publisher.answerer.clone();
                 let (role, fence) = (role.clone(), self.fence.clone());
-                let format = self.publisher.format.clone();
                 Box::new(move |result| {
-                    let format = format.load(Ordering::Acquire).max(crate::format::OLDEST);
                     role.answer(asks, result, &fence, |(_, asks, result)| {
-                        send_replies(&replier, &stats, format, asks, result)
+                        answerer.send(asks, result)
                     })
                 })
             };

@@ -143,7 +143,7 @@ pub(super) struct Publisher {
     config: KafkaConfig,
     pub(super) producer: FutureProducer,
     /// Tasks answer through it from their shard threads, without waiting for Kafka.
-    pub(super) replier: Replier,
+    pub(super) answerer: Answerer,
     reply_topic: String,
     next_request: AtomicU64,
     pending: Arc<Mutex<HashMap<u64, Gather>>>,
@@ -168,15 +168,20 @@ impl Publisher {
                 stats: stats.clone(),
             })
             .map_err(|e| kafka_error("creating the reply producer", e))?;
+        let format: Arc<AtomicU32> = Arc::default();
         Ok(Publisher {
             reply_topic: format!("{}-replies.{}", config.cluster, config.node),
             config: config.clone(),
             producer,
-            replier,
+            answerer: Answerer {
+                replier,
+                stats: stats.clone(),
+                format: format.clone(),
+            },
             next_request: AtomicU64::new(first_request()),
             pending: Arc::default(),
             stats,
-            format: Arc::default(),
+            format,
         })
     }
 
@@ -380,8 +385,25 @@ pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
     })
 }
 
-/// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
-pub(super) fn send_replies(
+/// How tasks answer on the askers' reply topics, from their shard threads: the reply
+/// producer, its counters and the format the node writes in.
+#[derive(Clone)]
+pub(super) struct Answerer {
+    replier: Replier,
+    stats: Arc<KafkaStats>,
+    format: Arc<AtomicU32>,
+}
+
+impl Answerer {
+    /// Sends a batch's answers, one record per asking statement:
+    /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
+    pub(super) fn send(&self, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
+        let format = self.format.load(Ordering::Acquire).max(format::OLDEST);
+        send_replies(&self.replier, &self.stats, format, asks, result)
+    }
+}
+
+fn send_replies(
     replier: &Replier,
     stats: &KafkaStats,
     format: u32,
