@@ -7,8 +7,9 @@
 //! checkpoint as well as loading the checkpoint, the sealed chunks and the open events.
 //!
 //! A build that changes a format writes a new version's directory with
-//! `EDDY_WRITE_FORMAT_FIXTURE=<version> cargo test -p eddy-server --test formats -- --ignored`
-//! and keeps every older one: each must still open.
+//! `EDDY_WRITE_FORMAT_FIXTURE=v<N> cargo test -p eddy-server --test formats newest`
+//! and keeps every older one: each must still open. Until it does, the newest fixture's
+//! test fails: the newest fixture is always in the format this build writes.
 
 mod common;
 
@@ -139,20 +140,29 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_format_version_opens_with_its_values() {
+/// The fixtures' directories, oldest first (`v1`, `v2`, …, `v10`).
+fn versions() -> Vec<PathBuf> {
     let mut versions: Vec<PathBuf> = std::fs::read_dir(fixtures())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("expected.txt").exists())
         .collect();
-    versions.sort();
+    let number = |p: &PathBuf| {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        name.trim_start_matches('v').parse::<u32>().unwrap_or(0)
+    };
+    versions.sort_by_key(number);
     assert!(
         !versions.is_empty(),
         "no fixtures in {}",
         fixtures().display()
     );
-    for version in versions {
+    versions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_format_version_opens_with_its_values() {
+    for version in versions() {
         let name = version.file_name().unwrap().to_string_lossy().into_owned();
         let dir = temp_dir(&format!("formats-{name}"));
         copy_dir(&version.join("data"), &dir);
@@ -204,13 +214,11 @@ fn a_newer_format_is_refused() {
     assert_eq!(marked.trim(), newer.to_string());
 }
 
-/// Writes the fixture of the format this build writes (see the module's header).
+/// This build writes the newest fixture's format, and gives its answers on the same
+/// events. With `EDDY_WRITE_FORMAT_FIXTURE=<version>` it writes that fixture instead
+/// (see the module's header).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
-async fn write_the_fixture_of_this_format() {
-    let Ok(version) = std::env::var("EDDY_WRITE_FORMAT_FIXTURE") else {
-        return;
-    };
+async fn the_newest_fixture_is_in_this_builds_format() {
     let dir = temp_dir("formats-write");
     let (eddy, port) = spawn_eddy_with(&dir, &["--checkpoint-interval", "3600"]);
     let client = connect_port(port).await;
@@ -224,6 +232,24 @@ async fn write_the_fixture_of_this_format() {
     let expected = answers(&client).await;
     drop(client);
     drop(eddy); // kill -9: the log's tail is replayed at the next start
+    let written = std::fs::read_to_string(dir.join("FORMAT")).unwrap();
+    assert_eq!(written.trim(), eddy_cluster::format::FORMAT.to_string());
+    let Ok(version) = std::env::var("EDDY_WRITE_FORMAT_FIXTURE") else {
+        let newest = versions().pop().unwrap();
+        let name = newest.display();
+        let format = std::fs::read_to_string(newest.join("data/FORMAT")).unwrap_or_default();
+        assert_eq!(
+            format.trim(),
+            written.trim(),
+            "{name} is not in this build's format: write its fixture (see the module's header)"
+        );
+        let answered = std::fs::read_to_string(newest.join("expected.txt")).unwrap();
+        assert_eq!(
+            answered, expected,
+            "{name} answered otherwise when it was written"
+        );
+        return;
+    };
     let out = fixtures().join(&version);
     let _ = std::fs::remove_dir_all(&out);
     copy_dir(&dir, &out.join("data"));

@@ -28,7 +28,7 @@ pub struct Copied {
 }
 
 /// Names under the data directory a backup leaves out.
-const SKIPPED: [&str; 4] = ["eddy.pid", "state", "transfers", "node-journal"];
+const SKIPPED: [&str; 3] = ["eddy.pid", "state", "transfers"];
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| match eddy_storage::is_disk_full(&e) {

@@ -62,32 +62,33 @@ impl Families {
     /// A counter family (the name ends in `_total`).
     pub fn counter(&mut self, name: &str, help: &str, samples: Vec<(Labels, f64)>) {
         debug_assert!(name.ends_with("_total"), "{name}");
-        let metrics = samples
-            .into_iter()
-            .map(|(labels, v)| {
-                let mut m = metric(labels);
-                let mut c = Counter::default();
-                c.set_value(v);
-                m.set_counter(c);
-                m
-            })
-            .collect();
-        self.family(name, help, MetricType::COUNTER, metrics);
+        self.scalars(name, help, MetricType::COUNTER, samples);
     }
 
     pub fn gauge(&mut self, name: &str, help: &str, samples: Vec<(Labels, f64)>) {
         debug_assert!(!name.ends_with("_total"), "{name}");
+        self.scalars(name, help, MetricType::GAUGE, samples);
+    }
+
+    /// A family of one value per sample: a counter's or a gauge's.
+    fn scalars(&mut self, name: &str, help: &str, kind: MetricType, samples: Vec<(Labels, f64)>) {
         let metrics = samples
             .into_iter()
             .map(|(labels, v)| {
                 let mut m = metric(labels);
-                let mut g = Gauge::default();
-                g.set_value(v);
-                m.set_gauge(g);
+                if kind == MetricType::COUNTER {
+                    let mut c = Counter::default();
+                    c.set_value(v);
+                    m.set_counter(c);
+                } else {
+                    let mut g = Gauge::default();
+                    g.set_value(v);
+                    m.set_gauge(g);
+                }
                 m
             })
             .collect();
-        self.family(name, help, MetricType::GAUGE, metrics);
+        self.family(name, help, kind, metrics);
     }
 
     pub fn histogram(&mut self, name: &str, help: &str, series: Vec<(Labels, Series)>) {

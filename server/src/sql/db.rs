@@ -947,11 +947,6 @@ impl Db {
     pub async fn metrics_text(&self) -> Result<String> {
         use crate::ops::metrics::{Families, Labels};
         let mut families = Families::default();
-        let mut family =
-            |name: &str, kind: &str, help: &str, samples: Vec<(Labels, f64)>| match kind {
-                "counter" => families.counter(name, help, samples),
-                _ => families.gauge(name, help, samples),
-            };
         let catalog = self.catalog();
         let report = self.engine.report().await?;
         // Per stream, summed over its tasks (`every_partitioner`) or over the first
@@ -975,27 +970,23 @@ impl Db {
                 .collect()
         };
         let per_stream = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| by_stream(false, f);
-        family(
+        families.counter(
             "eddy_events_total",
-            "counter",
             "Events accepted per stream.",
             per_stream(&|r| r.stats.accepted),
         );
-        family(
+        families.counter(
             "eddy_late_events_total",
-            "counter",
             "Events older than stream time minus lateness, not applied.",
             per_stream(&|r| r.stats.late),
         );
-        family(
+        families.counter(
             "eddy_duplicate_events_total",
-            "counter",
             "Events whose id was already applied, not applied again.",
             per_stream(&|r| r.stats.duplicates),
         );
-        family(
+        families.gauge(
             "eddy_stored_events",
-            "gauge",
             "Events held in the reservoirs of each stream.",
             per_stream(&|r| r.stored_events as u64),
         );
@@ -1005,9 +996,8 @@ impl Db {
                 .keys()
                 .map(|n| (vec![("stream", n.to_string())], log.disk_bytes(n) as f64))
                 .collect();
-            family(
+            families.gauge(
                 "eddy_log_disk_bytes",
-                "gauge",
                 "Bytes of each stream's embedded log on disk.",
                 disk,
             );
@@ -1015,33 +1005,28 @@ impl Db {
             let get = |a: &std::sync::atomic::AtomicU64| {
                 vec![(vec![], a.load(std::sync::atomic::Ordering::Relaxed) as f64)]
             };
-            family(
+            families.counter(
                 "eddy_log_appends_total",
-                "counter",
                 "Statements made durable in the embedded log.",
                 get(&s.appends),
             );
-            family(
+            families.counter(
                 "eddy_log_records_total",
-                "counter",
                 "Event records appended to the embedded log.",
                 get(&s.records),
             );
-            family(
+            families.counter(
                 "eddy_log_bytes_total",
-                "counter",
                 "Bytes appended to the embedded log.",
                 get(&s.bytes),
             );
-            family(
+            families.counter(
                 "eddy_log_commits_total",
-                "counter",
                 "fsync rounds of the embedded log (group commits).",
                 get(&s.commits),
             );
-            family(
+            families.counter(
                 "eddy_log_commit_seconds_total",
-                "counter",
                 "Time spent in fsync rounds of the embedded log.",
                 vec![(
                     vec![],
@@ -1052,69 +1037,58 @@ impl Db {
         let all = |f: &dyn Fn(&eddy_cluster::TaskReport) -> u64| -> Vec<(Labels, f64)> {
             vec![(vec![], report.iter().map(f).sum::<u64>() as f64)]
         };
-        family(
+        families.gauge(
             "eddy_reservoir_disk_bytes",
-            "gauge",
             "Bytes of sealed event chunks on disk, per stream (all partitioners).",
             by_stream(true, &|r| r.reservoir.disk_bytes),
         );
-        family(
+        families.gauge(
             "eddy_reservoir_raw_bytes",
-            "gauge",
             "Uncompressed Arrow bytes of the sealed chunks.",
             all(&|r| r.reservoir.raw_bytes),
         );
-        family(
+        families.gauge(
             "eddy_reservoir_chunk_bytes",
-            "gauge",
             "Bytes of the live sealed chunks in their files (compression ratio = raw / chunk).",
             all(&|r| r.reservoir.chunk_bytes),
         );
-        family(
+        families.gauge(
             "eddy_reservoir_chunks",
-            "gauge",
             "Sealed event chunks.",
             all(&|r| r.reservoir.chunks),
         );
-        family(
+        families.counter(
             "eddy_chunk_cache_hits_total",
-            "counter",
             "Chunk reads answered by the chunk cache (including chunks read ahead).",
             all(&|r| r.reservoir.cache_hits),
         );
-        family(
+        families.counter(
             "eddy_chunk_cache_misses_total",
-            "counter",
             "Chunk reads that waited for the disk.",
             all(&|r| r.reservoir.cache_misses),
         );
-        family(
+        families.counter(
             "eddy_chunks_prefetched_total",
-            "counter",
             "Chunks read ahead by the IO thread.",
             all(&|r| r.reservoir.prefetched),
         );
-        family(
+        families.counter(
             "eddy_state_l1_hits_total",
-            "counter",
             "Group state lookups answered by the write-back cache (L1).",
             all(&|r| r.cache.l1_hits),
         );
-        family(
+        families.counter(
             "eddy_state_l2_hits_total",
-            "counter",
             "Group state lookups answered by the write-through cache (L2).",
             all(&|r| r.cache.l2_hits),
         );
-        family(
+        families.counter(
             "eddy_state_misses_total",
-            "counter",
             "Group state lookups that read RocksDB.",
             all(&|r| r.cache.misses),
         );
-        family(
+        families.counter(
             "eddy_state_writes_total",
-            "counter",
             "Group states written to RocksDB (evictions and checkpoint flushes).",
             all(&|r| r.cache.writes),
         );
@@ -1150,67 +1124,56 @@ impl Db {
                     &t.rejected,
                 ),
             ] {
-                family(name, "counter", help, vec![(vec![], load(counter))]);
+                families.counter(name, help, vec![(vec![], load(counter))]);
             }
         }
         let c = &self.engine.checkpoints;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        family(
+        families.counter(
             "eddy_checkpoints_total",
-            "counter",
             "Checkpoints committed.",
             vec![(vec![], load(&c.count) as f64)],
         );
-        family(
-            "eddy_checkpoints_failed_total",
-            "counter",
-            "Checkpoints that failed (a full disk, say): the log keeps what they would have covered.",
+        families.counter("eddy_checkpoints_failed_total", "Checkpoints that failed (a full disk, say): the log keeps what they would have covered.",
             vec![(vec![], load(&c.failed) as f64)],
         );
         if let Some(storage) = self.engine.storage() {
             let space = &storage.space;
             let now = space.read();
             let dir: Labels = vec![("dir", space.dir().display().to_string())];
-            family(
+            families.gauge(
                 "eddy_disk_free_bytes",
-                "gauge",
                 "Bytes free on the data directory's filesystem.",
                 vec![(dir.clone(), now.free as f64)],
             );
-            family(
+            families.gauge(
                 "eddy_disk_size_bytes",
-                "gauge",
                 "Size of the data directory's filesystem.",
                 vec![(dir.clone(), now.total as f64)],
             );
-            family(
+            families.gauge(
                 "eddy_disk_reserve_bytes",
-                "gauge",
                 "Bytes the node keeps free: below them new events are refused (53100).",
                 vec![(dir, space.reserve_bytes() as f64)],
             );
-            family(
+            families.counter(
                 "eddy_disk_refused_statements_total",
-                "counter",
                 "Statements refused because the disk was below the reserve.",
                 vec![(vec![], load(&space.refused) as f64)],
             );
         }
-        family(
+        families.gauge(
             "eddy_checkpoint_last_sync_seconds",
-            "gauge",
             "Synchronous stage of the last checkpoint (until every shard has its cut).",
             vec![(vec![], load(&c.last_sync_micros) as f64 / 1e6)],
         );
-        family(
+        families.gauge(
             "eddy_checkpoint_last_seconds",
-            "gauge",
             "Whole duration of the last checkpoint.",
             vec![(vec![], load(&c.last_total_micros) as f64 / 1e6)],
         );
-        family(
+        families.counter(
             "eddy_checkpoint_sync_seconds_total",
-            "counter",
             "Synchronous stages of all checkpoints.",
             vec![(vec![], load(&c.sync_micros_total) as f64 / 1e6)],
         );
@@ -1253,7 +1216,7 @@ impl Db {
                     &k.assignments,
                 ),
             ] {
-                family(name, "counter", help, vec![(vec![], load(counter) as f64)]);
+                families.counter(name, help, vec![(vec![], load(counter) as f64)]);
             }
             let fence = kafka.fence();
             for (name, help, value) in [
@@ -1273,23 +1236,21 @@ impl Db {
                     fence.generation() as f64,
                 ),
             ] {
-                family(name, "gauge", help, vec![(vec![], value)]);
+                families.gauge(name, help, vec![(vec![], value)]);
             }
             let roles = kafka.roles();
             let offsets: std::collections::HashMap<&eddy_cluster::TaskId, u64> =
                 report.iter().map(|r| (&r.task, r.log_end)).collect();
-            family(
+            families.gauge(
                 "eddy_task_active",
-                "gauge",
                 "Tasks this node holds: 1 where it is the active copy, 0 where a replica.",
                 roles
                     .iter()
                     .map(|(t, active)| (task_label(t), *active as u8 as f64))
                     .collect(),
             );
-            family(
+            families.gauge(
                 "eddy_task_offset",
-                "gauge",
                 "The next offset each held task applies from its partition.",
                 roles
                     .keys()
@@ -1305,9 +1266,8 @@ impl Db {
             })
             .await
             .unwrap_or_default();
-            family(
+            families.gauge(
                 "eddy_task_lag",
-                "gauge",
                 "Records of each held task's partition not applied yet.",
                 progress
                     .iter()
@@ -1316,9 +1276,8 @@ impl Db {
                     })
                     .collect(),
             );
-            family(
+            families.counter(
                 "eddy_dead_letters_total",
-                "counter",
                 "External records sent to a dead-letter topic.",
                 kafka
                     .dead_letters()
@@ -1333,22 +1292,19 @@ impl Db {
                 .map(|r| (task_label(&r.task), f(r) as f64))
                 .collect()
         };
-        family(
+        families.counter(
             "eddy_task_events_total",
-            "counter",
             "Events each task of this node accepted.",
             per_task(&|r| r.stats.accepted),
         );
-        family(
+        families.gauge(
             "eddy_task_stored_events",
-            "gauge",
             "Events held in each task's reservoir.",
             per_task(&|r| r.stored_events as u64),
         );
         let subs = self.subscriptions.list();
-        family(
+        families.gauge(
             "eddy_subscriptions",
-            "gauge",
             "Open continuous queries.",
             vec![(vec![], subs.len() as f64)],
         );
@@ -1361,9 +1317,8 @@ impl Db {
                 .map_or(&sub.query.stream.name, |m| &m.name);
             *per_metric.entry(on.to_string()).or_default() += 1.0;
         }
-        family(
+        families.gauge(
             "eddy_metric_subscriptions",
-            "gauge",
             "Open continuous queries, by the metric (or stream) they read.",
             per_metric
                 .into_iter()
@@ -1375,21 +1330,18 @@ impl Db {
                 .map(|s| (vec![("subscription", s.id.to_string())], f(s) as f64))
                 .collect()
         };
-        family(
+        families.counter(
             "eddy_subscription_rows_sent_total",
-            "counter",
             "Rows each open subscription sent to its client.",
             per_sub(&|s| s.rows_sent()),
         );
-        family(
+        families.gauge(
             "eddy_subscription_rows_queued",
-            "gauge",
             "Rows each open subscription holds for a reader that has not taken them yet.",
             per_sub(&|s| s.queued() as u64),
         );
-        family(
+        families.counter(
             "eddy_subscription_rows_coalesced_total",
-            "counter",
             "Rows of open metric subscriptions replaced by newer ones while their reader lagged.",
             vec![(
                 vec![],

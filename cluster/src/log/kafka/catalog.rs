@@ -14,7 +14,7 @@ use eddy_planner::catalog::Catalog;
 use eddy_planner::Result;
 
 use super::config::{kafka_error, watermarks};
-use super::produce::{format_of, tagged};
+use super::produce::{format_headers, format_of};
 use super::Kafka;
 
 impl Kafka {
@@ -52,9 +52,7 @@ impl Kafka {
             if let Some(sql) = sql {
                 record = record.payload(sql.as_str());
             }
-            if let Some(headers) = tagged(None, format) {
-                record = record.headers(headers);
-            }
+            record = record.headers(format_headers(format));
             let delivery = self
                 .publisher
                 .producer

@@ -24,7 +24,7 @@ use eddy_planner::{Error, Result};
 
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
-use super::produce::{format_of, tagged};
+use super::produce::{format_headers, format_of};
 use super::Kafka;
 use crate::membership::lease::{Beat, Beats, Handover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
@@ -156,9 +156,7 @@ impl Kafka {
             .create()
             .map_err(|e| kafka_error("creating the membership producer", e))?;
         let topic = self.config.cluster_topic();
-        tokio::task::block_in_place(|| {
-            announce(&producer, &topic, &facts, self.publisher.format())
-        })?;
+        tokio::task::block_in_place(|| self.announce(&producer, &topic, &facts))?;
         let me = self.config.node.clone();
         let view = self.members.view.clone();
         let done = || {
@@ -190,7 +188,7 @@ impl Kafka {
             leaving: false,
             format: crate::format::own(),
         };
-        announce(&producer, &topic, &facts, self.publisher.format())?;
+        self.announce(&producer, &topic, &facts)?;
         *self.members.announced.lock().expect("announced lock") = Some(facts);
 
         let tail: BaseConsumer = self
@@ -369,18 +367,34 @@ impl Kafka {
         key: &'a str,
         body: &'a [u8],
     ) -> BaseRecord<'a, str, [u8]> {
-        let record = BaseRecord::to(topic).key(key).payload(body);
-        match tagged(None, self.publisher.format()) {
-            Some(headers) => record.headers(headers),
-            None => record,
-        }
+        BaseRecord::to(topic)
+            .key(key)
+            .payload(body)
+            .headers(format_headers(self.publisher.format()))
+    }
+
+    /// Publishes a node's facts on the cluster topic and waits until Kafka has them.
+    fn announce(
+        &self,
+        producer: &ThreadedProducer<DefaultProducerContext>,
+        topic: &str,
+        facts: &NodeFacts,
+    ) -> Result<()> {
+        let body = serde_json::to_vec(facts).map_err(|e| Error::internal(e.to_string()))?;
+        let key = format!("member/{}", facts.node);
+        producer
+            .send(self.record(topic, &key, &body))
+            .map_err(|(e, _)| kafka_error("announcing the node", e))?;
+        producer
+            .flush(Duration::from_secs(30))
+            .map_err(|e| kafka_error("announcing the node", e))
     }
 
     /// Keeps the format this node writes in step with the view: the lowest its live
     /// members read (`View::format`).
     fn settle_format(&self, view: &View) {
         let format = view.format(crate::format::own());
-        if self.publisher.format.swap(format, Ordering::AcqRel) != format {
+        if self.publisher.set_format(format) {
             tracing::info!("kafka: writing format {format}, the lowest the live members read");
         }
     }
@@ -499,25 +513,4 @@ fn describe(group: &BaseConsumer, name: &str) -> Option<(bool, Vec<String>)> {
     alive.sort();
     alive.dedup();
     Some((g.state() == "Stable", alive))
-}
-
-/// Publishes a node's facts on the cluster topic and waits until Kafka has them.
-fn announce(
-    producer: &ThreadedProducer<DefaultProducerContext>,
-    topic: &str,
-    facts: &NodeFacts,
-    format: u32,
-) -> Result<()> {
-    let body = serde_json::to_vec(facts).map_err(|e| Error::internal(e.to_string()))?;
-    let key = format!("member/{}", facts.node);
-    let mut record = BaseRecord::to(topic).key(&key).payload(&body);
-    if let Some(headers) = tagged(None, format) {
-        record = record.headers(headers);
-    }
-    producer
-        .send(record)
-        .map_err(|(e, _)| kafka_error("announcing the node", e))?;
-    producer
-        .flush(Duration::from_secs(30))
-        .map_err(|e| kafka_error("announcing the node", e))
 }

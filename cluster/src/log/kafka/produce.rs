@@ -55,20 +55,21 @@ pub fn reply_headers(reply_topic: &str, request: u64, slot: u32, values: bool) -
         })
 }
 /// `headers` with the record's format added (`crate::format`); a format-1 record goes
-/// untagged, as the builds before format versions wrote it.
-pub(super) fn tagged(headers: Option<OwnedHeaders>, format: u32) -> Option<OwnedHeaders> {
+/// untagged, as the builds before format versions wrote it (no header at all is the same
+/// record on the wire as an empty list).
+pub(super) fn tagged(headers: OwnedHeaders, format: u32) -> OwnedHeaders {
     if format <= 1 {
         return headers;
     }
-    let value = format::header_value(format);
-    Some(
-        headers
-            .unwrap_or_else(|| OwnedHeaders::new_with_capacity(1))
-            .insert(Header {
-                key: format::HEADER,
-                value: Some(value.as_bytes()),
-            }),
-    )
+    headers.insert(Header {
+        key: format::HEADER,
+        value: Some(format::header_value(format).as_bytes()),
+    })
+}
+
+/// The headers of a record that carries nothing but its format.
+pub(super) fn format_headers(format: u32) -> OwnedHeaders {
+    tagged(OwnedHeaders::new_with_capacity(1), format)
 }
 
 /// The format of a record read from Kafka: its header's, or 1 without one.
@@ -148,9 +149,6 @@ pub(super) struct Publisher {
     next_request: AtomicU64,
     pending: Arc<Mutex<HashMap<u64, Gather>>>,
     stats: Arc<KafkaStats>,
-    /// The format this node writes its records in: the lowest its live members read
-    /// (`View::format`), kept by the membership thread; 0 until it first knows them.
-    pub(super) format: Arc<AtomicU32>,
 }
 
 impl Publisher {
@@ -168,7 +166,6 @@ impl Publisher {
                 stats: stats.clone(),
             })
             .map_err(|e| kafka_error("creating the reply producer", e))?;
-        let format: Arc<AtomicU32> = Arc::default();
         Ok(Publisher {
             reply_topic: format!("{}-replies.{}", config.cluster, config.node),
             config: config.clone(),
@@ -176,18 +173,23 @@ impl Publisher {
             answerer: Answerer {
                 replier,
                 stats: stats.clone(),
-                format: format.clone(),
+                format: Arc::new(AtomicU32::new(format::OLDEST)),
             },
             next_request: AtomicU64::new(first_request()),
             pending: Arc::default(),
             stats,
-            format,
         })
     }
 
     /// The format to write a record in now.
     pub(super) fn format(&self) -> u32 {
-        self.format.load(Ordering::Acquire).max(format::OLDEST)
+        self.answerer.format.load(Ordering::Acquire)
+    }
+
+    /// Sets the format to write in (`View::format`, kept by the membership thread);
+    /// whether it changed.
+    pub(super) fn set_format(&self, format: u32) -> bool {
+        self.answerer.format.swap(format, Ordering::AcqRel) != format
     }
 
     pub(super) fn reply_topic(&self) -> &str {
@@ -297,12 +299,13 @@ impl Publisher {
                 .partition(task.partition as i32)
                 .key(key.as_bytes())
                 .payload(&payload);
-            let asks = answer.map(|(request, values)| {
-                reply_headers(&self.reply_topic, request, slot as u32, values)
-            });
-            if let Some(headers) = tagged(asks, format) {
-                record = record.headers(headers);
-            }
+            let headers = match answer {
+                Some((request, values)) => {
+                    reply_headers(&self.reply_topic, request, slot as u32, values)
+                }
+                None => OwnedHeaders::new_with_capacity(1),
+            };
+            record = record.headers(tagged(headers, format));
             deliveries.push(self.send(record)?);
         }
         for d in deliveries {
@@ -386,7 +389,8 @@ pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
 }
 
 /// How tasks answer on the askers' reply topics, from their shard threads: the reply
-/// producer, its counters and the format the node writes in.
+/// producer, its counters and the format the node writes in (the lowest its live members
+/// read; the oldest until it knows them).
 #[derive(Clone)]
 pub(super) struct Answerer {
     replier: Replier,
@@ -398,7 +402,7 @@ impl Answerer {
     /// Sends a batch's answers, one record per asking statement:
     /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
     pub(super) fn send(&self, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
-        let format = self.format.load(Ordering::Acquire).max(format::OLDEST);
+        let format = self.format.load(Ordering::Acquire);
         send_replies(&self.replier, &self.stats, format, asks, result)
     }
 }
@@ -452,10 +456,10 @@ fn send_replies(
             }
         }
         let key = request.to_le_bytes();
-        let mut record = BaseRecord::to(&topic).key(&key[..]).payload(&out);
-        if let Some(headers) = tagged(None, format) {
-            record = record.headers(headers);
-        }
+        let record = BaseRecord::to(&topic)
+            .key(&key[..])
+            .payload(&out)
+            .headers(format_headers(format));
         match replier.send(record) {
             Ok(()) => {
                 stats.replies_sent.fetch_add(1, Ordering::Relaxed);
@@ -578,10 +582,11 @@ mod tests {
 
     #[test]
     fn a_record_names_its_format_and_format_one_goes_untagged() {
-        assert!(tagged(None, 1).is_none());
+        assert_eq!(format_headers(1).count(), 0);
         assert_eq!(format_of(&read_back(None)), 1);
+        assert_eq!(format_of(&read_back(Some(format_headers(1)))), 1);
         let asks = reply_headers("replies", 7, 3, true);
-        let m = read_back(tagged(Some(asks), format::FORMAT));
+        let m = read_back(Some(tagged(asks, format::FORMAT)));
         assert_eq!(format_of(&m), format::FORMAT);
         let reply = reply_to(&m).expect("the reply headers stay");
         assert_eq!((reply.request, reply.slot, reply.values), (7, 3, true));
