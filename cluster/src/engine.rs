@@ -1132,5 +1132,16 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(queued, row(2, 3));
+        // A command queued and not yet taken by the shard's thread (the lock is free
+        // between two wake-ups): records a log delivered to a task that took over. The
+        // read declines, and queues behind them.
+        let pending = engine.shards.pending(0);
+        pending.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        assert_eq!(engine.shards.read_group(&task, "m", &key), None);
+        pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        assert_eq!(
+            once_idle(|| engine.shards.read_group(&task, "m", &key)),
+            row(2, 3)
+        );
     }
 }

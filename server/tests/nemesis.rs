@@ -905,7 +905,21 @@ async fn faults_cost_seconds_and_never_correctness() {
     }
     let bad = check(&h, &last, &ids);
     if !bad.is_empty() || std::env::var_os("EDDY_NEMESIS_LOGS").is_some() {
-        eprintln!("the nodes' output: {:?}", cluster.dump_logs(seed));
+        let paths = cluster.dump_logs(seed);
+        eprintln!("the nodes' output: {paths:?}");
+        if !bad.is_empty() {
+            // Where the files are not kept (CI), the nodes' plans, takeovers and
+            // recoveries go with the failure.
+            for path in &paths {
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                eprintln!("== {}", path.display());
+                for line in text.lines().filter(|l| {
+                    l.contains("eddy_cluster") || l.contains("----") || l.contains("ERROR")
+                }) {
+                    eprintln!("{line}");
+                }
+            }
+        }
     }
     assert!(
         bad.is_empty(),

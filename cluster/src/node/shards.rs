@@ -5,7 +5,8 @@
 //! shard's lock while it works through its queue, so the event path takes one lock per
 //! wake-up, never contended by another writer; the only other taker is a point read
 //! (`Shards::read_group`), which borrows an idle shard with `try_lock` instead of
-//! queueing, to spare two thread hops — and queues when the shard is busy. A small
+//! queueing, to spare two thread hops — and queues when the shard is busy or has work
+//! queued, so it never overtakes a record handed to the shard before it. A small
 //! delivery in log order (`Shards::deliver`) borrows it the same way, when nothing sent
 //! earlier is still pending (`Shards::pending`), so it cannot overtake. Every queue
 //! is bounded (`SHARD_QUEUE_MAX`), so a flood of statements waits instead of growing
@@ -258,6 +259,13 @@ impl Shards {
             .map_or(0, |p| p.load(Ordering::Acquire))
     }
 
+    /// Shard `index`'s count of commands queued, for tests that stand for a command the
+    /// shard's thread has yet to take.
+    #[cfg(test)]
+    pub(crate) fn pending(&self, index: usize) -> Arc<AtomicUsize> {
+        self.read().pending[index].clone()
+    }
+
     /// Shard `index`'s cell, for tests that hold a shard busy.
     #[cfg(test)]
     pub(crate) fn cell(&self, index: usize) -> Arc<Mutex<Shard>> {
@@ -410,9 +418,10 @@ impl Shards {
     }
 
     /// The row of one group of a metric in a task, read on the calling thread when the
-    /// task's shard is idle; `None` when it is busy (send `Command::MetricRows` then).
-    /// The read sees every statement acknowledged so far: a shard answers a statement
-    /// only after applying it.
+    /// task's shard is idle: unlocked, with nothing in its queue. `None` otherwise (send
+    /// `Command::MetricRows` then, behind what is queued). The read sees every command
+    /// handed to the shard before it: every statement acknowledged, and every record a
+    /// log delivered, so a task that took over serves what its partition held.
     pub(crate) fn read_group(
         &self,
         task: &TaskId,
@@ -420,8 +429,13 @@ impl Shards {
         key: &[Value],
     ) -> Option<Vec<Vec<Value>>> {
         let set = self.read();
+        let index = set.shard_of(task)?;
         // Busy (or poisoned: its thread is gone, and the queue says so).
-        let mut shard = set.cells[set.shard_of(task)?].try_lock().ok()?;
+        let mut shard = set.cells[index].try_lock().ok()?;
+        // Under the lock, the shard handles nothing: a command counted here is queued.
+        if set.pending[index].load(Ordering::Acquire) != 0 {
+            return None;
+        }
         Some(shard.metric_rows(task, metric, Some(key)))
     }
 
