@@ -1,0 +1,93 @@
+-- Strings: ||, length in characters and bytes (UTF-8), case mapping, substr/substring,
+-- position, replace, split_part, trim, lpad/rpad, format, concat/concat_ws, LIKE/ILIKE,
+-- regular expressions, and comparison by code point (the database is C.UTF-8).
+
+SELECT card || '-' || id FROM payments WHERE id <= 3 ORDER BY id;
+
+SELECT 'abc' || NULL, NULL || 'abc';
+
+SELECT id, length(merchant), char_length(merchant), octet_length(merchant) FROM payments WHERE id IN (1, 3) ORDER BY id;
+
+SELECT id, upper(merchant), lower(merchant) FROM payments WHERE id IN (1, 3, 4) ORDER BY id;
+
+SELECT initcap('hello wORLD'), initcap(note) FROM payments WHERE id = 43;
+
+SELECT substr('Eddy streams', 3), substr('Eddy streams', 3, 4), substring('Eddy streams' from 6 for 3);
+
+SELECT substr('abc', 0, 2), substr('abc', -1, 3), substr('abc', 5);
+
+SELECT position('a' in 'banana'), strpos('banana', 'na'), position('x' in 'banana');
+
+SELECT id, replace(merchant, 'a', 'A') FROM payments WHERE id IN (1, 3) ORDER BY id;
+
+SELECT split_part(note, ',', 2), split_part(note, ',', 5), split_part(note, ',', -1) FROM payments WHERE id = 9;
+
+SELECT '[' || trim(note) || ']', '[' || ltrim(note) || ']', '[' || rtrim(note) || ']', '[' || btrim(note) || ']' FROM payments WHERE id = 17;
+
+SELECT trim(both 'x' from 'xxhixx'), trim(leading '0' from '000123'), trim(trailing '.' from 'end...');
+
+SELECT lpad(card, 6, '*'), rpad(card, 6, '.'), lpad('abcdef', 3) FROM payments WHERE id = 1;
+
+SELECT format('%s paid %s', card, amount) FROM payments WHERE id = 9;
+
+SELECT format('%I.%L', 'my table', 'it''s'), format('[%5s][%-5s]', 'a', 'b'), format('%s and %s', 'x', NULL);
+
+SELECT concat('a', NULL, 'b', 1), concat_ws(', ', 'x', NULL, 'y');
+
+SELECT id, concat_ws(' / ', card, merchant, note) FROM payments WHERE id IN (1, 7, 9) ORDER BY id;
+
+SELECT id FROM payments WHERE merchant LIKE 'B%';
+
+SELECT id FROM payments WHERE merchant ILIKE 'b%';
+
+SELECT id, merchant FROM payments WHERE merchant LIKE '_a%';
+
+-- backslash escapes a wildcard by default
+SELECT id FROM payments WHERE note LIKE '50\% off';
+
+-- NOT LIKE over NULL is NULL: rows without a note are not returned
+SELECT id FROM payments WHERE note NOT LIKE '%e%';
+
+SELECT 'abc' LIKE 'ABC', 'abc' ILIKE 'ABC', 'a_c' LIKE 'a\_c', 'abc' LIKE 'a%c';
+
+SELECT regexp_replace('2026-10-25', '(\d+)-(\d+)-(\d+)', '\3/\2/\1');
+
+SELECT regexp_replace(merchant, '[aeiou]', '#', 'g') FROM payments WHERE id = 1;
+
+SELECT regexp_replace('aaa', 'a', 'b'), regexp_replace('aaa', 'a', 'b', 'g');
+
+SELECT 'Bakery' ~ '^B', 'Bakery' ~* '^b', 'Bakery' !~ 'x';
+
+SELECT left('streaming', 3), right('streaming', 3), reverse('abc'), repeat('ab', 3);
+
+SELECT ascii('A'), chr(65), md5('eddy');
+
+SELECT id, starts_with(card, 'c-1') FROM payments WHERE id IN (1, 9, 12) ORDER BY id;
+
+SELECT translate('12345', '143', 'ax');
+
+SELECT quote_ident('Card'), quote_ident('card'), quote_literal('O''Brien'), quote_nullable(NULL);
+
+SELECT string_to_array('a,b,c', ','), array_to_string(ARRAY['x', 'y'], '-');
+
+SELECT 'a' < 'b', 'B' < 'a', 'é' > 'z', 'c-10' < 'c-2';
+
+SELECT id, note FROM payments WHERE note = 'O''Brien';
+
+SELECT length(''), '' IS NULL, length(NULL);
+
+SELECT upper(NULL), lower('ÀÉÎ'), upper('straße');
+
+SELECT to_hex(255), to_hex(-1);
+
+SELECT overlay('Txxxxas' placing 'hom' from 2 for 4);
+
+SELECT regexp_match('card c-10 paid', 'c-(\d+)'), regexp_matches('a1b2', '\d', 'g') ORDER BY 2;
+
+SELECT merchant, length(merchant) FROM payments WHERE merchant IS NOT NULL GROUP BY merchant ORDER BY length(merchant) DESC, merchant;
+
+SELECT E'tab\there', 'it''s', $$dollar 'quoted'$$;
+
+SELECT 'x' || 1 || true, 1 || 'x';
+
+SELECT lower(card) = 'c-6', card FROM payments WHERE id = 12;
