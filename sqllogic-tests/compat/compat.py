@@ -140,6 +140,23 @@ def scan_to_semicolon(s, i):
     return n
 
 
+def skip_quoted(s, i, quote, escapes):
+    """Index just past the string or identifier opened by `quote` at i: a doubled quote
+    stands for itself, and with `escapes` (an E'' string) a backslash escapes the next
+    character."""
+    n, j = len(s), i + 1
+    while j < n:
+        if escapes and s[j] == "\\":
+            j += 2
+        elif s[j] == quote and j + 1 < n and s[j + 1] == quote:
+            j += 2
+        elif s[j] == quote:
+            return j + 1
+        else:
+            j += 1
+    return n
+
+
 def skip_token(s, i):
     """Index just past the lexical element at i (a quoted string, a quoted identifier, a
     dollar-quoted string, a comment, or one other character)."""
@@ -147,28 +164,9 @@ def skip_token(s, i):
     c = s[i]
     if c == "'":
         escapes = i > 0 and s[i - 1] in "eE" and (i < 2 or not (s[i - 2].isalnum() or s[i - 2] == "_"))
-        j = i + 1
-        while j < n:
-            if escapes and s[j] == "\\":
-                j += 2
-                continue
-            if s[j] == "'":
-                if j + 1 < n and s[j + 1] == "'":
-                    j += 2
-                    continue
-                return j + 1
-            j += 1
-        return n
+        return skip_quoted(s, i, "'", escapes)
     if c == '"':
-        j = i + 1
-        while j < n:
-            if s[j] == '"':
-                if j + 1 < n and s[j + 1] == '"':
-                    j += 2
-                    continue
-                return j + 1
-            j += 1
-        return n
+        return skip_quoted(s, i, '"', False)
     if c == "-" and s.startswith("--", i):
         j = s.find("\n", i)
         return n if j < 0 else j
