@@ -244,11 +244,11 @@ struct ServeArgs {
     #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "2MB", value_parser = bytes)]
     chunk_cache_bytes: usize,
     /// Group states in the write-back cache (L1), per GroupBy node of a task.
-    #[arg(long, env = "EDDY_L1_ENTRIES", default_value_t = 65_536,
+    #[arg(long, env = "EDDY_L1_ENTRIES", default_value_t = CacheConfig::default().l1_entries as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     l1_entries: u64,
     /// Group states in the write-through cache (L2), per GroupBy node of a task (0: none).
-    #[arg(long, env = "EDDY_L2_ENTRIES", default_value_t = 1 << 20)]
+    #[arg(long, env = "EDDY_L2_ENTRIES", default_value_t = CacheConfig::default().l2_entries)]
     l2_entries: usize,
     /// Bytes of one RocksDB memtable (each column family has at most two).
     #[arg(long, env = "EDDY_ROCKSDB_WRITE_BUFFER_BYTES", default_value = "16MB", value_parser = bytes)]

@@ -13,18 +13,22 @@
 //!   not grow with what is stored;
 //! - the event path never waits for a disk read it could have foreseen: reading chunk i
 //!   asks the IO thread for chunk i + 1, which is where a window edge goes next;
-//! - a checkpoint mark names exactly the chunks sealed before it; reopening with it cuts
-//!   everything sealed later (the log replays those events), and a file is deleted only
+//! - the event path never encodes, compresses or writes a chunk: sealing hands the
+//!   chunk's events to the IO thread, which writes chunks in number order, and reads take
+//!   them from memory until the write is done (at most `UNWRITTEN_MAX` chunks wait);
+//! - a checkpoint mark names exactly the chunks written before it, and holds the events
+//!   of the ones still on their way as open events; reopening with it cuts everything
+//!   written later (the log replays those events), and a file is deleted only
 //!   when a checkpoint that no longer needs it has been committed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use crate::chunk::{
-    check_payload, decode_batch, encode_batch, encode_chunk, ChunkHeader, HEADER_BYTES,
+    check_payload, decode_batch, encode_batch, encode_chunk, ChunkHeader, Key, HEADER_BYTES,
 };
 use crate::reservoir::{
     ChunkCodec, Durable, MemReservoir, Owed, PendingMark, Reservoir, ReservoirError,
@@ -52,7 +56,7 @@ impl Default for ReservoirConfig {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// A background thread that runs reads for reservoirs (one per node).
+/// A background thread that runs reads and chunk writes for reservoirs (one per node).
 #[derive(Clone)]
 pub struct IoThread {
     jobs: mpsc::Sender<Job>,
@@ -73,8 +77,9 @@ impl IoThread {
         IoThread { jobs }
     }
 
-    fn run(&self, job: Job) -> bool {
-        self.jobs.send(job).is_ok()
+    /// Queues `job`; gives it back when the thread is gone.
+    fn run(&self, job: Job) -> Result<(), Job> {
+        self.jobs.send(job).map_err(|e| e.0)
     }
 }
 
@@ -89,10 +94,136 @@ fn io_err(path: &Path, e: std::io::Error) -> ReservoirError {
 #[derive(Clone, Debug)]
 struct ChunkRef {
     number: u64,
+    first: Key,
+    last: Key,
+    rows: u32,
+    /// Where it is written; `None` while its write is on the way (its events are in
+    /// `DiskReservoir::unwritten`).
+    placed: Option<Placed>,
+}
+
+/// A chunk's place in its segment file.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
     /// The id of the segment holding it (its first chunk number).
     segment: u64,
     offset: u64,
     header: ChunkHeader,
+}
+
+/// A sealed chunk whose write is not done: its events serve reads meanwhile.
+struct Unwritten<E> {
+    number: u64,
+    events: Arc<Vec<E>>,
+    bytes: usize,
+    /// Whether a write of it is queued (a full disk sends it back to be tried again).
+    submitted: bool,
+}
+
+/// Chunks sealed but not yet written, at most: sealing waits for the oldest beyond it,
+/// so memory stays bounded when the disk is slower than the events.
+const UNWRITTEN_MAX: usize = 4;
+
+/// The segment file chunks are appended to. Only the IO thread writes through it (or
+/// the shard, without an IO thread); a checkpoint takes a handle to sync.
+struct SegmentWriter {
+    dir: PathBuf,
+    segment_bytes_max: u64,
+    file: Option<File>,
+    /// The id of the segment `file` is, and its bytes.
+    segment: u64,
+    bytes: u64,
+    /// The number of the next chunk to write: chunks reach the disk in order, so after a
+    /// failed one the later ones wait for it.
+    next: u64,
+}
+
+/// A chunk the IO thread wrote.
+struct Written {
+    segment: u64,
+    offset: u64,
+    len: u64,
+    header: ChunkHeader,
+}
+
+enum WriteError {
+    /// An earlier chunk is not written yet; this one goes again after it.
+    Skipped,
+    /// The disk is full: the chunk stays in memory and is written later.
+    Full(PathBuf, std::io::Error),
+    Failed(String),
+}
+
+type WriteResult = Result<Written, WriteError>;
+
+impl SegmentWriter {
+    /// Appends chunk `number`'s bytes to the segment, or to a new one when it would grow
+    /// past its size. All or nothing: a failed write is cut off again (and a segment it
+    /// started is removed), so the chunk can be written later.
+    fn write(&mut self, number: u64, header: ChunkHeader, bytes: &[u8]) -> WriteResult {
+        if number != self.next {
+            return Err(WriteError::Skipped);
+        }
+        let failed = |path: &Path, e: std::io::Error| match crate::is_disk_full(&e) {
+            true => WriteError::Full(path.to_path_buf(), e),
+            false => WriteError::Failed(format!("{}: {e}", path.display())),
+        };
+        let len = bytes.len() as u64;
+        let roll = self.file.is_none()
+            || (self.bytes > 0 && self.bytes + len > self.segment_bytes_max);
+        if roll {
+            if let Some(f) = &self.file {
+                f.sync_data().map_err(|e| failed(&self.dir, e))?;
+            }
+            let path = segment_path(&self.dir, number);
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| failed(&path, e))?;
+            (self.file, self.segment, self.bytes) = (Some(file), number, 0);
+        }
+        let path = segment_path(&self.dir, self.segment);
+        let file = self.file.as_mut().expect("a segment file");
+        if let Err(e) = file.write_all(bytes) {
+            // Back to where the chunk began; the next write goes there too.
+            let cut = file
+                .set_len(self.bytes)
+                .and_then(|()| file.seek(SeekFrom::Start(self.bytes)).map(|_| ()));
+            if let Err(cut) = cut {
+                tracing::error!("{}: could not cut a failed write: {cut}", path.display());
+            }
+            if roll {
+                // The segment before it is written no more: the next write rolls again.
+                self.file = None;
+                let _ = fs::remove_file(&path);
+            }
+            return Err(failed(&path, e));
+        }
+        let offset = self.bytes;
+        self.bytes += len;
+        self.next += 1;
+        Ok(Written {
+            segment: self.segment,
+            offset,
+            len,
+            header,
+        })
+    }
+}
+
+/// Chunk `events` (in key order) as a header and the bytes written to a segment.
+fn encode_events<E: Timed>(
+    events: &[E],
+    codec: &dyn ChunkCodec<E>,
+) -> Result<(ChunkHeader, Vec<u8>), String> {
+    let (Some(first), Some(last)) = (events.first(), events.last()) else {
+        return Err("an empty chunk".into());
+    };
+    let refs: Vec<&E> = events.iter().collect();
+    let batch = codec.encode(&refs)?;
+    encode_chunk(&batch, codec.schema_id(), first.key(), last.key())
 }
 
 #[derive(Debug)]
@@ -160,7 +291,16 @@ pub struct DiskReservoir<E> {
     chunks: VecDeque<ChunkRef>,
     next_chunk: u64,
     segments: VecDeque<Segment>,
-    writer: Option<File>,
+    writer: Arc<Mutex<SegmentWriter>>,
+    /// Sealed chunks whose writes are not done, oldest first: the newest chunks.
+    unwritten: VecDeque<Unwritten<E>>,
+    /// Writes queued whose results have not come back.
+    writes_inflight: usize,
+    written_tx: mpsc::Sender<(u64, WriteResult)>,
+    written_rx: mpsc::Receiver<(u64, WriteResult)>,
+    /// A write that failed for a reason other than a full disk: every later seal and
+    /// checkpoint reports it.
+    write_failure: Option<String>,
     open: MemReservoir<E>,
     /// `size_of` summed over the open region.
     open_bytes: usize,
@@ -297,34 +437,29 @@ fn last_key_of(path: &Path, limit: u64) -> Result<Option<i64>, ReservoirError> {
     Ok(last)
 }
 
-/// Reads and checks one chunk's payload, then decodes it.
+/// Reads and checks chunk `number`'s payload, then decodes it.
 fn read_chunk<E>(
     path: &Path,
-    chunk: &ChunkRef,
+    number: u64,
+    chunk: &Placed,
     codec: &dyn ChunkCodec<E>,
 ) -> Result<(Arc<Vec<E>>, usize), String> {
     let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     file.seek(SeekFrom::Start(chunk.offset + HEADER_BYTES as u64))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut payload = vec![0u8; chunk.header.payload_len as usize];
-    file.read_exact(&mut payload).map_err(|e| {
-        format!(
-            "{}: chunk {} is cut short: {e}",
-            path.display(),
-            chunk.number
-        )
-    })?;
+    file.read_exact(&mut payload)
+        .map_err(|e| format!("{}: chunk {number} is cut short: {e}", path.display()))?;
     let batch = check_payload(&chunk.header, &payload).map_err(|e| {
         format!(
-            "{}: chunk {} at byte {}: {e}",
+            "{}: chunk {number} at byte {}: {e}",
             path.display(),
-            chunk.number,
             chunk.offset
         )
     })?;
     let events = codec
         .decode(&batch)
-        .map_err(|e| format!("{}: chunk {}: {e}", path.display(), chunk.number))?;
+        .map_err(|e| format!("{}: chunk {number}: {e}", path.display()))?;
     let bytes = events.iter().map(|e| codec.size_of(e)).sum();
     Ok((Arc::new(events), bytes))
 }
@@ -342,6 +477,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     ) -> Result<DiskReservoir<E>, ReservoirError> {
         fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let (loaded_tx, loaded_rx) = mpsc::channel();
+        let (written_tx, written_rx) = mpsc::channel();
         let mut r = DiskReservoir {
             dir: dir.to_path_buf(),
             config,
@@ -350,7 +486,19 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             chunks: VecDeque::new(),
             next_chunk: 0,
             segments: VecDeque::new(),
-            writer: None,
+            writer: Arc::new(Mutex::new(SegmentWriter {
+                dir: dir.to_path_buf(),
+                segment_bytes_max: config.segment_bytes_max,
+                file: None,
+                segment: 0,
+                bytes: 0,
+                next: 0,
+            })),
+            unwritten: VecDeque::new(),
+            writes_inflight: 0,
+            written_tx,
+            written_rx,
+            write_failure: None,
             open: MemReservoir::default(),
             open_bytes: 0,
             sealable: UNMEASURED,
@@ -448,9 +596,14 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 r.chunk_bytes += HEADER_BYTES as u64 + header.payload_len as u64;
                 r.chunks.push_back(ChunkRef {
                     number,
-                    segment: id,
-                    offset,
-                    header,
+                    first: header.first,
+                    last: header.last,
+                    rows: header.rows,
+                    placed: Some(Placed {
+                        segment: id,
+                        offset,
+                        header,
+                    }),
                 });
                 r.next_chunk += 1;
                 offset += HEADER_BYTES as u64 + header.payload_len as u64;
@@ -474,8 +627,10 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 .append(true)
                 .open(&last.path)
                 .map_err(|e| io_err(&last.path, e))?;
-            r.writer = Some(file);
+            let mut w = r.writer.lock().expect("segment writer");
+            (w.file, w.segment, w.bytes) = (Some(file), last.id, last.bytes);
         }
+        r.writer.lock().expect("segment writer").next = r.next_chunk;
         if !mark.open.is_empty() {
             let batch = decode_batch(&mark.open)
                 .map_err(|e| err(format!("{}: checkpointed events: {e}", dir.display())))?;
@@ -548,16 +703,22 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         }
     }
 
-    fn segment_path_of(&self, chunk: &ChunkRef) -> PathBuf {
-        segment_path(&self.dir, chunk.segment)
-    }
-
-    /// The events of the chunk at index `i`, from the cache or the disk; asks the IO
-    /// thread for the next chunk.
+    /// The events of the chunk at index `i`: from memory while its write is on the way,
+    /// else from the cache or the disk; asks the IO thread for the next chunk.
     fn chunk_events(&mut self, i: usize) -> Result<Arc<Vec<E>>, ReservoirError> {
         self.collect_loaded();
+        self.collect_written();
         let chunk = self.chunks[i].clone();
         self.tick += 1;
+        let Some(placed) = chunk.placed else {
+            self.hits += 1;
+            let u = self
+                .unwritten
+                .iter()
+                .find(|u| u.number == chunk.number)
+                .expect("an unwritten chunk keeps its events");
+            return Ok(u.events.clone());
+        };
         let events = match self.cache.get_mut(&chunk.number) {
             Some(c) => {
                 c.used = self.tick;
@@ -566,45 +727,106 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             }
             None => {
                 self.misses += 1;
-                let path = self.segment_path_of(&chunk);
+                let path = segment_path(&self.dir, placed.segment);
                 let (events, bytes) =
-                    read_chunk(&path, &chunk, self.codec.as_ref()).map_err(err)?;
+                    read_chunk(&path, chunk.number, &placed, self.codec.as_ref()).map_err(err)?;
                 self.cache_insert(chunk.number, events.clone(), bytes);
                 events
             }
         };
-        if let (Some(next), Some(io)) = (self.chunks.get(i + 1), &self.io) {
-            if !self.cache.contains_key(&next.number) && !self.inflight.contains(&next.number) {
-                let next = next.clone();
-                let path = self.segment_path_of(&next);
+        let next = self.chunks.get(i + 1).and_then(|c| Some((c.number, c.placed?)));
+        if let (Some((number, next)), Some(io)) = (next, &self.io) {
+            if !self.cache.contains_key(&number) && !self.inflight.contains(&number) {
+                let path = segment_path(&self.dir, next.segment);
                 let codec = self.codec.clone();
                 let tx = self.loaded_tx.clone();
                 let generation = self.generation;
-                self.inflight.insert(next.number);
-                io.run(Box::new(move || {
-                    let result = read_chunk(&path, &next, codec.as_ref());
-                    let _ = tx.send((next.number, generation, result));
+                self.inflight.insert(number);
+                let queued = io.run(Box::new(move || {
+                    let result = read_chunk(&path, number, &next, codec.as_ref());
+                    let _ = tx.send((number, generation, result));
                 }));
+                if queued.is_err() {
+                    self.inflight.remove(&number);
+                }
             }
         }
         Ok(events)
     }
 
-    /// Writes `events` (in key order, all below the open region, `size` by the codec's
-    /// measure) as the next chunk. On a full disk they go back to the open region, which
-    /// keeps them (they are in the log too) until a later seal finds room: `false`.
-    fn seal(&mut self, events: Vec<E>, size: usize) -> Result<bool, ReservoirError> {
+    /// Makes `events` (in key order, all below the open region, `size` by the codec's
+    /// measure) the next chunk, and queues its write.
+    fn seal(&mut self, events: Vec<E>, size: usize) {
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
-            return Ok(true);
+            return;
         };
-        let refs: Vec<&E> = events.iter().collect();
-        let batch = self.codec.encode(&refs).map_err(err)?;
-        let (header, bytes) =
-            encode_chunk(&batch, self.codec.schema_id(), first.key(), last.key()).map_err(err)?;
-        drop(refs);
-        match self.write_chunk(&bytes) {
-            Ok(()) => {}
-            Err((path, e)) if crate::is_disk_full(&e) => {
+        let number = self.next_chunk;
+        self.next_chunk += 1;
+        self.sealed_events += events.len() as u64;
+        self.chunks.push_back(ChunkRef {
+            number,
+            first: first.key(),
+            last: last.key(),
+            rows: events.len() as u32,
+            placed: None,
+        });
+        self.unwritten.push_back(Unwritten {
+            number,
+            events: Arc::new(events),
+            bytes: size,
+            submitted: false,
+        });
+        self.submit(self.unwritten.len() - 1);
+    }
+
+    /// Queues the write of the unwritten chunk at index `k`: encoding, compression and
+    /// the write run on the IO thread (here, without one).
+    fn submit(&mut self, k: usize) {
+        let u = &mut self.unwritten[k];
+        u.submitted = true;
+        let (number, events) = (u.number, u.events.clone());
+        let (codec, writer) = (self.codec.clone(), self.writer.clone());
+        let tx = self.written_tx.clone();
+        let job: Job = Box::new(move || {
+            let result = encode_events(&events, codec.as_ref())
+                .map_err(WriteError::Failed)
+                .and_then(|(header, bytes)| {
+                    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    w.write(number, header, &bytes)
+                });
+            let _ = tx.send((number, result));
+        });
+        self.writes_inflight += 1;
+        let job = match &self.io {
+            Some(io) => io.run(job).err(),
+            None => Some(job),
+        };
+        if let Some(job) = job {
+            job();
+        }
+    }
+
+    /// Takes the results of the writes that are done.
+    fn collect_written(&mut self) {
+        while let Ok((number, result)) = self.written_rx.try_recv() {
+            self.on_written(number, result);
+        }
+    }
+
+    /// Waits for the next write's result.
+    fn wait_written(&mut self) {
+        if let Ok((number, result)) = self.written_rx.recv() {
+            self.on_written(number, result);
+        }
+    }
+
+    fn on_written(&mut self, number: u64, result: WriteResult) {
+        self.writes_inflight -= 1;
+        let w = match result {
+            Ok(w) => w,
+            // Its turn comes after the one that failed, which is sent again.
+            Err(WriteError::Skipped) => return,
+            Err(WriteError::Full(path, e)) => {
                 if self.seal_blocked.is_none() {
                     tracing::warn!(
                         "{}: {e}; the reservoir keeps its events in memory until there is room",
@@ -612,78 +834,74 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                     );
                 }
                 self.seal_blocked = Some(std::time::Instant::now());
-                self.open.push_front(events);
-                self.open_bytes += size;
-                self.sealable = UNMEASURED;
-                return Ok(false);
+                // This chunk and every later one go again, in order.
+                for u in &mut self.unwritten {
+                    u.submitted = false;
+                }
+                return;
             }
-            Err((path, e)) => return Err(io_err(&path, e)),
-        }
-        self.seal_blocked = None;
-        let segment = self.segments.back_mut().expect("a segment");
-        let chunk = ChunkRef {
-            number: self.next_chunk,
-            segment: segment.id,
-            offset: segment.bytes,
-            header,
+            Err(WriteError::Failed(e)) => {
+                self.write_failure.get_or_insert(e);
+                return;
+            }
         };
-        segment.bytes += bytes.len() as u64;
-        self.next_chunk += 1;
-        self.sealed_events += header.rows as u64;
-        self.raw_bytes += header.raw_bytes;
-        self.chunk_bytes += bytes.len() as u64;
-        self.chunks.push_back(chunk);
+        debug_assert_eq!(self.unwritten.front().map(|u| u.number), Some(number));
+        let Some(u) = self.unwritten.pop_front() else {
+            return;
+        };
+        self.seal_blocked = None;
+        self.unsynced = true;
+        if self.segments.back().is_none_or(|s| s.id != w.segment) {
+            self.segments.push_back(Segment {
+                id: w.segment,
+                path: segment_path(&self.dir, w.segment),
+                bytes: 0,
+            });
+        }
+        self.segments.back_mut().expect("a segment").bytes = w.offset + w.len;
+        // Unless retention dropped it meanwhile.
+        let Some(front) = self.chunks.front().map(|c| c.number) else {
+            return;
+        };
+        let Some(chunk) = number
+            .checked_sub(front)
+            .and_then(|i| self.chunks.get_mut(i as usize))
+        else {
+            return;
+        };
+        chunk.placed = Some(Placed {
+            segment: w.segment,
+            offset: w.offset,
+            header: w.header,
+        });
+        self.raw_bytes += w.header.raw_bytes;
+        self.chunk_bytes += w.len;
         // Short windows read the newest chunk soon: keep it decoded.
-        self.cache_insert(self.next_chunk - 1, Arc::new(events), size);
-        Ok(true)
+        self.cache_insert(number, u.events, u.bytes);
     }
 
-    /// Appends a chunk's bytes to the last segment, or to a new one when it would grow
-    /// past its size. All or nothing: a failed write is cut off again (and a segment it
-    /// started is removed), so the chunk can be written later.
-    fn write_chunk(&mut self, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
-        let roll = match self.segments.back() {
-            None => true,
-            Some(s) => s.bytes > 0 && s.bytes + bytes.len() as u64 > self.config.segment_bytes_max,
-        };
-        if roll {
-            if let Some(w) = &self.writer {
-                w.sync_data().map_err(|e| (self.dir.clone(), e))?;
-            }
-            let id = self.next_chunk;
-            let path = segment_path(&self.dir, id);
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| (path.clone(), e))?;
-            self.writer = Some(file);
-            self.segments.push_back(Segment { id, path, bytes: 0 });
+    /// Waits until every queued write has come back (for tests, and before dropping).
+    pub fn settle(&mut self) {
+        while self.writes_inflight > 0 {
+            self.wait_written();
         }
-        self.unsynced = true;
-        let segment = self.segments.back().expect("a segment");
-        let writer = self.writer.as_mut().expect("a writer");
-        let Err(e) = writer.write_all(bytes) else {
-            return Ok(());
-        };
-        let path = segment.path.clone();
-        // Back to where the chunk began; the next write goes there too.
-        let cut = writer.set_len(segment.bytes).and_then(|()| {
-            writer
-                .seek(std::io::SeekFrom::Start(segment.bytes))
-                .map(|_| ())
-        });
-        if let Err(cut) = cut {
-            tracing::error!("{}: could not cut a failed write: {cut}", path.display());
+    }
+
+    fn check_writes(&self) -> Result<(), ReservoirError> {
+        match &self.write_failure {
+            Some(e) => Err(err(e.clone())),
+            None => Ok(()),
         }
-        if roll && segment.bytes == 0 {
-            let s = self.segments.pop_back().expect("a segment");
-            self.writer = None;
-            let _ = fs::remove_file(&s.path);
-            // The last segment before it is written no more: the next seal rolls again.
+    }
+}
+
+impl<E> Drop for DiskReservoir<E> {
+    /// Writes still queued finish first, so nothing writes a segment file after its
+    /// reservoir is gone (another may open the directory next).
+    fn drop(&mut self) {
+        while self.writes_inflight > 0 && self.written_rx.recv().is_ok() {
+            self.writes_inflight -= 1;
         }
-        Err((path, e))
     }
 }
 
@@ -692,7 +910,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         debug_assert!(self
             .chunks
             .back()
-            .is_none_or(|c| c.header.last < event.key()));
+            .is_none_or(|c| c.last < event.key()));
         self.open_bytes += self.codec.size_of(&event);
         if event.key().0 <= self.sealable.2 {
             self.sealable = UNMEASURED;
@@ -713,9 +931,9 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         let mut hinted = self.take_hint(after);
         let mut i = match &hinted {
             Some((i, _)) => *i,
-            None => self.chunks.partition_point(|c| c.header.last.0 <= after),
+            None => self.chunks.partition_point(|c| c.last.0 <= after),
         };
-        while i < self.chunks.len() && self.chunks[i].header.first.0 <= upto {
+        while i < self.chunks.len() && self.chunks[i].first.0 <= upto {
             let (events, start) = match hinted.take() {
                 Some((_, h)) => (h.events, h.index),
                 None => {
@@ -760,7 +978,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
                 let rest = h.events.get(h.index..).unwrap_or_default();
                 &rest[..n.min(rest.len())]
             }
-            None if self.chunks.back().is_none_or(|c| c.header.last.0 <= after) => {
+            None if self.chunks.back().is_none_or(|c| c.last.0 <= after) => {
                 self.open.upcoming(after, n)
             }
             None => &[],
@@ -776,6 +994,12 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         self.cache.clear();
         self.cache_bytes = 0;
         self.sealable = UNMEASURED;
+        // A write on the way keeps the events it took; what reads see from now is these.
+        for u in &mut self.unwritten {
+            Arc::make_mut(&mut u.events).iter_mut().for_each(&mut *f);
+            let codec = &self.codec;
+            u.bytes = u.events.iter().map(|e| codec.size_of(e)).sum();
+        }
         self.open.refresh(None, f);
         // `f` may have changed the events (rows padded after ADD COLUMN), and the codec
         // may measure them differently: what sealing subtracts must be what was counted.
@@ -784,16 +1008,31 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
     }
 
     fn seal_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
-        // A full disk: try again a little later, not on every event.
+        self.collect_written();
+        self.check_writes()?;
+        // A full disk: try again a little later, not on every event, and seal nothing
+        // more until a write succeeds (the open region holds the events meanwhile).
         if let Some(at) = self.seal_blocked {
-            if at.elapsed() < SEAL_RETRY {
-                return Ok(());
+            if at.elapsed() >= SEAL_RETRY {
+                for k in 0..self.unwritten.len() {
+                    if !self.unwritten[k].submitted {
+                        self.submit(k);
+                    }
+                }
             }
+            return Ok(());
         }
         if upto < self.sealable.2 {
             self.sealable = UNMEASURED;
         }
         while self.open_bytes >= self.config.chunk_bytes_max {
+            // Memory on the way to disk stays bounded: wait for the oldest write.
+            while self.unwritten.len() >= UNWRITTEN_MAX {
+                if self.writes_inflight == 0 || self.seal_blocked.is_some() {
+                    return self.check_writes();
+                }
+                self.wait_written();
+            }
             let (mut n, mut bytes, _) = self.sealable;
             for e in self.open.iter().skip(n) {
                 if e.key().0 > upto || bytes >= self.config.chunk_bytes_max {
@@ -809,9 +1048,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             self.sealable = UNMEASURED;
             let events = self.open.pop_front(n);
             self.open_bytes -= bytes;
-            if !self.seal(events, bytes)? {
-                break;
-            }
+            self.seal(events, bytes);
         }
         Ok(())
     }
@@ -819,13 +1056,15 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
     fn expire_through(&mut self, upto: i64) -> Result<(), ReservoirError> {
         self.floor = self.floor.max(upto);
         while let Some(c) = self.chunks.front() {
-            if c.header.last.0 > self.floor {
+            if c.last.0 > self.floor {
                 break;
             }
             let c = self.chunks.pop_front().expect("front");
-            self.sealed_events -= c.header.rows as u64;
-            self.raw_bytes -= c.header.raw_bytes;
-            self.chunk_bytes -= HEADER_BYTES as u64 + c.header.payload_len as u64;
+            self.sealed_events -= c.rows as u64;
+            if let Some(p) = c.placed {
+                self.raw_bytes -= p.header.raw_bytes;
+                self.chunk_bytes -= HEADER_BYTES as u64 + p.header.payload_len as u64;
+            }
             if let Some(cached) = self.cache.remove(&c.number) {
                 self.cache_bytes -= cached.bytes;
             }
@@ -837,7 +1076,8 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             && self
                 .chunks
                 .front()
-                .is_none_or(|c| c.segment != self.segments[0].id)
+                .and_then(|c| c.placed)
+                .is_none_or(|p| p.segment != self.segments[0].id)
         {
             let s = self.segments.pop_front().expect("front");
             self.dead.push(s.path);
@@ -871,6 +1111,8 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
     }
 
     fn checkpoint(&mut self, previous_committed: bool) -> Result<PendingMark, ReservoirError> {
+        self.collect_written();
+        self.check_writes()?;
         let mut durable = Durable::default();
         if self.unsynced
             || self
@@ -878,8 +1120,9 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
                 .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             durable = Durable(Some(Owed {
-                file: match &self.writer {
-                    Some(w) => Some(w.try_clone().map_err(|e| io_err(&self.dir, e))?),
+                // The segment being written; one it rolled over from was synced then.
+                file: match &self.writer.lock().unwrap_or_else(|p| p.into_inner()).file {
+                    Some(f) => Some(f.try_clone().map_err(|e| io_err(&self.dir, e))?),
                     None => None,
                 },
                 dir: self.dir.clone(),
@@ -904,15 +1147,17 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         self.dead_at_checkpoint.extend(dead);
         let (last_segment, last_segment_bytes) =
             self.segments.back().map_or((0, 0), |s| (s.id, s.bytes));
+        // The chunks written so far; the events of those on the way are open events.
         let mark = Mark {
-            next_chunk: self.next_chunk,
+            next_chunk: self.unwritten.front().map_or(self.next_chunk, |u| u.number),
             last_segment,
             last_segment_bytes,
             floor: self.floor,
             open: Vec::new(),
         };
         // The open events are shared, not copied; encoding them is the costly part.
-        let open: Vec<E> = self.open.iter().cloned().collect();
+        let unwritten = self.unwritten.iter().flat_map(|u| u.events.iter());
+        let open: Vec<E> = unwritten.chain(self.open.iter()).cloned().collect();
         let codec = self.codec.clone();
         Ok(PendingMark::new(durable, move || {
             let open = if open.is_empty() {
@@ -1124,6 +1369,7 @@ mod tests {
             r.insert(Ev(i as i64, i, 7));
         }
         r.seal_through(400).unwrap();
+        r.settle();
         let mark = r.checkpoint(true).unwrap().finish().unwrap();
         // Bytes written after the checkpoint are cut when reopening.
         r.seal_through(500).unwrap();
@@ -1138,6 +1384,47 @@ mod tests {
         let mut r = open(&dir, &io, Some(&mark));
         let e = r.for_range(-1, 1000, &mut |_| {}).unwrap_err();
         assert!(e.0.contains(".seg") && e.0.contains("bad checksum"), "{e}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Sealing does not wait for the disk: while the IO thread is held, the sealed chunks
+    /// are read from memory, and a checkpoint taken then holds their events as open ones.
+    /// A crash after the writes finished reopens at that mark: the chunks written after
+    /// it are cut, and their events are all there.
+    #[test]
+    fn a_checkpoint_keeps_the_events_of_chunks_still_on_their_way() {
+        let dir = temp_dir("on-the-way");
+        let io = IoThread::start("test-io");
+        let mut r = open(&dir, &io, None);
+        let (release, gate) = mpsc::channel::<()>();
+        assert!(io
+            .run(Box::new(move || {
+                let _ = gate.recv();
+            }))
+            .is_ok());
+        let all: Vec<Ev> = (0..120).map(|i| Ev(i, i as u64, 7)).collect();
+        for e in &all {
+            r.insert(e.clone());
+        }
+        r.seal_through(100).unwrap();
+        assert_eq!(r.stats().chunks, 2);
+        assert_eq!(r.stats().disk_bytes, 0);
+        assert_eq!(collect(&mut r, -1, 1000), all);
+        let mark = r.checkpoint(true).unwrap().finish().unwrap();
+        release.send(()).unwrap();
+        r.settle();
+        assert!(r.stats().disk_bytes > 0);
+        assert_eq!(list_segments(&dir).unwrap().len(), 1);
+        drop(r);
+        let mut r = open(&dir, &io, Some(&mark));
+        assert!(list_segments(&dir).unwrap().is_empty());
+        assert_eq!(collect(&mut r, -1, 1000), all);
+        r.seal_through(1000).unwrap();
+        r.settle();
+        assert_eq!(r.stats().chunks, 2);
+        assert!(r.stats().disk_bytes > 0);
+        assert_eq!(collect(&mut r, -1, 1000), all);
+        drop(r);
         let _ = fs::remove_dir_all(&dir);
     }
 

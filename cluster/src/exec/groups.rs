@@ -221,9 +221,13 @@ pub struct CacheConfig {
 }
 
 impl Default for CacheConfig {
+    /// L1 holds 256 Ki groups (48 MiB at most, taken as groups arrive): a 7-day window
+    /// over 100 k cards keeps all of them in L1. With 64 Ki, a third of its events missed
+    /// L1 and each miss wrote an evicted state through to RocksDB, which made the window
+    /// run at a quarter of a 5-minute one's rate.
     fn default() -> Self {
         CacheConfig {
-            l1_entries: 65_536,
+            l1_entries: 1 << 18,
             l2_entries: 1 << 20,
         }
     }
