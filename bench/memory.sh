@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Peak memory of a real `eddy` (release) loaded by COPY, against the number of keys and
 # the window length:
-#   [WINDOWS='5 minutes,7 days'] bench/memory.sh [EVENTS] [KEYS...]
+#   [WINDOWS='5 minutes,7 days'] [DAYS=N] [EDDY_BIN=…] bench/memory.sh [EVENTS] [KEYS...]
 # For each KEYS (default 10000 100000 1000000) and each window (5 minutes, 7 days), a
 # fresh server gets `payments` (one task) and COUNT/SUM/AVG per card over the window,
-# then EVENTS rows (default 5 000 000, 10 000 per second of event time) by one COPY from
-# psql. Prints one JSON line per run: peak RSS (VmHWM), RSS after the load, and the load
-# rate (bounded by the Python generator here; frontdoor measures COPY itself).
+# then EVENTS rows (default 5 000 000, 10 000 per second of event time, or spread over
+# DAYS days of it) by one COPY from psql, out of a CSV file written first. Prints one
+# JSON line per run: peak RSS (VmHWM), RSS after the load, and the COPY's rate.
 # Servers listen on loopback and are stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +15,12 @@ shift || true
 keys=("$@")
 [ ${#keys[@]} -gt 0 ] || keys=(10000 100000 1000000)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
-storage/rocksdb/build-lib
-cargo build --release -q -p eddy-server --bin eddy
-eddy="$CARGO_TARGET_DIR/release/eddy"
+# EDDY_BIN: measure that binary, built by nobody here.
+if [ -z "${EDDY_BIN:-}" ]; then
+  storage/rocksdb/build-lib
+  cargo build --release -q -p eddy-server --bin eddy
+fi
+eddy="${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}"
 
 work=$(mktemp -d)
 pid=""
@@ -50,11 +53,11 @@ CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT
 CREATE METRIC card_window AS SELECT card, COUNT(*) AS n, SUM(amount) AS total,
   AVG(amount) AS mean FROM payments WINDOW SLIDING (SIZE $window) GROUP BY card;
 SQL
-    start=$(date +%s.%N)
-    python3 - "$events" "$k" <<'PY' | psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 \
-      -c "COPY payments FROM STDIN (FORMAT csv)" >/dev/null
+    csv="$work/events-$k.csv"
+    [ -f "$csv" ] || python3 - "$events" "$k" "${DAYS:-0}" >"$csv" <<'PY'
 import sys, datetime
-events, keys = int(sys.argv[1]), int(sys.argv[2])
+events, keys, days = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+step_us = days * 86_400_000_000 / events if days > 0 else 100
 base = datetime.datetime(2027, 1, 1)
 state = 0x9E3779B97F4A7C15
 out = sys.stdout
@@ -63,13 +66,16 @@ for i in range(events):
     state ^= (state << 13) & 0xFFFFFFFFFFFFFFFF
     state ^= state >> 7
     state ^= (state << 17) & 0xFFFFFFFFFFFFFFFF
-    ts = base + datetime.timedelta(microseconds=i * 100)
+    ts = base + datetime.timedelta(microseconds=int(i * step_us))
     buf.append(f"{i},{ts:%Y-%m-%d %H:%M:%S.%f},card-{state % keys},{state % 100000 / 100}\n")
     if len(buf) == 10000:
         out.write("".join(buf))
         buf.clear()
 out.write("".join(buf))
 PY
+    start=$(date +%s.%N)
+    psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 \
+      -c "COPY payments FROM STDIN (FORMAT csv)" <"$csv" >/dev/null
     end=$(date +%s.%N)
     stored=$(psql -h 127.0.0.1 -p "$port" -U eddy -d eddy -Atc "SELECT count(*) FROM card_window")
     printf '{"window": "%s", "keys": %s, "events": %s, "groups": %s, "peak_rss_mb": %d, "rss_after_mb": %d, "load_rows_per_sec": %.0f}\n' \

@@ -169,8 +169,8 @@ impl SegmentWriter {
             false => WriteError::Failed(format!("{}: {e}", path.display())),
         };
         let len = bytes.len() as u64;
-        let roll = self.file.is_none()
-            || (self.bytes > 0 && self.bytes + len > self.segment_bytes_max);
+        let roll =
+            self.file.is_none() || (self.bytes > 0 && self.bytes + len > self.segment_bytes_max);
         if roll {
             if let Some(f) = &self.file {
                 f.sync_data().map_err(|e| failed(&self.dir, e))?;
@@ -734,7 +734,10 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 events
             }
         };
-        let next = self.chunks.get(i + 1).and_then(|c| Some((c.number, c.placed?)));
+        let next = self
+            .chunks
+            .get(i + 1)
+            .and_then(|c| Some((c.number, c.placed?)));
         if let (Some((number, next)), Some(io)) = (next, &self.io) {
             if !self.cache.contains_key(&number) && !self.inflight.contains(&number) {
                 let path = segment_path(&self.dir, next.segment);
@@ -907,10 +910,7 @@ impl<E> Drop for DiskReservoir<E> {
 
 impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E> {
     fn insert(&mut self, event: E) {
-        debug_assert!(self
-            .chunks
-            .back()
-            .is_none_or(|c| c.last < event.key()));
+        debug_assert!(self.chunks.back().is_none_or(|c| c.last < event.key()));
         self.open_bytes += self.codec.size_of(&event);
         if event.key().0 <= self.sealable.2 {
             self.sealable = UNMEASURED;

@@ -7,7 +7,8 @@
 //! 1. Builds the release binaries (`cargo build --release -p eddy-bench -p eddy-server`)
 //!    unless `--bin-dir` names a directory that has them (`engine`, `frontdoor`, `eddy`).
 //! 2. Runs `engine --mode task` against the window length (1 minute … 1 day) and the
-//!    number of keys (10k, 100k, 1M), and `frontdoor` (single_on, single_off, batch_on, batch_off,
+//!    number of keys (10k, 100k, 1M), `storage --mode memory` (the disk reservoir) against
+//!    the window length (5 minutes … 30 days over 30 days of events), and `frontdoor` (single_on, single_off, batch_on, batch_off,
 //!    copy, lookup), each as a subprocess with a time cap, and parses their JSON; then the
 //!    percentiles (MEDIAN, PERCENTILE_CONT(0.99)) at 100k keys, `hopping`, the share of
 //!    hopping results that differ from the exact sliding window, and `placement`, HiBench's
@@ -52,7 +53,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use report::{EngineRun, FrontdoorRun, Results, Step};
+use report::{EngineRun, FrontdoorRun, Results, Step, StorageRun};
 use workload::{Percentiles, Workload};
 
 #[derive(clap::Parser)]
@@ -81,6 +82,9 @@ pub struct Plan {
     pub windows: Vec<&'static str>,
     /// Keys of the runs against the number of keys (5-minute window).
     pub keys: Vec<u64>,
+    /// Events and keys of the disk reservoir's runs against the window length.
+    pub storage_events: u64,
+    pub storage_keys: u64,
     pub engine_cap: Duration,
     pub frontdoor_args: Vec<String>,
     pub frontdoor_cap: Duration,
@@ -108,6 +112,8 @@ impl Plan {
                 window_keys: 100_000,
                 windows,
                 keys,
+                storage_events: 50_000,
+                storage_keys: 1_000,
                 engine_cap: Duration::from_secs(60),
                 frontdoor_args: frontdoor(&[
                     "--seconds",
@@ -138,6 +144,8 @@ impl Plan {
                 window_keys: 100_000,
                 windows,
                 keys,
+                storage_events: 5_000_000,
+                storage_keys: 100_000,
                 engine_cap: Duration::from_secs(300),
                 frontdoor_args: frontdoor(&["--seconds", "10"]),
                 frontdoor_cap: Duration::from_secs(300),
@@ -208,6 +216,7 @@ fn check_binaries(dir: &Path) -> Result<()> {
         "hopping",
         "placement",
         "floor",
+        "storage",
     ] {
         let path = dir.join(name);
         if !path.is_file() {
@@ -326,6 +335,53 @@ fn engine_sweeps(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results
             results.engine_percentiles = Some(r);
         }
         Err(e) => results.failures.push(format!("engine, percentiles: {e:#}")),
+    }
+}
+
+/// Windows of the disk reservoir's runs, over 30 days of event time.
+const STORAGE_WINDOWS: [&str; 5] = ["5 minutes", "1 hour", "1 day", "7 days", "30 days"];
+const STORAGE_DAYS: u64 = 30;
+
+/// The disk reservoir against the window length (`storage --mode memory`), each window
+/// in a process of its own so that peak RSS is its own.
+fn storage_windows(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) {
+    for window in STORAGE_WINDOWS {
+        let mut cmd = Command::new(bin_dir.join("storage"));
+        cmd.args(["--mode", "memory", "--window", window])
+            .args(["--events", &plan.storage_events.to_string()])
+            .args(["--cards", &plan.storage_keys.to_string()])
+            .args(["--days", &STORAGE_DAYS.to_string()]);
+        let command = procs::command_line(&cmd);
+        let name = format!("storage-{}", window.replace(' ', ""));
+        let run = procs::run_json(&mut cmd, &name, plan.engine_cap, logs).and_then(|v| {
+            Ok(StorageRun {
+                window: window.to_string(),
+                keys: plan.storage_keys,
+                events: f64_at(&v, "events")? as u64,
+                event_time_days: STORAGE_DAYS,
+                events_per_sec: f64_at(&v, "events_per_sec")?,
+                peak_rss_mb: f64_at(&v, "peak_rss_mb")?,
+                stored_events: f64_at(&v, "stored_events")? as u64,
+                chunks: f64_at(&v, "chunks")? as u64,
+                command: command.clone(),
+            })
+        });
+        match run {
+            Ok(r) => {
+                eprintln!(
+                    "storage, window {window}: {:.0} events/s, peak RSS {:.0} MB",
+                    r.events_per_sec, r.peak_rss_mb
+                );
+                results.commands.push(Step {
+                    step: format!("disk reservoir, window {window}"),
+                    command,
+                });
+                results.storage_windows.push(r);
+            }
+            Err(e) => results
+                .failures
+                .push(format!("storage, window {window}: {e:#}")),
+        }
     }
 }
 
@@ -653,6 +709,7 @@ fn main() -> Result<()> {
     let scratch = Scratch::new()?;
 
     engine_sweeps(&plan, &bin_dir, &logs, &mut results);
+    storage_windows(&plan, &bin_dir, &logs, &mut results);
     if let Err(e) = hopping(&plan, &bin_dir, &logs, &mut results) {
         results.failures.push(format!("hopping: {e:#}"));
     }

@@ -10,7 +10,7 @@ use plotters::coord::ranged1d::SegmentedCoord;
 use plotters::coord::types::RangedCoordusize;
 use plotters::prelude::*;
 
-use super::report::{keys_label, EngineRun, Results};
+use super::report::{keys_label, Results};
 use super::workload::ScoreRun;
 
 const SIZE: (u32, u32) = (960, 600);
@@ -22,36 +22,58 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<String>> {
         latency(&results.scoring, &dir.join("latency.svg"))?;
         written.push("latency.svg".to_string());
     }
-    if !results.engine_windows.is_empty() {
-        let labels: Vec<String> = results
+    let mut line =
+        |points: Vec<(String, f64)>, title: &str, x_desc: &str, y_desc: &str, file: &str| {
+            if points.is_empty() {
+                return Ok(());
+            }
+            written.push(file.to_string());
+            line_plot(&points, title, x_desc, y_desc, &dir.join(file))
+        };
+    let per_shard = "events/s per shard";
+    line(
+        results
             .engine_windows
             .iter()
-            .map(|r| r.window.clone())
-            .collect();
-        throughput(
-            &results.engine_windows,
-            &labels,
-            "Engine throughput against window length",
-            "sliding window size",
-            &dir.join("engine_window.svg"),
-        )?;
-        written.push("engine_window.svg".to_string());
-    }
-    if !results.engine_keys.is_empty() {
-        let labels: Vec<String> = results
+            .map(|r| (r.window.clone(), r.events_per_sec_per_shard))
+            .collect(),
+        "Engine throughput against window length",
+        "sliding window size",
+        per_shard,
+        "engine_window.svg",
+    )?;
+    line(
+        results
             .engine_keys
             .iter()
-            .map(|r| keys_label(r.keys))
-            .collect();
-        throughput(
-            &results.engine_keys,
-            &labels,
-            "Engine throughput against number of keys",
-            "distinct keys (cards)",
-            &dir.join("engine_keys.svg"),
-        )?;
-        written.push("engine_keys.svg".to_string());
-    }
+            .map(|r| (keys_label(r.keys), r.events_per_sec_per_shard))
+            .collect(),
+        "Engine throughput against number of keys",
+        "distinct keys (cards)",
+        per_shard,
+        "engine_keys.svg",
+    )?;
+    let storage = &results.storage_windows;
+    line(
+        storage
+            .iter()
+            .map(|r| (r.window.clone(), r.events_per_sec))
+            .collect(),
+        "Disk reservoir: throughput against window length",
+        "sliding window size",
+        "events/s",
+        "storage_window.svg",
+    )?;
+    line(
+        storage
+            .iter()
+            .map(|r| (r.window.clone(), r.peak_rss_mb))
+            .collect(),
+        "Disk reservoir: peak RSS against window length",
+        "sliding window size",
+        "peak RSS, MB",
+        "storage_window_rss.svg",
+    )?;
     Ok(written)
 }
 
@@ -180,18 +202,17 @@ fn legend<DB: DrawingBackend>(
 }
 
 /// Events per second per shard of `runs`, one category per run.
-fn throughput(
-    runs: &[EngineRun],
-    labels: &[String],
+/// One figure per category (`points`' labels), joined by a line.
+fn line_plot(
+    points: &[(String, f64)],
     title: &str,
     x_desc: &str,
+    y_desc: &str,
     path: &Path,
 ) -> Result<()> {
-    let hi = runs
-        .iter()
-        .map(|r| r.events_per_sec_per_shard)
-        .fold(0.0, f64::max)
-        * 1.2;
+    let labels: Vec<String> = points.iter().map(|p| p.0.clone()).collect();
+    let labels = &labels;
+    let hi = points.iter().map(|p| p.1).fold(0.0, f64::max) * 1.2;
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let mut chart = ChartBuilder::on(&root)
@@ -199,20 +220,20 @@ fn throughput(
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(90)
-        .build_cartesian_2d(categories(runs.len()), 0.0..hi.max(1.0))
+        .build_cartesian_2d(categories(points.len()), 0.0..hi.max(1.0))
         .map_err(plot_error)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
-        .y_desc("events/s per shard")
+        .y_desc(y_desc)
         .x_label_formatter(&|v| category(labels, v))
         .y_label_formatter(&|v| format!("{:.0}", v))
         .draw()
         .map_err(plot_error)?;
-    let points: Vec<(SegmentValue<usize>, f64)> = runs
+    let points: Vec<(SegmentValue<usize>, f64)> = points
         .iter()
         .enumerate()
-        .map(|(i, r)| (SegmentValue::CenterOf(i), r.events_per_sec_per_shard))
+        .map(|(i, p)| (SegmentValue::CenterOf(i), p.1))
         .collect();
     let color = BLUE.to_rgba();
     chart

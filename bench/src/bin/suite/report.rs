@@ -26,6 +26,23 @@ pub struct EngineRun {
     pub command: String,
 }
 
+/// One run of the disk-backed reservoir against the window length (`storage --mode
+/// memory`): one task, the same events over 30 days of event time, each window in a
+/// process of its own.
+#[derive(Clone, Debug, Serialize)]
+pub struct StorageRun {
+    pub window: String,
+    pub keys: u64,
+    pub events: u64,
+    pub event_time_days: u64,
+    pub events_per_sec: f64,
+    pub peak_rss_mb: f64,
+    /// Events held in the reservoir at the end, and its chunks.
+    pub stored_events: u64,
+    pub chunks: u64,
+    pub command: String,
+}
+
 /// One front-door mode (`frontdoor`).
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontdoorRun {
@@ -57,6 +74,7 @@ pub struct Results {
     pub commands: Vec<Step>,
     pub engine_windows: Vec<EngineRun>,
     pub engine_keys: Vec<EngineRun>,
+    pub storage_windows: Vec<StorageRun>,
     /// MEDIAN and PERCENTILE_CONT(0.99), 5 minutes, 100k keys.
     pub engine_percentiles: Option<EngineRun>,
     /// `hopping`'s report.
@@ -140,6 +158,7 @@ pub fn markdown(r: &Results) -> String {
         "Engine throughput against number of keys",
         &r.engine_keys,
     );
+    storage_table(&mut s, &r.storage_windows);
     if let Some(p) = &r.engine_percentiles {
         let l = &p.latency_us;
         let _ = writeln!(
@@ -269,6 +288,41 @@ fn engine_table(s: &mut String, title: &str, runs: &[EngineRun]) {
             ms(l.p999),
             ms(l.max),
             grouped(r.stored_events as f64)
+        );
+    }
+    s.push('\n');
+}
+
+fn storage_table(s: &mut String, runs: &[StorageRun]) {
+    let Some(first) = runs.first() else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "## The disk reservoir against window length\n\nOne task in-process on the disk-backed \
+         default (`storage --mode memory`): COUNT, SUM, AVG per card over a sliding window, {} \
+         events over {} days of event time, {} keys, each window in a process of its own. The \
+         rate is against the first window's.\n",
+        grouped(first.events as f64),
+        first.event_time_days,
+        keys_label(first.keys)
+    );
+    let _ = writeln!(
+        s,
+        "| window | events/s | × {} | peak RSS MB | events stored at the end | chunks |",
+        first.window
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.0} | {} | {} |",
+            r.window,
+            grouped(r.events_per_sec),
+            r.events_per_sec / first.events_per_sec.max(1.0),
+            r.peak_rss_mb,
+            grouped(r.stored_events as f64),
+            r.chunks
         );
     }
     s.push('\n');
