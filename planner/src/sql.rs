@@ -301,6 +301,14 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["RESET", "ALL"] => Ok(Statement::Reset(None)),
         ["RESET", name] => Ok(Statement::Reset(Some(name.to_ascii_lowercase()))),
         ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
+        // PostgreSQL's spellings of three parameters, as pgjdbc and psql send them.
+        ["SHOW", "TRANSACTION", "ISOLATION"] => {
+            Ok(Statement::ShowVariable("transaction_isolation".into()))
+        }
+        ["SHOW", "TIME", "ZONE"] => Ok(Statement::ShowVariable("timezone".into())),
+        ["SHOW", "SESSION", "AUTHORIZATION"] => {
+            Ok(Statement::ShowVariable("session_authorization".into()))
+        }
         ["SHOW", name, ..] => Ok(Statement::ShowVariable(name.to_ascii_lowercase())),
         _ => match cut_emit_changes(&tokens)? {
             Some(query) => {

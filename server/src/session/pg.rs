@@ -1007,6 +1007,11 @@ impl Session {
                     .ok_or_else(|| undefined_cursor(&f.cursor))?;
                 Ok((Vec::new(), cursor.columns.clone()))
             }
+            // A session setting is the session's: its column is its name.
+            Statement::ShowVariable(name) if Setting::named(name).is_some() => {
+                let setting = Setting::named(name).expect("named");
+                Ok((Vec::new(), vec![Column::text(setting.name())]))
+            }
             Statement::ShowSubscriptions
             | Statement::ShowStorage
             | Statement::ShowCluster

@@ -531,12 +531,13 @@ impl Db {
                     .map(|row| row.into_iter().map(Cell::text).collect())
                     .collect(),
             )),
-            Statement::ShowVariable(name) => Ok(match self.limits.show(&name) {
-                Some(value) => {
-                    Executed::rows(vec![Column::text(&name)], vec![vec![Cell::text(value)]])
-                }
-                None => show_variable(&name),
-            }),
+            Statement::ShowVariable(name) => match self.limits.show(&name) {
+                Some(value) => Ok(Executed::rows(
+                    vec![Column::text(&name)],
+                    vec![vec![Cell::text(value)]],
+                )),
+                None => show_variable(&name, role),
+            },
             Statement::Begin => Ok(Executed::new(Output::Begin)),
             Statement::Commit => Ok(Executed::new(Output::Commit("COMMIT"))),
             Statement::Rollback => Ok(Executed::new(Output::Commit("ROLLBACK"))),
@@ -1949,23 +1950,42 @@ fn session_defaults(
     Ok(defaults)
 }
 
-fn show_variable(name: &str) -> Executed {
-    let value = match name {
+/// `SHOW` of a server parameter clients read (the session's own settings are the
+/// session's); any other name is 42704, as in PostgreSQL.
+fn show_variable(name: &str, role: &str) -> Result<Executed> {
+    let value = match name.to_ascii_lowercase().as_str() {
         "server_version" => "16.6",
+        "server_version_num" => "160006",
         "server_encoding" | "client_encoding" => "UTF8",
         "datestyle" => "ISO, MDY",
+        "intervalstyle" => "postgres",
         "timezone" => "UTC",
         "integer_datetimes" | "standard_conforming_strings" => "on",
         "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "transaction_read_only" | "default_transaction_read_only" => "off",
         "search_path" => "public",
+        "session_authorization" => return Ok(Executed::rows(
+            vec![Column::text("session_authorization")],
+            vec![vec![Cell::text(role.to_string())]],
+        )),
         "max_identifier_length" => "63",
-        _ => "",
+        "bytea_output" => "hex",
+        "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
+            "C.UTF-8"
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::UndefinedObject,
+                format!("unrecognized configuration parameter \"{name}\""),
+            )
+            .with_hint("SHOW LIMITS lists the server's limits; the session settings are synchronous_commit, statement_timeout, TimeZone, application_name and subscription_rows_max."))
+        }
     };
-    Executed::new(Output::Rows {
+    Ok(Executed::new(Output::Rows {
         columns: vec![Column::text(name)],
         rows: vec![vec![Cell::text(value.to_string())]],
         tag: "SHOW",
-    })
+    }))
 }
 
 /// About the bytes a statement's events take in the log: each partitioner logs every
