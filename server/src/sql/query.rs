@@ -198,7 +198,8 @@ impl TableProvider for StreamTable {
 /// A DataFusion context with every stream and metric of `catalog` registered.
 pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext> {
     let config = SessionConfig::new()
-        .with_information_schema(true)
+        // `information_schema` is the catalog's own (`pg_catalog::register`), as PostgreSQL shapes it.
+        .with_information_schema(false)
         .with_default_catalog_and_schema("eddy", "public")
         .set_str("datafusion.sql_parser.dialect", "PostgreSQL");
     let config = pg_catalog::configure(config, Arc::new(pg_catalog::Snapshot::of(catalog)?));

@@ -556,21 +556,171 @@ pub(super) fn build(
     ])
 }
 
-/// Registers the snapshot's tables as the `pg_catalog` schema.
+/// Registers the snapshot's tables as the `pg_catalog` schema, and the
+/// `information_schema` views PostgreSQL clients read.
 pub(super) fn register(ctx: &SessionContext, snapshot: &Snapshot) -> Result<()> {
-    let schema = Arc::new(MemorySchemaProvider::new());
-    for (name, table) in &snapshot.tables {
-        schema
-            .register_table(name.to_string(), table.clone())
-            .map_err(datafusion_error)?;
-    }
     let catalog = ctx
         .catalog("eddy")
         .ok_or_else(|| Error::internal("default catalog missing"))?;
-    catalog
-        .register_schema("pg_catalog", schema)
-        .map_err(datafusion_error)?;
+    let pg_catalog = snapshot.tables.iter().map(|(n, t)| (*n, t.clone()));
+    let info = information_schema(&snapshot.relations)?;
+    let info = info.into_iter().map(|(n, _, t)| (n, t));
+    for (schema_name, tables) in [
+        ("pg_catalog", pg_catalog.collect::<Vec<_>>()),
+        ("information_schema", info.collect()),
+    ] {
+        let schema = Arc::new(MemorySchemaProvider::new());
+        for (name, table) in tables {
+            schema
+                .register_table(name.to_string(), table)
+                .map_err(datafusion_error)?;
+        }
+        catalog
+            .register_schema(schema_name, schema)
+            .map_err(datafusion_error)?;
+    }
     Ok(())
+}
+
+/// `information_schema`'s `schemata`, `tables`, `views` and `columns` as PostgreSQL
+/// fills them: a stream is a `BASE TABLE`, a metric a `VIEW`; a column's `data_type` is
+/// its SQL name (`bigint`, `ARRAY` for arrays) and `ordinal_position` counts from 1.
+fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize, Arc<MemTable>)>> {
+    let n = relations.len();
+    let views: Vec<&Relation> = relations.iter().filter(|r| r.kind == "v").collect();
+    let v = views.len();
+    let attributes: Vec<(&Relation, usize)> = relations
+        .iter()
+        .flat_map(|r| (0..r.columns.len()).map(move |i| (r, i)))
+        .collect();
+    let m = attributes.len();
+    let ty = |(r, i): &(&Relation, usize)| TYPES.iter().find(|t| t.oid == r.columns[*i].type_oid);
+    // (precision, radix, scale) of the numeric types, as PostgreSQL reports them.
+    let numeric = |a: &(&Relation, usize)| match ty(a).map(|t| t.name) {
+        Some("int2") => (Some(16), Some(2), Some(0)),
+        Some("int4") => (Some(32), Some(2), Some(0)),
+        Some("int8") => (Some(64), Some(2), Some(0)),
+        Some("float4") => (Some(24), Some(2), None),
+        Some("float8") => (Some(53), Some(2), None),
+        Some("numeric") => (None, Some(10), None),
+        _ => (None, None, None),
+    };
+    let opt_int = |v: Vec<Option<i32>>| Arc::new(Int32Array::from(v)) as ArrayRef;
+    Ok(vec![
+        Table::new("schemata", 3)
+            .text("catalog_name", repeat("eddy", 3))
+            .text(
+                "schema_name",
+                ["pg_catalog", "public", "information_schema"],
+            )
+            .text("schema_owner", repeat(ROLE_NAME, 3))
+            .build()?,
+        Table::new("tables", n)
+            .text("table_catalog", repeat("eddy", n))
+            .text("table_schema", repeat("public", n))
+            .text("table_name", relations.iter().map(|r| r.name.as_str()))
+            .text(
+                "table_type",
+                relations.iter().map(|r| match r.kind {
+                    "v" => "VIEW",
+                    _ => "BASE TABLE",
+                }),
+            )
+            .text(
+                "is_insertable_into",
+                relations.iter().map(|r| match r.kind {
+                    "v" => "NO",
+                    _ => "YES",
+                }),
+            )
+            .build()?,
+        Table::new("views", v)
+            .text("table_catalog", repeat("eddy", v))
+            .text("table_schema", repeat("public", v))
+            .text("table_name", views.iter().map(|r| r.name.as_str()))
+            .opt_text(
+                "view_definition",
+                views.iter().map(|r| r.definition.as_deref()),
+            )
+            .text("check_option", repeat("NONE", v))
+            .text("is_updatable", repeat("NO", v))
+            .text("is_insertable_into", repeat("NO", v))
+            .build()?,
+        Table::new("columns", m)
+            .text("table_catalog", repeat("eddy", m))
+            .text("table_schema", repeat("public", m))
+            .text(
+                "table_name",
+                attributes.iter().map(|(r, _)| r.name.as_str()),
+            )
+            .text(
+                "column_name",
+                attributes.iter().map(|(r, i)| r.columns[*i].name.as_str()),
+            )
+            .int(
+                "ordinal_position",
+                attributes.iter().map(|(_, i)| *i as i32 + 1),
+            )
+            .nulls("column_default", DataType::Utf8)
+            .text(
+                "is_nullable",
+                attributes
+                    .iter()
+                    .map(|(r, i)| if r.columns[*i].not_null { "NO" } else { "YES" }),
+            )
+            .text(
+                "data_type",
+                attributes.iter().map(|a| match ty(a) {
+                    Some(t) if t.elem != 0 => "ARRAY",
+                    Some(t) => t.display,
+                    None => "USER-DEFINED",
+                }),
+            )
+            .nulls("character_maximum_length", DataType::Int32)
+            .column(
+                "numeric_precision",
+                opt_int(attributes.iter().map(|a| numeric(a).0).collect()),
+            )
+            .column(
+                "numeric_precision_radix",
+                opt_int(attributes.iter().map(|a| numeric(a).1).collect()),
+            )
+            .column(
+                "numeric_scale",
+                opt_int(attributes.iter().map(|a| numeric(a).2).collect()),
+            )
+            .column(
+                "datetime_precision",
+                opt_int(
+                    attributes
+                        .iter()
+                        .map(|a| {
+                            ty(a)
+                                .is_some_and(|t| t.name.starts_with("timestamp"))
+                                .then_some(6)
+                        })
+                        .collect(),
+                ),
+            )
+            .text("udt_catalog", repeat("eddy", m))
+            .text("udt_schema", repeat("pg_catalog", m))
+            .text(
+                "udt_name",
+                attributes.iter().map(|a| ty(a).map_or("", |t| t.name)),
+            )
+            .text(
+                "dtd_identifier",
+                attributes.iter().map(|(_, i)| (i + 1).to_string()),
+            )
+            .text(
+                "is_updatable",
+                attributes.iter().map(|(r, _)| match r.kind {
+                    "v" => "NO",
+                    _ => "YES",
+                }),
+            )
+            .build()?,
+    ])
 }
 
 /// `pg_settings`: the settings a client may look up, with the values Eddy runs with.

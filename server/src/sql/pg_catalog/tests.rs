@@ -74,6 +74,43 @@ async fn every_query_dbeaver_sends_to_browse_plans_and_runs() {
     );
 }
 
+/// `information_schema` as PostgreSQL fills it: SQL type names, positions from 1, a
+/// stream a base table and a metric a view (DataFusion's own said `Utf8`, counted from 0
+/// and listed every table among the views).
+#[tokio::test]
+async fn information_schema_speaks_postgresql() {
+    let ctx = context();
+    assert_eq!(
+        rows(
+            &ctx,
+            "SELECT column_name, ordinal_position, is_nullable, data_type, udt_name \
+             FROM information_schema.columns WHERE table_name = 'payments' \
+             ORDER BY ordinal_position"
+        )
+        .await,
+        vec![
+            strings(&["card", "1", "NO", "text", "text"]),
+            strings(&["amount", "2", "YES", "double precision", "float8"]),
+            strings(&["ts", "3", "NO", "timestamp without time zone", "timestamp"]),
+        ]
+    );
+    assert_eq!(
+        rows(
+            &ctx,
+            "SELECT table_name, table_type FROM information_schema.tables ORDER BY table_name"
+        )
+        .await,
+        vec![
+            strings(&["payments", "BASE TABLE"]),
+            strings(&["spend", "VIEW"])
+        ]
+    );
+    assert_eq!(
+        rows(&ctx, "SELECT table_name FROM information_schema.views").await,
+        vec![strings(&["spend"])]
+    );
+}
+
 #[tokio::test]
 async fn streams_are_tables_and_metrics_views_with_their_columns() {
     let ctx = context();
