@@ -11,6 +11,7 @@
 //! Invariant: built from the catalog snapshot of the query context, never stored.
 
 mod functions;
+mod names;
 mod rewrite;
 pub(crate) use rewrite::DUPLICATE_MARK;
 mod tables;
@@ -343,6 +344,7 @@ pub async fn plan(
     let dialect = state.config_options().sql_parser.dialect;
     let mut statement = state.sql_to_statement(sql, &dialect)?;
     if let Some(snapshot) = state.config().get_extension::<Snapshot>() {
+        names::name_result_columns(&mut statement);
         rewrite::statement(&mut statement, &snapshot, &state)?;
     }
     state.statement_to_plan(statement).await

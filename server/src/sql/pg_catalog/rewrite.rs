@@ -72,7 +72,7 @@ fn parse_expr(sql: &str) -> Result<Expr> {
 }
 
 /// The parts of a name, case-folded as PostgreSQL does.
-fn parts(name: &ObjectName) -> Vec<String> {
+pub(super) fn parts(name: &ObjectName) -> Vec<String> {
     name.0
         .iter()
         .map(|p| match p {
