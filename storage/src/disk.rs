@@ -142,8 +142,14 @@ struct SegmentWriter {
 struct Written {
     segment: u64,
     offset: u64,
-    len: u64,
     header: ChunkHeader,
+}
+
+impl Written {
+    /// Bytes the chunk takes in its segment.
+    fn len(&self) -> u64 {
+        HEADER_BYTES as u64 + self.header.payload_len as u64
+    }
 }
 
 enum WriteError {
@@ -207,7 +213,6 @@ impl SegmentWriter {
         Ok(Written {
             segment: self.segment,
             offset,
-            len,
             header,
         })
     }
@@ -861,7 +866,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 bytes: 0,
             });
         }
-        self.segments.back_mut().expect("a segment").bytes = w.offset + w.len;
+        self.segments.back_mut().expect("a segment").bytes = w.offset + w.len();
         // Unless retention dropped it meanwhile.
         let Some(front) = self.chunks.front().map(|c| c.number) else {
             return;
@@ -878,7 +883,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             header: w.header,
         });
         self.raw_bytes += w.header.raw_bytes;
-        self.chunk_bytes += w.len;
+        self.chunk_bytes += w.len();
         // Short windows read the newest chunk soon: keep it decoded.
         self.cache_insert(number, u.events, u.bytes);
     }

@@ -90,6 +90,18 @@ impl Table {
         self.column(name, Arc::new(v.into_iter().collect::<StringArray>()))
     }
 
+    fn opt_int(self, name: &str, v: impl IntoIterator<Item = Option<i32>>) -> Table {
+        self.column(name, Arc::new(v.into_iter().collect::<Int32Array>()))
+    }
+
+    /// `information_schema`'s first three columns: where each row's relation is.
+    fn relation_names<'a>(self, names: impl IntoIterator<Item = &'a str>) -> Table {
+        let rows = self.rows;
+        self.text("table_catalog", repeat("eddy", rows))
+            .text("table_schema", repeat("public", rows))
+            .text("table_name", names)
+    }
+
     fn text_list(self, name: &str, v: impl IntoIterator<Item = Option<Vec<String>>>) -> Table {
         let mut b = ListBuilder::new(StringBuilder::new());
         for row in v {
@@ -155,10 +167,7 @@ pub(super) fn build(
     let n_roles = roles.len();
     use DataType::{Boolean, Int16, Int32, Utf8};
     let n = relations.len();
-    let attributes: Vec<(&Relation, usize)> = relations
-        .iter()
-        .flat_map(|r| (0..r.columns.len()).map(move |i| (r, i)))
-        .collect();
+    let attributes = attributes(relations);
     let m = attributes.len();
     let type_of = |oid: i32| TYPES.iter().find(|t| t.oid == oid);
     let collation_of = |oid: i32| {
@@ -582,6 +591,23 @@ pub(super) fn register(ctx: &SessionContext, snapshot: &Snapshot) -> Result<()> 
     Ok(())
 }
 
+/// Every column of every relation, as (relation, index).
+fn attributes(relations: &[Relation]) -> Vec<(&Relation, usize)> {
+    relations
+        .iter()
+        .flat_map(|r| (0..r.columns.len()).map(move |i| (r, i)))
+        .collect()
+}
+
+/// `information_schema`'s `YES` or `NO` for whether rows can be inserted: a stream takes
+/// them, a metric (a view) does not.
+fn writable(r: &Relation) -> &'static str {
+    match r.kind {
+        "v" => "NO",
+        _ => "YES",
+    }
+}
+
 /// `information_schema`'s `schemata`, `tables`, `views` and `columns` as PostgreSQL
 /// fills them: a stream is a `BASE TABLE`, a metric a `VIEW`; a column's `data_type` is
 /// its SQL name (`bigint`, `ARRAY` for arrays) and `ordinal_position` counts from 1.
@@ -589,10 +615,7 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
     let n = relations.len();
     let views: Vec<&Relation> = relations.iter().filter(|r| r.kind == "v").collect();
     let v = views.len();
-    let attributes: Vec<(&Relation, usize)> = relations
-        .iter()
-        .flat_map(|r| (0..r.columns.len()).map(move |i| (r, i)))
-        .collect();
+    let attributes = attributes(relations);
     let m = attributes.len();
     let ty = |(r, i): &(&Relation, usize)| TYPES.iter().find(|t| t.oid == r.columns[*i].type_oid);
     // (precision, radix, scale) of the numeric types, as PostgreSQL reports them.
@@ -605,7 +628,6 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
         Some("numeric") => (None, Some(10), None),
         _ => (None, None, None),
     };
-    let opt_int = |v: Vec<Option<i32>>| Arc::new(Int32Array::from(v)) as ArrayRef;
     Ok(vec![
         Table::new("schemata", 3)
             .text("catalog_name", repeat("eddy", 3))
@@ -616,9 +638,7 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
             .text("schema_owner", repeat(ROLE_NAME, 3))
             .build()?,
         Table::new("tables", n)
-            .text("table_catalog", repeat("eddy", n))
-            .text("table_schema", repeat("public", n))
-            .text("table_name", relations.iter().map(|r| r.name.as_str()))
+            .relation_names(relations.iter().map(|r| r.name.as_str()))
             .text(
                 "table_type",
                 relations.iter().map(|r| match r.kind {
@@ -626,18 +646,10 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
                     _ => "BASE TABLE",
                 }),
             )
-            .text(
-                "is_insertable_into",
-                relations.iter().map(|r| match r.kind {
-                    "v" => "NO",
-                    _ => "YES",
-                }),
-            )
+            .text("is_insertable_into", relations.iter().map(writable))
             .build()?,
         Table::new("views", v)
-            .text("table_catalog", repeat("eddy", v))
-            .text("table_schema", repeat("public", v))
-            .text("table_name", views.iter().map(|r| r.name.as_str()))
+            .relation_names(views.iter().map(|r| r.name.as_str()))
             .opt_text(
                 "view_definition",
                 views.iter().map(|r| r.definition.as_deref()),
@@ -647,12 +659,7 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
             .text("is_insertable_into", repeat("NO", v))
             .build()?,
         Table::new("columns", m)
-            .text("table_catalog", repeat("eddy", m))
-            .text("table_schema", repeat("public", m))
-            .text(
-                "table_name",
-                attributes.iter().map(|(r, _)| r.name.as_str()),
-            )
+            .relation_names(attributes.iter().map(|(r, _)| r.name.as_str()))
             .text(
                 "column_name",
                 attributes.iter().map(|(r, i)| r.columns[*i].name.as_str()),
@@ -677,30 +684,19 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
                 }),
             )
             .nulls("character_maximum_length", DataType::Int32)
-            .column(
-                "numeric_precision",
-                opt_int(attributes.iter().map(|a| numeric(a).0).collect()),
-            )
-            .column(
+            .opt_int("numeric_precision", attributes.iter().map(|a| numeric(a).0))
+            .opt_int(
                 "numeric_precision_radix",
-                opt_int(attributes.iter().map(|a| numeric(a).1).collect()),
+                attributes.iter().map(|a| numeric(a).1),
             )
-            .column(
-                "numeric_scale",
-                opt_int(attributes.iter().map(|a| numeric(a).2).collect()),
-            )
-            .column(
+            .opt_int("numeric_scale", attributes.iter().map(|a| numeric(a).2))
+            .opt_int(
                 "datetime_precision",
-                opt_int(
-                    attributes
-                        .iter()
-                        .map(|a| {
-                            ty(a)
-                                .is_some_and(|t| t.name.starts_with("timestamp"))
-                                .then_some(6)
-                        })
-                        .collect(),
-                ),
+                attributes.iter().map(|a| {
+                    ty(a)
+                        .is_some_and(|t| t.name.starts_with("timestamp"))
+                        .then_some(6)
+                }),
             )
             .text("udt_catalog", repeat("eddy", m))
             .text("udt_schema", repeat("pg_catalog", m))
@@ -712,13 +708,7 @@ fn information_schema(relations: &[Relation]) -> Result<Vec<(&'static str, usize
                 "dtd_identifier",
                 attributes.iter().map(|(_, i)| (i + 1).to_string()),
             )
-            .text(
-                "is_updatable",
-                attributes.iter().map(|(r, _)| match r.kind {
-                    "v" => "NO",
-                    _ => "YES",
-                }),
-            )
+            .text("is_updatable", attributes.iter().map(|(r, _)| writable(r)))
             .build()?,
     ])
 }
