@@ -203,7 +203,7 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext
         .with_default_catalog_and_schema("eddy", "public")
         .set_str("datafusion.sql_parser.dialect", "PostgreSQL");
     let config = pg_catalog::configure(config, Arc::new(pg_catalog::Snapshot::of(catalog)?));
-    let ctx = SessionContext::new_with_config(config);
+    let ctx = pg_catalog::session(config);
     for stream in catalog.streams.values() {
         let table = StreamTable {
             engine: engine.clone(),

@@ -10,6 +10,7 @@
 //!
 //! Invariant: built from the catalog snapshot of the query context, never stored.
 
+mod arith;
 mod functions;
 mod names;
 mod rewrite;
@@ -316,6 +317,20 @@ fn stream_options(s: &StreamDef) -> Vec<String> {
 /// The context's configuration with `snapshot` attached, so that [`plan`] can rewrite.
 pub fn configure(config: SessionConfig, snapshot: Arc<Snapshot>) -> SessionConfig {
     config.with_extension(snapshot)
+}
+
+/// A session over `config` whose arithmetic is PostgreSQL's (`arith`).
+pub fn session(config: SessionConfig) -> SessionContext {
+    use datafusion::execution::SessionStateBuilder;
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .build();
+    let rules = arith::analyzer_rules(&state.analyzer().rules);
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_analyzer_rules(rules)
+        .build();
+    SessionContext::new_with_state(state)
 }
 
 /// Registers the `pg_catalog` schema's tables and the catalog functions of the

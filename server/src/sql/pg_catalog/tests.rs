@@ -23,7 +23,7 @@ fn context() -> SessionContext {
         .with_default_catalog_and_schema("eddy", "public")
         .set_str("datafusion.sql_parser.dialect", "PostgreSQL");
     let config = configure(config, Arc::new(Snapshot::of(&catalog).unwrap()));
-    let ctx = SessionContext::new_with_config(config);
+    let ctx = session(config);
     register(&ctx).unwrap();
     ctx
 }
