@@ -5,6 +5,10 @@
 //! - Integer `+`, `-` and `*` fail with 22003 (`integer out of range`, `bigint out of
 //!   range`, `smallint out of range`) where DataFusion wraps around.
 //! - A float divided by zero fails with 22012, where DataFusion gives Infinity or NaN.
+//! - A cast to an integer type rounds (half to even from a float, half away from zero
+//!   from a numeric literal) and fails with 22003 out of the type's range, where
+//!   DataFusion truncates or fails with its own message; `round` of a float rounds half
+//!   to even.
 //!
 //! Two analyzer rules: `IntLiterals` runs first, before DataFusion coerces types, so the
 //! narrower literals take part in coercion as PostgreSQL's do; `Checked` runs last, once
@@ -15,7 +19,8 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array};
+use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array, Int64Array};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::kernels::numeric;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::error::ArrowError;
@@ -91,24 +96,58 @@ pub(super) struct Checked;
 impl AnalyzerRule for Checked {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
         rewrite_expressions(plan, &|e, schema| {
-            let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &e else {
-                return Ok(Transformed::no(e));
+            let call = |op: Op, args: Vec<Expr>| {
+                Ok(Transformed::yes(
+                    ScalarUDF::new_from_impl(Arith::new(op)).call(args),
+                ))
             };
-            let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema)) else {
-                return Ok(Transformed::no(e));
-            };
-            let op = match op {
-                Operator::Plus if checked_int(&l) && l == r => Op::Add,
-                Operator::Minus if checked_int(&l) && l == r => Op::Sub,
-                Operator::Multiply if checked_int(&l) && l == r => Op::Mul,
-                Operator::Divide if l.is_floating() && l == r => Op::Div,
-                _ => return Ok(Transformed::no(e)),
-            };
-            let Expr::BinaryExpr(BinaryExpr { left, right, .. }) = e else {
-                unreachable!("matched above");
-            };
-            let udf = ScalarUDF::new_from_impl(Arith::new(op));
-            Ok(Transformed::yes(udf.call(vec![*left, *right])))
+            match &e {
+                Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                    let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema)) else {
+                        return Ok(Transformed::no(e));
+                    };
+                    let op = match op {
+                        Operator::Plus if checked_int(&l) && l == r => Op::Add,
+                        Operator::Minus if checked_int(&l) && l == r => Op::Sub,
+                        Operator::Multiply if checked_int(&l) && l == r => Op::Mul,
+                        Operator::Divide if l.is_floating() && l == r => Op::Div,
+                        _ => return Ok(Transformed::no(e)),
+                    };
+                    let Expr::BinaryExpr(BinaryExpr { left, right, .. }) = e else {
+                        unreachable!("matched above");
+                    };
+                    call(op, vec![*left, *right])
+                }
+                Expr::Cast(c) if checked_int(c.field.data_type()) => {
+                    let Ok(from) = c.expr.get_type(schema) else {
+                        return Ok(Transformed::no(e));
+                    };
+                    let narrower = checked_int(&from) && width(&from) > width(c.field.data_type());
+                    if !(from.is_floating() || narrower) {
+                        return Ok(Transformed::no(e));
+                    }
+                    let half_even = !is_numeric_literal(&c.expr);
+                    let Expr::Cast(c) = e else {
+                        unreachable!("matched above");
+                    };
+                    call(
+                        Op::ToInt(c.field.data_type().clone(), half_even),
+                        vec![*c.expr],
+                    )
+                }
+                Expr::ScalarFunction(f)
+                    if f.name() == "round"
+                        && f.args.len() == 1
+                        && !is_numeric_literal(&f.args[0])
+                        && f.args[0].get_type(schema).is_ok_and(|t| t.is_floating()) =>
+                {
+                    let Expr::ScalarFunction(f) = e else {
+                        unreachable!("matched above");
+                    };
+                    call(Op::Rint, f.args)
+                }
+                _ => Ok(Transformed::no(e)),
+            }
         })
     }
 
@@ -117,19 +156,36 @@ impl AnalyzerRule for Checked {
     }
 }
 
+/// A float literal, which PostgreSQL reads as `numeric` (Eddy as a float).
+fn is_numeric_literal(e: &Expr) -> bool {
+    match e {
+        Expr::Literal(v, _) => matches!(v, ScalarValue::Float64(_)),
+        Expr::Negative(inner) => is_numeric_literal(inner),
+        _ => false,
+    }
+}
+
+fn width(t: &DataType) -> u32 {
+    t.primitive_width().unwrap_or(8) as u32
+}
+
 fn checked_int(t: &DataType) -> bool {
     matches!(t, DataType::Int16 | DataType::Int32 | DataType::Int64)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Op {
     Add,
     Sub,
     Mul,
     Div,
+    /// To this integer type; half to even (true) or away from zero.
+    ToInt(DataType, bool),
+    /// `round` of a float: half to even.
+    Rint,
 }
 
-/// One checked operator, over two operands of one type.
+/// One checked operator, over two operands of one type, or one conversion.
 #[derive(PartialEq, Eq, Hash)]
 struct Arith {
     op: Op,
@@ -145,8 +201,15 @@ impl fmt::Debug for Arith {
 impl Arith {
     fn new(op: Op) -> Arith {
         Arith {
-            op,
-            signature: Signature::any(2, Volatility::Immutable),
+            op: op.clone(),
+            signature: Signature::any(
+                if matches!(op, Op::ToInt(..) | Op::Rint) {
+                    1
+                } else {
+                    2
+                },
+                Volatility::Immutable,
+            ),
         }
     }
 }
@@ -158,6 +221,10 @@ impl ScalarUDFImpl for Arith {
             Op::Sub => "eddy_checked_sub",
             Op::Mul => "eddy_checked_mul",
             Op::Div => "eddy_checked_div",
+            Op::ToInt(DataType::Int16, _) => "eddy_to_int2",
+            Op::ToInt(DataType::Int32, _) => "eddy_to_int4",
+            Op::ToInt(..) => "eddy_to_int8",
+            Op::Rint => "eddy_rint",
         }
     }
 
@@ -166,7 +233,10 @@ impl ScalarUDFImpl for Arith {
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        Ok(args[0].clone())
+        match &self.op {
+            Op::ToInt(t, _) => Ok(t.clone()),
+            _ => Ok(args[0].clone()),
+        }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -175,25 +245,33 @@ impl ScalarUDFImpl for Arith {
             .iter()
             .all(|a| matches!(a, ColumnarValue::Scalar(_)));
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let (l, r) = (&arrays[0], &arrays[1]);
-        let out = match self.op {
-            Op::Add => numeric::add(l, r),
-            Op::Sub => numeric::sub(l, r),
-            Op::Mul => numeric::mul(l, r),
-            Op::Div => {
-                if has_zero(r) {
-                    return Err(external(ErrorKind::DivisionByZero, "division by zero"));
-                }
-                numeric::div(l, r)
+        let out = match &self.op {
+            Op::ToInt(to, half_even) => to_int(&arrays[0], to, *half_even)?,
+            Op::Rint => {
+                let f = cast(&arrays[0], &DataType::Float64)?;
+                let f = f.as_any().downcast_ref::<Float64Array>().expect("cast");
+                let out: Float64Array = f.unary(f64::round_ties_even);
+                cast(&out, arrays[0].data_type())?
+            }
+            op => {
+                let (l, r) = (&arrays[0], &arrays[1]);
+                let out = match op {
+                    Op::Add => numeric::add(l, r),
+                    Op::Sub => numeric::sub(l, r),
+                    Op::Mul => numeric::mul(l, r),
+                    _ => {
+                        if has_zero(r) {
+                            return Err(external(ErrorKind::DivisionByZero, "division by zero"));
+                        }
+                        numeric::div(l, r)
+                    }
+                };
+                out.map_err(|e| match e {
+                    ArrowError::ArithmeticOverflow(_) => out_of_range(l.data_type()),
+                    e => DataFusionError::ArrowError(Box::new(e), None),
+                })?
             }
         };
-        let out = out.map_err(|e| match e {
-            ArrowError::ArithmeticOverflow(_) => external(
-                ErrorKind::NumericOutOfRange,
-                &format!("{} out of range", pg_int_name(l.data_type())),
-            ),
-            e => DataFusionError::ArrowError(Box::new(e), None),
-        })?;
         if scalar {
             return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?));
         }
@@ -210,6 +288,51 @@ fn has_zero(r: &ArrayRef) -> bool {
         return a.iter().any(|v| v == Some(0.0));
     }
     false
+}
+
+/// `a` as integer type `to`: rounded first if it is a float, and 22003 for a value out
+/// of `to`'s range.
+fn to_int(a: &ArrayRef, to: &DataType, half_even: bool) -> Result<ArrayRef> {
+    let (lo, hi) = match to {
+        DataType::Int16 => (i16::MIN as f64, i16::MAX as f64),
+        DataType::Int32 => (i32::MIN as f64, i32::MAX as f64),
+        _ => (i64::MIN as f64, i64::MAX as f64),
+    };
+    let wide = if a.data_type().is_floating() {
+        let f = cast(a, &DataType::Float64)?;
+        let f = f.as_any().downcast_ref::<Float64Array>().expect("cast");
+        let rounded: Float64Array = f.unary(|v| match half_even {
+            true => v.round_ties_even(),
+            false => v.round(),
+        });
+        // i64::MAX as f64 is 2^63, itself out of range.
+        if rounded
+            .iter()
+            .flatten()
+            .any(|v| v.is_nan() || v < lo || v > hi || (v >= 9.223372036854776e18))
+        {
+            return Err(out_of_range(to));
+        }
+        cast(&rounded, &DataType::Int64)?
+    } else {
+        cast(a, &DataType::Int64)?
+    };
+    let ints = wide.as_any().downcast_ref::<Int64Array>().expect("cast");
+    if ints
+        .iter()
+        .flatten()
+        .any(|v| (v as f64) < lo || (v as f64) > hi)
+    {
+        return Err(out_of_range(to));
+    }
+    Ok(cast(&wide, to)?)
+}
+
+fn out_of_range(t: &DataType) -> DataFusionError {
+    external(
+        ErrorKind::NumericOutOfRange,
+        &format!("{} out of range", pg_int_name(t)),
+    )
 }
 
 fn pg_int_name(t: &DataType) -> &'static str {

@@ -19,6 +19,8 @@
 //!   subqueries in its select list are never evaluated: they become NULL. This is how
 //!   queries about features Eddy has none of (policies, publications, inheritance) plan.
 //! - Unnamed select items that would repeat a column name get distinct names.
+//! - `ceiling`, `sign`, `variance` and `every` are DataFusion's `ceil`, `signum`,
+//!   `var_samp` and `bool_and`; `mod(a, b)` is `a % b`.
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -428,6 +430,14 @@ pub(crate) const DUPLICATE_MARK: char = '\u{1f}';
 /// Functions SQL calls without parentheses (`SELECT session_user`).
 const NILADIC: [&str; 3] = ["session_user", "current_user", "current_role"];
 
+/// PostgreSQL's names of functions DataFusion has under another name.
+const RENAMED: [(&str, &str); 4] = [
+    ("ceiling", "ceil"),
+    ("sign", "signum"),
+    ("variance", "var_samp"),
+    ("every", "bool_and"),
+];
+
 /// An interval literal (`INTERVAL '1 hour'`, or one rewritten into a product already).
 fn is_interval(e: &Expr) -> bool {
     match e {
@@ -693,7 +703,33 @@ impl Rewriter<'_> {
             }
             Expr::Function(f) => {
                 unqualify(&mut f.name);
+                if let [name] = parts(&f.name).as_slice() {
+                    if let Some((_, to)) = RENAMED.iter().find(|(from, _)| from == name) {
+                        f.name = ObjectName::from(vec![Ident::new(*to)]);
+                    }
+                }
                 match &f.args {
+                    // mod(a, b) is a % b.
+                    FunctionArguments::List(list)
+                        if parts(&f.name) == ["mod"] && list.args.len() == 2 =>
+                    {
+                        let arg = |i: usize| match &list.args[i] {
+                            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => {
+                                Some(e.clone())
+                            }
+                            _ => None,
+                        };
+                        match (arg(0), arg(1)) {
+                            (Some(a), Some(b)) => {
+                                Some(Ok(Expr::Nested(Box::new(Expr::BinaryOp {
+                                    left: Box::new(Expr::Nested(Box::new(a))),
+                                    op: BinaryOperator::Modulo,
+                                    right: Box::new(Expr::Nested(Box::new(b))),
+                                }))))
+                            }
+                            _ => None,
+                        }
+                    }
                     FunctionArguments::Subquery(q) if parts(&f.name) == ["array"] => {
                         Some(self.array_subquery(q))
                     }
