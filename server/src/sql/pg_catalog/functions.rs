@@ -293,6 +293,17 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_stat_get_numscans", &[1], Int64, null_bigint),
         function("pg_get_partkeydef", &[1], Utf8, null_text),
         function("pg_text", &[1], Utf8, |a| text(a.first().and_then(pg_text))),
+        // The type of a value, as `format_type` names it (a literal's is that of the
+        // value Eddy made of it: a decimal literal is a float).
+        function("pg_typeof", &[1], Utf8, |a| {
+            text(a.first().map(|v| {
+                let oid = crate::session::cells::pg_type_of_arrow(&v.data_type()).oid() as i32;
+                TYPES
+                    .iter()
+                    .find(|t| t.oid == oid)
+                    .map_or("unknown".to_string(), |t| t.display.to_string())
+            }))
+        }),
         function(
             "interval_mul",
             &[2],
