@@ -19,9 +19,9 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array, Int64Array};
-use datafusion::arrow::compute::cast;
+use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array};
 use datafusion::arrow::compute::kernels::numeric;
+use datafusion::arrow::compute::{cast, cast_with_options, CastOptions};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::config::ConfigOptions;
@@ -200,16 +200,14 @@ impl fmt::Debug for Arith {
 
 impl Arith {
     fn new(op: Op) -> Arith {
+        let arity = if matches!(op, Op::ToInt(..) | Op::Rint) {
+            1
+        } else {
+            2
+        };
         Arith {
-            op: op.clone(),
-            signature: Signature::any(
-                if matches!(op, Op::ToInt(..) | Op::Rint) {
-                    1
-                } else {
-                    2
-                },
-                Volatility::Immutable,
-            ),
+            op,
+            signature: Signature::any(arity, Volatility::Immutable),
         }
     }
 }
@@ -291,41 +289,26 @@ fn has_zero(r: &ArrayRef) -> bool {
 }
 
 /// `a` as integer type `to`: rounded first if it is a float, and 22003 for a value out
-/// of `to`'s range.
+/// of `to`'s range (Arrow's unsafe cast fails where a safe one would give NULL).
 fn to_int(a: &ArrayRef, to: &DataType, half_even: bool) -> Result<ArrayRef> {
-    let (lo, hi) = match to {
-        DataType::Int16 => (i16::MIN as f64, i16::MAX as f64),
-        DataType::Int32 => (i32::MIN as f64, i32::MAX as f64),
-        _ => (i64::MIN as f64, i64::MAX as f64),
-    };
-    let wide = if a.data_type().is_floating() {
+    let rounded;
+    let from = if a.data_type().is_floating() {
         let f = cast(a, &DataType::Float64)?;
         let f = f.as_any().downcast_ref::<Float64Array>().expect("cast");
-        let rounded: Float64Array = f.unary(|v| match half_even {
+        let r: Float64Array = f.unary(|v| match half_even {
             true => v.round_ties_even(),
             false => v.round(),
         });
-        // i64::MAX as f64 is 2^63, itself out of range.
-        if rounded
-            .iter()
-            .flatten()
-            .any(|v| v.is_nan() || v < lo || v > hi || (v >= 9.223372036854776e18))
-        {
-            return Err(out_of_range(to));
-        }
-        cast(&rounded, &DataType::Int64)?
+        rounded = Arc::new(r) as ArrayRef;
+        &rounded
     } else {
-        cast(a, &DataType::Int64)?
+        a
     };
-    let ints = wide.as_any().downcast_ref::<Int64Array>().expect("cast");
-    if ints
-        .iter()
-        .flatten()
-        .any(|v| (v as f64) < lo || (v as f64) > hi)
-    {
-        return Err(out_of_range(to));
-    }
-    Ok(cast(&wide, to)?)
+    let strict = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    cast_with_options(from, to, &strict).map_err(|_| out_of_range(to))
 }
 
 fn out_of_range(t: &DataType) -> DataFusionError {

@@ -149,6 +149,11 @@ fn function(
     })
 }
 
+/// What `format_type` prints for a type's oid.
+fn type_display(oid: i32) -> Option<&'static str> {
+    TYPES.iter().find(|t| t.oid == oid).map(|t| t.display)
+}
+
 /// Registers every catalog function over `snapshot`.
 pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
     use DataType::{Boolean, Int32, Int64, Utf8};
@@ -227,12 +232,11 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
             }))
         }),
         function("format_type", &[1, 2], Utf8, |a| {
-            text(a.first().and_then(oid).map(|o| {
-                TYPES
-                    .iter()
-                    .find(|t| t.oid == o)
-                    .map_or("???".to_string(), |t| t.display.to_string())
-            }))
+            text(
+                a.first()
+                    .and_then(oid)
+                    .map(|o| type_display(o).unwrap_or("???").to_string()),
+            )
         }),
         function("regclassout", &[1], Utf8, regclass),
         function("regnamespaceout", &[1], Utf8, |a| {
@@ -298,10 +302,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_typeof", &[1], Utf8, |a| {
             text(a.first().map(|v| {
                 let oid = crate::session::cells::pg_type_of_arrow(&v.data_type()).oid() as i32;
-                TYPES
-                    .iter()
-                    .find(|t| t.oid == oid)
-                    .map_or("unknown".to_string(), |t| t.display.to_string())
+                type_display(oid).unwrap_or("unknown").to_string()
             }))
         }),
         function(

@@ -710,21 +710,14 @@ impl Rewriter<'_> {
                 }
                 match &f.args {
                     // mod(a, b) is a % b.
-                    FunctionArguments::List(list)
-                        if parts(&f.name) == ["mod"] && list.args.len() == 2 =>
-                    {
-                        let arg = |i: usize| match &list.args[i] {
-                            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => {
-                                Some(e.clone())
-                            }
-                            _ => None,
-                        };
-                        match (arg(0), arg(1)) {
-                            (Some(a), Some(b)) => {
+                    FunctionArguments::List(list) if parts(&f.name) == ["mod"] => {
+                        use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+                        match list.args.as_slice() {
+                            [Unnamed(Arg(a)), Unnamed(Arg(b))] => {
                                 Some(Ok(Expr::Nested(Box::new(Expr::BinaryOp {
-                                    left: Box::new(Expr::Nested(Box::new(a))),
+                                    left: Box::new(Expr::Nested(Box::new(a.clone()))),
                                     op: BinaryOperator::Modulo,
-                                    right: Box::new(Expr::Nested(Box::new(b))),
+                                    right: Box::new(Expr::Nested(Box::new(b.clone()))),
                                 }))))
                             }
                             _ => None,
