@@ -518,9 +518,12 @@ impl Kafka {
 
     /// Assigns the consumer the partitions of the held tasks whose topics the catalog
     /// has, each from its position.
-    fn assign_held(&self, consumer: &BaseConsumer) {
+    /// Assigns the held tasks' partitions from their positions, and notes those in
+    /// `returned` (in place of what it held).
+    fn assign_held(&self, consumer: &BaseConsumer, returned: &mut HashMap<(String, i32), i64>) {
         let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
         let mut tpl = TopicPartitionList::new();
+        returned.clear();
         {
             let held = self.tasks.held.lock().expect("held lock");
             let recovering = self.tasks.recovering.lock().expect("recovering lock");
@@ -539,6 +542,7 @@ impl Kafka {
                         .copied()
                         .unwrap_or(0);
                     let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(at));
+                    returned.insert((topic.clone(), partition), at);
                 }
             }
         }
@@ -567,17 +571,24 @@ impl Kafka {
 
     fn run_tasks(self: Arc<Self>, consumer: BaseConsumer, shards: Shards) {
         let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
+        // Per assigned partition, the offset after the last record the consumer returned
+        // (or where it was assigned to start).
+        let mut returned: HashMap<(String, i32), i64> = HashMap::new();
         let mut made = 0;
         while !self.stop.load(Ordering::Acquire) {
             let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
             if asked > made {
-                self.assign_held(&consumer);
+                self.assign_held(&consumer, &mut returned);
                 made = asked;
             }
             let mut wait = Duration::from_millis(20);
+            let mut idle = false;
             while batch.len() < POLL_BATCH_MAX {
                 match consumer.poll(wait) {
-                    Some(Ok(m)) => batch.push(m.detach()),
+                    Some(Ok(m)) => {
+                        returned.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+                        batch.push(m.detach());
+                    }
                     // A dropped stream's topic, until the next assignment drops it.
                     Some(Err(KafkaError::MessageConsumption(
                         RDKafkaErrorCode::UnknownTopicOrPartition,
@@ -586,20 +597,116 @@ impl Kafka {
                         tracing::warn!("kafka: consuming: {e}");
                         break;
                     }
-                    None => break,
+                    None => {
+                        idle = true;
+                        break;
+                    }
                 }
                 wait = Duration::ZERO;
             }
-            if !batch.is_empty() {
-                self.dispatch(std::mem::take(&mut batch), &shards);
+            if !batch.is_empty() && !self.dispatch(std::mem::take(&mut batch), &shards) {
+                return;
+            }
+            if idle && !self.step_over_unreturned(&consumer, &mut returned, &shards) {
+                return;
             }
             self.note_delivered();
         }
     }
 
+    /// Moves each task past the offsets its consumer read but never returns: a
+    /// transaction's commit or abort marker, and an aborted transaction's records
+    /// (`txn`). Without this a task's position would stop short of its partition's end,
+    /// and a task waiting to serve reads, or a node catching up, would wait for ever.
+    ///
+    /// Only a partition whose every returned record was handed over moves: one whose
+    /// records were passed over (its task recovering, or not held) keeps its position
+    /// until it is assigned again. Returns false once the shards are gone.
+    fn step_over_unreturned(
+        &self,
+        consumer: &BaseConsumer,
+        returned: &mut HashMap<(String, i32), i64>,
+        shards: &Shards,
+    ) -> bool {
+        let Ok(read) = consumer.position() else {
+            return true;
+        };
+        for e in read.elements() {
+            let Offset::Offset(read_to) = e.offset() else {
+                continue;
+            };
+            let key = (e.topic().to_string(), e.partition());
+            let Some(&last) = returned.get(&key) else {
+                continue;
+            };
+            if read_to <= last {
+                continue;
+            }
+            let (task, role) = {
+                let mut positions = self.tasks.positions.lock().expect("positions lock");
+                let Some((task, role)) = self.reading(&key.0, key.1) else {
+                    continue;
+                };
+                let at = positions.entry(key.clone()).or_insert(0);
+                if *at != last {
+                    continue;
+                }
+                *at = read_to;
+                (task, role)
+            };
+            // An empty batch: the task's log end moves, and its checkpoint with it.
+            if !shards.deliver(
+                task,
+                Vec::new(),
+                false,
+                read_to as u64,
+                None,
+                Box::new(|_| {}),
+            ) {
+                return false;
+            }
+            role.delivered.fetch_max(read_to, Ordering::AcqRel);
+            // The task is where the consumer is: the next marker steps it again.
+            returned.insert(key, read_to);
+        }
+        true
+    }
+
+    /// The task of a partition and its role, if this node holds it and reads it now
+    /// (not while a peer's checkpoint comes first). Called under the positions lock.
+    fn reading(&self, topic: &str, partition: i32) -> Option<(TaskId, Arc<Role>)> {
+        let (stream, partitioner) = self
+            .tasks
+            .routes
+            .read()
+            .expect("routes lock")
+            .get(topic)
+            .cloned()?;
+        let task = TaskId {
+            stream,
+            partitioner,
+            partition: partition as u32,
+        };
+        // Not held: a later plan took it away.
+        let role = self
+            .tasks
+            .held
+            .lock()
+            .expect("held lock")
+            .get(&task)
+            .cloned()?;
+        let recovering = self
+            .tasks
+            .recovering
+            .lock()
+            .expect("recovering lock")
+            .contains(&task);
+        (!recovering).then_some((task, role))
+    }
+
     /// Hands each partition's new records to its task's shard, in offset order; the
     /// task answers the events that ask for it once it applied them, if it is active.
-    fn dispatch(&self, records: Vec<rdkafka::message::OwnedMessage>, shards: &Shards) {
+    fn dispatch(&self, records: Vec<rdkafka::message::OwnedMessage>, shards: &Shards) -> bool {
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
         for m in records {
@@ -613,40 +720,9 @@ impl Kafka {
             let mut asks = Vec::new();
             let (task, end, role) = {
                 let mut positions = self.tasks.positions.lock().expect("positions lock");
-                let route = self
-                    .tasks
-                    .routes
-                    .read()
-                    .expect("routes lock")
-                    .get(&topic)
-                    .cloned();
-                let Some((stream, partitioner)) = route else {
+                let Some((task, role)) = self.reading(&topic, partition) else {
                     continue;
                 };
-                let task = TaskId {
-                    stream,
-                    partitioner,
-                    partition: partition as u32,
-                };
-                let role = self
-                    .tasks
-                    .held
-                    .lock()
-                    .expect("held lock")
-                    .get(&task)
-                    .cloned();
-                let Some(role) = role else {
-                    continue; // no longer held: a later plan took it away
-                };
-                if self
-                    .tasks
-                    .recovering
-                    .lock()
-                    .expect("recovering lock")
-                    .contains(&task)
-                {
-                    continue; // a peer's checkpoint comes first
-                }
                 let next = positions.entry((topic.clone(), partition)).or_insert(0);
                 for m in &msgs {
                     if m.offset() < *next {
@@ -696,9 +772,10 @@ impl Kafka {
                 })
             };
             if !shards.deliver(task, rows, values, end as u64, None, reply) {
-                return;
+                return false;
             }
             role.delivered.fetch_max(end, Ordering::AcqRel);
         }
+        true
     }
 }

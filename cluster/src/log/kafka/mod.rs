@@ -33,6 +33,7 @@ pub mod fence;
 mod members;
 mod produce;
 mod sources;
+mod txn;
 
 use std::any::Any;
 use std::collections::BTreeMap;

@@ -3,7 +3,9 @@
 //! statement's slots from what the tasks answer there (seed 002 §3.1).
 //!
 //! Invariant: a statement is acknowledged only once Kafka acknowledged every record
-//! (acks=all, idempotent producer) and every task answered for its events.
+//! (acks=all, idempotent producer) and every task answered for its events. A statement
+//! with more than one record sends them in one transaction (`txn`): all are applied or
+//! none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -15,8 +17,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
-    ThreadedProducer,
+    BaseRecord, DeliveryFuture, DeliveryResult, FutureProducer, FutureRecord, Producer,
+    ProducerContext, ThreadedProducer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
@@ -27,6 +29,7 @@ use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
 use super::config::{kafka_error, wait_until, watermarks, KafkaConfig};
+use super::txn::{self, Transactions};
 use super::KafkaStats;
 use crate::command::{Answer, Answers};
 use crate::exec::events::{Outcome, Row};
@@ -145,6 +148,8 @@ pub(super) struct Publisher {
     pub(super) producer: FutureProducer,
     /// Tasks answer through it from their shard threads, without waiting for Kafka.
     pub(super) answerer: Answerer,
+    /// The producers of statements whose events go to more than one partition.
+    transactions: Transactions,
     reply_topic: String,
     next_request: AtomicU64,
     pending: Arc<Mutex<HashMap<u64, Gather>>>,
@@ -174,6 +179,11 @@ impl Publisher {
                 replier,
                 stats: stats.clone(),
                 format: Arc::new(AtomicU32::new(format::OLDEST)),
+            },
+            transactions: {
+                let t = Transactions::new(config);
+                t.warm();
+                t
             },
             next_request: AtomicU64::new(first_request()),
             pending: Arc::default(),
@@ -246,21 +256,23 @@ impl Publisher {
             },
         );
         let forget = || self.pending.lock().expect("pending lock").remove(&request);
-        let sent = self.send_events(stream, &events, Some((request, values)));
-        match tokio::time::timeout_at(deadline.0.into(), sent).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                forget();
-                return Err(e);
+        let ask = Some((request, values));
+        let taken = if events.len() > 1 {
+            self.send_whole(stream, &events, ask, deadline.0).await
+        } else {
+            let sent = self.send_events(stream, &events, ask);
+            match tokio::time::timeout_at(deadline.0.into(), sent).await {
+                Ok(taken) => taken,
+                Err(_) => Err(unknown(
+                    "kafka did not acknowledge the statement's event in time",
+                    "Kafka may still take it: it applies at most once. Retry only if an \
+                     event applied twice does no harm, or check its effect first.",
+                )),
             }
-            Err(_) => {
-                forget();
-                return Err(unknown(
-                    "kafka did not acknowledge the statement's events in time",
-                    "Kafka may still take them: each event applies at most once. Retry only \
-                     if an event applied twice does no harm, or check its effect first.",
-                ));
-            }
+        };
+        if let Err(e) = taken {
+            forget();
+            return Err(e);
         }
         match tokio::time::timeout_at(deadline.1.into(), answered).await {
             Ok(Ok(answers)) => answers,
@@ -276,13 +288,66 @@ impl Publisher {
         }
     }
 
-    /// record asks its task to answer slot i of the request on the reply topic.
+    /// Sends one record per event and waits until Kafka took them all; with `answer`,
+    /// record i asks its task to answer slot i of the request on the reply topic.
     pub(super) async fn send_events(
         &self,
         stream: &StreamDef,
         events: &[(TaskId, Row)],
         answer: Option<(u64, bool)>,
     ) -> Result<()> {
+        let deliveries = self.queue(&self.producer, stream, events, answer)?;
+        taken(deliveries).await?;
+        self.stats
+            .published
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// As `send_events`, in one Kafka transaction (`txn`): all of the events are applied
+    /// or none, and none if `by` passes before the commit.
+    async fn send_whole(
+        &self,
+        stream: &StreamDef,
+        events: &[(TaskId, Row)],
+        answer: Option<(u64, bool)>,
+        by: std::time::Instant,
+    ) -> Result<()> {
+        let held = self.transactions.begin(by).await?;
+        let deliveries = match self.queue(held.producer(), stream, events, answer) {
+            Ok(d) => d,
+            Err(e) => {
+                held.abort();
+                return Err(txn::not_applied(&e.message));
+            }
+        };
+        match tokio::time::timeout_at(by.into(), taken(deliveries)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                held.abort();
+                return Err(txn::not_applied(&e.message));
+            }
+            Err(_) => {
+                held.abort();
+                return Err(txn::too_late());
+            }
+        }
+        held.commit(by).await?;
+        self.stats
+            .published
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues one record per event on `producer`, to its task's partition, keyed by the
+    /// partitioner's value.
+    fn queue(
+        &self,
+        producer: &FutureProducer,
+        stream: &StreamDef,
+        events: &[(TaskId, Row)],
+        answer: Option<(u64, bool)>,
+    ) -> Result<Vec<DeliveryFuture>> {
         let topics: Vec<String> = (0..stream.partitioner_count())
             .map(|p| self.config.topic_of(stream, p))
             .collect();
@@ -306,34 +371,9 @@ impl Publisher {
                 None => OwnedHeaders::new_with_capacity(1),
             };
             record = record.headers(tagged(headers, format));
-            deliveries.push(self.send(record)?);
+            deliveries.push(send(producer, record)?);
         }
-        for d in deliveries {
-            d.await
-                .map_err(|_| kafka_error("publishing events", "the producer went away"))?
-                .map_err(|(e, _)| kafka_error("publishing events", e))?;
-        }
-        self.stats
-            .published
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Queues a record, waiting while the producer's queue is full.
-    fn send(
-        &self,
-        mut record: FutureRecord<'_, [u8], Vec<u8>>,
-    ) -> Result<rdkafka::producer::DeliveryFuture> {
-        loop {
-            match self.producer.send_result(record) {
-                Ok(d) => return Ok(d),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => return Err(kafka_error("publishing events", e)),
-            }
-        }
+        Ok(deliveries)
     }
 
     /// Starts the thread that reads the reply topic from its current end.
@@ -366,6 +406,33 @@ impl Publisher {
             .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
         Ok(thread)
     }
+}
+
+/// Queues a record, waiting while the producer's queue is full.
+fn send(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, [u8], Vec<u8>>,
+) -> Result<DeliveryFuture> {
+    loop {
+        match producer.send_result(record) {
+            Ok(d) => return Ok(d),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(kafka_error("publishing events", e)),
+        }
+    }
+}
+
+/// Once Kafka took every queued record.
+async fn taken(deliveries: Vec<DeliveryFuture>) -> Result<()> {
+    for d in deliveries {
+        d.await
+            .map_err(|_| kafka_error("publishing events", "the producer went away"))?
+            .map_err(|(e, _)| kafka_error("publishing events", e))?;
+    }
+    Ok(())
 }
 
 pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
