@@ -23,6 +23,10 @@ pub enum ErrorKind {
     DatatypeMismatch,
     NotNullViolation,
     InvalidText,
+    /// Date or time text of no form PostgreSQL reads.
+    InvalidDatetime,
+    /// Date or time text with a field out of its range (month 13, hour 25).
+    DatetimeOutOfRange,
     BadCopyFormat,
     NumericOutOfRange,
     Unsupported,
@@ -71,6 +75,8 @@ impl ErrorKind {
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",
             ErrorKind::InvalidText => "22P02",
+            ErrorKind::InvalidDatetime => "22007",
+            ErrorKind::DatetimeOutOfRange => "22008",
             ErrorKind::BadCopyFormat => "22P04",
             ErrorKind::NumericOutOfRange => "22003",
             ErrorKind::Unsupported => "0A000",

@@ -195,11 +195,19 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                     _ => (0, 0, array.as_primitive::<DNs>().value(i)),
                 }
             };
+            // A duration (`timestamp - timestamp`) has its whole days apart, as
+            // PostgreSQL's difference of timestamps does (`justify_hours`).
+            let duration = matches!(array.data_type(), DataType::Duration(_));
+            const DAY_NS: i64 = 86_400_000_000_000;
             for i in 0..n {
                 out.push(if array.is_null(i) {
                     Cell::Null
                 } else {
                     let (m, d, ns) = months_days_nanos(i);
+                    let (d, ns) = match duration {
+                        true => (d.saturating_add((ns / DAY_NS) as i32), ns % DAY_NS),
+                        false => (d, ns),
+                    };
                     Cell::text(interval_text(m, d, ns))
                 });
             }
@@ -581,6 +589,22 @@ mod tests {
             "3 days 00:30:00.5"
         );
         assert_eq!(interval_text(0, 0, -90 * 60 * 1_000_000_000), "-01:30:00");
+    }
+
+    #[test]
+    fn durations_print_their_whole_days_apart() {
+        use datafusion::arrow::array::DurationMicrosecondArray;
+        let hour = 3_600_000_000;
+        let durations: ArrayRef = std::sync::Arc::new(DurationMicrosecondArray::from(vec![
+            25 * hour,
+            -25 * hour,
+            hour / 2,
+        ]));
+        let texts: Vec<_> = cells_of_array(&durations)
+            .iter()
+            .map(|c| c.to_text().unwrap())
+            .collect();
+        assert_eq!(texts, ["1 day 01:00:00", "-1 days -01:00:00", "00:30:00"]);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use eddy_planner::{Error, ErrorKind};
 /// Applies `f` to every expression of every node of `plan`, its subqueries' included,
 /// keeping each expression's output name; a node whose expressions changed gets its
 /// schema again. `f` gets the node's input schema.
-fn rewrite_expressions(
+pub(super) fn rewrite_expressions(
     plan: LogicalPlan,
     f: &dyn Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
 ) -> Result<LogicalPlan> {
@@ -326,7 +326,7 @@ fn pg_int_name(t: &DataType) -> &'static str {
     }
 }
 
-fn external(kind: ErrorKind, message: &str) -> DataFusionError {
+pub(super) fn external(kind: ErrorKind, message: &str) -> DataFusionError {
     DataFusionError::External(Box::new(Error::new(kind, message)))
 }
 
@@ -338,5 +338,6 @@ pub(super) fn analyzer_rules(
     let mut rules: Vec<Arc<dyn AnalyzerRule + Send + Sync>> = vec![Arc::new(IntLiterals)];
     rules.extend(defaults.iter().cloned());
     rules.push(Arc::new(Checked));
+    rules.push(Arc::new(super::datetime::TimeLiterals));
     rules
 }

@@ -127,7 +127,8 @@ fn text(s: Option<String>) -> ScalarValue {
     ScalarValue::Utf8(s)
 }
 
-fn function(
+/// A function of any arguments, `arities` of them.
+pub(super) fn function(
     name: &'static str,
     arities: &[usize],
     returns: DataType,
@@ -140,6 +141,16 @@ fn function(
             n => TypeSignature::Any(*n),
         })
         .collect();
+    typed_function(name, signatures, returns, eval)
+}
+
+/// A function of arguments of the types of one of `signatures`.
+pub(super) fn typed_function(
+    name: &'static str,
+    signatures: Vec<TypeSignature>,
+    returns: DataType,
+    eval: impl Fn(&[ScalarValue]) -> ScalarValue + Send + Sync + 'static,
+) -> ScalarUDF {
     ScalarUDF::new_from_impl(CatalogFunction {
         name,
         aliases: vec![format!("pg_catalog.{name}")],
@@ -318,7 +329,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),
     ];
-    for udf in udfs {
+    for udf in udfs.into_iter().chain(super::datetime::functions()) {
         ctx.register_udf(udf);
     }
 }

@@ -11,6 +11,7 @@
 //! Invariant: built from the catalog snapshot of the query context, never stored.
 
 mod arith;
+mod datetime;
 mod functions;
 mod names;
 mod rewrite;

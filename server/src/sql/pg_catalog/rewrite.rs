@@ -37,7 +37,7 @@ use datafusion::sql::sqlparser::parser::Parser;
 use eddy_planner::sql::normalize_ident;
 
 use super::{
-    Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, TYPES,
+    datetime, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, TYPES,
 };
 
 /// Rewrites `statement` in place.
@@ -448,6 +448,34 @@ fn is_interval(e: &Expr) -> bool {
     }
 }
 
+/// `date_part` of a field with a fraction of a second keeps the fraction (`datetime`);
+/// `date_trunc` takes plural units.
+fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
+    use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+    let [Unnamed(Arg(Expr::Value(v))), Unnamed(Arg(x))] = list.args.as_slice() else {
+        return None;
+    };
+    let Value::SingleQuotedString(unit) = &v.value else {
+        return None;
+    };
+    match name {
+        [n] if n == "date_trunc" => datetime::trunc_unit(unit).map(|singular| {
+            let unit = Expr::value(Value::SingleQuotedString(singular.into()));
+            Ok(call("date_trunc", vec![unit, x.clone()]))
+        }),
+        [n] if n == "date_part" => datetime::Part::named(unit).map(|part| {
+            Ok(Expr::Cast {
+                kind: ast::CastKind::Cast,
+                expr: Box::new(call(part.function(), vec![x.clone()])),
+                data_type: DataType::DoublePrecision,
+                array: false,
+                format: None,
+            })
+        }),
+        _ => None,
+    }
+}
+
 fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
@@ -731,6 +759,7 @@ impl Rewriter<'_> {
                         f.name.0.remove(0);
                         Some(Ok(call("unnest", vec![expr.clone()])))
                     }
+                    FunctionArguments::List(list) => datetime_call(&parts(&f.name), list),
                     _ => None,
                 }
             }
@@ -752,6 +781,11 @@ impl Rewriter<'_> {
                 }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
+            // extract of a field with a fraction of a second keeps it, as a numeric.
+            Expr::Extract {
+                field, expr: inner, ..
+            } => datetime::Part::named(&field.to_string())
+                .map(|part| Ok(call(part.function(), vec![inner.as_ref().clone()]))),
             Expr::Collate { expr: inner, .. } => Some(Ok(inner.as_ref().clone())),
             Expr::Subquery(q) => self.scalar_subquery(q),
             // `(record).field` reads a field of a composite value.

@@ -1,0 +1,457 @@
+//! PostgreSQL's date and time functions in ad-hoc queries, where DataFusion's differ:
+//!
+//! - `extract(second | milliseconds | epoch FROM x)` is a `numeric` with the fraction of
+//!   a second (`15.123456`, `15123.456`, `1792829700.000000`); DataFusion's `date_part`
+//!   drops the fraction of a second. `date_part` of those fields is the same value as
+//!   `double precision`. The other fields are DataFusion's.
+//! - `to_char(timestamp | date, pattern)` reads PostgreSQL's patterns (`YYYY-MM-DD
+//!   HH24:MI:SS`, `Dy DD Mon`, `FM`, `"text"`); DataFusion's reads strftime's and
+//!   returns a PostgreSQL pattern unchanged.
+//! - `date_trunc` takes the plural units too (`'milliseconds'`).
+//! - Timestamp and date text is read as PostgreSQL reads it (`TimeLiterals`), in a
+//!   literal, a cast or a comparison with a column: without seconds (`'2026-11-01
+//!   06:00'`), with `T`, a date alone; more than six fractional digits round to the
+//!   microsecond. A field out of range fails with 22008. DataFusion's parser needs the
+//!   seconds and truncates.
+//!
+//! The rewrite (`rewrite.rs`) calls these functions in place of DataFusion's, from the
+//! field or the unit a query names.
+
+use chrono::{DateTime, Datelike, NaiveDateTime, Timelike};
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::ScalarValue;
+use datafusion::error::Result;
+use datafusion::logical_expr::{Cast, Expr, LogicalPlan, ScalarUDF, TypeSignature};
+use datafusion::optimizer::AnalyzerRule;
+use eddy_planner::types::parse_timestamp;
+use eddy_planner::ErrorKind;
+
+use super::arith::{external, rewrite_expressions};
+use super::functions::{function, typed_function};
+
+/// Casts of text literals to timestamps and dates, read as PostgreSQL reads the text.
+/// Runs after DataFusion's type coercion, which adds the casts of comparisons.
+#[derive(Debug, Default)]
+pub(super) struct TimeLiterals;
+
+impl AnalyzerRule for TimeLiterals {
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        rewrite_expressions(plan, &|e, _| {
+            let Expr::Cast(Cast { expr, field }) = &e else {
+                return Ok(Transformed::no(e));
+            };
+            let Expr::Literal(ScalarValue::Utf8(Some(text)), _) = expr.as_ref() else {
+                return Ok(Transformed::no(e));
+            };
+            let to = field.data_type();
+            if !matches!(to, DataType::Timestamp(..) | DataType::Date32) {
+                return Ok(Transformed::no(e));
+            }
+            // Text of another form ('epoch', 'now') stays DataFusion's to read.
+            if !dated(text) {
+                return Ok(Transformed::no(e));
+            }
+            let Some(us) = parse_timestamp(text) else {
+                return Err(external(
+                    ErrorKind::DatetimeOutOfRange,
+                    &format!("date/time field value out of range: \"{text}\""),
+                ));
+            };
+            let value = match to {
+                DataType::Date32 => ScalarValue::Date32(Some(us.div_euclid(86_400_000_000) as i32)),
+                DataType::Timestamp(unit, zone) => {
+                    let zone = zone.clone();
+                    match unit {
+                        TimeUnit::Second => ScalarValue::TimestampSecond(Some(us.div_euclid(1_000_000)), zone),
+                        TimeUnit::Millisecond => ScalarValue::TimestampMillisecond(Some(us.div_euclid(1_000)), zone),
+                        TimeUnit::Microsecond => ScalarValue::TimestampMicrosecond(Some(us), zone),
+                        TimeUnit::Nanosecond => match us.checked_mul(1_000) {
+                            Some(ns) => ScalarValue::TimestampNanosecond(Some(ns), zone),
+                            None => return Ok(Transformed::no(e)),
+                        },
+                    }
+                }
+                _ => unreachable!("matched above"),
+            };
+            Ok(Transformed::yes(Expr::Literal(value, None)))
+        })
+    }
+
+    fn name(&self) -> &str {
+        "eddy_time_literals"
+    }
+}
+
+/// Whether `text` starts as a date does (`YYYY-MM-DD`): it is PostgreSQL's form, read
+/// here, and one that does not read is out of range.
+fn dated(text: &str) -> bool {
+    let b = text.trim_start().as_bytes();
+    b.len() >= 10
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'-'
+        && b[8..10].iter().all(u8::is_ascii_digit)
+}
+
+/// A field of `extract` and `date_part` whose value has a fraction of a second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Part {
+    Second,
+    Milliseconds,
+    Epoch,
+}
+
+impl Part {
+    /// The part a field's name (any case, singular or plural) names, if it is one of
+    /// those DataFusion computes differently.
+    pub(super) fn named(name: &str) -> Option<Part> {
+        match name.to_ascii_lowercase().as_str() {
+            "second" | "seconds" => Some(Part::Second),
+            "millisecond" | "milliseconds" => Some(Part::Milliseconds),
+            "epoch" => Some(Part::Epoch),
+            _ => None,
+        }
+    }
+
+    /// The function that computes the part as `numeric`.
+    pub(super) fn function(self) -> &'static str {
+        match self {
+            Part::Second => "pg_extract_second",
+            Part::Milliseconds => "pg_extract_milliseconds",
+            Part::Epoch => "pg_extract_epoch",
+        }
+    }
+
+    /// `numeric`'s precision and scale for the part: microseconds, scaled.
+    fn decimal(self) -> (u8, i8) {
+        match self {
+            Part::Second => (8, 6),
+            Part::Milliseconds => (8, 3),
+            Part::Epoch => (38, 6),
+        }
+    }
+
+    /// The part of `v` in microseconds (the decimal's unscaled value), or None.
+    fn micros(self, v: &ScalarValue) -> Option<i128> {
+        const MINUTE: i128 = 60_000_000;
+        match (self, time_of(v)?) {
+            (Part::Epoch, Time::At(us)) => Some(us as i128),
+            (_, Time::At(us)) => Some((us as i128).rem_euclid(MINUTE)),
+            // An interval's epoch counts a year as 365.25 days and a month as 30, as
+            // PostgreSQL's does.
+            (Part::Epoch, Time::Span(months, days, us)) => {
+                let (years, months) = (months as i128 / 12, months as i128 % 12);
+                let days_us = (days as i128 + months * 30) * 86_400_000_000;
+                Some(years * 31_557_600_000_000 + days_us + us as i128)
+            }
+            (_, Time::Span(_, _, us)) => Some(us as i128 % MINUTE),
+        }
+    }
+}
+
+/// A date or time value: an instant in microseconds since 1970 (a timestamp or a
+/// date's midnight), or an interval's months, days and microseconds.
+enum Time {
+    At(i64),
+    Span(i32, i32, i64),
+}
+
+fn time_of(v: &ScalarValue) -> Option<Time> {
+    use ScalarValue as S;
+    Some(match v {
+        S::TimestampSecond(Some(s), _) => Time::At(s.checked_mul(1_000_000)?),
+        S::TimestampMillisecond(Some(ms), _) => Time::At(ms.checked_mul(1_000)?),
+        S::TimestampMicrosecond(Some(us), _) => Time::At(*us),
+        S::TimestampNanosecond(Some(ns), _) => Time::At(ns.div_euclid(1_000)),
+        S::Date32(Some(d)) => Time::At(*d as i64 * 86_400_000_000),
+        S::Date64(Some(ms)) => Time::At(ms.checked_mul(1_000)?),
+        S::IntervalMonthDayNano(Some(i)) => Time::Span(i.months, i.days, i.nanoseconds / 1_000),
+        S::IntervalDayTime(Some(i)) => Time::Span(0, i.days, i.milliseconds as i64 * 1_000),
+        S::IntervalYearMonth(Some(m)) => Time::Span(*m, 0, 0),
+        S::DurationSecond(Some(s)) => Time::Span(0, 0, s.checked_mul(1_000_000)?),
+        S::DurationMillisecond(Some(ms)) => Time::Span(0, 0, ms.checked_mul(1_000)?),
+        S::DurationMicrosecond(Some(us)) => Time::Span(0, 0, *us),
+        S::DurationNanosecond(Some(ns)) => Time::Span(0, 0, ns / 1_000),
+        _ => return None,
+    })
+}
+
+/// The wall-clock time of a timestamp or date (timestamps with a zone in UTC).
+fn wall_clock(v: &ScalarValue) -> Option<NaiveDateTime> {
+    match time_of(v)? {
+        Time::At(us) => DateTime::from_timestamp_micros(us).map(|t| t.naive_utc()),
+        Time::Span(..) => None,
+    }
+}
+
+fn zoned(ty: &DataType) -> bool {
+    matches!(ty, DataType::Timestamp(_, Some(_)))
+}
+
+/// The functions the rewrite calls in place of DataFusion's.
+pub(super) fn functions() -> Vec<ScalarUDF> {
+    let mut udfs: Vec<ScalarUDF> = [Part::Second, Part::Milliseconds, Part::Epoch]
+        .into_iter()
+        .map(|part| {
+            let (precision, scale) = part.decimal();
+            function(
+                part.function(),
+                &[1],
+                DataType::Decimal128(precision, scale),
+                move |a| {
+                    let us = a.first().and_then(|v| part.micros(v));
+                    ScalarValue::Decimal128(us, precision, scale)
+                },
+            )
+        })
+        .collect();
+    // Timestamps and dates only: `to_char` of a number fails to plan, as it did.
+    let mut temporal: Vec<DataType> = [
+        TimeUnit::Second,
+        TimeUnit::Millisecond,
+        TimeUnit::Microsecond,
+        TimeUnit::Nanosecond,
+    ]
+    .into_iter()
+    .flat_map(|unit| {
+        [None, Some("+00:00"), Some("UTC")]
+            .map(|zone| DataType::Timestamp(unit, zone.map(Into::into)))
+    })
+    .collect();
+    temporal.extend([DataType::Date32, DataType::Date64]);
+    let signatures = temporal
+        .into_iter()
+        .map(|ty| TypeSignature::Exact(vec![ty, DataType::Utf8]))
+        .collect();
+    udfs.push(typed_function("to_char", signatures, DataType::Utf8, |a| {
+        match a {
+            [v, ScalarValue::Utf8(Some(pattern))] => ScalarValue::Utf8(
+                wall_clock(v).map(|t| to_char(&t, pattern, zoned(&v.data_type()))),
+            ),
+            _ => ScalarValue::Utf8(None),
+        }
+    }));
+    udfs
+}
+
+/// PostgreSQL's singular name of a `date_trunc` unit given in the plural.
+pub(super) fn trunc_unit(unit: &str) -> Option<&'static str> {
+    Some(match unit.to_ascii_lowercase().as_str() {
+        "microseconds" => "microsecond",
+        "milliseconds" => "millisecond",
+        "seconds" => "second",
+        "minutes" => "minute",
+        "hours" => "hour",
+        "days" => "day",
+        "weeks" => "week",
+        "months" => "month",
+        "quarters" => "quarter",
+        "years" => "year",
+        _ => return None,
+    })
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
+
+/// `to_char(t, pattern)` as PostgreSQL formats a timestamp: the template patterns
+/// below, `FM` before one to drop its padding, `"…"` for literal text, `\` before a
+/// character to take it as it is; anything else is copied. `TZ` and `OF` are empty
+/// for a timestamp without a time zone, UTC's otherwise.
+fn to_char(t: &NaiveDateTime, pattern: &str, zoned: bool) -> String {
+    let mut out = String::new();
+    let mut rest = pattern;
+    while !rest.is_empty() {
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let end = quoted.find('"').unwrap_or(quoted.len());
+            out.push_str(&quoted[..end]);
+            rest = quoted.get(end + 1..).unwrap_or("");
+            continue;
+        }
+        if let Some(escaped) = rest.strip_prefix('\\') {
+            let mut chars = escaped.chars();
+            out.extend(chars.next());
+            rest = chars.as_str();
+            continue;
+        }
+        let (fill, body) = match rest.strip_prefix("FM").or_else(|| rest.strip_prefix("fm")) {
+            Some(b) => (false, b),
+            None => (true, rest),
+        };
+        match field(t, body, fill, zoned) {
+            Some((text, used)) => {
+                out.push_str(&text);
+                rest = &body[used..];
+            }
+            None => {
+                let mut chars = rest.chars();
+                out.extend(chars.next());
+                rest = chars.as_str();
+            }
+        }
+    }
+    out
+}
+
+/// The template pattern at the start of `s`, formatted, and its length in bytes.
+/// `fill`: numbers zero-padded and names blank-padded to a fixed width.
+fn field(t: &NaiveDateTime, s: &str, fill: bool, zoned: bool) -> Option<(String, usize)> {
+    let num = |v: u32, width: usize| {
+        if fill {
+            format!("{v:0width$}")
+        } else {
+            v.to_string()
+        }
+    };
+    // A name in the pattern's case: `MONTH`, `Month` or `month`.
+    let name = |full: &str, pat: &str, width: usize| {
+        let cased = if pat.chars().nth(1).is_some_and(|c| c.is_ascii_uppercase()) {
+            full.to_uppercase()
+        } else if pat.starts_with(|c: char| c.is_ascii_uppercase()) {
+            full.to_string()
+        } else {
+            full.to_lowercase()
+        };
+        if fill {
+            format!("{cased:<width$}")
+        } else {
+            cased
+        }
+    };
+    let hour12 = match t.hour() % 12 {
+        0 => 12,
+        h => h,
+    };
+    let month = MONTHS[t.month0() as usize];
+    let day = DAYS[t.weekday().num_days_from_sunday() as usize];
+    let micros = t.nanosecond() / 1_000 % 1_000_000;
+    let starts = |p: &str| s.len() >= p.len() && s[..p.len()].eq_ignore_ascii_case(p);
+    // Longest patterns first: `HH24` before `HH`, `MONTH` before `MON`, `MS` after `MI`.
+    let exact = |p: &str| s.starts_with(p);
+    let formatted = if exact("YYYY") {
+        (num(t.year() as u32, 4), 4)
+    } else if exact("YYY") {
+        (num(t.year() as u32 % 1000, 3), 3)
+    } else if exact("YY") {
+        (num(t.year() as u32 % 100, 2), 2)
+    } else if exact("HH24") {
+        (num(t.hour(), 2), 4)
+    } else if exact("HH12") {
+        (num(hour12, 2), 4)
+    } else if exact("HH") {
+        (num(hour12, 2), 2)
+    } else if exact("MI") {
+        (num(t.minute(), 2), 2)
+    } else if exact("SSSS") {
+        (
+            (t.hour() * 3600 + t.minute() * 60 + t.second()).to_string(),
+            4,
+        )
+    } else if exact("SS") {
+        (num(t.second(), 2), 2)
+    } else if exact("MS") {
+        (format!("{:03}", micros / 1_000), 2)
+    } else if exact("US") {
+        (format!("{micros:06}"), 2)
+    } else if starts("MONTH") {
+        (name(month, &s[..5], 9), 5)
+    } else if starts("MON") {
+        (name(&month[..3], &s[..3], 3), 3)
+    } else if exact("MM") {
+        (num(t.month(), 2), 2)
+    } else if starts("DAY") {
+        (name(day, &s[..3], 9), 3)
+    } else if starts("DY") {
+        (name(&day[..3], &s[..2], 3), 2)
+    } else if exact("DDD") {
+        (num(t.ordinal(), 3), 3)
+    } else if exact("DD") {
+        (num(t.day(), 2), 2)
+    } else if exact("D") {
+        ((t.weekday().num_days_from_sunday() + 1).to_string(), 1)
+    } else if exact("AM") || exact("PM") {
+        ((if t.hour() < 12 { "AM" } else { "PM" }).to_string(), 2)
+    } else if exact("am") || exact("pm") {
+        ((if t.hour() < 12 { "am" } else { "pm" }).to_string(), 2)
+    } else if exact("Q") {
+        ((t.month0() / 3 + 1).to_string(), 1)
+    } else if exact("IW") {
+        (num(t.iso_week().week(), 2), 2)
+    } else if exact("WW") {
+        (num(t.ordinal0() / 7 + 1, 2), 2)
+    } else if exact("TZ") || exact("OF") {
+        let zone = match (zoned, exact("TZ")) {
+            (false, _) => "",
+            (true, true) => "UTC",
+            (true, false) => "+00",
+        };
+        (zone.to_string(), 2)
+    } else {
+        return None;
+    };
+    Some(formatted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> NaiveDateTime {
+        NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f").unwrap()
+    }
+
+    #[test]
+    fn to_char_reads_postgresql_patterns() {
+        let t = at("2026-11-01 12:34:56.789");
+        assert_eq!(to_char(&t, "YYYY-MM-DD HH24:MI:SS", false), "2026-11-01 12:34:56");
+        assert_eq!(
+            to_char(&t, "Dy DD Mon YYYY HH12:MI AM", false),
+            "Sun 01 Nov 2026 12:34 PM"
+        );
+        assert_eq!(to_char(&t, "Day FMDD Month", false), "Sunday    1 November ");
+        let t = at("2026-10-24 13:20:15.123456");
+        assert_eq!(
+            to_char(&t, "YYYY-MM-DD\"T\"HH24:MI:SS.MS", false),
+            "2026-10-24T13:20:15.123"
+        );
+        assert_eq!(to_char(&t, "US", false), "123456");
+        assert_eq!(to_char(&t, "MONTH-month FMHH12 pm Q", false), "OCTOBER  -october   1 pm 4");
+    }
+
+    #[test]
+    fn extract_keeps_the_fraction_of_a_second() {
+        let ts = ScalarValue::TimestampNanosecond(Some(1_792_848_015_123_456_000), None);
+        assert_eq!(Part::Second.micros(&ts), Some(15_123_456));
+        assert_eq!(Part::Epoch.micros(&ts), Some(1_792_848_015_123_456));
+        let before_1970 = ScalarValue::TimestampMicrosecond(Some(-500_000), None);
+        assert_eq!(Part::Second.micros(&before_1970), Some(59_500_000));
+        let day_2h = ScalarValue::IntervalMonthDayNano(Some(
+            datafusion::arrow::datatypes::IntervalMonthDayNano::new(0, 1, 7_200_000_000_000),
+        ));
+        assert_eq!(Part::Epoch.micros(&day_2h), Some(93_600_000_000));
+    }
+}
