@@ -297,6 +297,12 @@ impl Session {
         }
     }
 
+    /// Runs `f` in the session's TimeZone (`query::SESSION_TIME_ZONE`).
+    fn in_time_zone<F: std::future::Future>(&self, f: F) -> impl std::future::Future<Output = F::Output> {
+        let zone: Arc<str> = Arc::from(self.format().time_zone.as_str());
+        crate::sql::query::SESSION_TIME_ZONE.scope(zone, f)
+    }
+
     fn format(&self) -> Arc<FormatOptions> {
         self.format.lock().expect("session lock").clone()
     }
@@ -853,7 +859,10 @@ impl SimpleQueryHandler for Session {
             let _running = self.db.running();
             let span = tracing::debug_span!("statement", sql = %text);
             let result = eddy_cluster::log::STATEMENT_DEADLINE
-                .scope(self.deadline(), self.run(client, stmt).instrument(span))
+                .scope(
+                    self.deadline(),
+                    self.in_time_zone(self.run(client, stmt).instrument(span)),
+                )
                 .await;
             self.db.statement_done(kind, &text, started);
             match result {
@@ -1526,7 +1535,7 @@ impl ExtendedQueryHandler for Session {
         }
         .instrument(span);
         let result = eddy_cluster::log::STATEMENT_DEADLINE
-            .scope(self.deadline(), result)
+            .scope(self.deadline(), self.in_time_zone(result))
             .await;
         self.db.statement_done(kind, &prepared.text, started);
         let executed = result?;

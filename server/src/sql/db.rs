@@ -4,7 +4,7 @@
 //! the shards installed it and the catalog file was rewritten; a statement that fails
 //! before reaching the engine has applied nothing.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -158,7 +158,13 @@ impl Executed {
 pub struct Db {
     pub(crate) catalog: RwLock<Arc<Catalog>>,
     /// The DataFusion context of the current catalog, built once per catalog change.
-    query_ctx: std::sync::Mutex<Option<(Arc<Catalog>, datafusion::prelude::SessionContext)>>,
+    /// Query contexts of the current catalog, by session time zone.
+    query_ctx: std::sync::Mutex<
+        Option<(
+            Arc<Catalog>,
+            HashMap<Arc<str>, datafusion::prelude::SessionContext>,
+        )>,
+    >,
     pub(crate) engine: Arc<Engine>,
     pub(crate) data_dir: PathBuf,
     pub(crate) ddl: tokio::sync::Mutex<()>,
@@ -340,17 +346,21 @@ impl Db {
     }
 
     /// A DataFusion context with every stream and metric of the current catalog as a
-    /// table; cached until the catalog changes (each query still gets its own state).
+    /// table, in the running statement's session time zone; cached until the catalog
+    /// changes (each query still gets its own state).
     pub fn query_context(&self) -> Result<datafusion::prelude::SessionContext> {
         let catalog = self.catalog();
+        let zone = query::session_time_zone();
         let mut cached = self.query_ctx.lock().expect("query context lock");
-        if let Some((c, ctx)) = cached.as_ref() {
-            if Arc::ptr_eq(c, &catalog) {
-                return Ok(ctx.clone());
-            }
+        let contexts = match cached.as_mut() {
+            Some((c, contexts)) if Arc::ptr_eq(c, &catalog) => contexts,
+            _ => &mut cached.insert((catalog.clone(), HashMap::new())).1,
+        };
+        if let Some(ctx) = contexts.get(&zone) {
+            return Ok(ctx.clone());
         }
-        let ctx = query::context(&catalog, &self.engine)?;
-        *cached = Some((catalog, ctx.clone()));
+        let ctx = query::context(&catalog, &self.engine, &zone)?;
+        contexts.insert(zone, ctx.clone());
         Ok(ctx)
     }
 

@@ -195,9 +195,25 @@ impl TableProvider for StreamTable {
     }
 }
 
-/// A DataFusion context with every stream and metric of `catalog` registered.
-pub fn context(catalog: &Catalog, engine: &Arc<Engine>) -> Result<SessionContext> {
-    let config = SessionConfig::new()
+tokio::task_local! {
+    /// The running statement's session TimeZone (canonical, as `SET TimeZone` keeps
+    /// it): set by the session around each statement. Without it, UTC.
+    pub static SESSION_TIME_ZONE: Arc<str>;
+}
+
+/// The running statement's session TimeZone.
+pub fn session_time_zone() -> Arc<str> {
+    SESSION_TIME_ZONE
+        .try_with(|z| z.clone())
+        .unwrap_or_else(|_| Arc::from("UTC"))
+}
+
+/// A DataFusion context over the catalog's streams and metrics, in time zone `zone`:
+/// `timestamptz` values, literals and casts are in it, as in a PostgreSQL session.
+pub fn context(catalog: &Catalog, engine: &Arc<Engine>, zone: &str) -> Result<SessionContext> {
+    let mut config = SessionConfig::new();
+    config.options_mut().execution.time_zone = Some(zone.to_string());
+    let config = config
         // `information_schema` is the catalog's own (`pg_catalog::register`), as PostgreSQL shapes it.
         .with_information_schema(false)
         .with_default_catalog_and_schema("eddy", "public")

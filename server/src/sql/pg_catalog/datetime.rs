@@ -53,12 +53,22 @@ impl AnalyzerRule for TimeLiterals {
             if !dated(text) {
                 return Ok(Transformed::no(e));
             }
-            let Some(us) = parse_timestamp(text) else {
+            let Some(mut us) = parse_timestamp(text) else {
                 return Err(external(
                     ErrorKind::DatetimeOutOfRange,
                     &format!("date/time field value out of range: \"{text}\""),
                 ));
             };
+            // Text without an offset, cast to a timestamp with a time zone, is the
+            // local time there (the session's), as in PostgreSQL.
+            if let DataType::Timestamp(_, Some(zone)) = to {
+                if !has_offset(text) {
+                    us = match in_zone(us, zone) {
+                        Some(utc) => utc,
+                        None => return Ok(Transformed::no(e)),
+                    };
+                }
+            }
             let value = match to {
                 DataType::Date32 => ScalarValue::Date32(Some(us.div_euclid(86_400_000_000) as i32)),
                 DataType::Timestamp(unit, zone) => {
@@ -82,6 +92,30 @@ impl AnalyzerRule for TimeLiterals {
     fn name(&self) -> &str {
         "eddy_time_literals"
     }
+}
+
+/// Whether timestamp text (`dated`) names its UTC offset (`Z`, `+01`, `-05:00`).
+fn has_offset(text: &str) -> bool {
+    text.trim_start()
+        .get(10..)
+        .is_some_and(|rest| rest.contains(['Z', 'z', '+', '-']))
+}
+
+/// The instant of local time `local_us` (microseconds, read as if UTC) in `zone`, as
+/// PostgreSQL reads one: an ambiguous local time (the hour repeated when clocks go
+/// back) is the later instant, in standard time; a skipped one (clocks going forward)
+/// is read with the offset before the change.
+fn in_zone(local_us: i64, zone: &str) -> Option<i64> {
+    use chrono::{Offset, TimeZone};
+    let zone: datafusion::arrow::array::timezone::Tz = zone.parse().ok()?;
+    let local = DateTime::from_timestamp_micros(local_us)?.naive_utc();
+    let offset = match zone.offset_from_local_datetime(&local) {
+        chrono::LocalResult::Single(o) | chrono::LocalResult::Ambiguous(_, o) => o,
+        chrono::LocalResult::None => {
+            zone.offset_from_utc_datetime(&(local - chrono::Duration::hours(3)))
+        }
+    };
+    Some(local_us - offset.fix().local_minus_utc() as i64 * 1_000_000)
 }
 
 /// Whether `text` starts as a date does (`YYYY-MM-DD`): it is PostgreSQL's form, read

@@ -331,7 +331,16 @@ pub fn session(config: SessionConfig) -> SessionContext {
     let state = SessionStateBuilder::new_from_existing(state)
         .with_analyzer_rules(rules)
         .build();
-    SessionContext::new_with_state(state)
+    let ctx = SessionContext::new_with_state(state);
+    // `to_timestamp(seconds)` is that instant, whatever the session's time zone:
+    // DataFusion's, in a zone, reads the seconds as local time there.
+    let mut utc = datafusion::common::config::ConfigOptions::default();
+    utc.execution.time_zone = Some("UTC".into());
+    ctx.register_udf(
+        datafusion::functions::datetime::to_timestamp::ToTimestampFunc::new_with_config(&utc)
+            .into(),
+    );
+    ctx
 }
 
 /// Registers the `pg_catalog` schema's tables and the catalog functions of the
