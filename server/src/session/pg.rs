@@ -298,7 +298,10 @@ impl Session {
     }
 
     /// Runs `f` in the session's TimeZone (`query::SESSION_TIME_ZONE`).
-    fn in_time_zone<F: std::future::Future>(&self, f: F) -> impl std::future::Future<Output = F::Output> {
+    fn in_time_zone<F: std::future::Future>(
+        &self,
+        f: F,
+    ) -> impl std::future::Future<Output = F::Output> {
         let zone: Arc<str> = Arc::from(self.format().time_zone.as_str());
         crate::sql::query::SESSION_TIME_ZONE.scope(zone, f)
     }

@@ -155,16 +155,14 @@ impl Executed {
     }
 }
 
+/// Query contexts of the current catalog, by session time zone.
+type QueryContexts = HashMap<Arc<str>, datafusion::prelude::SessionContext>;
+
 pub struct Db {
     pub(crate) catalog: RwLock<Arc<Catalog>>,
-    /// The DataFusion context of the current catalog, built once per catalog change.
-    /// Query contexts of the current catalog, by session time zone.
-    query_ctx: std::sync::Mutex<
-        Option<(
-            Arc<Catalog>,
-            HashMap<Arc<str>, datafusion::prelude::SessionContext>,
-        )>,
-    >,
+    /// The DataFusion contexts of the current catalog, built once per catalog change and
+    /// time zone.
+    query_ctx: std::sync::Mutex<Option<(Arc<Catalog>, QueryContexts)>>,
     pub(crate) engine: Arc<Engine>,
     pub(crate) data_dir: PathBuf,
     pub(crate) ddl: tokio::sync::Mutex<()>,

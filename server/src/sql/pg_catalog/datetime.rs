@@ -74,8 +74,12 @@ impl AnalyzerRule for TimeLiterals {
                 DataType::Timestamp(unit, zone) => {
                     let zone = zone.clone();
                     match unit {
-                        TimeUnit::Second => ScalarValue::TimestampSecond(Some(us.div_euclid(1_000_000)), zone),
-                        TimeUnit::Millisecond => ScalarValue::TimestampMillisecond(Some(us.div_euclid(1_000)), zone),
+                        TimeUnit::Second => {
+                            ScalarValue::TimestampSecond(Some(us.div_euclid(1_000_000)), zone)
+                        }
+                        TimeUnit::Millisecond => {
+                            ScalarValue::TimestampMillisecond(Some(us.div_euclid(1_000)), zone)
+                        }
                         TimeUnit::Microsecond => ScalarValue::TimestampMicrosecond(Some(us), zone),
                         TimeUnit::Nanosecond => match us.checked_mul(1_000) {
                             Some(ns) => ScalarValue::TimestampNanosecond(Some(ns), zone),
@@ -260,14 +264,17 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
         .into_iter()
         .map(|ty| TypeSignature::Exact(vec![ty, DataType::Utf8]))
         .collect();
-    udfs.push(typed_function("to_char", signatures, DataType::Utf8, |a| {
-        match a {
+    udfs.push(typed_function(
+        "to_char",
+        signatures,
+        DataType::Utf8,
+        |a| match a {
             [v, ScalarValue::Utf8(Some(pattern))] => ScalarValue::Utf8(
                 wall_clock(v).map(|t| to_char(&t, pattern, zoned(&v.data_type()))),
             ),
             _ => ScalarValue::Utf8(None),
-        }
-    }));
+        },
+    ));
     udfs
 }
 
@@ -461,19 +468,28 @@ mod tests {
     #[test]
     fn to_char_reads_postgresql_patterns() {
         let t = at("2026-11-01 12:34:56.789");
-        assert_eq!(to_char(&t, "YYYY-MM-DD HH24:MI:SS", false), "2026-11-01 12:34:56");
+        assert_eq!(
+            to_char(&t, "YYYY-MM-DD HH24:MI:SS", false),
+            "2026-11-01 12:34:56"
+        );
         assert_eq!(
             to_char(&t, "Dy DD Mon YYYY HH12:MI AM", false),
             "Sun 01 Nov 2026 12:34 PM"
         );
-        assert_eq!(to_char(&t, "Day FMDD Month", false), "Sunday    1 November ");
+        assert_eq!(
+            to_char(&t, "Day FMDD Month", false),
+            "Sunday    1 November "
+        );
         let t = at("2026-10-24 13:20:15.123456");
         assert_eq!(
             to_char(&t, "YYYY-MM-DD\"T\"HH24:MI:SS.MS", false),
             "2026-10-24T13:20:15.123"
         );
         assert_eq!(to_char(&t, "US", false), "123456");
-        assert_eq!(to_char(&t, "MONTH-month FMHH12 pm Q", false), "OCTOBER  -october   1 pm 4");
+        assert_eq!(
+            to_char(&t, "MONTH-month FMHH12 pm Q", false),
+            "OCTOBER  -october   1 pm 4"
+        );
     }
 
     #[test]
