@@ -98,6 +98,17 @@ impl AnalyzerRule for TimeLiterals {
     }
 }
 
+/// Timestamp text in the form DataFusion reads (`2026-11-01 06:00:00`), for a
+/// `TIMESTAMP '…'` literal where the analyzer rule does not reach: the arguments of a
+/// table function, planned before it runs. None: text it leaves as it is (with an
+/// offset, of another form, or not a timestamp).
+pub(super) fn timestamp_text(text: &str) -> Option<String> {
+    if !dated(text) || has_offset(text) {
+        return None;
+    }
+    parse_timestamp(text).map(eddy_planner::types::format_timestamp)
+}
+
 /// Whether timestamp text (`dated`) names its UTC offset (`Z`, `+01`, `-05:00`).
 fn has_offset(text: &str) -> bool {
     text.trim_start()

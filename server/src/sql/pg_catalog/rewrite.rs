@@ -21,6 +21,10 @@
 //! - Unnamed select items that would repeat a column name get distinct names.
 //! - `ceiling`, `sign`, `variance` and `every` are DataFusion's `ceil`, `signum`,
 //!   `var_samp` and `bool_and`; `mod(a, b)` is `a % b`.
+//! - `generate_series(…)` in a select list is `unnest(generate_series(…))`; in FROM, a
+//!   subquery that names its column as PostgreSQL does.
+//! - `extract`, `date_part`, `date_trunc` and `TIMESTAMP '…'` go to `datetime`'s
+//!   functions and forms where DataFusion's differ.
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -372,6 +376,14 @@ impl Rewriter<'_> {
     }
 
     fn select(&self, select: &mut Select) {
+        // A set-returning function in the select list gives one row per element.
+        for item in select.projection.iter_mut() {
+            if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
+                if matches!(e, Expr::Function(f) if parts(&f.name) == ["generate_series"]) {
+                    *e = call("unnest", vec![e.clone()]);
+                }
+            }
+        }
         if self.returns_nothing(select) {
             for (i, item) in select.projection.iter_mut().enumerate() {
                 let (expr, alias) = match item {
@@ -446,6 +458,51 @@ fn is_interval(e: &Expr) -> bool {
         Expr::Function(f) => parts(&f.name) == ["interval_mul"],
         _ => false,
     }
+}
+
+/// The alias of the table function inside `series_table`'s subquery, which is left as
+/// it is.
+const SERIES_INNER: &str = "eddy_series_inner";
+
+/// `FROM generate_series(…) [AS a]` with PostgreSQL's column name: the alias (`AS n`
+/// names the column `n`; `AS t(x)` names it `x`), else `generate_series`. DataFusion's
+/// table function names its column `value`.
+fn series_table(factor: &TableFactor) -> Option<Result<TableFactor>> {
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        alias,
+        with_ordinality: false,
+        ..
+    } = factor
+    else {
+        return None;
+    };
+    if parts(name).last().map(String::as_str) != Some("generate_series")
+        || alias.as_ref().is_some_and(|a| a.name.value == SERIES_INNER)
+    {
+        return None;
+    }
+    let table = alias
+        .as_ref()
+        .map_or_else(|| "generate_series".to_string(), |a| a.name.value.clone());
+    let column = alias
+        .as_ref()
+        .and_then(|a| a.columns.first())
+        .map_or_else(|| table.clone(), |c| c.name.value.clone());
+    let args: Vec<String> = args.args.iter().map(ToString::to_string).collect();
+    let sql = format!(
+        "(SELECT value AS {} FROM generate_series({}) AS {SERIES_INNER}) AS {}",
+        Ident::with_quote('"', column),
+        args.join(", "),
+        Ident::with_quote('"', table)
+    );
+    Some(
+        Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&sql)
+            .and_then(|mut p| p.parse_table_factor())
+            .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}"))),
+    )
 }
 
 /// `date_part` of a field with a fraction of a second keeps the fraction (`datetime`);
@@ -696,6 +753,11 @@ fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
 /// The rewrite's steps, called by [`Change::Rewrite`] as the walk meets each node.
 impl Rewriter<'_> {
     fn table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<DataFusionError> {
+        match series_table(factor) {
+            Some(Ok(derived)) => *factor = derived,
+            Some(Err(e)) => return ControlFlow::Break(e),
+            None => {}
+        }
         if let TableFactor::Table { name, args, .. } = factor {
             if args.is_some() {
                 unqualify(name);
@@ -786,6 +848,22 @@ impl Rewriter<'_> {
                 field, expr: inner, ..
             } => datetime::Part::named(&field.to_string())
                 .map(|part| Ok(call(part.function(), vec![inner.as_ref().clone()]))),
+            Expr::TypedString(t)
+                if matches!(
+                    t.data_type,
+                    DataType::Timestamp(
+                        _,
+                        ast::TimezoneInfo::None | ast::TimezoneInfo::WithoutTimeZone
+                    )
+                ) =>
+            {
+                if let Value::SingleQuotedString(text) = &mut t.value.value {
+                    if let Some(canonical) = datetime::timestamp_text(text) {
+                        *text = canonical;
+                    }
+                }
+                None
+            }
             Expr::Collate { expr: inner, .. } => Some(Ok(inner.as_ref().clone())),
             Expr::Subquery(q) => self.scalar_subquery(q),
             // `(record).field` reads a field of a composite value.
