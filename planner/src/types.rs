@@ -337,6 +337,18 @@ impl fmt::Display for Value {
 
 /// Formats a double the way PostgreSQL 12+ does: the shortest text that reads back exactly.
 pub fn format_float(v: f64) -> String {
+    shortest(v, format!("{v}"), format!("{v:e}"), 15)
+}
+
+/// Formats a `real` the way PostgreSQL 12+ does: the shortest text that reads back as
+/// the same `real` (`123456.79`, `1.2345679e+07`), not the digits of the double it widens to.
+pub fn format_float4(v: f32) -> String {
+    shortest(v as f64, format!("{v}"), format!("{v:e}"), 6)
+}
+
+/// `plain` or, outside 1e-4 ≤ |v| < 10^`digits`, `scientific` as PostgreSQL writes it
+/// (`1e+20`, `1e-07`).
+fn shortest(v: f64, plain: String, scientific: String, digits: i32) -> String {
     if v.is_nan() {
         return "NaN".to_string();
     }
@@ -348,10 +360,10 @@ pub fn format_float(v: f64) -> String {
     } else {
         v.abs().log10().floor() as i32
     };
-    if (-4..15).contains(&exponent) {
-        format!("{v}")
+    if (-4..digits).contains(&exponent) {
+        plain
     } else {
-        let s = format!("{v:e}");
+        let s = scientific;
         match s.split_once('e') {
             Some((mantissa, exp)) if exp.starts_with('-') => {
                 format!("{mantissa}e-{:0>2}", &exp[1..])
@@ -693,6 +705,14 @@ mod tests {
         assert_eq!(parse_duration_us("5 fortnights"), None);
         assert_eq!(format_duration_us(300_000_000), "5 MINUTES");
         assert_eq!(format_duration_us(1_000), "1 MILLISECOND");
+    }
+
+    #[test]
+    fn reals_format_like_postgres() {
+        assert_eq!(format_float4(123456.789), "123456.79");
+        assert_eq!(format_float4(1e20), "1e+20");
+        assert_eq!(format_float4(12345678.9), "1.2345679e+07");
+        assert_eq!(format_float4(0.1), "0.1");
     }
 
     #[test]

@@ -256,11 +256,15 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         }
         _ => {
             let casted = cast(array, &DataType::Utf8).ok();
+            // A time of day drops its fraction's trailing zeros (`09:30:30.5`).
+            let time = matches!(array.data_type(), DataType::Time32(_) | DataType::Time64(_));
             match casted.as_ref().map(|c| c.as_string::<i32>()) {
                 Some(a) => {
                     for i in 0..n {
                         out.push(if a.is_null(i) {
                             Cell::Null
+                        } else if time && a.value(i).contains('.') {
+                            Cell::text(a.value(i).trim_end_matches('0').trim_end_matches('.'))
                         } else {
                             Cell::text(a.value(i))
                         });
@@ -357,7 +361,7 @@ impl Cell {
             Cell::Bool(b) => if *b { "t" } else { "f" }.to_string(),
             Cell::I32(v) => v.to_string(),
             Cell::I64(v) => v.to_string(),
-            Cell::F32(v) => format_float(*v as f64),
+            Cell::F32(v) => eddy_planner::types::format_float4(*v),
             Cell::F64(v) => format_float(*v),
             Cell::Text(s) => s.as_str().to_owned(),
             Cell::Timestamp(us) => format_timestamp(*us),

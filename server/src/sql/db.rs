@@ -1971,7 +1971,7 @@ fn show_variable(name: &str, role: &str) -> Result<Executed> {
         "integer_datetimes" | "standard_conforming_strings" => "on",
         "transaction_isolation" | "default_transaction_isolation" => "read committed",
         "transaction_read_only" | "default_transaction_read_only" => "off",
-        "search_path" => "public",
+        "search_path" => "\"$user\", public",
         "session_authorization" => return Ok(Executed::rows(
             vec![Column::text("session_authorization")],
             vec![vec![Cell::text(role.to_string())]],

@@ -325,6 +325,22 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 _ => ScalarValue::IntervalMonthDayNano(None),
             },
         ),
+        // to_hex of an integer is of its type's width: to_hex(-1) is ffffffff.
+        typed_function(
+            "to_hex",
+            vec![
+                TypeSignature::Exact(vec![Int32]),
+                TypeSignature::Exact(vec![Int64]),
+            ],
+            Utf8,
+            |a| {
+                text(match a.first() {
+                    Some(ScalarValue::Int32(Some(v))) => Some(format!("{:x}", *v as u32)),
+                    Some(ScalarValue::Int64(Some(v))) => Some(format!("{:x}", *v as u64)),
+                    _ => None,
+                })
+            },
+        ),
         function("col_description", &[2], Utf8, null_text),
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),

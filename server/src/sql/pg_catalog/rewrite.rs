@@ -841,6 +841,16 @@ impl Rewriter<'_> {
                 DataType::Text | DataType::Varchar(None) | DataType::String(None) => {
                     Some(Ok(call("pg_text", vec![inner.as_ref().clone()])))
                 }
+                // An explicit cast to varchar(n) cuts the text to n characters.
+                DataType::Varchar(Some(ast::CharacterLength::IntegerLength { length, .. }))
+                | DataType::CharacterVarying(Some(ast::CharacterLength::IntegerLength {
+                    length,
+                    ..
+                })) => {
+                    let n = Expr::value(Value::Number(length.to_string(), false));
+                    let text = call("pg_text", vec![inner.as_ref().clone()]);
+                    Some(Ok(call("left", vec![text, n])))
+                }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
             // extract of a field with a fraction of a second keeps it, as a numeric.

@@ -720,7 +720,11 @@ fn settings() -> Result<(&'static str, usize, Arc<MemTable>)> {
         ("DateStyle", "ISO, MDY", "Client Connection Defaults"),
         ("integer_datetimes", "on", "Preset Options"),
         ("IntervalStyle", "postgres", "Client Connection Defaults"),
-        ("search_path", "public", "Client Connection Defaults"),
+        (
+            "search_path",
+            "\"$user\", public",
+            "Client Connection Defaults",
+        ),
         ("server_encoding", "UTF8", "Preset Options"),
         ("server_version", "16.6", "Preset Options"),
         (
