@@ -18,6 +18,8 @@ pub enum ErrorKind {
     UndefinedObject,
     DuplicateObject,
     UndefinedColumn,
+    /// An unqualified column that more than one FROM item has.
+    AmbiguousColumn,
     UndefinedFunction,
     Grouping,
     DatatypeMismatch,
@@ -55,6 +57,12 @@ pub enum ErrorKind {
     /// may still apply, once).
     CompletionUnknown,
     DivisionByZero,
+    /// A scalar subquery returned more than one row.
+    CardinalityViolation,
+    /// A negative LIMIT.
+    InvalidLimit,
+    /// A negative OFFSET.
+    InvalidOffset,
     /// A data directory's filesystem is full, or below the node's reserve (retry once
     /// space is freed).
     DiskFull,
@@ -70,6 +78,7 @@ impl ErrorKind {
             ErrorKind::UndefinedObject => "42704",
             ErrorKind::DuplicateObject => "42P07",
             ErrorKind::UndefinedColumn => "42703",
+            ErrorKind::AmbiguousColumn => "42702",
             ErrorKind::UndefinedFunction => "42883",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
@@ -88,6 +97,9 @@ impl ErrorKind {
             ErrorKind::QueryCanceled => "57014",
             ErrorKind::CompletionUnknown => "40003",
             ErrorKind::DivisionByZero => "22012",
+            ErrorKind::CardinalityViolation => "21000",
+            ErrorKind::InvalidLimit => "2201W",
+            ErrorKind::InvalidOffset => "2201X",
             ErrorKind::TooManyConnections => "53300",
             ErrorKind::InsufficientPrivilege => "42501",
             ErrorKind::InvalidEncoding => "22021",

@@ -53,6 +53,57 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
     }
 }
 
+/// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its
+/// own SQLSTATE for (GROUP BY, nested aggregates, LIMIT, subquery rows, types).
+fn postgresql_error(message: &str) -> Option<Error> {
+    let quoted = |after: &str| {
+        let rest = &message[message.find(after)? + after.len()..];
+        Some(rest[..rest.find('"')?].to_string())
+    };
+    let (kind, text) = if message.contains("must be in GROUP BY or an aggregate function") {
+        let column = quoted("column \"")?;
+        (
+            ErrorKind::Grouping,
+            format!("column \"{column}\" must appear in the GROUP BY clause or be used in an aggregate function"),
+        )
+    } else if message.contains("Aggregate function calls cannot be nested") {
+        (
+            ErrorKind::Grouping,
+            "aggregate function calls cannot be nested".into(),
+        )
+    } else if message.contains("Aggregate functions are not allowed in the WHERE clause") {
+        (
+            ErrorKind::Grouping,
+            "aggregate functions are not allowed in WHERE".into(),
+        )
+    } else if message.starts_with("LIMIT must be >= 0") {
+        (ErrorKind::InvalidLimit, "LIMIT must not be negative".into())
+    } else if message.starts_with("OFFSET must be >=0") {
+        (
+            ErrorKind::InvalidOffset,
+            "OFFSET must not be negative".into(),
+        )
+    } else if message.contains("Scalar subquery returned more than one row") {
+        (
+            ErrorKind::CardinalityViolation,
+            "more than one row returned by a subquery used as an expression".into(),
+        )
+    } else if message.starts_with("Cannot create filter with non-boolean predicate") {
+        (
+            ErrorKind::DatatypeMismatch,
+            "argument of WHERE must be type boolean".into(),
+        )
+    } else if let Some(ty) = message.strip_prefix("Unsupported SQL type ") {
+        (
+            ErrorKind::UndefinedObject,
+            format!("type \"{}\" does not exist", ty.trim()),
+        )
+    } else {
+        return None;
+    };
+    Some(Error::new(kind, text))
+}
+
 /// Maps a DataFusion error met while planning a user's expression to a SQL error.
 pub fn datafusion_error(e: DataFusionError) -> Error {
     match e {
@@ -61,9 +112,20 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
                 ErrorKind::UndefinedColumn,
                 format!("column \"{}\" does not exist", field.name),
             ),
+            SchemaError::AmbiguousReference { field } => Error::new(
+                ErrorKind::AmbiguousColumn,
+                format!("column reference \"{}\" is ambiguous", field.name),
+            ),
             other => Error::new(ErrorKind::UndefinedColumn, other.to_string()),
         },
         DataFusionError::SQL(e, _) => Error::syntax(format!("syntax error: {e}")),
+        DataFusionError::Plan(m)
+        | DataFusionError::Execution(m)
+        | DataFusionError::NotImplemented(m)
+            if postgresql_error(&m).is_some() =>
+        {
+            postgresql_error(&m).expect("matched")
+        }
         DataFusionError::Plan(m) if m.starts_with("table '") && m.ends_with("' not found") => {
             let name = m["table '".len()..m.len() - "' not found".len()]
                 .rsplit('.')
@@ -98,10 +160,28 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
         {
             Error::new(ErrorKind::DivisionByZero, "division by zero")
         }
-        DataFusionError::ArrowError(e, _) => Error::new(ErrorKind::InvalidText, e.to_string()),
+        DataFusionError::ArrowError(e, _) => {
+            let message = e.to_string();
+            // Text that is no timestamp at all: PostgreSQL's 22007.
+            let prefix = "Parser error: Error parsing timestamp from '";
+            match message
+                .strip_prefix(prefix)
+                .and_then(|r| r.split_once("':"))
+            {
+                Some((text, _)) => Error::new(
+                    ErrorKind::InvalidDatetime,
+                    format!("invalid input syntax for type timestamp: \"{text}\""),
+                ),
+                None => Error::new(ErrorKind::InvalidText, message),
+            }
+        }
         DataFusionError::Context(_, inner) => datafusion_error(*inner),
         DataFusionError::Diagnostic(_, inner) => datafusion_error(*inner),
-        other => Error::internal(other.to_string()),
+        // Wrapped (shared between partitions, or in an Arrow error): by its text.
+        other => {
+            let message = other.to_string();
+            postgresql_error(&message).unwrap_or_else(|| Error::internal(message))
+        }
     }
 }
 
