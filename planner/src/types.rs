@@ -709,7 +709,7 @@ mod tests {
 
     #[test]
     fn reals_format_like_postgres() {
-        assert_eq!(format_float4(123456.789), "123456.79");
+        assert_eq!(format_float4("123456.789".parse().unwrap()), "123456.79");
         assert_eq!(format_float4(1e20), "1e+20");
         assert_eq!(format_float4(12345678.9), "1.2345679e+07");
         assert_eq!(format_float4(0.1), "0.1");
