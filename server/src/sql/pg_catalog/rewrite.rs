@@ -23,6 +23,8 @@
 //!   `var_samp` and `bool_and`; `mod(a, b)` is `a % b`.
 //! - `generate_series(…)` in a select list is `unnest(generate_series(…))`; in FROM, a
 //!   subquery that names its column as PostgreSQL does.
+//! - The subquery of `x op ANY/ALL (subquery)` gets a name of its own, so its columns
+//!   are not taken for the outer query's.
 //! - `extract`, `date_part`, `date_trunc` and `TIMESTAMP '…'` go to `datetime`'s
 //!   functions and forms where DataFusion's differ.
 
@@ -68,6 +70,17 @@ pub(super) fn statement(
 struct Rewriter<'a> {
     snapshot: &'a Snapshot,
     state: &'a SessionState,
+}
+
+/// The name `x op ANY/ALL (subquery)` gives its subquery's rows.
+const ANY_ROWS: &str = "eddy_any_rows";
+
+fn parse_query(sql: &str) -> Result<Query> {
+    Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_query())
+        .map(|q| *q)
+        .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}")))
 }
 
 fn parse_expr(sql: &str) -> Result<Expr> {
@@ -870,6 +883,19 @@ impl Rewriter<'_> {
                 if let Value::SingleQuotedString(text) = &mut t.value.value {
                     if let Some(canonical) = datetime::timestamp_text(text) {
                         *text = canonical;
+                    }
+                }
+                None
+            }
+            // `x > ALL (SELECT amount FROM t …)` where x is a column of an outer `t`:
+            // DataFusion moves the comparison into the subquery, where both sides read
+            // `t.amount`, and compares the inner column with itself. The subquery's rows
+            // under a name of their own keep the two apart.
+            Expr::AnyOp { right, .. } | Expr::AllOp { right, .. } => {
+                if let Expr::Subquery(q) = right.as_mut() {
+                    match parse_query(&format!("SELECT {ANY_ROWS}.v FROM ({q}) AS {ANY_ROWS}(v)")) {
+                        Ok(wrapped) => **q = wrapped,
+                        Err(e) => return ControlFlow::Break(e),
                     }
                 }
                 None
