@@ -23,6 +23,7 @@
 //!   `var_samp` and `bool_and`; `mod(a, b)` is `a % b`.
 //! - `generate_series(…)` in a select list is `unnest(generate_series(…))`; in FROM, a
 //!   subquery that names its column as PostgreSQL does.
+//! - `EXCEPT ALL` and `INTERSECT ALL` count each row's copies (`counted_set_operation`).
 //! - The subquery of `x op ANY/ALL (subquery)` gets a name of its own, so its columns
 //!   are not taken for the outer query's.
 //! - `extract`, `date_part`, `date_trunc` and `TIMESTAMP '…'` go to `datetime`'s
@@ -71,6 +72,65 @@ struct Rewriter<'a> {
     snapshot: &'a Snapshot,
     state: &'a SessionState,
 }
+
+/// `a EXCEPT ALL b` and `a INTERSECT ALL b` with PostgreSQL's counts: a row n times in
+/// `a` and m times in `b` is kept max(n − m, 0) or min(n, m) times. DataFusion plans
+/// them as an anti or semi join, which keeps a row's every copy or none. Each side's
+/// copies of a row are numbered (`row_number` over all its columns), so the operation
+/// without ALL, on rows and numbers, keeps the right copies. Rewritten when both sides
+/// are SELECTs that name their columns (no `*`) with distinct names.
+fn counted_set_operation(body: &SetExpr) -> Option<Result<SetExpr>> {
+    let SetExpr::SetOperation {
+        left,
+        op: op @ (ast::SetOperator::Except | ast::SetOperator::Intersect),
+        set_quantifier: ast::SetQuantifier::All,
+        right,
+    } = body
+    else {
+        return None;
+    };
+    let names = |side: &SetExpr| -> Option<Vec<String>> {
+        let SetExpr::Select(s) = side else {
+            return None;
+        };
+        s.projection
+            .iter()
+            .map(|item| match item {
+                SelectItem::ExprWithAlias { alias, .. } => Some(normalize_ident(alias)),
+                SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(normalize_ident(i)),
+                SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => {
+                    parts.last().map(normalize_ident)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let columns = names(left)?;
+    let unique: HashSet<&String> = columns.iter().collect();
+    if unique.len() != columns.len() || names(right)?.len() != columns.len() {
+        return None;
+    }
+    let list = columns
+        .iter()
+        .map(|c| Ident::with_quote('"', c).to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let side = |query: &SetExpr, name: &str| {
+        format!(
+            "SELECT {list}, row_number() OVER (PARTITION BY {list}) AS {COPY} \
+             FROM ({query}) AS {name}({list})"
+        )
+    };
+    let sql = format!(
+        "SELECT {list} FROM ({} {op} {}) AS {COPY}_rows",
+        side(left, "eddy_left"),
+        side(right, "eddy_right")
+    );
+    Some(parse_query(&sql).map(|q| SetExpr::Query(Box::new(q))))
+}
+
+/// The column that numbers a row's copies in `counted_set_operation`.
+const COPY: &str = "eddy_copy";
 
 /// The name `x op ANY/ALL (subquery)` gives its subquery's rows.
 const ANY_ROWS: &str = "eddy_any_rows";
@@ -787,6 +847,11 @@ impl Rewriter<'_> {
 
     fn query(&mut self, query: &mut Query) -> ControlFlow<DataFusionError> {
         selects_mut(&mut query.body, &mut |s| self.select(s));
+        match counted_set_operation(&query.body) {
+            Some(Ok(counted)) => *query.body = counted,
+            Some(Err(e)) => return ControlFlow::Break(e),
+            None => {}
+        }
         ControlFlow::Continue(())
     }
 
