@@ -297,13 +297,12 @@ impl Session {
         }
     }
 
-    /// Runs `f` in the session's TimeZone (`query::SESSION_TIME_ZONE`).
+    /// Runs `f` in the session's TimeZone (`query::SESSION_FORMAT`).
     fn in_time_zone<F: std::future::Future>(
         &self,
         f: F,
     ) -> impl std::future::Future<Output = F::Output> {
-        let zone: Arc<str> = Arc::from(self.format().time_zone.as_str());
-        crate::sql::query::SESSION_TIME_ZONE.scope(zone, f)
+        crate::sql::query::SESSION_FORMAT.scope(self.format(), f)
     }
 
     fn format(&self) -> Arc<FormatOptions> {

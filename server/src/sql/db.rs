@@ -348,18 +348,19 @@ impl Db {
     /// changes (each query still gets its own state).
     pub fn query_context(&self) -> Result<datafusion::prelude::SessionContext> {
         let catalog = self.catalog();
-        let zone = query::session_time_zone();
-        let mut cached = self.query_ctx.lock().expect("query context lock");
-        let contexts = match cached.as_mut() {
-            Some((c, contexts)) if Arc::ptr_eq(c, &catalog) => contexts,
-            _ => &mut cached.insert((catalog.clone(), HashMap::new())).1,
-        };
-        if let Some(ctx) = contexts.get(&zone) {
-            return Ok(ctx.clone());
-        }
-        let ctx = query::context(&catalog, &self.engine, &zone)?;
-        contexts.insert(zone, ctx.clone());
-        Ok(ctx)
+        query::with_session_time_zone(|zone| {
+            let mut cached = self.query_ctx.lock().expect("query context lock");
+            let contexts = match cached.as_mut() {
+                Some((c, contexts)) if Arc::ptr_eq(c, &catalog) => contexts,
+                _ => &mut cached.insert((catalog.clone(), HashMap::new())).1,
+            };
+            if let Some(ctx) = contexts.get(zone) {
+                return Ok(ctx.clone());
+            }
+            let ctx = query::context(&catalog, &self.engine, zone)?;
+            contexts.insert(Arc::from(zone), ctx.clone());
+            Ok(ctx)
+        })
     }
 
     /// Starts a continuous query (`sql` without `EMIT CHANGES`). DDL waits meanwhile,

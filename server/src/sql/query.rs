@@ -196,16 +196,18 @@ impl TableProvider for StreamTable {
 }
 
 tokio::task_local! {
-    /// The running statement's session TimeZone (canonical, as `SET TimeZone` keeps
-    /// it): set by the session around each statement. Without it, UTC.
-    pub static SESSION_TIME_ZONE: Arc<str>;
+    /// The running statement's session output options, whose `time_zone` is the
+    /// session's TimeZone (canonical, as `SET TimeZone` keeps it): set by the session
+    /// around each statement (an `Arc` clone, no copy). Without it, UTC.
+    pub static SESSION_FORMAT: Arc<pgwire::types::format::FormatOptions>;
 }
 
-/// The running statement's session TimeZone.
-pub fn session_time_zone() -> Arc<str> {
-    SESSION_TIME_ZONE
-        .try_with(|z| z.clone())
-        .unwrap_or_else(|_| Arc::from("UTC"))
+/// `f` of the running statement's session TimeZone.
+pub fn with_session_time_zone<T>(f: impl FnOnce(&str) -> T) -> T {
+    match SESSION_FORMAT.try_with(|o| o.clone()) {
+        Ok(options) => f(&options.time_zone),
+        Err(_) => f("UTC"),
+    }
 }
 
 /// A DataFusion context over the catalog's streams and metrics, in time zone `zone`:
