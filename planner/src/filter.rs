@@ -53,55 +53,65 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
     }
 }
 
+/// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
+/// message for: (words in DataFusion's message, kind, PostgreSQL's message).
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
+    (
+        "Aggregate function calls cannot be nested",
+        ErrorKind::Grouping,
+        "aggregate function calls cannot be nested",
+    ),
+    (
+        "Aggregate functions are not allowed in the WHERE clause",
+        ErrorKind::Grouping,
+        "aggregate functions are not allowed in WHERE",
+    ),
+    (
+        "LIMIT must be >= 0",
+        ErrorKind::InvalidLimit,
+        "LIMIT must not be negative",
+    ),
+    (
+        "OFFSET must be >=0",
+        ErrorKind::InvalidOffset,
+        "OFFSET must not be negative",
+    ),
+    (
+        "Scalar subquery returned more than one row",
+        ErrorKind::CardinalityViolation,
+        "more than one row returned by a subquery used as an expression",
+    ),
+    (
+        "Cannot create filter with non-boolean predicate",
+        ErrorKind::DatatypeMismatch,
+        "argument of WHERE must be type boolean",
+    ),
+    (
+        "Unsupported SQL type ",
+        ErrorKind::UndefinedObject,
+        "type \"{}\" does not exist",
+    ),
+];
+
 /// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its
 /// own SQLSTATE for (GROUP BY, nested aggregates, LIMIT, subquery rows, types).
 fn postgresql_error(message: &str) -> Option<Error> {
-    let quoted = |after: &str| {
-        let rest = &message[message.find(after)? + after.len()..];
-        Some(rest[..rest.find('"')?].to_string())
+    // The name DataFusion quotes after `words`: a column, or the rest (a type).
+    let after = |words: &str| {
+        let rest = &message[message.find(words)? + words.len()..];
+        Some(rest.split('"').next().unwrap_or(rest).trim().to_string())
     };
-    let (kind, text) = if message.contains("must be in GROUP BY or an aggregate function") {
-        let column = quoted("column \"")?;
-        (
+    if message.contains("must be in GROUP BY or an aggregate function") {
+        let column = after("column \"")?;
+        return Some(Error::new(
             ErrorKind::Grouping,
             format!("column \"{column}\" must appear in the GROUP BY clause or be used in an aggregate function"),
-        )
-    } else if message.contains("Aggregate function calls cannot be nested") {
-        (
-            ErrorKind::Grouping,
-            "aggregate function calls cannot be nested".into(),
-        )
-    } else if message.contains("Aggregate functions are not allowed in the WHERE clause") {
-        (
-            ErrorKind::Grouping,
-            "aggregate functions are not allowed in WHERE".into(),
-        )
-    } else if message.starts_with("LIMIT must be >= 0") {
-        (ErrorKind::InvalidLimit, "LIMIT must not be negative".into())
-    } else if message.starts_with("OFFSET must be >=0") {
-        (
-            ErrorKind::InvalidOffset,
-            "OFFSET must not be negative".into(),
-        )
-    } else if message.contains("Scalar subquery returned more than one row") {
-        (
-            ErrorKind::CardinalityViolation,
-            "more than one row returned by a subquery used as an expression".into(),
-        )
-    } else if message.starts_with("Cannot create filter with non-boolean predicate") {
-        (
-            ErrorKind::DatatypeMismatch,
-            "argument of WHERE must be type boolean".into(),
-        )
-    } else if let Some(ty) = message.strip_prefix("Unsupported SQL type ") {
-        (
-            ErrorKind::UndefinedObject,
-            format!("type \"{}\" does not exist", ty.trim()),
-        )
-    } else {
-        return None;
-    };
-    Some(Error::new(kind, text))
+        ));
+    }
+    let (words, kind, text) = POSTGRESQL_ERRORS
+        .iter()
+        .find(|(words, _, _)| message.contains(words))?;
+    Some(Error::new(*kind, text.replace("{}", &after(words)?)))
 }
 
 /// Maps a DataFusion error met while planning a user's expression to a SQL error.

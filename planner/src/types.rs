@@ -337,40 +337,48 @@ impl fmt::Display for Value {
 
 /// Formats a double the way PostgreSQL 12+ does: the shortest text that reads back exactly.
 pub fn format_float(v: f64) -> String {
-    shortest(v, format!("{v}"), format!("{v:e}"), 15)
+    shortest(v, v, 15)
 }
 
 /// Formats a `real` the way PostgreSQL 12+ does: the shortest text that reads back as
 /// the same `real` (`123456.79`, `1.2345679e+07`), not the digits of the double it widens to.
 pub fn format_float4(v: f32) -> String {
-    shortest(v as f64, format!("{v}"), format!("{v:e}"), 6)
+    shortest(v, v as f64, 6)
 }
 
-/// `plain` or, outside 1e-4 ≤ |v| < 10^`digits`, `scientific` as PostgreSQL writes it
-/// (`1e+20`, `1e-07`).
-fn shortest(v: f64, plain: String, scientific: String, digits: i32) -> String {
-    if v.is_nan() {
+/// `v`'s shortest text, plain or, outside 1e-4 ≤ |v| < 10^`digits`, scientific as
+/// PostgreSQL writes it (`1e+20`, `1e-07`). `magnitude` is `v` as a double.
+fn shortest<T: std::fmt::Display + std::fmt::LowerExp>(
+    v: T,
+    magnitude: f64,
+    digits: i32,
+) -> String {
+    if magnitude.is_nan() {
         return "NaN".to_string();
     }
-    if v.is_infinite() {
-        return if v > 0.0 { "Infinity" } else { "-Infinity" }.to_string();
+    if magnitude.is_infinite() {
+        return if magnitude > 0.0 {
+            "Infinity"
+        } else {
+            "-Infinity"
+        }
+        .to_string();
     }
-    let exponent = if v == 0.0 {
+    let exponent = if magnitude == 0.0 {
         0
     } else {
-        v.abs().log10().floor() as i32
+        magnitude.abs().log10().floor() as i32
     };
     if (-4..digits).contains(&exponent) {
-        plain
-    } else {
-        let s = scientific;
-        match s.split_once('e') {
-            Some((mantissa, exp)) if exp.starts_with('-') => {
-                format!("{mantissa}e-{:0>2}", &exp[1..])
-            }
-            Some((mantissa, exp)) => format!("{mantissa}e+{exp:0>2}"),
-            None => s,
+        return v.to_string();
+    }
+    let s = format!("{v:e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) if exp.starts_with('-') => {
+            format!("{mantissa}e-{:0>2}", &exp[1..])
         }
+        Some((mantissa, exp)) => format!("{mantissa}e+{exp:0>2}"),
+        None => s,
     }
 }
 

@@ -34,7 +34,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use tokio::net::{TcpListener, TcpStream};
 
-use common::{repo, spawn_eddy_env, temp_dir, TempDir};
+use common::{ci_kafka, repo, spawn_eddy_env, temp_dir, TempDir};
 
 const SESSION: u64 = 4;
 const NODES: usize = 3;
@@ -58,18 +58,7 @@ struct Broker {
 
 /// Runs `.ci/kafka ARGS DIR` with a small heap, and fails the test if it fails.
 fn kafka_script(args: &[&str], dir: &std::path::Path, env: &[(&str, &str)]) {
-    let out = Command::new(repo().join(".ci/kafka"))
-        .args(args)
-        .arg(dir)
-        .env("KAFKA_HEAP_OPTS", "-Xms512m -Xmx512m")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        ".ci/kafka {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ci_kafka(args, dir, "512m", env);
 }
 
 impl Broker {

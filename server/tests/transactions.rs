@@ -18,7 +18,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
-use common::{connect_port, repo, simple_rows, spawn_eddy_with, sqlstate, temp_dir, TempDir};
+use common::{
+    ci_kafka, connect_port, repo, simple_rows, spawn_eddy_with, sqlstate, temp_dir, TempDir,
+};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
@@ -31,18 +33,7 @@ struct Brokers {
 }
 
 fn kafka_script(args: &[&str], dir: &std::path::Path) -> String {
-    let out = Command::new(repo().join(".ci/kafka"))
-        .args(args)
-        .arg(dir)
-        .env("KAFKA_HEAP_OPTS", "-Xms384m -Xmx384m")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        ".ci/kafka {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    ci_kafka(args, dir, "384m", &[])
 }
 
 impl Brokers {

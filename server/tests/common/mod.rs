@@ -18,6 +18,26 @@ pub fn repo() -> PathBuf {
     Path::new(&dir).parent().unwrap().to_path_buf()
 }
 
+/// Runs `.ci/kafka ARGS… DIR` (a broker or cluster of the test's own) with a JVM heap of
+/// `heap` and more environment `env`, and returns what it printed (the bootstrap
+/// addresses on `start`).
+#[allow(dead_code)]
+pub fn ci_kafka(args: &[&str], dir: &Path, heap: &str, env: &[(&str, &str)]) -> String {
+    let out = Command::new(repo().join(".ci/kafka"))
+        .args(args)
+        .arg(dir)
+        .env("KAFKA_HEAP_OPTS", format!("-Xms{heap} -Xmx{heap}"))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        ".ci/kafka {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 pub async fn start(dir: &Path) -> Server {
     Server::start(&Config {
         http_addr: Some("127.0.0.1:0".parse().unwrap()),

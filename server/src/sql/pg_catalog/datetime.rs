@@ -69,25 +69,13 @@ impl AnalyzerRule for TimeLiterals {
                     };
                 }
             }
-            let value = match to {
-                DataType::Date32 => ScalarValue::Date32(Some(us.div_euclid(86_400_000_000) as i32)),
-                DataType::Timestamp(unit, zone) => {
-                    let zone = zone.clone();
-                    match unit {
-                        TimeUnit::Second => {
-                            ScalarValue::TimestampSecond(Some(us.div_euclid(1_000_000)), zone)
-                        }
-                        TimeUnit::Millisecond => {
-                            ScalarValue::TimestampMillisecond(Some(us.div_euclid(1_000)), zone)
-                        }
-                        TimeUnit::Microsecond => ScalarValue::TimestampMicrosecond(Some(us), zone),
-                        TimeUnit::Nanosecond => match us.checked_mul(1_000) {
-                            Some(ns) => ScalarValue::TimestampNanosecond(Some(ns), zone),
-                            None => return Ok(Transformed::no(e)),
-                        },
-                    }
-                }
-                _ => unreachable!("matched above"),
+            // Arrow's cast takes the microseconds to the target's unit, or its date.
+            let zone = match to {
+                DataType::Timestamp(_, zone) => zone.clone(),
+                _ => None,
+            };
+            let Ok(value) = ScalarValue::TimestampMicrosecond(Some(us), zone).cast_to(to) else {
+                return Ok(Transformed::no(e));
             };
             Ok(Transformed::yes(Expr::Literal(value, None)))
         })
