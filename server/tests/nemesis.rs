@@ -13,8 +13,11 @@
 //! model: RETURNING values form one history (each count once, each sum the previous
 //! one plus the event), every read includes each write acknowledged before it was sent
 //! and shows a state of that history, and at the end every acknowledged event is applied
-//! exactly once and nothing else is. Each fault's unavailability is printed: the longest
-//! time without an acknowledged write. `EDDY_NEMESIS_SEED` replays a run,
+//! exactly once and nothing else is. Each fault's unavailability is printed two ways: the
+//! longest time a card went without an acknowledged write, and the longest time a writer
+//! went from sending a statement that failed to its next success (the measure).
+//! `EDDY_NEMESIS_TRACE` also prints every write of a fault that failed or took over
+//! 200 ms, with its port and error. `EDDY_NEMESIS_SEED` replays a run,
 //! `EDDY_NEMESIS_SECONDS` sets how long faults are injected (120 by default), and
 //! `EDDY_NEMESIS_REPORT` names a file the unavailability per fault is appended to
 //! (`bench/nemesis.sh`). The nodes' output goes to files in the temporary directory when
@@ -207,6 +210,11 @@ struct Shared {
 /// One write: its event, when it was sent, and its outcome.
 #[derive(Clone, Debug)]
 struct Write {
+    /// The failure and the port it came through.
+    error: Option<String>,
+    writer: usize,
+    sent: Instant,
+    ended: Instant,
     id: i64,
     card: usize,
     amount: i64,
@@ -324,7 +332,8 @@ async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
             card_name(card)
         );
         // A client gives a node 3 s, then tries the next: a paused node cannot answer.
-        let (_, result) = client.query(&shared, &sql, Duration::from_secs(3)).await;
+        let sent = Instant::now();
+        let (port, result) = client.query(&shared, &sql, Duration::from_secs(3)).await;
         let acked = match &result {
             Ok(rows) => {
                 let (n, s) = first_row(rows).expect("RETURNING gives a row");
@@ -334,10 +343,17 @@ async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
         };
         {
             let mut h = history.lock().unwrap();
-            if let Err(e) = result {
-                *h.errors.entry(format!("write {e}")).or_default() += 1;
+            let error = result.err().map(|e| format!("{e} at port {port}"));
+            if let Some(e) = &error {
+                *h.errors
+                    .entry(format!("write {}", e.split(' ').next().unwrap()))
+                    .or_default() += 1;
             }
             h.writes.push(Write {
+                error,
+                writer: w,
+                sent,
+                ended: Instant::now(),
                 id,
                 card,
                 amount,
@@ -666,6 +682,33 @@ fn unavailability(h: &History, from: Instant, to: Instant) -> Duration {
     worst
 }
 
+/// The measure: the longest time a writer went from sending a statement that
+/// failed (an error or its 3 s timeout) in `[from, to]` to its next acknowledged one.
+fn outage(h: &History, from: Instant, to: Instant) -> Duration {
+    let mut worst = Duration::ZERO;
+    for w in 0..WRITERS {
+        let mut failed: Option<Instant> = None;
+        for write in h
+            .writes
+            .iter()
+            .filter(|x| x.writer == w && x.sent >= from && x.sent <= to)
+        {
+            match (write.acked, failed) {
+                (None, None) => failed = Some(write.sent),
+                (Some((at, _, _)), Some(first)) => {
+                    worst = worst.max(at - first);
+                    failed = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(first) = failed {
+            worst = worst.max(to - first);
+        }
+    }
+    worst
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn faults_cost_seconds_and_never_correctness() {
     let seed = std::env::var("EDDY_NEMESIS_SEED")
@@ -780,7 +823,7 @@ async fn faults_cost_seconds_and_never_correctness() {
     let mut plan = KINDS;
     plan.shuffle(&mut rng);
     let started = Instant::now();
-    let mut costs: Vec<(Fault, String, Duration, Duration)> = Vec::new();
+    let mut costs: Vec<(Fault, String, Duration, Duration, Duration)> = Vec::new();
     let mut k = 0;
     while k < plan.len() || started.elapsed() < Duration::from_secs(seconds) {
         let fault = match plan.get(k) {
@@ -801,6 +844,30 @@ async fn faults_cost_seconds_and_never_correctness() {
         let mut h = history.lock().unwrap();
         let cost = unavailability(&h, from, Instant::now());
         let after = unavailability(&h, healed, Instant::now());
+        let failing = outage(&h, from, Instant::now());
+        if std::env::var_os("EDDY_NEMESIS_TRACE").is_some() {
+            let slow = |w: &&Write| {
+                w.acked
+                    .is_none_or(|(at, _, _)| at - w.sent > Duration::from_millis(200))
+            };
+            for w in h.writes.iter().filter(|w| w.sent >= from).filter(slow) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "  trace writer {} card {} sent +{} ms: {}",
+                    w.writer,
+                    w.card,
+                    (w.sent - from).as_millis(),
+                    match w.acked {
+                        Some((at, _, _)) => format!("acked after {} ms", (at - w.sent).as_millis()),
+                        None => format!(
+                            "failed after {} ms: {}",
+                            (w.ended - w.sent).as_millis(),
+                            w.error.as_deref().unwrap_or("")
+                        ),
+                    }
+                );
+            }
+        }
         let ports = shared.ports.lock().unwrap().clone();
         let (at, back) = (
             from.duration_since(h.start).as_millis(),
@@ -813,11 +880,12 @@ async fn faults_cost_seconds_and_never_correctness() {
         // Straight to stderr, past the test harness's capture: `make test` shows it.
         let _ = writeln!(
             std::io::stderr(),
-            "nemesis fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal",
+            "nemesis fault {k}: {fault:?} on {target}: a card went {} ms without an acknowledged write, {} ms after the heal; {} ms from a failed statement to the next success",
             cost.as_millis(),
-            after.as_millis()
+            after.as_millis(),
+            failing.as_millis()
         );
-        costs.push((fault, target, cost, after));
+        costs.push((fault, target, cost, after, failing));
     }
     shared.stop.store(true, Ordering::Release);
     for c in clients {
@@ -882,12 +950,13 @@ async fn faults_cost_seconds_and_never_correctness() {
             .append(true)
             .open(PathBuf::from(path))
             .unwrap();
-        for (fault, target, cost, after) in &costs {
+        for (fault, target, cost, after, failing) in &costs {
             writeln!(
                 f,
-                "{fault:?}\t{target}\t{}\t{}",
+                "{fault:?}\t{target}\t{}\t{}\t{}",
                 cost.as_millis(),
-                after.as_millis()
+                after.as_millis(),
+                failing.as_millis()
             )
             .unwrap();
         }

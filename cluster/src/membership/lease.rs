@@ -13,8 +13,16 @@
 //! - **Taking a task over.** A node made active for a task by a plan answers for it only
 //!   once every other node a plan made active for it is known not to answer any more:
 //!   its newest beat says it applies a plan that does not make it active, or its lease
-//!   from its last beat written before the plan has surely run out (one session timeout
-//!   after this node read that beat, or after it by the broker's append times).
+//!   from its last beat has surely run out. By this node's clock that is one session
+//!   timeout after it read that beat. By the broker's append times it is a lease (and a
+//!   margin) after that beat, once this node has read back a beat of its own appended
+//!   that much later: the topic is one ordered partition, so it has then read every
+//!   later beat the other node could hold a lease from.
+//! - **Silent nodes.** The same reasoning tells the leader that a node still listed in
+//!   the group answers for nothing any more: its beats stopped a lease ago, by the
+//!   broker's clock, while this node kept reading its own back. The leader plans without
+//!   it then, before the group's session timeout ends, so a dead or paused node's tasks
+//!   move within a lease (`View::alive`).
 //!
 //! Invariant: a node answers for a task only while it holds a lease from a beat read back
 //! after the newest plan that made another node active for it, so no two nodes answer
@@ -50,6 +58,15 @@ struct Seen {
     plan: u64,
 }
 
+/// How long a lease lasts past its beat's send time: the session timeout less a fifth.
+pub fn lease_for(session: Duration) -> Duration {
+    session - session / 5
+}
+
+/// Added to a lease measured on the broker's clock, for the drift between its clock and
+/// the nodes' monotonic ones, and for an answer a node began just before its lease ended.
+const BROKER_MARGIN_MS: i64 = 200;
+
 /// What a node knows of the others' beats and of which plans made whom active.
 #[derive(Debug)]
 pub struct Handover {
@@ -59,16 +76,29 @@ pub struct Handover {
     actives: HashMap<TaskId, BTreeMap<String, u64>>,
     /// The broker's append time of this node's newest beat read back.
     own_broker_ms: Option<i64>,
+    /// Since when (broker's time) this node has read its own beats back without a gap
+    /// longer than `gap`: it has watched the others' beats for that long.
+    own_since_ms: Option<i64>,
+    gap: Duration,
 }
 
 impl Handover {
-    pub fn new(session: Duration) -> Handover {
+    /// The bookkeeping of a node whose session timeout is `session`, and which counts
+    /// its own beats as interrupted after `gap` without one.
+    pub fn new(session: Duration, gap: Duration) -> Handover {
         Handover {
             session,
             beats: HashMap::new(),
             actives: HashMap::new(),
             own_broker_ms: None,
+            own_since_ms: None,
+            gap,
         }
+    }
+
+    /// The span of a lease on the broker's clock, margin included (ms).
+    fn lease_ms(&self) -> i64 {
+        lease_for(self.session).as_millis() as i64 + BROKER_MARGIN_MS
     }
 
     /// Another node's beat, read now.
@@ -85,9 +115,29 @@ impl Handover {
 
     /// This node's own beat, read back.
     pub fn own_beat(&mut self, broker_ms: Option<i64>) {
-        if broker_ms.is_some() {
-            self.own_broker_ms = broker_ms;
+        let Some(now) = broker_ms else {
+            return;
+        };
+        let gap = self.gap.as_millis() as i64;
+        match (self.own_broker_ms, self.own_since_ms) {
+            (Some(last), Some(_)) if now - last <= gap => {}
+            _ => self.own_since_ms = Some(now),
         }
+        self.own_broker_ms = Some(now);
+    }
+
+    /// Whether `node` surely answers for nothing any more, though it may still be listed
+    /// in the group: its last beat is a lease older than one of this node's own, read
+    /// back after this node had watched the topic for a lease without a gap. A node never
+    /// heard from is not silent: the group's word stands for it.
+    pub fn silent(&self, node: &str) -> bool {
+        let (Some(own), Some(since)) = (self.own_broker_ms, self.own_since_ms) else {
+            return false;
+        };
+        let Some(its) = self.beats.get(node).and_then(|seen| seen.broker_ms) else {
+            return false;
+        };
+        own - its > self.lease_ms() && own - since > self.lease_ms()
     }
 
     /// A plan read, with its generation.
@@ -132,7 +182,7 @@ impl Handover {
                         || now >= seen.read + self.session
                         // ...or by the broker's.
                         || matches!((self.own_broker_ms, seen.broker_ms),
-                            (Some(own), Some(its)) if own - its > self.session.as_millis() as i64)
+                            (Some(own), Some(its)) if own - its > self.lease_ms())
                 }
             })
     }
@@ -223,11 +273,13 @@ mod tests {
         Beat { life: 1, seq, plan }
     }
 
+    const GAP: Duration = Duration::from_millis(750);
+
     #[test]
     fn a_takeover_waits_for_the_old_owner_to_apply_the_plan_or_its_lease_to_end() {
         let s = Duration::from_secs(6);
         let t0 = Instant::now();
-        let mut h = Handover::new(s);
+        let mut h = Handover::new(s, GAP);
         h.plan(10, &plan("a"));
         h.beat("a", beat(1, 10), Some(1_000), t0);
         h.plan(20, &plan("b"));
@@ -244,20 +296,65 @@ mod tests {
     fn the_brokers_clock_ends_an_old_lease_read_late() {
         let s = Duration::from_secs(6);
         let now = Instant::now();
-        let mut h = Handover::new(s);
+        let mut h = Handover::new(s, GAP);
         h.plan(10, &plan("a"));
         // Read just now, while catching up, but appended long ago.
         h.beat("a", beat(1, 10), Some(1_000), now);
         h.plan(20, &plan("b"));
         assert!(!h.takeover("b", &task(), 20, now));
-        h.own_beat(Some(1_000 + 6_001));
+        // A lease (4.8 s) and the margin after its beat, a beat of this node's own was
+        // appended and read back: every later beat of "a" was read before it.
+        h.own_beat(Some(1_000 + 5_000));
+        assert!(!h.takeover("b", &task(), 20, now));
+        h.own_beat(Some(1_000 + 5_001));
         assert!(h.takeover("b", &task(), 20, now));
+    }
+
+    #[test]
+    fn a_node_is_silent_once_its_beats_stop_for_a_lease_while_ours_come_back() {
+        let s = Duration::from_secs(6);
+        let now = Instant::now();
+        let mut h = Handover::new(s, GAP);
+        // Never heard from: the group's word stands.
+        assert!(!h.silent("a"));
+        h.beat("a", beat(1, 10), Some(1_000), now);
+        let mut own = 500;
+        while own <= 1_000 + 5_000 {
+            h.own_beat(Some(own));
+            own += 500;
+        }
+        assert!(!h.silent("a"), "a lease and its margin have not passed");
+        h.own_beat(Some(own));
+        assert!(h.silent("a"));
+        // A beat of "a" read later makes it heard again.
+        h.beat("a", beat(2, 10), Some(own - 10), now);
+        assert!(!h.silent("a"));
+    }
+
+    #[test]
+    fn after_a_gap_in_its_own_beats_a_node_watches_a_lease_before_it_calls_others_silent() {
+        let s = Duration::from_secs(6);
+        let now = Instant::now();
+        let mut h = Handover::new(s, GAP);
+        h.beat("a", beat(1, 10), Some(1_000), now);
+        h.own_beat(Some(1_000));
+        // The broker was away for 9 s: "a" may not have reached it again yet either.
+        h.own_beat(Some(10_000));
+        assert!(!h.silent("a"));
+        let mut own = 10_000;
+        while own <= 10_000 + 5_000 {
+            h.own_beat(Some(own));
+            own += 500;
+        }
+        assert!(!h.silent("a"));
+        h.own_beat(Some(own));
+        assert!(h.silent("a"));
     }
 
     #[test]
     fn a_node_whose_beat_follows_every_plan_that_made_it_active_is_no_threat() {
         let now = Instant::now();
-        let mut h = Handover::new(Duration::from_secs(6));
+        let mut h = Handover::new(Duration::from_secs(6), GAP);
         h.plan(10, &plan("a"));
         h.plan(20, &plan("b"));
         h.beat("a", beat(5, 20), None, now);

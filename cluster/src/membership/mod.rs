@@ -3,9 +3,11 @@
 //! This part is pure; `log::kafka::members` carries it over Kafka.
 //!
 //! The design:
-//! - **Liveness** is the Kafka group protocol. Every node is a member of the consumer group
-//!   `<cluster>-members`. A node that dies leaves it when its session times out
-//!   (`--session-timeout`, 6 s by default), and one that stops cleanly leaves at once.
+//! - **Liveness** is the Kafka group protocol, sped up by beats. Every node is a member of
+//!   the consumer group `<cluster>-members`. A node that dies leaves it when its session
+//!   times out (`--session-timeout`, 6 s by default), and one that stops cleanly leaves
+//!   at once. A member whose beats stopped a lease ago (`lease::Handover::silent`) counts
+//!   as gone before that: it can no longer answer for any task.
 //! - **Facts and plans** are records of one compacted topic, `<cluster>-cluster`, which
 //!   every node reads from its beginning. `member/<node>` holds a node's host, processors,
 //!   addresses and the tasks it has a checkpoint of. `plan` holds the current plan.
@@ -100,7 +102,8 @@ impl ClusterPlan {
 pub struct View {
     /// Every node's latest facts, live or not.
     pub facts: BTreeMap<String, NodeFacts>,
-    /// The live members, as the group last described itself when stable; sorted.
+    /// The live members, as the group last described itself when stable, less those
+    /// whose beats stopped a lease ago; sorted.
     pub alive: Vec<String>,
     /// The newest plan read.
     pub plan: Arc<ClusterPlan>,

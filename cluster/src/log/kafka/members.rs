@@ -26,7 +26,7 @@ use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
 use super::produce::{format_headers, format_of};
 use super::Kafka;
-use crate::membership::lease::{Beat, Beats, Handover};
+use crate::membership::lease::{lease_for, Beat, Beats, Handover};
 use crate::membership::{ClusterPlan, NodeFacts, View};
 use crate::node::shards::tasks_of;
 use crate::route::TaskId;
@@ -36,19 +36,16 @@ const DESCRIBE_EVERY: Duration = Duration::from_millis(100);
 /// A plan published but not read back within this is published again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(5);
 
-/// How often a node beats: an eighth of the session timeout, within 50 ms and 1 s.
+/// How often a node beats: a sixteenth of the session timeout, within 50 and 500 ms. (A
+/// silent node is known a lease after its last beat, once this node's own next beat is
+/// read back: the shorter the beat, the sooner.)
 fn beat_every(session: Duration) -> Duration {
-    (session / 8).clamp(Duration::from_millis(50), Duration::from_secs(1))
-}
-
-/// How long a lease lasts past its beat's send time: the session timeout less a fifth.
-fn lease_for(session: Duration) -> Duration {
-    session - session / 5
+    (session / 16).clamp(Duration::from_millis(50), Duration::from_millis(500))
 }
 
 /// How long the broker may be silent (no beat read back) before it counts as unreachable.
 pub(super) fn silence(session: Duration) -> Duration {
-    (beat_every(session) * 3).max(Duration::from_millis(500))
+    (session * 3 / 8).max(Duration::from_millis(500))
 }
 
 /// This node's membership state, shared with its threads.
@@ -238,7 +235,7 @@ impl Kafka {
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
         let mut beats = Beats::new(life);
-        let mut handover = Handover::new(session);
+        let mut handover = Handover::new(session, silence(session));
         let mut beaten = Instant::now() - beat_every(session);
         let beat_key = format!("beat/{}", self.config.node);
         while !self.stop.load(Ordering::Acquire) {
@@ -306,9 +303,12 @@ impl Kafka {
                 continue;
             }
             described = Instant::now();
-            let Some((stable, listed)) = describe(&group, &self.config.members_group()) else {
+            let Some((stable, mut listed)) = describe(&group, &self.config.members_group()) else {
                 continue;
             };
+            // A member whose beats stopped a lease ago answers for nothing: plans leave
+            // it out before the group's session ends.
+            listed.retain(|m| *m == self.config.node || !handover.silent(m));
             let next = {
                 let mut view = self.members.view.write().expect("view lock");
                 if stable {
