@@ -289,7 +289,10 @@ impl Kafka {
                         }
                     } else {
                         let node = String::from_utf8_lossy(node);
-                        handover.beat(&node, beat, broker_ms, Instant::now());
+                        if handover.beat(&node, beat, broker_ms, Instant::now()) {
+                            tracing::info!("kafka: node {node} restarted: its tasks' replicas here send the answers they kept");
+                            self.answer_for_restarted(&node);
+                        }
                     }
                     continue;
                 }
