@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// An unqualified column that more than one FROM item has.
     AmbiguousColumn,
     UndefinedFunction,
+    /// A function of another kind than the call needs (a window function without OVER).
+    WrongObjectType,
     Grouping,
     DatatypeMismatch,
     NotNullViolation,
@@ -80,6 +82,7 @@ impl ErrorKind {
             ErrorKind::UndefinedColumn => "42703",
             ErrorKind::AmbiguousColumn => "42702",
             ErrorKind::UndefinedFunction => "42883",
+            ErrorKind::WrongObjectType => "42809",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",

@@ -55,7 +55,7 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
 
 /// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
 /// message for: (words in DataFusion's message, kind, PostgreSQL's message).
-const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 8] = [
     (
         "Aggregate function calls cannot be nested",
         ErrorKind::Grouping,
@@ -91,6 +91,8 @@ const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
         ErrorKind::UndefinedObject,
         "type \"{}\" does not exist",
     ),
+    // Eddy's own words (`pg_catalog::rewrite`), kept as they are.
+    ("requires an OVER clause", ErrorKind::WrongObjectType, ""),
 ];
 
 /// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its
@@ -111,6 +113,9 @@ fn postgresql_error(message: &str) -> Option<Error> {
     let (words, kind, text) = POSTGRESQL_ERRORS
         .iter()
         .find(|(words, _, _)| message.contains(words))?;
+    if text.is_empty() {
+        return Some(Error::new(*kind, message));
+    }
     Some(Error::new(*kind, text.replace("{}", &after(words)?)))
 }
 

@@ -24,6 +24,9 @@
 //! - `generate_series(…)` in a select list is `unnest(generate_series(…))`; in FROM, a
 //!   subquery that names its column as PostgreSQL does.
 //! - `EXCEPT ALL` and `INTERSECT ALL` count each row's copies (`counted_set_operation`).
+//! - `~x` is `-1 - x`.
+//! - `FETCH FIRST n ROWS ONLY` is `LIMIT n`; `… WITH TIES` keeps the rows ranked at most
+//!   n in the ORDER BY (`fetch_clause`).
 //! - The subquery of `x op ANY/ALL (subquery)` gets a name of its own, so its columns
 //!   are not taken for the outer query's.
 //! - `extract`, `date_part`, `date_trunc` and `TIMESTAMP '…'` go to `datetime`'s
@@ -89,25 +92,12 @@ fn counted_set_operation(body: &SetExpr) -> Option<Result<SetExpr>> {
     else {
         return None;
     };
-    let names = |side: &SetExpr| -> Option<Vec<String>> {
-        let SetExpr::Select(s) = side else {
-            return None;
-        };
-        s.projection
-            .iter()
-            .map(|item| match item {
-                SelectItem::ExprWithAlias { alias, .. } => Some(normalize_ident(alias)),
-                SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(normalize_ident(i)),
-                SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => {
-                    parts.last().map(normalize_ident)
-                }
-                _ => None,
-            })
-            .collect()
+    let names = |side: &SetExpr| match side {
+        SetExpr::Select(s) => item_names(s),
+        _ => None,
     };
     let columns = names(left)?;
-    let unique: HashSet<&String> = columns.iter().collect();
-    if unique.len() != columns.len() || names(right)?.len() != columns.len() {
+    if names(right)?.len() != columns.len() {
         return None;
     }
     let list = columns
@@ -128,6 +118,125 @@ fn counted_set_operation(body: &SetExpr) -> Option<Result<SetExpr>> {
     );
     Some(parse_query(&sql).map(|q| SetExpr::Query(Box::new(q))))
 }
+
+/// The output names of a select list whose items all have one, distinct.
+fn item_names(select: &Select) -> Option<Vec<String>> {
+    let names: Vec<String> = select
+        .projection
+        .iter()
+        .map(|item| match item {
+            SelectItem::ExprWithAlias { alias, .. } => Some(normalize_ident(alias)),
+            SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(normalize_ident(i)),
+            SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => {
+                parts.last().map(normalize_ident)
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let unique: HashSet<&String> = names.iter().collect();
+    (unique.len() == names.len()).then_some(names)
+}
+
+/// `FETCH FIRST n ROWS ONLY` is `LIMIT n`. `FETCH FIRST n ROWS WITH TIES` also keeps
+/// the rows that tie with the last one in the ORDER BY: the rows whose rank in that
+/// order is at most n, over a select list whose items have names (and no OFFSET).
+fn fetch_clause(query: &mut Query, fetch: ast::Fetch) -> Result<()> {
+    let unsupported =
+        |what: &str| DataFusionError::NotImplemented(format!("{what} is not supported"));
+    if fetch.percent {
+        return Err(unsupported("FETCH … PERCENT"));
+    }
+    let n = fetch.quantity.unwrap_or_else(|| number(1));
+    if !fetch.with_ties {
+        match &mut query.limit_clause {
+            Some(ast::LimitClause::LimitOffset { limit, .. }) => *limit = Some(n),
+            Some(ast::LimitClause::OffsetCommaLimit { .. }) => {
+                return Err(unsupported("FETCH with LIMIT offset, count"))
+            }
+            None => {
+                query.limit_clause = Some(ast::LimitClause::LimitOffset {
+                    limit: Some(n),
+                    offset: None,
+                    limit_by: Vec::new(),
+                })
+            }
+        }
+        return Ok(());
+    }
+    let Some(ast::OrderBy {
+        kind: ast::OrderByKind::Expressions(order),
+        ..
+    }) = query.order_by.take()
+    else {
+        return Err(DataFusionError::Plan(
+            "WITH TIES cannot be specified without ORDER BY clause".into(),
+        ));
+    };
+    if query.limit_clause.is_some() {
+        return Err(unsupported("OFFSET with FETCH … WITH TIES"));
+    }
+    let SetExpr::Select(select) = &*query.body else {
+        return Err(unsupported("FETCH … WITH TIES over a set operation"));
+    };
+    let Some(names) = item_names(select) else {
+        return Err(unsupported(
+            "FETCH … WITH TIES over select items without names",
+        ));
+    };
+    // The window's ORDER BY sees the select list's inputs, not its aliases.
+    let order: Vec<String> = order
+        .into_iter()
+        .map(|mut o| {
+            if let Expr::Identifier(i) = &o.expr {
+                let alias = normalize_ident(i);
+                let aliased = select.projection.iter().find_map(|item| match item {
+                    SelectItem::ExprWithAlias { expr, alias: a } if normalize_ident(a) == alias => {
+                        Some(expr.clone())
+                    }
+                    _ => None,
+                });
+                if let Some(e) = aliased {
+                    o.expr = e;
+                }
+            }
+            o.to_string()
+        })
+        .collect();
+    let mut inner = (**select).clone();
+    inner.projection.push(SelectItem::ExprWithAlias {
+        expr: parse_expr(&format!("rank() OVER (ORDER BY {})", order.join(", ")))?,
+        alias: Ident::new(TIES),
+    });
+    let list = names
+        .iter()
+        .map(|c| Ident::with_quote('"', c).to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut tied = parse_query(&format!(
+        "SELECT {list} FROM ({inner}) AS {TIES}_rows WHERE {TIES} <= {n} ORDER BY {TIES}"
+    ))?;
+    tied.with = query.with.take();
+    *query = tied;
+    Ok(())
+}
+
+/// Functions that are window functions only: PostgreSQL refuses them without OVER (42809).
+const WINDOW_ONLY: [&str; 11] = [
+    "row_number",
+    "rank",
+    "dense_rank",
+    "percent_rank",
+    "cume_dist",
+    "ntile",
+    "lag",
+    "lead",
+    "first_value",
+    "last_value",
+    "nth_value",
+];
+
+/// The rank `fetch_clause` gives each row in the ORDER BY of `FETCH … WITH TIES`.
+const TIES: &str = "eddy_rank";
 
 /// The column that numbers a row's copies in `counted_set_operation`.
 const COPY: &str = "eddy_copy";
@@ -847,6 +956,11 @@ impl Rewriter<'_> {
 
     fn query(&mut self, query: &mut Query) -> ControlFlow<DataFusionError> {
         selects_mut(&mut query.body, &mut |s| self.select(s));
+        if let Some(fetch) = query.fetch.take() {
+            if let Err(e) = fetch_clause(query, fetch) {
+                return ControlFlow::Break(e);
+            }
+        }
         match counted_set_operation(&query.body) {
             Some(Ok(counted)) => *query.body = counted,
             Some(Err(e)) => return ControlFlow::Break(e),
@@ -868,6 +982,28 @@ impl Rewriter<'_> {
                     && matches!(parts(&f.name).as_slice(), [n] if NILADIC.contains(&n.as_str())) =>
             {
                 Some(Ok(call(&parts(&f.name)[0], vec![])))
+            }
+            // ~x is -1 - x in two's complement (no overflow at either end).
+            Expr::UnaryOp {
+                op: ast::UnaryOperator::BitwiseNot,
+                expr: inner,
+            } => Some(Ok(Expr::Nested(Box::new(Expr::BinaryOp {
+                left: Box::new(Expr::UnaryOp {
+                    op: ast::UnaryOperator::Minus,
+                    expr: Box::new(number(1)),
+                }),
+                op: BinaryOperator::Minus,
+                right: Box::new(Expr::Nested(inner.clone())),
+            })))),
+            Expr::Function(f)
+                if f.over.is_none()
+                    && f.within_group.is_empty()
+                    && matches!(parts(&f.name).as_slice(), [n] if WINDOW_ONLY.contains(&n.as_str())) =>
+            {
+                Some(Err(DataFusionError::Plan(format!(
+                    "window function {} requires an OVER clause",
+                    parts(&f.name)[0]
+                ))))
             }
             Expr::Function(f) => {
                 unqualify(&mut f.name);
