@@ -72,9 +72,6 @@ struct RoleState {
     ready: i64,
     unsent: VecDeque<Unsent>,
     unsent_events: usize,
-    /// A replica sends its answers until then: the active copy's node restarted, and
-    /// its new process may have resumed past records it then never answers.
-    covers_until: Option<Instant>,
 }
 
 impl RoleState {
@@ -103,8 +100,7 @@ impl Role {
         send: impl FnOnce(Unsent),
     ) {
         let mut s = self.state.lock().expect("role lock");
-        let covers = || s.covers_until.is_some_and(|t| Instant::now() < t) && fence.held();
-        if s.answers(fence) || (!s.active && covers()) {
+        if s.answers(fence) {
             drop(s);
             send((Instant::now(), asks, result));
             return;
@@ -401,10 +397,9 @@ impl Kafka {
     /// A node restarted (`lease::Handover::beat`): its new process resumes from a
     /// checkpoint, perhaps a peer's taken past records whose askers still wait, and never
     /// answers those. So this node's replicas of the tasks it is active for send the
-    /// answers they kept, and for `cover` after it the answers of what they apply. They
-    /// are the same answers any copy gives (a function of the log's order); an asker
-    /// takes the first and drops the rest.
-    pub(super) fn answer_for_restarted(&self, node: &str, cover: Duration) {
+    /// answers they kept. They are the same answers any copy gives (a function of the
+    /// log's order); an asker takes the first and drops the rest.
+    pub(super) fn answer_for_restarted(&self, node: &str) {
         let tasks: Vec<TaskId> = {
             let view = self.members.view.read().expect("view lock");
             view.plan
@@ -424,7 +419,6 @@ impl Kafka {
         for role in roles {
             let mut s = role.state.lock().expect("role lock");
             if !s.active {
-                s.covers_until = Some(Instant::now() + cover);
                 s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(asks, result));
             }
         }
