@@ -56,8 +56,6 @@ struct Seen {
     /// The broker's append time (ms), if the topic records it.
     broker_ms: Option<i64>,
     plan: u64,
-    /// The process that sent it.
-    life: u64,
 }
 
 /// How long a lease lasts past its beat's send time: the session timeout less a fifth.
@@ -103,17 +101,16 @@ impl Handover {
         lease_for(self.session).as_millis() as i64 + BROKER_MARGIN_MS
     }
 
-    /// Another node's beat, read now. Returns whether it is the first of a new process
-    /// under that node id (a restart this node saw happen).
-    pub fn beat(&mut self, node: &str, beat: Beat, broker_ms: Option<i64>, now: Instant) -> bool {
-        let seen = Seen {
-            read: now,
-            broker_ms,
-            plan: beat.plan,
-            life: beat.life,
-        };
-        let before = self.beats.insert(node.to_string(), seen);
-        before.is_some_and(|b| b.life != beat.life)
+    /// Another node's beat, read now.
+    pub fn beat(&mut self, node: &str, beat: Beat, broker_ms: Option<i64>, now: Instant) {
+        self.beats.insert(
+            node.to_string(),
+            Seen {
+                read: now,
+                broker_ms,
+                plan: beat.plan,
+            },
+        );
     }
 
     /// This node's own beat, read back.
@@ -274,34 +271,6 @@ mod tests {
 
     fn beat(seq: u64, plan: u64) -> Beat {
         Beat { life: 1, seq, plan }
-    }
-
-    #[test]
-    fn a_beat_of_a_new_process_under_a_known_id_tells_of_a_restart() {
-        let now = Instant::now();
-        let mut h = Handover::new(Duration::from_secs(6), GAP);
-        assert!(!h.beat("a", beat(1, 10), None, now), "the first beat seen");
-        assert!(!h.beat("a", beat(2, 10), None, now));
-        assert!(h.beat(
-            "a",
-            Beat {
-                life: 2,
-                seq: 1,
-                plan: 10
-            },
-            None,
-            now
-        ));
-        assert!(!h.beat(
-            "a",
-            Beat {
-                life: 2,
-                seq: 2,
-                plan: 10
-            },
-            None,
-            now
-        ));
     }
 
     const GAP: Duration = Duration::from_millis(750);

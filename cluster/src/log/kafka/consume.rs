@@ -2,8 +2,7 @@
 //! the newest plan gives this node (`membership`). It hands each partition's records to
 //! its task's shard, in offset order. A task the node holds active answers on the reply
 //! topics the records name; a replica applies the same records and keeps its answers for
-//! a while, to send them if it is promoted before the asker gave up, or when the active
-//! copy's node restarts (its new process may resume from a checkpoint past them).
+//! a while, to send them if it is promoted before the asker gave up.
 //!
 //! Invariant: a task applies its partition's records in offset order, each at most once:
 //! the consumer dispatches a partition from `positions` (the next offset to apply), which
@@ -389,36 +388,6 @@ impl Kafka {
         for role in roles {
             let mut s = role.state.lock().expect("role lock");
             if s.answers(&self.fence) {
-                s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(asks, result));
-            }
-        }
-    }
-
-    /// A node restarted (`lease::Handover::beat`): its new process resumes from a
-    /// checkpoint, perhaps a peer's taken past records whose askers still wait, and never
-    /// answers those. So this node's replicas of the tasks it is active for send the
-    /// answers they kept. They are the same answers any copy gives (a function of the
-    /// log's order); an asker takes the first and drops the rest.
-    pub(super) fn answer_for_restarted(&self, node: &str) {
-        let tasks: Vec<TaskId> = {
-            let view = self.members.view.read().expect("view lock");
-            view.plan
-                .tasks
-                .iter()
-                .filter(|(_, p)| p.active == node)
-                .map(|(t, _)| t.clone())
-                .collect()
-        };
-        let roles: Vec<Arc<Role>> = {
-            let held = self.tasks.held.lock().expect("held lock");
-            tasks.iter().filter_map(|t| held.get(t).cloned()).collect()
-        };
-        if !self.fence.held() {
-            return;
-        }
-        for role in roles {
-            let mut s = role.state.lock().expect("role lock");
-            if !s.active {
                 s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(asks, result));
             }
         }

@@ -289,10 +289,7 @@ impl Kafka {
                         }
                     } else {
                         let node = String::from_utf8_lossy(node);
-                        if handover.beat(&node, beat, broker_ms, Instant::now()) {
-                            tracing::info!("kafka: node {node} restarted: its tasks' replicas here send the answers they kept");
-                            self.answer_for_restarted(&node);
-                        }
+                        handover.beat(&node, beat, broker_ms, Instant::now());
                     }
                     continue;
                 }
