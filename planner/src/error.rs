@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// An unqualified column that more than one FROM item has.
     AmbiguousColumn,
     UndefinedFunction,
+    /// A parameter only the server sets (`SET shared_buffers`).
+    CantChangeParameter,
     /// A function of another kind than the call needs (a window function without OVER).
     WrongObjectType,
     Grouping,
@@ -83,6 +85,7 @@ impl ErrorKind {
             ErrorKind::AmbiguousColumn => "42702",
             ErrorKind::UndefinedFunction => "42883",
             ErrorKind::WrongObjectType => "42809",
+            ErrorKind::CantChangeParameter => "55P02",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",

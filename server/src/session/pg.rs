@@ -496,9 +496,10 @@ impl Session {
             }
             Statement::Reset(name) => {
                 let setting = name.as_deref().and_then(Setting::named);
-                // A name Eddy does not keep is accepted, as SET accepts it.
-                if name.is_none() || setting.is_some() {
-                    self.reset(setting);
+                match (&name, setting) {
+                    // Another parameter: as `SET` of it answers (`check_other`).
+                    (Some(other), None) => crate::session::settings::check_other(other)?,
+                    _ => self.reset(setting),
                 }
                 Ok(Executed::command("RESET"))
             }

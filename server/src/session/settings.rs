@@ -128,6 +128,45 @@ impl Setting {
     }
 }
 
+/// PostgreSQL 15's parameters, each with its context, as `pg_settings` lists them (and
+/// `role`, `session_authorization` and `seed`, which it does not list).
+const POSTGRESQL_PARAMETERS: &str = include_str!("pg_settings.txt");
+
+/// `SET name` or `RESET name` of a parameter that is not one of Eddy's settings
+/// (`Setting`): as PostgreSQL answers it. One a PostgreSQL session may set (or a
+/// `prefix.name` placeholder) is accepted and has no effect in Eddy; one only the server
+/// sets is 55P02; any other name is 42704.
+pub fn check_other(name: &str) -> Result<(), Error> {
+    if name.contains('.') {
+        return Ok(());
+    }
+    let context = POSTGRESQL_PARAMETERS.lines().find_map(|line| {
+        let (n, context) = line.split_once(' ')?;
+        n.eq_ignore_ascii_case(name).then_some(context)
+    });
+    let why = match context {
+        Some("user" | "superuser") => return Ok(()),
+        Some("internal") => "cannot be changed",
+        Some("postmaster") => "cannot be changed without restarting the server",
+        Some("sighup") => "cannot be changed now",
+        Some(_) => "cannot be set after connection start",
+        None => {
+            return Err(Error::new(
+                ErrorKind::UndefinedObject,
+                format!("unrecognized configuration parameter \"{name}\""),
+            )
+            .with_hint(format!(
+                "The session settings are {}.",
+                Setting::ALL.map(|s| s.name()).join(", ")
+            )))
+        }
+    };
+    Err(Error::new(
+        ErrorKind::CantChangeParameter,
+        format!("parameter \"{}\" {why}", name.to_ascii_lowercase()),
+    ))
+}
+
 /// `synchronous_commit`'s words; the levels between `local` and `remote_apply` are all
 /// "on" for a single node's log.
 fn on_off(text: &str) -> Option<bool> {

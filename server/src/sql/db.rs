@@ -523,6 +523,14 @@ impl Db {
             | Statement::Close(_) => Err(Error::internal(
                 "cursors and continuous queries run in a session",
             )),
+            // A PostgreSQL parameter Eddy has no use for is accepted, as drivers set many.
+            Statement::SetVariable { name, .. } if Setting::named(&name).is_none() => {
+                crate::session::settings::check_other(&name)?;
+                Ok(Executed::new(Output::Command {
+                    tag: "SET",
+                    rows: None,
+                }))
+            }
             Statement::Set | Statement::SetVariable { .. } | Statement::Reset(_) => {
                 Ok(Executed::new(Output::Command {
                     tag: "SET",
