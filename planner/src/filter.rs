@@ -110,6 +110,17 @@ fn postgresql_error(message: &str) -> Option<Error> {
             format!("column \"{column}\" must appear in the GROUP BY clause or be used in an aggregate function"),
         ));
     }
+    // Names the catalog rewrite does not find (`'x'::regclass`, `'x'::regtype`).
+    if message.ends_with("does not exist") {
+        for (what, kind) in [
+            ("relation", ErrorKind::UndefinedTable),
+            ("type", ErrorKind::UndefinedObject),
+        ] {
+            if message.starts_with(&format!("{what} \"")) {
+                return Some(Error::new(kind, message));
+            }
+        }
+    }
     let (words, kind, text) = POSTGRESQL_ERRORS
         .iter()
         .find(|(words, _, _)| message.contains(words))?;

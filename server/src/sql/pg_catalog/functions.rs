@@ -341,6 +341,29 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 })
             },
         ),
+        function("quote_ident", &[1], Utf8, |a| {
+            text(a.first().and_then(pg_text).map(|s| quote_ident(&s)))
+        }),
+        function("quote_literal", &[1], Utf8, |a| {
+            text(a.first().and_then(pg_text).map(|s| quote_literal(&s)))
+        }),
+        // quote_literal, but the word NULL for NULL.
+        function("quote_nullable", &[1], Utf8, |a| {
+            text(Some(
+                a.first()
+                    .and_then(pg_text)
+                    .map_or("NULL".into(), |s| quote_literal(&s)),
+            ))
+        }),
+        function("justify_hours", &[1], interval(), |a| {
+            justify(&a[0], true, false)
+        }),
+        function("justify_days", &[1], interval(), |a| {
+            justify(&a[0], false, true)
+        }),
+        function("justify_interval", &[1], interval(), |a| {
+            justify(&a[0], true, true)
+        }),
         function("col_description", &[2], Utf8, null_text),
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),
@@ -348,6 +371,10 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
     for udf in udfs.into_iter().chain(super::datetime::functions()) {
         ctx.register_udf(udf);
     }
+}
+
+fn interval() -> DataType {
+    DataType::Interval(IntervalUnit::MonthDayNano)
 }
 
 /// `x::text` as PostgreSQL writes x: as in a result (`cells`: intervals as `1 day
@@ -396,4 +423,78 @@ fn interval_mul(interval: &ScalarValue, factor: &ScalarValue) -> ScalarValue {
         whole_days as i32,
         micros as i64 * 1_000,
     )))
+}
+
+/// PostgreSQL's keywords that are not unreserved (`pg_get_keywords()` with catcode other
+/// than U): `quote_ident` quotes them.
+const KEYWORDS: &str = include_str!("keywords.txt");
+
+/// `quote_ident(text)`: the name as SQL must write it, in double quotes unless it is
+/// lower-case letters, digits and underscores not starting with a digit, and no keyword.
+fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c.is_ascii_lowercase() || c == '_' || (i > 0 && c.is_ascii_digit()))
+        && !name.is_empty()
+        && !KEYWORDS.lines().any(|k| k == name);
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// `quote_literal(text)`: a string literal, `E'…'` when it holds a backslash.
+fn quote_literal(text: &str) -> String {
+    let quoted = text.replace('\'', "''");
+    if text.contains('\\') {
+        format!("E'{}'", quoted.replace('\\', "\\\\"))
+    } else {
+        format!("'{quoted}'")
+    }
+}
+
+const NANOS_PER_DAY: i64 = 86_400_000_000_000;
+
+/// PostgreSQL's `justify_hours`, `justify_days` and `justify_interval`: whole days out of
+/// the time, whole 30-day months out of the days, with the parts' signs made to agree.
+fn justify(interval: &ScalarValue, hours: bool, days: bool) -> ScalarValue {
+    let Ok(ScalarValue::IntervalMonthDayNano(Some(i))) =
+        interval.cast_to(&DataType::Interval(IntervalUnit::MonthDayNano))
+    else {
+        return ScalarValue::IntervalMonthDayNano(None);
+    };
+    let (mut month, mut day, mut time) = (i.months as i64, i.days as i64, i.nanoseconds);
+    if hours {
+        day += time / NANOS_PER_DAY;
+        time %= NANOS_PER_DAY;
+    }
+    if days {
+        month += day / 30;
+        day %= 30;
+        let time_sign = if hours { time } else { 0 };
+        if month > 0 && (day < 0 || (day == 0 && time_sign < 0)) {
+            day += 30;
+            month -= 1;
+        } else if month < 0 && (day > 0 || (day == 0 && time_sign > 0)) {
+            day -= 30;
+            month += 1;
+        }
+    }
+    if hours {
+        if day > 0 && time < 0 {
+            time += NANOS_PER_DAY;
+            day -= 1;
+        } else if day < 0 && time > 0 {
+            time -= NANOS_PER_DAY;
+            day += 1;
+        }
+    }
+    match (i32::try_from(month), i32::try_from(day)) {
+        (Ok(m), Ok(d)) => {
+            ScalarValue::IntervalMonthDayNano(Some(IntervalMonthDayNano::new(m, d, time)))
+        }
+        _ => ScalarValue::IntervalMonthDayNano(None),
+    }
 }

@@ -3,8 +3,9 @@
 //!
 //! - `pg_catalog.f(…)` calls `f`; an unqualified `pg_class` is `pg_catalog.pg_class`
 //!   (pg_catalog is always on PostgreSQL's search path).
-//! - `'name'::regclass` is the relation's oid; `oid::regclass` its name, as PostgreSQL
-//!   prints one; likewise `regtype` and `regnamespace`. `::oid` is an integer.
+//! - `'name'::regclass` is the relation's oid (and `'name'::regclass::text` its name);
+//!   `oid::regclass` its name, as PostgreSQL prints one; likewise `regtype` and
+//!   `regnamespace`. `::oid` is an integer.
 //! - `pg_catalog.text`, `name`, `int2[]` are the standard types.
 //! - `x COLLATE c` is `x` (Eddy compares text by code point, PostgreSQL's "C").
 //! - `OPERATOR(pg_catalog.~)` is `~`.
@@ -891,6 +892,13 @@ enum Change<'a, 'b> {
 impl VisitorMut for Change<'_, '_> {
     type Break = DataFusionError;
 
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<Self::Break> {
+        match self {
+            Change::Rewrite(r) => r.name_of_reg(expr),
+            Change::Substitute(_) => ControlFlow::Continue(()),
+        }
+    }
+
     fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<Self::Break> {
         match self {
             Change::Rewrite(r) => r.table_factor(factor),
@@ -934,6 +942,51 @@ fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
 
 /// The rewrite's steps, called by [`Change::Rewrite`] as the walk meets each node.
 impl Rewriter<'_> {
+    /// `'name'::regclass::text` (or `regtype`) is the name as PostgreSQL prints the
+    /// relation or type. It is seen before the inner cast becomes the oid.
+    fn name_of_reg(&mut self, expr: &mut Expr) -> ControlFlow<DataFusionError> {
+        let Expr::Cast {
+            expr: inner,
+            data_type: outer,
+            ..
+        } = expr
+        else {
+            return ControlFlow::Continue(());
+        };
+        let to_text = matches!(outer, DataType::Text | DataType::Varchar(None))
+            || pg_type_name(outer).as_deref() == Some("text");
+        let Expr::Cast {
+            expr: literal,
+            data_type,
+            ..
+        } = &**inner
+        else {
+            return ControlFlow::Continue(());
+        };
+        let (Some(s), Some(kind), true) =
+            (string_literal(literal), pg_type_name(data_type), to_text)
+        else {
+            return ControlFlow::Continue(());
+        };
+        let name = match kind.as_str() {
+            "regclass" => match self.snapshot.regclass(s) {
+                Some(oid) => self.snapshot.regclass_name(oid),
+                None => return ControlFlow::Break(undefined("relation", s)),
+            },
+            "regtype" => {
+                let bare = s.trim_start_matches("pg_catalog.");
+                match TYPES.iter().find(|t| t.name == bare || t.display == bare) {
+                    Some(t) => t.display.to_string(),
+                    None => return ControlFlow::Break(undefined("type", s)),
+                }
+            }
+            _ => return ControlFlow::Continue(()),
+        };
+        // The outer cast stays: the column is named `text`, as in PostgreSQL.
+        **inner = Expr::value(Value::SingleQuotedString(name));
+        ControlFlow::Continue(())
+    }
+
     fn table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<DataFusionError> {
         match series_table(factor) {
             Some(Ok(derived)) => *factor = derived,
