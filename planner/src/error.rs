@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// An unqualified column that more than one FROM item has.
     AmbiguousColumn,
     UndefinedFunction,
+    /// A bad bucket count or bounds in `width_bucket`.
+    InvalidWidthBucket,
     /// A parameter only the server sets (`SET shared_buffers`).
     CantChangeParameter,
     /// A function of another kind than the call needs (a window function without OVER).
@@ -86,6 +88,7 @@ impl ErrorKind {
             ErrorKind::UndefinedFunction => "42883",
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::CantChangeParameter => "55P02",
+            ErrorKind::InvalidWidthBucket => "2201G",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",

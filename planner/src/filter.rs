@@ -55,7 +55,7 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
 
 /// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
 /// message for: (words in DataFusion's message, kind, PostgreSQL's message).
-const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 8] = [
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 12] = [
     (
         "Aggregate function calls cannot be nested",
         ErrorKind::Grouping,
@@ -91,8 +91,28 @@ const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 8] = [
         ErrorKind::UndefinedObject,
         "type \"{}\" does not exist",
     ),
-    // Eddy's own words (`pg_catalog::rewrite`), kept as they are.
+    // Eddy's own words (`pg_catalog::rewrite` and its functions), kept as they are.
     ("requires an OVER clause", ErrorKind::WrongObjectType, ""),
+    (
+        "count must be greater than zero",
+        ErrorKind::InvalidWidthBucket,
+        "count must be greater than zero",
+    ),
+    (
+        "lower bound cannot equal upper bound",
+        ErrorKind::InvalidWidthBucket,
+        "lower bound cannot equal upper bound",
+    ),
+    (
+        "upper bound cannot be NaN",
+        ErrorKind::InvalidWidthBucket,
+        "operand, lower bound, and upper bound cannot be NaN",
+    ),
+    (
+        "lower and upper bounds must be finite",
+        ErrorKind::InvalidWidthBucket,
+        "lower and upper bounds must be finite",
+    ),
 ];
 
 /// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its

@@ -12,7 +12,7 @@ use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
     Volatility,
@@ -21,7 +21,7 @@ use datafusion::prelude::SessionContext;
 
 use super::{Snapshot, ROLE_NAME, ROLE_OID, TYPES};
 
-type Eval = Arc<dyn Fn(&[ScalarValue]) -> ScalarValue + Send + Sync>;
+type Eval = Arc<dyn Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync>;
 
 /// A catalog function evaluated row by row over scalars; callable with or without the
 /// `pg_catalog.` qualifier.
@@ -86,7 +86,7 @@ impl ScalarUDFImpl for CatalogFunction {
                     ColumnarValue::Array(_) => unreachable!("all scalars"),
                 })
                 .collect();
-            return Ok(ColumnarValue::Scalar((self.eval)(&scalars)));
+            return Ok(ColumnarValue::Scalar((self.eval)(&scalars)?));
         }
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let mut out = Vec::with_capacity(args.number_rows);
@@ -95,7 +95,7 @@ impl ScalarUDFImpl for CatalogFunction {
                 .iter()
                 .map(|a| ScalarValue::try_from_array(a, row))
                 .collect::<Result<Vec<_>>>()?;
-            out.push((self.eval)(&scalars));
+            out.push((self.eval)(&scalars)?);
         }
         if out.is_empty() {
             return Ok(ColumnarValue::Array(new_empty_array(&self.returns)));
@@ -155,6 +155,26 @@ pub(super) fn typed_function(
         name,
         aliases: vec![format!("pg_catalog.{name}")],
         signature: Signature::one_of(signatures, Volatility::Stable),
+        returns,
+        eval: Arc::new(move |a| Ok(eval(a))),
+    })
+}
+
+/// `function`, whose evaluation may fail (its message then gives the SQLSTATE:
+/// `eddy_planner::filter::datafusion_error`).
+pub(super) fn fallible_function(
+    name: &'static str,
+    arities: &[usize],
+    returns: DataType,
+    eval: impl Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync + 'static,
+) -> ScalarUDF {
+    ScalarUDF::new_from_impl(CatalogFunction {
+        name,
+        aliases: vec![format!("pg_catalog.{name}")],
+        signature: Signature::one_of(
+            arities.iter().map(|n| TypeSignature::Any(*n)).collect(),
+            Volatility::Stable,
+        ),
         returns,
         eval: Arc::new(eval),
     })
@@ -364,6 +384,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("justify_interval", &[1], interval(), |a| {
             justify(&a[0], true, true)
         }),
+        fallible_function("width_bucket", &[4], Int32, width_bucket),
         function("col_description", &[2], Utf8, null_text),
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),
@@ -497,4 +518,64 @@ fn justify(interval: &ScalarValue, hours: bool, days: bool) -> ScalarValue {
         }
         _ => ScalarValue::IntervalMonthDayNano(None),
     }
+}
+
+/// PostgreSQL's `width_bucket(operand, low, high, count)` over floats: which of `count`
+/// equal buckets between the bounds holds the operand, 0 below them and count + 1 above.
+fn width_bucket(a: &[ScalarValue]) -> Result<ScalarValue> {
+    let float = |v: &ScalarValue| match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(f)) => f,
+        _ => None,
+    };
+    let count = match a.get(3).map(|c| c.cast_to(&DataType::Int32)) {
+        Some(Ok(ScalarValue::Int32(Some(c)))) => c,
+        _ => return Ok(ScalarValue::Int32(None)),
+    };
+    let (Some(x), Some(low), Some(high)) = (float(&a[0]), float(&a[1]), float(&a[2])) else {
+        return Ok(ScalarValue::Int32(None));
+    };
+    let refuse = |why: &str| Err(DataFusionError::Execution(why.to_string()));
+    if count <= 0 {
+        return refuse("count must be greater than zero");
+    }
+    if x.is_nan() || low.is_nan() || high.is_nan() {
+        return refuse("operand, lower bound, and upper bound cannot be NaN");
+    }
+    if !low.is_finite() || !high.is_finite() {
+        return refuse("lower and upper bounds must be finite");
+    }
+    let n = count as f64;
+    let inside = |offset: f64, span: f64| {
+        let at = if span.is_finite() {
+            n * (offset / span)
+        } else {
+            n * ((offset / 2.0) / (span / 2.0))
+        };
+        (at as i32).min(count - 1) + 1
+    };
+    let above = |count: i32| {
+        count
+            .checked_add(1)
+            .ok_or_else(|| DataFusionError::Execution("integer out of range".into()))
+    };
+    let bucket = if low < high {
+        if x < low {
+            0
+        } else if x >= high {
+            above(count)?
+        } else {
+            inside(x - low, high - low)
+        }
+    } else if low > high {
+        if x > low {
+            0
+        } else if x <= high {
+            above(count)?
+        } else {
+            inside(low - x, low - high)
+        }
+    } else {
+        return refuse("lower bound cannot equal upper bound");
+    };
+    Ok(ScalarValue::Int32(Some(bucket)))
 }
