@@ -55,7 +55,7 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
 
 /// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
 /// message for: (words in DataFusion's message, kind, PostgreSQL's message).
-const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 12] = [
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 13] = [
     (
         "Aggregate function calls cannot be nested",
         ErrorKind::Grouping,
@@ -93,6 +93,11 @@ const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 12] = [
     ),
     // Eddy's own words (`pg_catalog::rewrite` and its functions), kept as they are.
     ("requires an OVER clause", ErrorKind::WrongObjectType, ""),
+    (
+        "unrecognized configuration parameter",
+        ErrorKind::UndefinedObject,
+        "",
+    ),
     (
         "count must be greater than zero",
         ErrorKind::InvalidWidthBucket,

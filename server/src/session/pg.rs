@@ -275,6 +275,26 @@ impl Session {
         }
     }
 
+    /// The session's settings for a statement whose text names `current_setting` (the
+    /// rewrite reads them: `query::session_setting`); an empty list for the others.
+    fn settings_for<C: ClientInfo>(&self, client: &C, text: &str) -> Arc<Vec<(String, String)>> {
+        static NONE: std::sync::LazyLock<Arc<Vec<(String, String)>>> =
+            std::sync::LazyLock::new(Arc::default);
+        let names = text
+            .as_bytes()
+            .windows(b"current_setting".len())
+            .any(|w| w.eq_ignore_ascii_case(b"current_setting"));
+        if !names {
+            return NONE.clone();
+        }
+        Arc::new(
+            Setting::ALL
+                .iter()
+                .map(|s| (s.name().to_ascii_lowercase(), self.current(client, *s)))
+                .collect(),
+        )
+    }
+
     /// `RESET name` (`RESET ALL`: `None`): back to the value the session started with.
     fn reset(&self, setting: Option<Setting>) {
         let started = self.started.lock().expect("session lock").clone();
@@ -861,10 +881,14 @@ impl SimpleQueryHandler for Session {
             let (kind, started) = (Kind::of(&stmt), Instant::now());
             let _running = self.db.running();
             let span = tracing::debug_span!("statement", sql = %text);
+            let settings = self.settings_for(&*client, &text);
             let result = eddy_cluster::log::STATEMENT_DEADLINE
                 .scope(
                     self.deadline(),
-                    self.in_time_zone(self.run(client, stmt).instrument(span)),
+                    crate::sql::query::SESSION_SETTINGS.scope(
+                        settings,
+                        self.in_time_zone(self.run(client, stmt).instrument(span)),
+                    ),
                 )
                 .await;
             self.db.statement_done(kind, &text, started);
@@ -1519,6 +1543,7 @@ impl ExtendedQueryHandler for Session {
         let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
         let _running = self.db.running();
         let span = tracing::debug_span!("statement", sql = %prepared.text);
+        let settings = self.settings_for(&*client, &prepared.text);
         let format_for = |i| portal.result_column_format.format_for(i);
         let result = async {
             match self.execute_portal(client, portal).await {
@@ -1538,7 +1563,10 @@ impl ExtendedQueryHandler for Session {
         }
         .instrument(span);
         let result = eddy_cluster::log::STATEMENT_DEADLINE
-            .scope(self.deadline(), self.in_time_zone(result))
+            .scope(
+                self.deadline(),
+                crate::sql::query::SESSION_SETTINGS.scope(settings, self.in_time_zone(result)),
+            )
             .await;
         self.db.statement_done(kind, &prepared.text, started);
         let executed = result?;

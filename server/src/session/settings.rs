@@ -128,6 +128,28 @@ impl Setting {
     }
 }
 
+/// The value `SHOW` and `current_setting` give for a PostgreSQL parameter Eddy holds
+/// fixed (`name` in lower case).
+pub fn fixed_parameter(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "server_version" => "16.6",
+        "server_version_num" => "160006",
+        "server_encoding" | "client_encoding" => "UTF8",
+        "datestyle" => "ISO, MDY",
+        "intervalstyle" => "postgres",
+        "integer_datetimes" | "standard_conforming_strings" => "on",
+        "transaction_isolation" | "default_transaction_isolation" => "read committed",
+        "transaction_read_only" | "default_transaction_read_only" => "off",
+        "search_path" => "\"$user\", public",
+        "max_identifier_length" => "63",
+        "bytea_output" => "hex",
+        "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
+            "C.UTF-8"
+        }
+        _ => return None,
+    })
+}
+
 /// PostgreSQL 15's parameters, each with its context, as `pg_settings` lists them (and
 /// `role`, `session_authorization` and `seed`, which it does not list).
 const POSTGRESQL_PARAMETERS: &str = include_str!("pg_settings.txt");

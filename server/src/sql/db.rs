@@ -1970,33 +1970,21 @@ fn session_defaults(
 /// `SHOW` of a server parameter clients read (the session's own settings are the
 /// session's); any other name is 42704, as in PostgreSQL.
 fn show_variable(name: &str, role: &str) -> Result<Executed> {
-    let value = match name.to_ascii_lowercase().as_str() {
-        "server_version" => "16.6",
-        "server_version_num" => "160006",
-        "server_encoding" | "client_encoding" => "UTF8",
-        "datestyle" => "ISO, MDY",
-        "intervalstyle" => "postgres",
+    let lower = name.to_ascii_lowercase();
+    let value = match lower.as_str() {
         "timezone" => "UTC",
-        "integer_datetimes" | "standard_conforming_strings" => "on",
-        "transaction_isolation" | "default_transaction_isolation" => "read committed",
-        "transaction_read_only" | "default_transaction_read_only" => "off",
-        "search_path" => "\"$user\", public",
         "session_authorization" => return Ok(Executed::rows(
             vec![Column::text("session_authorization")],
             vec![vec![Cell::text(role.to_string())]],
         )),
-        "max_identifier_length" => "63",
-        "bytea_output" => "hex",
-        "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
-            "C.UTF-8"
-        }
-        _ => {
-            return Err(Error::new(
+        other => match crate::session::settings::fixed_parameter(other) {
+            Some(value) => value,
+            None => return Err(Error::new(
                 ErrorKind::UndefinedObject,
                 format!("unrecognized configuration parameter \"{name}\""),
             )
-            .with_hint("SHOW LIMITS lists the server's limits; the session settings are synchronous_commit, statement_timeout, TimeZone, application_name and subscription_rows_max."))
-        }
+            .with_hint("SHOW LIMITS lists the server's limits; the session settings are synchronous_commit, statement_timeout, TimeZone, application_name and subscription_rows_max.")),
+        },
     };
     Ok(Executed::new(Output::Rows {
         columns: vec![Column::text(name)],

@@ -202,6 +202,28 @@ tokio::task_local! {
     pub static SESSION_FORMAT: Arc<pgwire::types::format::FormatOptions>;
 }
 
+tokio::task_local! {
+    /// The running statement's session settings by lower-case name, for
+    /// `current_setting`: set by the session around a statement that names that function
+    /// (empty for the others).
+    pub static SESSION_SETTINGS: Arc<Vec<(String, String)>>;
+}
+
+/// The value of parameter `name` in the running statement's session: one of the
+/// session's settings, else one Eddy shows as fixed (`settings::fixed_parameter`).
+pub fn session_setting(name: &str) -> Option<String> {
+    let name = name.to_ascii_lowercase();
+    let own = SESSION_SETTINGS
+        .try_with(|s| s.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone()))
+        .ok()
+        .flatten();
+    own.or_else(|| {
+        crate::session::settings::Setting::named(&name)
+            .map(|s| s.default_value().to_string())
+            .or_else(|| crate::session::settings::fixed_parameter(&name).map(str::to_string))
+    })
+}
+
 /// `f` of the running statement's session TimeZone.
 pub fn with_session_time_zone<T>(f: impl FnOnce(&str) -> T) -> T {
     match SESSION_FORMAT.try_with(|o| o.clone()) {

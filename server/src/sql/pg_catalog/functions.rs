@@ -385,6 +385,10 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
             justify(&a[0], true, true)
         }),
         fallible_function("width_bucket", &[4], Int32, width_bucket),
+        // The rewrite passes current_setting the session's value (`rewrite::current_setting`).
+        function("current_setting", &[1], Utf8, |a| {
+            text(a.first().and_then(pg_text))
+        }),
         function("col_description", &[2], Utf8, null_text),
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),

@@ -221,6 +221,31 @@ fn fetch_clause(query: &mut Query, fetch: ast::Fetch) -> Result<()> {
     Ok(())
 }
 
+/// `current_setting('name' [, missing_ok])`: the session's value, as a literal passed to
+/// the one-argument `current_setting`, which returns it (so the column keeps its name).
+/// An unknown name is 42704, or NULL when `missing_ok` is true.
+fn current_setting(list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
+    use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+    let (name, missing_ok) = match list.args.as_slice() {
+        [Unnamed(Arg(name))] => (string_literal(name)?, false),
+        [Unnamed(Arg(name)), Unnamed(Arg(Expr::Value(v)))] => match &v.value {
+            Value::Boolean(ok) => (string_literal(name)?, *ok),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let value = match crate::sql::query::session_setting(name) {
+        Some(v) => Expr::value(Value::SingleQuotedString(v)),
+        None if missing_ok => Expr::value(Value::Null),
+        None => {
+            return Some(Err(DataFusionError::Plan(format!(
+                "unrecognized configuration parameter \"{name}\""
+            ))))
+        }
+    };
+    Some(Ok(call("current_setting", vec![value])))
+}
+
 /// Functions that are window functions only: PostgreSQL refuses them without OVER (42809).
 const WINDOW_ONLY: [&str; 11] = [
     "row_number",
@@ -1087,6 +1112,9 @@ impl Rewriter<'_> {
                     _ if parts(&f.name) == ["information_schema", "_pg_expandarray"] => {
                         f.name.0.remove(0);
                         Some(Ok(call("unnest", vec![expr.clone()])))
+                    }
+                    FunctionArguments::List(list) if parts(&f.name) == ["current_setting"] => {
+                        current_setting(list)
                     }
                     FunctionArguments::List(list) => datetime_call(&parts(&f.name), list),
                     _ => None,
