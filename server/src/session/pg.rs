@@ -275,15 +275,28 @@ impl Session {
         }
     }
 
-    /// The session's settings for a statement whose text names `current_setting` (the
-    /// rewrite reads them: `query::session_setting`); an empty list for the others.
-    fn settings_for<C: ClientInfo>(&self, client: &C, text: &str) -> Arc<Vec<(String, String)>> {
+    /// The session's settings for a query whose text names `current_setting` (the
+    /// rewrite reads them: `query::session_setting`); an empty list for the others, with
+    /// no scan of an INSERT's text.
+    fn settings_for<C: ClientInfo>(
+        &self,
+        client: &C,
+        stmt: &Statement,
+        text: &str,
+    ) -> Arc<Vec<(String, String)>> {
         static NONE: std::sync::LazyLock<Arc<Vec<(String, String)>>> =
             std::sync::LazyLock::new(Arc::default);
-        let names = text
-            .as_bytes()
-            .windows(b"current_setting".len())
-            .any(|w| w.eq_ignore_ascii_case(b"current_setting"));
+        const NAME: &[u8] = b"current_setting";
+        // Found by its underscore, the eighth byte: a statement has few.
+        let bytes = text.as_bytes();
+        let names = matches!(stmt, Statement::Query(_))
+            && bytes.iter().enumerate().any(|(i, b)| {
+                *b == b'_'
+                    && i >= 7
+                    && bytes
+                        .get(i - 7..i + 8)
+                        .is_some_and(|w| w.eq_ignore_ascii_case(NAME))
+            });
         if !names {
             return NONE.clone();
         }
@@ -881,7 +894,7 @@ impl SimpleQueryHandler for Session {
             let (kind, started) = (Kind::of(&stmt), Instant::now());
             let _running = self.db.running();
             let span = tracing::debug_span!("statement", sql = %text);
-            let settings = self.settings_for(&*client, &text);
+            let settings = self.settings_for(&*client, &stmt, &text);
             let result = eddy_cluster::log::STATEMENT_DEADLINE
                 .scope(
                     self.deadline(),
@@ -1543,7 +1556,7 @@ impl ExtendedQueryHandler for Session {
         let (kind, started) = (Kind::of(&prepared.stmt), Instant::now());
         let _running = self.db.running();
         let span = tracing::debug_span!("statement", sql = %prepared.text);
-        let settings = self.settings_for(&*client, &prepared.text);
+        let settings = self.settings_for(&*client, &prepared.stmt, &prepared.text);
         let format_for = |i| portal.result_column_format.format_for(i);
         let result = async {
             match self.execute_portal(client, portal).await {
