@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// An unqualified column that more than one FROM item has.
     AmbiguousColumn,
     UndefinedFunction,
+    /// A schema that does not exist.
+    InvalidSchemaName,
     /// A bad bucket count or bounds in `width_bucket`.
     InvalidWidthBucket,
     /// A parameter only the server sets (`SET shared_buffers`).
@@ -89,6 +91,7 @@ impl ErrorKind {
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::CantChangeParameter => "55P02",
             ErrorKind::InvalidWidthBucket => "2201G",
+            ErrorKind::InvalidSchemaName => "3F000",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",

@@ -55,7 +55,7 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
 
 /// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
 /// message for: (words in DataFusion's message, kind, PostgreSQL's message).
-const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 13] = [
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
     (
         "Aggregate function calls cannot be nested",
         ErrorKind::Grouping,
@@ -91,33 +91,6 @@ const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 13] = [
         ErrorKind::UndefinedObject,
         "type \"{}\" does not exist",
     ),
-    // Eddy's own words (`pg_catalog::rewrite` and its functions), kept as they are.
-    ("requires an OVER clause", ErrorKind::WrongObjectType, ""),
-    (
-        "unrecognized configuration parameter",
-        ErrorKind::UndefinedObject,
-        "",
-    ),
-    (
-        "count must be greater than zero",
-        ErrorKind::InvalidWidthBucket,
-        "count must be greater than zero",
-    ),
-    (
-        "lower bound cannot equal upper bound",
-        ErrorKind::InvalidWidthBucket,
-        "lower bound cannot equal upper bound",
-    ),
-    (
-        "upper bound cannot be NaN",
-        ErrorKind::InvalidWidthBucket,
-        "operand, lower bound, and upper bound cannot be NaN",
-    ),
-    (
-        "lower and upper bounds must be finite",
-        ErrorKind::InvalidWidthBucket,
-        "lower and upper bounds must be finite",
-    ),
 ];
 
 /// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its
@@ -135,23 +108,9 @@ fn postgresql_error(message: &str) -> Option<Error> {
             format!("column \"{column}\" must appear in the GROUP BY clause or be used in an aggregate function"),
         ));
     }
-    // Names the catalog rewrite does not find (`'x'::regclass`, `'x'::regtype`).
-    if message.ends_with("does not exist") {
-        for (what, kind) in [
-            ("relation", ErrorKind::UndefinedTable),
-            ("type", ErrorKind::UndefinedObject),
-        ] {
-            if message.starts_with(&format!("{what} \"")) {
-                return Some(Error::new(kind, message));
-            }
-        }
-    }
     let (words, kind, text) = POSTGRESQL_ERRORS
         .iter()
         .find(|(words, _, _)| message.contains(words))?;
-    if text.is_empty() {
-        return Some(Error::new(*kind, message));
-    }
     Some(Error::new(*kind, text.replace("{}", &after(words)?)))
 }
 
@@ -225,6 +184,10 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
                 ),
                 None => Error::new(ErrorKind::InvalidText, message),
             }
+        }
+        // Eddy's own errors raised inside DataFusion (rewrites, functions, table scans).
+        DataFusionError::External(inner) if inner.is::<Error>() => {
+            *inner.downcast::<Error>().expect("checked")
         }
         DataFusionError::Context(_, inner) => datafusion_error(*inner),
         DataFusionError::Diagnostic(_, inner) => datafusion_error(*inner),

@@ -277,17 +277,17 @@ pub async fn run_within(
     limits: &Limits,
 ) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
     use futures::StreamExt;
-    let plan = pg_catalog::plan(ctx, sql).await.map_err(unwrap_external)?;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
     let df = ctx
         .execute_logical_plan(plan)
         .await
-        .map_err(unwrap_external)?;
+        .map_err(datafusion_error)?;
     let schema = df.schema().as_arrow().clone();
-    let mut stream = df.execute_stream().await.map_err(unwrap_external)?;
+    let mut stream = df.execute_stream().await.map_err(datafusion_error)?;
     let mut batches = Vec::new();
     let mut held = 0u64;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(unwrap_external)?;
+        let batch = batch.map_err(datafusion_error)?;
         held += batch.get_array_memory_size() as u64;
         limits.check(Limit::SessionMemoryBytes, held, "the query's result")?;
         batches.push(batch);
@@ -319,7 +319,7 @@ pub async fn evaluate(
         .collect();
     let plan = pg_catalog::plan(ctx, &format!("SELECT {}", items.join(", ")))
         .await
-        .map_err(unwrap_external)?;
+        .map_err(datafusion_error)?;
     if !tables_read(&plan).is_empty() {
         return Err(Error::unsupported(
             "an INSERT's VALUES expressions may not read streams or metrics",
@@ -329,10 +329,10 @@ pub async fn evaluate(
     let batches = ctx
         .execute_logical_plan(plan)
         .await
-        .map_err(unwrap_external)?
+        .map_err(datafusion_error)?
         .collect()
         .await
-        .map_err(unwrap_external)?;
+        .map_err(datafusion_error)?;
     let batch = batches
         .iter()
         .find(|b| b.num_rows() == 1)
@@ -375,7 +375,7 @@ pub async fn describe(
     Vec<Column>,
     Vec<Option<datafusion::arrow::datatypes::DataType>>,
 )> {
-    let plan = pg_catalog::plan(ctx, sql).await.map_err(unwrap_external)?;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
     let columns = plan
         .schema()
         .fields()
@@ -424,18 +424,6 @@ pub(crate) fn pg_column_name(name: &str) -> String {
         }
     } else {
         "?column?".to_string()
-    }
-}
-
-/// Errors raised inside table scans come back wrapped; unwrap Eddy's own.
-fn unwrap_external(e: datafusion::error::DataFusionError) -> Error {
-    match e {
-        datafusion::error::DataFusionError::External(inner) => match inner.downcast::<Error>() {
-            Ok(err) => *err,
-            Err(other) => Error::internal(other.to_string()),
-        },
-        datafusion::error::DataFusionError::Context(_, inner) => unwrap_external(*inner),
-        other => datafusion_error(other),
     }
 }
 

@@ -12,13 +12,16 @@ use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
     Volatility,
 };
 use datafusion::prelude::SessionContext;
 
+use eddy_planner::ErrorKind;
+
+use super::arith::external;
 use super::{Snapshot, ROLE_NAME, ROLE_OID, TYPES};
 
 type Eval = Arc<dyn Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync>;
@@ -151,32 +154,33 @@ pub(super) fn typed_function(
     returns: DataType,
     eval: impl Fn(&[ScalarValue]) -> ScalarValue + Send + Sync + 'static,
 ) -> ScalarUDF {
-    ScalarUDF::new_from_impl(CatalogFunction {
-        name,
-        aliases: vec![format!("pg_catalog.{name}")],
-        signature: Signature::one_of(signatures, Volatility::Stable),
-        returns,
-        eval: Arc::new(move |a| Ok(eval(a))),
-    })
+    catalog_function(name, signatures, returns, Arc::new(move |a| Ok(eval(a))))
 }
 
-/// `function`, whose evaluation may fail (its message then gives the SQLSTATE:
-/// `eddy_planner::filter::datafusion_error`).
+/// `function`, whose evaluation may fail (with `arith::external`'s errors, which carry
+/// their SQLSTATE).
 pub(super) fn fallible_function(
     name: &'static str,
     arities: &[usize],
     returns: DataType,
     eval: impl Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync + 'static,
 ) -> ScalarUDF {
+    let signatures = arities.iter().map(|n| TypeSignature::Any(*n)).collect();
+    catalog_function(name, signatures, returns, Arc::new(eval))
+}
+
+fn catalog_function(
+    name: &'static str,
+    signatures: Vec<TypeSignature>,
+    returns: DataType,
+    eval: Eval,
+) -> ScalarUDF {
     ScalarUDF::new_from_impl(CatalogFunction {
         name,
         aliases: vec![format!("pg_catalog.{name}")],
-        signature: Signature::one_of(
-            arities.iter().map(|n| TypeSignature::Any(*n)).collect(),
-            Volatility::Stable,
-        ),
+        signature: Signature::one_of(signatures, Volatility::Stable),
         returns,
-        eval: Arc::new(eval),
+        eval,
     })
 }
 
@@ -538,7 +542,7 @@ fn width_bucket(a: &[ScalarValue]) -> Result<ScalarValue> {
     let (Some(x), Some(low), Some(high)) = (float(&a[0]), float(&a[1]), float(&a[2])) else {
         return Ok(ScalarValue::Int32(None));
     };
-    let refuse = |why: &str| Err(DataFusionError::Execution(why.to_string()));
+    let refuse = |why: &str| Err(external(ErrorKind::InvalidWidthBucket, why));
     if count <= 0 {
         return refuse("count must be greater than zero");
     }
@@ -560,7 +564,7 @@ fn width_bucket(a: &[ScalarValue]) -> Result<ScalarValue> {
     let above = |count: i32| {
         count
             .checked_add(1)
-            .ok_or_else(|| DataFusionError::Execution("integer out of range".into()))
+            .ok_or_else(|| external(ErrorKind::NumericOutOfRange, "integer out of range"))
     };
     let bucket = if low < high {
         if x < low {

@@ -46,9 +46,13 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use eddy_planner::sql::normalize_ident;
+use eddy_planner::ErrorKind;
+
+use super::arith::external;
 
 use super::{
-    datetime, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG, NAMESPACE_PUBLIC, TYPES,
+    datetime, PgType, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG,
+    NAMESPACE_PUBLIC, TYPES,
 };
 
 /// Rewrites `statement` in place.
@@ -238,9 +242,10 @@ fn current_setting(list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
         Some(v) => Expr::value(Value::SingleQuotedString(v)),
         None if missing_ok => Expr::value(Value::Null),
         None => {
-            return Some(Err(DataFusionError::Plan(format!(
-                "unrecognized configuration parameter \"{name}\""
-            ))))
+            return Some(Err(external(
+                ErrorKind::UndefinedObject,
+                &format!("unrecognized configuration parameter \"{name}\""),
+            )))
         }
     };
     Some(Ok(call("current_setting", vec![value])))
@@ -349,35 +354,41 @@ fn number(n: i32) -> Expr {
     Expr::value(Value::Number(n.to_string(), false))
 }
 
-fn undefined(kind: &str, name: &str) -> DataFusionError {
-    DataFusionError::Plan(format!("{kind} \"{name}\" does not exist"))
+/// `what "name" does not exist`, with its SQLSTATE (`arith::external`).
+fn undefined(kind: ErrorKind, what: &str, name: &str) -> DataFusionError {
+    external(kind, &format!("{what} \"{name}\" does not exist"))
 }
 
 impl Rewriter<'_> {
+    /// The oid of the relation `'name'::regclass` names.
+    fn regclass(&self, name: &str) -> Result<i32> {
+        self.snapshot
+            .regclass(name)
+            .ok_or_else(|| undefined(ErrorKind::UndefinedTable, "relation", name))
+    }
+
+    /// The type `'name'::regtype` names.
+    fn regtype(name: &str) -> Result<&'static PgType> {
+        let bare = name.trim_start_matches("pg_catalog.");
+        TYPES
+            .iter()
+            .find(|t| t.name == bare || t.display == bare)
+            .ok_or_else(|| undefined(ErrorKind::UndefinedObject, "type", name))
+    }
+
     /// `expr::type` for PostgreSQL's own types; `None` leaves the cast alone.
     fn cast(&self, expr: &Expr, type_name: &str) -> Result<Option<Expr>> {
         let literal = string_literal(expr);
         Ok(Some(match (type_name, literal) {
-            ("regclass", Some(s)) => number(
-                self.snapshot
-                    .regclass(s)
-                    .ok_or_else(|| undefined("relation", s))?,
-            ),
+            ("regclass", Some(s)) => number(self.regclass(s)?),
             ("regclass", None) => call("regclassout", vec![expr.clone()]),
-            ("regtype", Some(s)) => {
-                let name = s.trim_start_matches("pg_catalog.");
-                let t = TYPES
-                    .iter()
-                    .find(|t| t.name == name || t.display == name)
-                    .ok_or_else(|| undefined("type", s))?;
-                number(t.oid)
-            }
+            ("regtype", Some(s)) => number(Self::regtype(s)?.oid),
             ("regtype", None) => call("format_type", vec![expr.clone(), Expr::value(Value::Null)]),
             ("regnamespace", Some(s)) => number(match s {
                 "pg_catalog" => NAMESPACE_PG_CATALOG,
                 "public" => NAMESPACE_PUBLIC,
                 "information_schema" => NAMESPACE_INFORMATION_SCHEMA,
-                other => return Err(undefined("schema", other)),
+                other => return Err(undefined(ErrorKind::InvalidSchemaName, "schema", other)),
             }),
             ("regnamespace", None) => call("regnamespaceout", vec![expr.clone()]),
             // Functions are named by text (`pg_type.typinput` holds the name).
@@ -994,18 +1005,13 @@ impl Rewriter<'_> {
             return ControlFlow::Continue(());
         };
         let name = match kind.as_str() {
-            "regclass" => match self.snapshot.regclass(s) {
-                Some(oid) => self.snapshot.regclass_name(oid),
-                None => return ControlFlow::Break(undefined("relation", s)),
-            },
-            "regtype" => {
-                let bare = s.trim_start_matches("pg_catalog.");
-                match TYPES.iter().find(|t| t.name == bare || t.display == bare) {
-                    Some(t) => t.display.to_string(),
-                    None => return ControlFlow::Break(undefined("type", s)),
-                }
-            }
+            "regclass" => self.regclass(s).map(|oid| self.snapshot.regclass_name(oid)),
+            "regtype" => Self::regtype(s).map(|t| t.display.to_string()),
             _ => return ControlFlow::Continue(()),
+        };
+        let name = match name {
+            Ok(name) => name,
+            Err(e) => return ControlFlow::Break(e),
         };
         // The outer cast stays: the column is named `text`, as in PostgreSQL.
         **inner = Expr::value(Value::SingleQuotedString(name));
@@ -1078,10 +1084,13 @@ impl Rewriter<'_> {
                     && f.within_group.is_empty()
                     && matches!(parts(&f.name).as_slice(), [n] if WINDOW_ONLY.contains(&n.as_str())) =>
             {
-                Some(Err(DataFusionError::Plan(format!(
-                    "window function {} requires an OVER clause",
-                    parts(&f.name)[0]
-                ))))
+                Some(Err(external(
+                    ErrorKind::WrongObjectType,
+                    &format!(
+                        "window function {} requires an OVER clause",
+                        parts(&f.name)[0]
+                    ),
+                )))
             }
             Expr::Function(f) => {
                 unqualify(&mut f.name);
