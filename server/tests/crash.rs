@@ -23,7 +23,7 @@ const PARTITIONS: u32 = 4;
 /// Events acknowledged by the end of each round at least, whatever the machine's speed:
 /// by the last restart their event time (10 ms an id) passes the stream's lateness (10 s)
 /// by several seconds, so the restarts go through sealed chunks, not only the log.
-const ACKED_PER_ROUND: usize = 300;
+const ACKED_PER_ROUND: usize = 600;
 
 fn ts_text(id: i64) -> String {
     let base = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
