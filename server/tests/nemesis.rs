@@ -203,9 +203,17 @@ fn spawn_node(cluster: &str, id: &str, dir: &std::path::Path, kafka: &str) -> (c
 #[derive(Default)]
 struct Shared {
     ports: Mutex<Vec<Option<u16>>>,
+    /// Nodes a client of the pool could not connect to, and when: writers pass over
+    /// them for `HOST_RECHECK`, as pgjdbc's multi-host pool does (its
+    /// `GlobalHostStatusTracker` and `hostRecheckSeconds`). A node that answers again is
+    /// taken off. Readers still ask every node, so a node that lost its tasks is asked.
+    down: Mutex<HashMap<u16, Instant>>,
     next_id: AtomicI64,
     stop: AtomicBool,
 }
+
+/// How long a writer passes over a node it could not connect to.
+const HOST_RECHECK: Duration = Duration::from_secs(10);
 
 /// One write: its event, when it was sent, and its outcome.
 #[derive(Clone, Debug)]
@@ -268,6 +276,8 @@ fn error_name(e: &tokio_postgres::Error) -> String {
 struct Client {
     at: usize,
     conn: Option<(u16, tokio_postgres::Client)>,
+    /// Whether it passes over the nodes the pool could not connect to (`Shared::down`).
+    skip_down: bool,
 }
 
 impl Client {
@@ -280,6 +290,18 @@ impl Client {
         if self.conn.is_none() {
             let port = {
                 let ports = shared.ports.lock().unwrap();
+                if self.skip_down {
+                    let down = shared.down.lock().unwrap();
+                    let up = |at: &usize| {
+                        ports[at % ports.len()].is_some_and(|p| {
+                            down.get(&p).is_none_or(|since| since.elapsed() > HOST_RECHECK)
+                        })
+                    };
+                    // The next node the pool thinks is up, else the next one.
+                    if let Some(at) = (self.at..self.at + ports.len()).find(up) {
+                        self.at = at;
+                    }
+                }
                 ports[self.at % ports.len()]
             };
             let Some(port) = port else {
@@ -287,8 +309,12 @@ impl Client {
                 return (0, Err("connection".into()));
             };
             match connect(port).await {
-                Some(c) => self.conn = Some((port, c)),
+                Some(c) => {
+                    shared.down.lock().unwrap().remove(&port);
+                    self.conn = Some((port, c))
+                }
                 None => {
+                    shared.down.lock().unwrap().insert(port, Instant::now());
                     self.at += 1;
                     return (port, Err("connection".into()));
                 }
@@ -322,7 +348,11 @@ fn first_row(rows: &[tokio_postgres::SimpleQueryMessage]) -> Option<(i64, i64)> 
 
 async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (w as u64 + 1));
-    let mut client = Client { at: w, conn: None };
+    let mut client = Client {
+        at: w,
+        conn: None,
+        skip_down: true,
+    };
     while !shared.stop.load(Ordering::Acquire) {
         let id = shared.next_id.fetch_add(1, Ordering::AcqRel);
         let card = w + WRITERS * rng.random_range(0..CARDS / WRITERS);
@@ -371,7 +401,11 @@ async fn writer(w: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, see
 
 async fn reader(r: usize, shared: Arc<Shared>, history: Arc<Mutex<History>>, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (100 + r as u64));
-    let mut client = Client { at: r, conn: None };
+    let mut client = Client {
+        at: r,
+        conn: None,
+        skip_down: false,
+    };
     while !shared.stop.load(Ordering::Acquire) {
         let card = rng.random_range(0..CARDS);
         // Every node in turn, so a node that lost its tasks is asked too.

@@ -43,6 +43,15 @@ pub(super) struct TaskTopic {
 }
 pub(super) type Routes = Arc<RwLock<HashMap<String, (String, usize)>>>;
 
+/// Records a task new to this node and active here replays from its own checkpoint
+/// rather than take a peer's newer one. A peer's checkpoint would skip the records
+/// below it, and only the node that applies a record as its active copy answers it: a
+/// node restarted under its own id that took a replica's checkpoint never answered the
+/// statements sent while it was down, and their askers waited out their time
+/// (`REPLY_TIMEOUT`). Replayed, each recent record is answered again (an asker takes
+/// the first answer and drops the rest). Replaying this many costs well under a second.
+const REPLAY_OVER_PEER: u64 = 10_000;
+
 /// Answered events a replica keeps, per task, at most.
 const UNSENT_MAX: usize = 100_000;
 
@@ -188,9 +197,9 @@ fn recent(m: &rdkafka::message::OwnedMessage) -> bool {
 
 /// How a node given a task it lacks gets the task's checkpoint from a peer (`peer`).
 pub trait Recover: Send + Sync {
-    /// Brings `task`, which resumes at offset `after` here, up to a newer checkpoint of a
-    /// peer if there is one, then calls `done` with the offset it resumes from: `Some`
-    /// after an install, `None` to replay the partition from `after`. Returns false, and
+    /// Brings `task` up to a peer's checkpoint newer than offset `after` if there is
+    /// one, then calls `done` with the offset it resumes from: `Some` after an install,
+    /// `None` to replay the partition from where it stands here. Returns false, and
     /// drops `done`, when no other node may have a checkpoint of it.
     fn recover(&self, task: TaskId, after: u64, done: Box<dyn FnOnce(Option<u64>) + Send>) -> bool;
 }
@@ -293,7 +302,7 @@ impl Kafka {
             held.retain(|t, _| roles.contains_key(t));
             for (task, active) in roles {
                 if !held.contains_key(&task) {
-                    new.push(task.clone());
+                    new.push((task.clone(), active));
                 }
                 let role = held.entry(task).or_default().clone();
                 role.set_active(active);
@@ -301,7 +310,7 @@ impl Kafka {
             changed
         };
         if let Some(recovery) = recovery {
-            for task in new {
+            for (task, active) in new {
                 let Some(topic) = self.topic_of_task(&task) else {
                     continue;
                 };
@@ -309,6 +318,13 @@ impl Kafka {
                 let after = {
                     let positions = self.tasks.positions.lock().expect("positions lock");
                     positions.get(&key).copied().unwrap_or(0).max(0) as u64
+                };
+                // An active task replays what it can rather than skip records whose
+                // askers may still wait (`REPLAY_OVER_PEER`).
+                let newer_than = if active {
+                    after.saturating_add(REPLAY_OVER_PEER)
+                } else {
+                    after
                 };
                 if !self
                     .tasks
@@ -323,7 +339,7 @@ impl Kafka {
                 let id = task.clone();
                 let asked = recovery.recover(
                     task.clone(),
-                    after,
+                    newer_than,
                     Box::new(move |end| me.recovered(&id, key, end)),
                 );
                 if !asked {

@@ -249,6 +249,7 @@ impl Kafka {
                 }
             }
             let mut wait = Duration::from_millis(20);
+            let mut newest = None;
             while let Some(Ok(m)) = tail.poll(wait) {
                 wait = Duration::ZERO;
                 let format = format_of(&m);
@@ -293,10 +294,17 @@ impl Kafka {
                     }
                     continue;
                 }
-                if self.cluster_record(key, body, m.offset(), &mut handover) {
-                    // Tell the others at once that this node applies the new plan.
-                    beaten = Instant::now() - beat_every(session);
+                if let Some(plan) = self.cluster_record(key, body, m.offset(), &mut handover) {
+                    newest = Some(plan);
                 }
+            }
+            // Only the newest of the plans read at once is taken: a node that starts
+            // reads the plans of the cluster's whole past, and a task it held in one of
+            // them would start recovering under a role it no longer has.
+            if let Some(plan) = newest.take() {
+                self.apply_plan(&plan);
+                // Tell the others at once that this node applies the new plan.
+                beaten = Instant::now() - beat_every(session);
             }
             self.open_takeovers(&handover, &tail);
             if described.elapsed() < DESCRIBE_EVERY {
@@ -399,15 +407,15 @@ impl Kafka {
         }
     }
 
-    /// A record of the cluster topic at `offset`: a node's facts, or a plan to apply.
-    /// Returns whether it was a plan.
+    /// A record of the cluster topic at `offset`: a node's facts, or a plan, which it
+    /// returns for the caller to apply.
     fn cluster_record(
         self: &Arc<Self>,
         key: &[u8],
         body: &[u8],
         offset: i64,
         handover: &mut Handover,
-    ) -> bool {
+    ) -> Option<Arc<ClusterPlan>> {
         if let Some(node) = key.strip_prefix(b"member/") {
             if let Ok(facts) = serde_json::from_slice::<NodeFacts>(body) {
                 let node = String::from_utf8_lossy(node).into_owned();
@@ -438,13 +446,12 @@ impl Kafka {
                         plan.epoch,
                         plan.leader
                     );
-                    self.apply_plan(&plan);
-                    return true;
+                    return Some(plan);
                 }
                 Err(e) => tracing::warn!("kafka: an unreadable plan: {e}"),
             }
         }
-        false
+        None
     }
 
     /// Opens the tasks this node was made active for once no other node answers for
