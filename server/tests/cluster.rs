@@ -2,7 +2,8 @@
 //! (`EDDY_TEST_KAFKA`): three nodes standing for three hosts, two copies of every task.
 //! Writers insert through every node while one node is killed with kill -9, restarted
 //! on its stale data directory, and joined by a fresh fourth node; a cluster is upgraded
-//! node by node from format 1; a node restored from its backup rejoins. At the end every
+//! node by node from format 1; a node restored from its backup rejoins; a node restarted
+//! under its own id answers the statements sent while it was down. At the end every
 //! acknowledged event was applied exactly once, as every node reads it.
 //!
 //! On three brokers with three copies of every topic (min.insync.replicas 2, acks=all):
@@ -678,6 +679,67 @@ async fn a_node_restored_from_its_backup_rejoins_its_cluster() {
         })
         .count();
     assert!(held > 0, "the restored n2 holds no task");
+    for n in nodes {
+        if let Some(e) = n.eddy {
+            e.terminate();
+        }
+    }
+}
+
+/// A node killed with kill -9 and restarted under its own id before its session ends
+/// keeps its tasks (static membership). Statements sent through the other node for those
+/// tasks while it was down are applied by the other node's replicas, which checkpoint
+/// them; the restarted node must still answer them, not resume past them from that
+/// checkpoint and leave them waiting until they fail with 40003.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_sent_while_a_node_restarts_under_its_own_id_are_answered() {
+    let cluster = format!("restart{}", std::process::id());
+    // A long session, so the leader never counts n1 gone while it restarts: only n1's
+    // restarted process can answer for its tasks.
+    let session = [("EDDY_SESSION_TIMEOUT", "30")];
+    let mut nodes: Vec<Node> = ["n1", "n2"]
+        .iter()
+        .map(|id| start_node_env(&cluster, id, temp_dir(&format!("restart-{id}")), &session))
+        .collect();
+    create_and_learn(&nodes).await;
+    await_members(nodes[0].port, &["n1", "n2"]).await;
+    let client = connect_port(nodes[1].port).await;
+    let on_n1 = simple_rows(&client, "SHOW TASKS")
+        .await
+        .iter()
+        .filter(|r| r[3].as_deref() == Some("n1"))
+        .count();
+    assert!(on_n1 > 0, "n1 is active for no task");
+
+    let mut killed = nodes[0].eddy.take().unwrap();
+    killed.0.kill().unwrap();
+    let _ = killed.0.wait();
+    // One statement per card through n2: 48 cards reach most of the 12 tasks.
+    let mut sent = Vec::new();
+    for card in 0..48 {
+        let port = nodes[1].port;
+        sent.push(tokio::spawn(async move {
+            let c = connect_port(port).await;
+            let sql = format!(
+                "INSERT INTO pay VALUES ({}, '2026-01-01 10:00:00', 'r{card}', 7) RETURNING total.n",
+                1_000_000 + card
+            );
+            (card, c.simple_query(&sql).await.map_err(|e| format!("{e:?}")))
+        }));
+    }
+    // n2's copies apply them and checkpoint (every 0.2 s) before n1 comes back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dir = std::mem::replace(&mut nodes[0].dir, temp_dir("restart-n1-unused"));
+    nodes[0] = start_node_env(&cluster, "n1", dir, &session);
+    for s in sent {
+        let (card, result) = s.await.unwrap();
+        let rows = result.unwrap_or_else(|e| panic!("the insert of card r{card}: {e}"));
+        let n = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        });
+        assert_eq!(n.as_deref(), Some("1"), "card r{card}'s count");
+    }
     for n in nodes {
         if let Some(e) = n.eddy {
             e.terminate();
