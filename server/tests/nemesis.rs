@@ -294,7 +294,8 @@ impl Client {
                     let down = shared.down.lock().unwrap();
                     let up = |at: &usize| {
                         ports[at % ports.len()].is_some_and(|p| {
-                            down.get(&p).is_none_or(|since| since.elapsed() > HOST_RECHECK)
+                            down.get(&p)
+                                .is_none_or(|since| since.elapsed() > HOST_RECHECK)
                         })
                     };
                     // The next node the pool thinks is up, else the next one.
