@@ -109,11 +109,32 @@ pub struct View {
     pub plan: Arc<ClusterPlan>,
     /// Its generation: the offset of its record on the cluster topic (`lease`).
     pub generation: u64,
+    /// Per task, the generation of the plan that made its active copy active where it
+    /// is: the first plan read, 0 (its history is unknown). A reply answered under an
+    /// older plan is refused (`log::kafka::produce::deliver_reply`).
+    pub moved: BTreeMap<TaskId, u64>,
     /// The tasks of this node's catalog.
     pub tasks: BTreeSet<TaskId>,
 }
 
 impl View {
+    /// Takes the plan of record `generation` as the newest, and notes where it moved a
+    /// task's active copy (`moved`).
+    pub fn take_plan(&mut self, generation: u64, plan: Arc<ClusterPlan>) {
+        let first = self.plan.epoch == 0;
+        for (task, placement) in &plan.tasks {
+            let before = self.plan.placement(task).map(|p| p.active.as_str());
+            if first {
+                self.moved.insert(task.clone(), 0);
+            } else if before != Some(placement.active.as_str()) {
+                self.moved.insert(task.clone(), generation);
+            }
+        }
+        self.moved.retain(|task, _| plan.placement(task).is_some());
+        self.plan = plan;
+        self.generation = generation;
+    }
+
     /// The format a node that reads up to `own` writes: the lowest any live member reads.
     /// A member whose facts are not read yet, or no members known yet, count as the
     /// oldest format.
@@ -235,6 +256,7 @@ mod tests {
             alive: alive.iter().map(|s| s.to_string()).collect(),
             plan: Arc::default(),
             generation: 0,
+            moved: BTreeMap::new(),
             tasks: (0..tasks).map(task).collect(),
         }
     }
@@ -328,6 +350,33 @@ mod tests {
         v.facts.get_mut("c").unwrap().stale = vec![task(0)];
         let plan = v.next_plan("a", 1).unwrap();
         assert_eq!(plan.tasks[0].1.active, "c");
+    }
+
+    #[test]
+    fn a_task_is_moved_by_the_plan_that_changes_its_active_copy() {
+        let v = view(&["a", "b"], 2);
+        let first = v.next_plan("a", 2).unwrap();
+        let mut seen = View::default();
+        // Nothing is known of the history before the first plan read.
+        seen.take_plan(5, Arc::new(first.clone()));
+        assert!(seen.moved.values().all(|g| *g == 0));
+        // The same placements again move nothing.
+        seen.take_plan(9, Arc::new(first.clone()));
+        assert!(seen.moved.values().all(|g| *g == 0));
+        let mut next = first.clone();
+        next.epoch += 1;
+        let swapped = &mut next.tasks[1].1;
+        let old = swapped.active.clone();
+        swapped.active = swapped.replicas[0].clone();
+        swapped.replicas[0] = old;
+        seen.take_plan(12, Arc::new(next.clone()));
+        assert_eq!(seen.moved[&next.tasks[1].0], 12);
+        assert_eq!(seen.moved[&next.tasks[0].0], 0);
+        // A task no plan holds any more is forgotten.
+        next.tasks.truncate(1);
+        seen.take_plan(15, Arc::new(next));
+        assert_eq!(seen.moved.len(), 1);
+        assert_eq!(seen.generation, 15);
     }
 
     #[test]

@@ -1229,6 +1229,11 @@ impl Db {
                     &k.replies_received,
                 ),
                 (
+                    "eddy_kafka_replies_refused_total",
+                    "Reply slots refused: answered under an older plan than the one that made their task active where it is.",
+                    &k.replies_refused,
+                ),
+                (
                     "eddy_kafka_assignments_total",
                     "Partition assignments the task consumer received (group rebalances).",
                     &k.assignments,

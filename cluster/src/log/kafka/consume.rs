@@ -387,7 +387,9 @@ impl Kafka {
     /// Opens an active task (`Role::open`); reads wait for `ready` to be delivered.
     pub(super) fn open_role(&self, role: &Role, ready: i64) {
         role.open(ready, &self.fence, |(_, asks, result)| {
-            self.publisher.answerer.send(asks, result)
+            self.publisher
+                .answerer
+                .send(self.fence.generation(), asks, result)
         });
     }
 
@@ -404,7 +406,8 @@ impl Kafka {
         for role in roles {
             let mut s = role.state.lock().expect("role lock");
             if s.answers(&self.fence) {
-                s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(asks, result));
+                let plan = self.fence.generation();
+                s.flush(&mut |(_, asks, result)| self.publisher.answerer.send(plan, asks, result));
             }
         }
     }
@@ -783,7 +786,7 @@ impl Kafka {
                 let (role, fence) = (role.clone(), self.fence.clone());
                 Box::new(move |result| {
                     role.answer(asks, result, &fence, |(_, asks, result)| {
-                        answerer.send(asks, result)
+                        answerer.send(fence.generation(), asks, result)
                     })
                 })
             };

@@ -432,11 +432,11 @@ impl Kafka {
                     let generation = offset.max(0) as u64;
                     handover.plan(generation, &plan);
                     let plan = Arc::new(plan);
-                    {
-                        let mut view = self.members.view.write().expect("view lock");
-                        view.plan = plan.clone();
-                        view.generation = generation;
-                    }
+                    self.members
+                        .view
+                        .write()
+                        .expect("view lock")
+                        .take_plan(generation, plan.clone());
                     self.fence.set_generation(generation);
                     let active = plan
                         .roles_of(&self.config.node)

@@ -71,6 +71,9 @@ pub struct KafkaStats {
     /// Replies Kafka did not take (their askers time out).
     pub replies_failed: AtomicU64,
     pub replies_received: AtomicU64,
+    /// Reply slots refused: answered under an older plan than the one that made their
+    /// task active where it is (`produce::deliver_reply`).
+    pub replies_refused: AtomicU64,
     /// Records below a task's position, skipped (redelivered after a rebalance).
     pub skipped: AtomicU64,
     pub dead_letters: AtomicU64,
@@ -379,9 +382,16 @@ impl EventLog for Kafka {
                     (appended, appended + self.config.session_timeout * 2)
                 }
             };
+            let floors = {
+                let view = self.members.view.read().expect("view lock");
+                events
+                    .iter()
+                    .map(|(task, _)| view.moved.get(task).copied().unwrap_or(0))
+                    .collect()
+            };
             let mut answers = self
                 .publisher
-                .publish(stream, events, values, deadline)
+                .publish(stream, events, floors, values, deadline)
                 .await?
                 .into_iter();
             Ok(sizes

@@ -38,6 +38,9 @@ use crate::route::TaskId;
 
 const REPLY_HEADER: &str = "eddy-reply";
 const SLOT_HEADER: &str = "eddy-slot";
+/// A reply's header: the generation of the newest plan its node had read when it
+/// answered (`lease`), little-endian.
+const PLAN_HEADER: &str = "eddy-plan";
 
 /// The headers that ask an event's task to answer on `reply_topic`, as slot `slot` of
 /// request `request` (the reply record's key is the request id, little-endian), with the
@@ -100,6 +103,10 @@ fn unknown(what: &str, hint: &str) -> Error {
 /// A statement waiting for its answers, one per (event, partitioner) slot.
 struct Gather {
     answers: Vec<Option<Answer>>,
+    /// Per slot, the generation of the plan that made its task's active copy active, as
+    /// the asker knew it when it sent the event: an answer from a node that had not read
+    /// that plan is refused (`deliver_reply`).
+    floors: Vec<u64>,
     missing: usize,
     done: Option<oneshot::Sender<Result<Vec<Answer>>>>,
 }
@@ -235,13 +242,15 @@ impl Publisher {
         Ok(())
     }
 
-    /// `events` are (task, event) in slot order. Kafka must take them by `deadline.0`
-    /// and their tasks answer by `deadline.1`; past either the statement's outcome is
-    /// unknown (40003).
+    /// `events` are (task, event) in slot order, and `floors` the generation of the plan
+    /// that made each one's task active where it is (see `Gather`). Kafka must take them
+    /// by `deadline.0` and their tasks answer by `deadline.1`; past either the
+    /// statement's outcome is unknown (40003).
     pub(super) async fn publish(
         &self,
         stream: &StreamDef,
         events: Vec<(TaskId, Row)>,
+        floors: Vec<u64>,
         values: bool,
         deadline: (std::time::Instant, std::time::Instant),
     ) -> Result<Vec<Answer>> {
@@ -251,6 +260,7 @@ impl Publisher {
             request,
             Gather {
                 answers: vec![None; events.len()],
+                floors,
                 missing: events.len(),
                 done: Some(done),
             },
@@ -400,7 +410,9 @@ impl Publisher {
                         continue;
                     };
                     stats.replies_received.fetch_add(1, Ordering::Relaxed);
-                    deliver_reply(&pending, format_of(&m), m.key(), m.payload());
+                    let refused =
+                        deliver_reply(&pending, format_of(&m), plan_of(&m), m.key(), m.payload());
+                    stats.replies_refused.fetch_add(refused, Ordering::Relaxed);
                 }
             })
             .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
@@ -467,17 +479,27 @@ pub(super) struct Answerer {
 
 impl Answerer {
     /// Sends a batch's answers, one record per asking statement:
-    /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed.
-    pub(super) fn send(&self, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
+    /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed; each
+    /// with the generation of the newest plan this node has read (`PLAN_HEADER`).
+    pub(super) fn send(&self, plan: u64, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
         let format = self.format.load(Ordering::Acquire);
-        send_replies(&self.replier, &self.stats, format, asks, result)
+        send_replies(&self.replier, &self.stats, format, plan, asks, result)
     }
+}
+
+/// The plan generation a reply was answered under (`PLAN_HEADER`); `None` from a node
+/// that does not send it.
+fn plan_of<M: Message>(m: &M) -> Option<u64> {
+    let headers = m.headers()?;
+    let h = headers.iter().find(|h| h.key == PLAN_HEADER)?;
+    Some(u64::from_le_bytes(h.value?.try_into().ok()?))
 }
 
 fn send_replies(
     replier: &Replier,
     stats: &KafkaStats,
     format: u32,
+    plan: u64,
     asks: Vec<(usize, ReplyTo)>,
     result: Result<Answers>,
 ) {
@@ -491,42 +513,17 @@ fn send_replies(
             .push((r.slot, r.values, i));
     }
     for ((topic, request), slots) in by_request {
-        let mut out = Vec::with_capacity(16 + slots.len() * 16);
-        match &result {
-            Ok(answers) => {
-                out.push(0);
-                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
-                for (slot, values, i) in slots {
-                    let (outcome, metrics) = &answers[i];
-                    out.extend_from_slice(&slot.to_le_bytes());
-                    out.push(match outcome {
-                        Outcome::Accepted => 0,
-                        Outcome::Late => 1,
-                        Outcome::Duplicate => 2,
-                    });
-                    let metrics: &[(Arc<str>, Vec<Value>)] = if values { metrics } else { &[] };
-                    out.extend_from_slice(&(metrics.len() as u32).to_le_bytes());
-                    for (name, vals) in metrics {
-                        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-                        out.extend_from_slice(name.as_bytes());
-                        codec::encode_row(vals, &mut out);
-                    }
-                }
-            }
-            Err(e) => {
-                out.push(1);
-                out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
-                for (slot, _, _) in &slots {
-                    out.extend_from_slice(&slot.to_le_bytes());
-                }
-                out.extend_from_slice(e.to_string().as_bytes());
-            }
-        }
+        let out = reply_body(&slots, &result);
         let key = request.to_le_bytes();
+        let generation = plan.to_le_bytes();
+        let headers = format_headers(format).insert(Header {
+            key: PLAN_HEADER,
+            value: Some(&generation[..]),
+        });
         let record = BaseRecord::to(&topic)
             .key(&key[..])
             .payload(&out)
-            .headers(format_headers(format));
+            .headers(headers);
         match replier.send(record) {
             Ok(()) => {
                 stats.replies_sent.fetch_add(1, Ordering::Relaxed);
@@ -539,38 +536,88 @@ fn send_replies(
     }
 }
 
-/// Fills a waiting statement's slots from one reply record.
+/// A reply record's value for `slots` (slot, values wanted, the event's index in the
+/// batch): `[0][n] (slot, outcome, metrics)*`, or `[1][n] slot* message`.
+fn reply_body(slots: &[(u32, bool, usize)], result: &Result<Answers>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + slots.len() * 16);
+    match result {
+        Ok(answers) => {
+            out.push(0);
+            out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+            for &(slot, values, i) in slots {
+                let (outcome, metrics) = &answers[i];
+                out.extend_from_slice(&slot.to_le_bytes());
+                out.push(match outcome {
+                    Outcome::Accepted => 0,
+                    Outcome::Late => 1,
+                    Outcome::Duplicate => 2,
+                });
+                let metrics: &[(Arc<str>, Vec<Value>)] = if values { metrics } else { &[] };
+                out.extend_from_slice(&(metrics.len() as u32).to_le_bytes());
+                for (name, vals) in metrics {
+                    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                    out.extend_from_slice(name.as_bytes());
+                    codec::encode_row(vals, &mut out);
+                }
+            }
+        }
+        Err(e) => {
+            out.push(1);
+            out.extend_from_slice(&(slots.len() as u32).to_le_bytes());
+            for (slot, _, _) in slots {
+                out.extend_from_slice(&slot.to_le_bytes());
+            }
+            out.extend_from_slice(e.to_string().as_bytes());
+        }
+    }
+    out
+}
+
+/// Fills a waiting statement's slots from one reply record, answered under plan
+/// generation `plan`. Returns how many of its slots were refused: answered by a node
+/// that had not read the plan that made their task active where it is, as the asker
+/// knew it when it sent them. That node had lost the task, or was about to; the task's
+/// current active copy answers them instead when it opens (a replica keeps its answers),
+/// or the statement's time runs out (40003). A node's lease already keeps it from
+/// answering once another may (`lease`); this is the asker's own check of it.
 fn deliver_reply(
     pending: &Mutex<HashMap<u64, Gather>>,
     format: u32,
+    plan: Option<u64>,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
-) {
+) -> u64 {
     let (Some(key), Some(value)) = (key, value) else {
-        return;
+        return 0;
     };
     let Some(request) = key.try_into().ok().map(u64::from_le_bytes) else {
-        return;
+        return 0;
     };
     let mut pending = pending.lock().expect("pending lock");
     let Some(gather) = pending.get_mut(&request) else {
-        return; // a statement of an earlier life of the node, or one that timed out
+        return 0; // a statement of an earlier life of the node, or one that timed out
     };
     if let Err(why) = format::check(format, "a reply") {
         if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
             let _ = done.send(Err(Error::internal(why)));
         }
-        return;
+        return 0;
     }
+    // A node of a build before plan generations (a rolling upgrade) is not checked.
+    let stale = |gather: &Gather, slot: u32| {
+        plan.is_some_and(|p| gather.floors.get(slot as usize).is_some_and(|f| p < *f))
+    };
     let mut r = Reader(value);
-    let parsed = (|| -> Option<std::result::Result<Vec<(u32, Answer)>, String>> {
+    type Failed = (Vec<u32>, String);
+    let parsed = (|| -> Option<std::result::Result<Vec<(u32, Answer)>, Failed>> {
         let failed = r.u8()? == 1;
         let n = r.u32()? as usize;
         if failed {
+            let mut slots = Vec::with_capacity(n);
             for _ in 0..n {
-                r.u32()?;
+                slots.push(r.u32()?);
             }
-            return Some(Err(String::from_utf8_lossy(r.0).into_owned()));
+            return Some(Err((slots, String::from_utf8_lossy(r.0).into_owned())));
         }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -594,20 +641,28 @@ fn deliver_reply(
     })();
     let answers = match parsed {
         Some(Ok(a)) => a,
-        Some(Err(message)) => {
-            if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
-                let _ = done.send(Err(Error::internal(message)));
+        Some(Err((slots, message))) => {
+            let refused = slots.iter().filter(|s| stale(gather, **s)).count() as u64;
+            if refused == 0 {
+                if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
+                    let _ = done.send(Err(Error::internal(message)));
+                }
             }
-            return;
+            return refused;
         }
         None => {
             if let Some(done) = pending.remove(&request).and_then(|mut g| g.done.take()) {
                 let _ = done.send(Err(Error::internal("kafka: an unreadable reply")));
             }
-            return;
+            return 0;
         }
     };
+    let mut refused = 0;
     for (slot, answer) in answers {
+        if stale(gather, slot) {
+            refused += 1;
+            continue;
+        }
         if let Some(s) = gather.answers.get_mut(slot as usize) {
             if s.is_none() {
                 gather.missing -= 1;
@@ -627,6 +682,7 @@ fn deliver_reply(
             }
         }
     }
+    refused
 }
 
 #[cfg(test)]
@@ -662,5 +718,54 @@ mod tests {
             value: Some("99"),
         });
         assert!(format::check(format_of(&read_back(Some(newer))), "a record").is_err());
+    }
+
+    /// A statement of two events whose first task moved at plan 5: a reply answered
+    /// under plan 4 fills only the second slot, one under plan 5 completes it, and a
+    /// failure from plan 4 fails nothing.
+    #[test]
+    fn a_reply_answered_under_an_older_plan_than_its_tasks_move_is_refused() {
+        let pending = Mutex::new(HashMap::new());
+        let (done, mut answered) = oneshot::channel();
+        pending.lock().unwrap().insert(
+            7,
+            Gather {
+                answers: vec![None, None],
+                floors: vec![5, 0],
+                missing: 2,
+                done: Some(done),
+            },
+        );
+        let key = 7u64.to_le_bytes();
+        let answers: Answers = (0..2).map(|_| (Outcome::Accepted, Vec::new())).collect();
+        let both = reply_body(&[(0, false, 0), (1, false, 1)], &Ok(answers.clone()));
+        let format = format::FORMAT;
+        let deliver =
+            |plan, body: &[u8]| deliver_reply(&pending, format, plan, Some(&key), Some(body));
+
+        let failed = reply_body(&[(0, false, 0)], &Err(Error::internal("gone")));
+        assert_eq!(deliver(Some(4), &failed), 1);
+        assert_eq!(deliver(Some(4), &both), 1);
+        assert_eq!(pending.lock().unwrap()[&7].missing, 1);
+        assert!(answered.try_recv().is_err(), "not complete yet");
+        let first = reply_body(&[(0, false, 0)], &Ok(answers));
+        assert_eq!(deliver(Some(5), &first), 0);
+        assert_eq!(answered.try_recv().unwrap().unwrap().len(), 2);
+        assert!(pending.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_reply_carries_the_plan_it_was_answered_under() {
+        let generation = 42u64.to_le_bytes();
+        let headers = format_headers(format::FORMAT).insert(Header {
+            key: PLAN_HEADER,
+            value: Some(&generation[..]),
+        });
+        assert_eq!(plan_of(&read_back(Some(headers))), Some(42));
+        // A node of an older build sends none, and is not checked.
+        assert_eq!(
+            plan_of(&read_back(Some(format_headers(format::FORMAT)))),
+            None
+        );
     }
 }
