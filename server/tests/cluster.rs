@@ -66,6 +66,16 @@ fn start_node_env(cluster: &str, id: &str, dir: TempDir, env: &[(&str, &str)]) -
     }
 }
 
+/// Stops every node still running, with SIGTERM; each data directory goes after its
+/// node has stopped.
+fn stop_all(nodes: Vec<Node>) {
+    for mut n in nodes {
+        if let Some(e) = n.eddy.take() {
+            e.terminate();
+        }
+    }
+}
+
 /// `SHOW CLUSTER` through `port`: the live node ids.
 async fn alive(port: u16) -> BTreeSet<String> {
     let client = connect_port(port).await;
@@ -355,11 +365,7 @@ async fn corrupt_or_cut_transfers_are_rejected_and_recovery_still_succeeds() {
         .filter(|r| r[3].as_deref() == Some("n3"))
         .count();
     assert!(active_on_n3 > 0, "n3 took over nothing");
-    for n in nodes.into_iter().skip(1) {
-        if let Some(e) = n.eddy {
-            e.terminate();
-        }
-    }
+    stop_all(nodes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -513,11 +519,7 @@ async fn a_node_killed_under_load_loses_nothing_and_applies_nothing_twice() {
             Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
-    for n in nodes {
-        if let Some(e) = n.eddy {
-            e.terminate();
-        }
-    }
+    stop_all(nodes);
 }
 
 /// `SHOW CLUSTER` through `port`: (the format each live node reads, by node id; the format
@@ -617,11 +619,7 @@ async fn a_rolling_upgrade_under_load_loses_nothing_and_applies_nothing_twice() 
             n.id
         );
     }
-    for n in nodes {
-        if let Some(e) = n.eddy {
-            e.terminate();
-        }
-    }
+    stop_all(nodes);
 }
 
 /// A node restored from its own backup joins its cluster. Under load, n2 takes a backup,
@@ -679,11 +677,7 @@ async fn a_node_restored_from_its_backup_rejoins_its_cluster() {
         })
         .count();
     assert!(held > 0, "the restored n2 holds no task");
-    for n in nodes {
-        if let Some(e) = n.eddy {
-            e.terminate();
-        }
-    }
+    stop_all(nodes);
 }
 
 /// A node killed with kill -9 and restarted under its own id before its session ends
@@ -740,9 +734,5 @@ async fn statements_sent_while_a_node_restarts_under_its_own_id_are_answered() {
         });
         assert_eq!(n.as_deref(), Some("1"), "card r{card}'s count");
     }
-    for n in nodes {
-        if let Some(e) = n.eddy {
-            e.terminate();
-        }
-    }
+    stop_all(nodes);
 }

@@ -487,6 +487,14 @@ impl Answerer {
     }
 }
 
+/// A reply's headers: its format and the plan generation it was answered under.
+fn reply_record_headers(format: u32, plan: u64) -> OwnedHeaders {
+    format_headers(format).insert(Header {
+        key: PLAN_HEADER,
+        value: Some(&plan.to_le_bytes()[..]),
+    })
+}
+
 /// The plan generation a reply was answered under (`PLAN_HEADER`); `None` from a node
 /// that does not send it.
 fn plan_of<M: Message>(m: &M) -> Option<u64> {
@@ -515,15 +523,10 @@ fn send_replies(
     for ((topic, request), slots) in by_request {
         let out = reply_body(&slots, &result);
         let key = request.to_le_bytes();
-        let generation = plan.to_le_bytes();
-        let headers = format_headers(format).insert(Header {
-            key: PLAN_HEADER,
-            value: Some(&generation[..]),
-        });
         let record = BaseRecord::to(&topic)
             .key(&key[..])
             .payload(&out)
-            .headers(headers);
+            .headers(reply_record_headers(format, plan));
         match replier.send(record) {
             Ok(()) => {
                 stats.replies_sent.fetch_add(1, Ordering::Relaxed);
@@ -756,11 +759,7 @@ mod tests {
 
     #[test]
     fn a_reply_carries_the_plan_it_was_answered_under() {
-        let generation = 42u64.to_le_bytes();
-        let headers = format_headers(format::FORMAT).insert(Header {
-            key: PLAN_HEADER,
-            value: Some(&generation[..]),
-        });
+        let headers = reply_record_headers(format::FORMAT, 42);
         assert_eq!(plan_of(&read_back(Some(headers))), Some(42));
         // A node of an older build sends none, and is not checked.
         assert_eq!(
