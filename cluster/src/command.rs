@@ -15,6 +15,7 @@ use eddy_storage::ReservoirStats;
 use crate::exec::checkpoint::TaskStats;
 use crate::exec::events::Row;
 use crate::exec::groups::CacheStats;
+use crate::exec::history::HistoryPage;
 use crate::exec::passes::Passes;
 use crate::exec::task::{PendingRecord, Task};
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
@@ -111,6 +112,14 @@ pub(crate) enum Command {
         /// Only these partitions (of partitioner 0); `None`: all.
         partitions: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<Vec<Row>>>,
+    },
+    /// A page of a task's stored events for a history read (`Task::history_page`).
+    HistoryPage {
+        task: TaskId,
+        after: i64,
+        upto: i64,
+        max: usize,
+        reply: oneshot::Sender<Result<HistoryPage>>,
     },
     /// Replace a task with a checkpoint received from a peer; answers the log offset
     /// it resumes from.

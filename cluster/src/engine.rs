@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
 use eddy_planner::types::Value;
@@ -19,6 +19,7 @@ use eddy_planner::{Error, Result};
 
 use crate::command::{Answers, Command, Job, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
+use crate::exec::history::{self, HistoryPage, Replay, PAGE_EVENTS};
 use crate::exec::passes::Passes;
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
@@ -162,6 +163,16 @@ pub trait Remote: Send + Sync {
         partitions: Vec<u32>,
     ) -> LogFuture<'a, Vec<Row>>;
 
+    /// A page of a peer's task for a history read (`Task::history_page`).
+    fn history_page<'a>(
+        &'a self,
+        peer: PeerAt,
+        task: &'a TaskId,
+        after: i64,
+        upto: i64,
+        max: usize,
+    ) -> LogFuture<'a, HistoryPage>;
+
     /// Whether this node holds a copy (active or replica) of `task`.
     fn holds(&self, task: &TaskId) -> bool;
 
@@ -175,6 +186,16 @@ pub trait Remote: Send + Sync {
         metric: String,
         watcher: Arc<dyn Watcher>,
     ) -> tokio::task::AbortHandle;
+}
+
+/// What a history read sends, in order.
+#[derive(Debug)]
+pub enum HistoryItem {
+    /// Rows: the event's id and time, the metric's group-by values, then its values.
+    Rows(Vec<Vec<Value>>),
+    /// A task's rows start at this event time (µs): events its windows need before it
+    /// have left the stream's retention.
+    Starts(i64),
 }
 
 pub struct Engine {
@@ -737,6 +758,162 @@ impl Engine {
             rows.extend(part?);
         }
         Ok(rows)
+    }
+
+    /// A metric's history (`exec::history`): for the events with `from <= ts <= upto`
+    /// that its tasks stored before the read began, each event's row, each task's in the
+    /// order it applied them. Rows come through the returned channel as they are made: a
+    /// reader that stops reading holds the read (its memory is a page and a window), one
+    /// that goes away ends it.
+    pub fn history(
+        self: &Arc<Self>,
+        stream: Arc<StreamDef>,
+        metric: Arc<MetricDef>,
+        from: i64,
+        upto: i64,
+    ) -> mpsc::Receiver<Result<HistoryItem>> {
+        let (tx, rx) = mpsc::channel(2);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            for partition in 0..stream.tasks_per_partitioner() {
+                let task = TaskId {
+                    stream: stream.name.clone(),
+                    partitioner: metric.partitioner,
+                    partition,
+                };
+                let read = engine.task_history(&task, &stream, &metric, (from, upto), &tx);
+                match read.await {
+                    Ok(true) => {}
+                    Ok(false) => return, // the reader went away
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
+    /// One task's part of `history`; `false` once the reader went away.
+    async fn task_history(
+        &self,
+        task: &TaskId,
+        stream: &Arc<StreamDef>,
+        metric: &Arc<MetricDef>,
+        (from, upto): (i64, i64),
+        tx: &mpsc::Sender<Result<HistoryItem>>,
+    ) -> Result<bool> {
+        let mut after = history::read_from(metric, from);
+        let mut end = upto.saturating_add(stream.lateness_us);
+        let mut span: i64 = 60_000_000;
+        // Set by the first page: the replay, the task's last event then (later ones are
+        // not read), and where the events the rows need start.
+        let mut replay: Option<(Replay, u64, i64)> = None;
+        loop {
+            let bound = after.saturating_add(span).min(end);
+            let mut page = retried(|| self.history_page(task, after, bound)).await?;
+            let (n, through) = (page.events.len(), page.through);
+            let (mut r, last, needed) = match replay.take() {
+                Some((r, last, needed)) => {
+                    if page.horizon > after.max(needed) {
+                        return Err(Error::new(
+                            eddy_planner::ErrorKind::NotInPrerequisiteState,
+                            format!(
+                                "the history of metric \"{}\" fell behind the stream's retention",
+                                metric.name
+                            ),
+                        )
+                        .with_hint(
+                            "Read a shorter range, or give the stream a longer retention.",
+                        ));
+                    }
+                    (r, last, needed)
+                }
+                None => {
+                    let Some(time) = page.time else {
+                        return Ok(true); // the task has no event
+                    };
+                    let start = history::start(metric, page.horizon);
+                    if from < start && page.events.first().is_some_and(|e| e.0 < start) {
+                        let notice = Ok(HistoryItem::Starts(start));
+                        if tx.send(notice).await.is_err() {
+                            return Ok(false);
+                        }
+                    }
+                    let first = from.max(start);
+                    end = end.min(time);
+                    let r = Replay::new(stream, metric, first, upto)?;
+                    (r, page.seq, history::read_from(metric, first))
+                }
+            };
+            page.events.retain(|e| e.1 <= last);
+            let done = through >= end;
+            let (r_back, rows) = tokio::task::spawn_blocking(move || {
+                let mut rows = Vec::new();
+                r.push(page, &mut rows)?;
+                if done {
+                    r.finish(&mut rows)?;
+                }
+                Ok::<_, Error>((r, rows))
+            })
+            .await
+            .map_err(|e| Error::internal(format!("history replay: {e}")))??;
+            r = r_back;
+            if !rows.is_empty() && tx.send(Ok(HistoryItem::Rows(rows))).await.is_err() {
+                return Ok(false);
+            }
+            if done {
+                return Ok(true);
+            }
+            // The next span: about a page of events at this one's density.
+            span = match n {
+                0 => span.saturating_mul(4),
+                n => ((through.saturating_sub(after).max(1) as i128 * PAGE_EVENTS as i128)
+                    / n as i128)
+                    .clamp(1, i64::MAX as i128) as i64,
+            };
+            after = through;
+            replay = Some((r, last, needed));
+        }
+    }
+
+    /// A page of a task's stored events, read where the task is active.
+    async fn history_page(&self, task: &TaskId, after: i64, upto: i64) -> Result<HistoryPage> {
+        if let Some(peer) = self
+            .remote
+            .get()
+            .map(|r| r.owner(task))
+            .transpose()?
+            .flatten()
+        {
+            let remote = self.remote.get().expect("asked");
+            return remote
+                .history_page(peer, task, after, upto, PAGE_EVENTS)
+                .await;
+        }
+        self.local_history_page(task, after, upto, PAGE_EVENTS)
+            .await
+    }
+
+    /// A page of one of this node's tasks (`Task::history_page`).
+    pub async fn local_history_page(
+        &self,
+        task: &TaskId,
+        after: i64,
+        upto: i64,
+        max: usize,
+    ) -> Result<HistoryPage> {
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::HistoryPage {
+            task: task.clone(),
+            after,
+            upto,
+            max,
+            reply: tx,
+        };
+        self.shards.send_to(task, cmd).await?;
+        rx.await.map_err(|_| engine_gone())?
     }
 
     /// Counters of every task.

@@ -31,7 +31,7 @@ pub mod placement;
 pub mod route;
 
 pub use command::TaskReport;
-pub use engine::{Engine, EventReply};
+pub use engine::{Engine, EventReply, HistoryItem};
 pub use exec::events::{Event, Outcome, Row};
 pub use exec::groups::CacheConfig;
 pub use exec::task::{Task, TaskStorage};

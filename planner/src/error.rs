@@ -59,6 +59,8 @@ pub enum ErrorKind {
     UndefinedCursor,
     /// A node that runs part of the statement cannot be reached now (retry).
     Unavailable,
+    /// 55000: the object is not in a state that allows the operation.
+    NotInPrerequisiteState,
     /// The statement was cancelled (`statement_timeout`) before it applied anything.
     QueryCanceled,
     /// The statement's outcome is not known: the log did not confirm it in time (it
@@ -119,6 +121,7 @@ impl ErrorKind {
             ErrorKind::DuplicateCursor => "42P03",
             ErrorKind::UndefinedCursor => "34000",
             ErrorKind::Unavailable => "57P03",
+            ErrorKind::NotInPrerequisiteState => "55000",
             ErrorKind::DiskFull => "53100",
             ErrorKind::Internal => "XX000",
         }

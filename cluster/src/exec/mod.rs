@@ -6,6 +6,7 @@ pub mod checkpoint;
 mod dedup;
 pub mod events;
 pub mod groups;
+pub mod history;
 pub mod key;
 pub mod passes;
 pub mod split;

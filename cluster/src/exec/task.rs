@@ -35,6 +35,7 @@ use crate::exec::events::{Event, EventCodec, Outcome, Row};
 use smallvec::SmallVec;
 
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
+use crate::exec::history::HistoryPage;
 use crate::exec::key::{pack, unpack, KeyRef};
 use crate::exec::passes::Passes;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
@@ -1378,15 +1379,7 @@ impl Task {
     /// Drops events past retention (never inside a window) and old event ids; moves
     /// events no later event can precede to disk.
     fn sweep(&mut self, t: i64) -> std::result::Result<(), ReservoirError> {
-        // INFINITE windows never expire events, so they need nothing kept.
-        let keep = self
-            .windows
-            .iter()
-            .filter_map(|w| w.key.spec.reach_us())
-            .fold(
-                self.stream.retention_us.max(self.stream.lateness_us),
-                i64::max,
-            );
+        let keep = self.keep_us();
         self.reservoir.expire_through(t.saturating_sub(keep))?;
         let horizon = t
             .saturating_sub(self.stream.lateness_us)
@@ -1449,6 +1442,48 @@ impl Task {
                 .map(|(k, s)| row(k, s))
                 .collect(),
         }
+    }
+
+    /// A page of the stored events for a history read (`exec::history`): those with
+    /// `after < ts <= upto`, in (ts, seq) order, at most `max` of them but never part of
+    /// one event time. `through` says how far the page reached.
+    pub fn history_page(&mut self, after: i64, upto: i64, max: usize) -> Result<HistoryPage> {
+        self.settle()?;
+        let mut events: Vec<(i64, u64, Row)> = Vec::new();
+        let mut cut = None;
+        self.reservoir
+            .for_range(after, upto, &mut |e| match cut {
+                Some(ts) if e.ts > ts => {}
+                _ => {
+                    if events.len() + 1 == max {
+                        cut = Some(e.ts);
+                    }
+                    events.push((e.ts, e.seq, e.row.clone()));
+                }
+            })
+            .map_err(|e| self.fail(e))?;
+        Ok(HistoryPage {
+            events,
+            through: cut.unwrap_or(upto),
+            time: self.time,
+            seq: self.seq,
+            horizon: self
+                .time
+                .map_or(i64::MIN, |t| t.saturating_sub(self.keep_us())),
+        })
+    }
+
+    /// How far back from T the reservoir keeps events: retention, lateness, and every
+    /// window's reach.
+    fn keep_us(&self) -> i64 {
+        // INFINITE windows never expire events, so they need nothing kept.
+        self.windows
+            .iter()
+            .filter_map(|w| w.key.spec.reach_us())
+            .fold(
+                self.stream.retention_us.max(self.stream.lateness_us),
+                i64::max,
+            )
     }
 
     /// The stored events, oldest first.

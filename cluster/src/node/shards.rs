@@ -29,6 +29,7 @@ use crate::command::{
     Reply, TaskReport,
 };
 use crate::exec::events::Row;
+use crate::exec::history::HistoryPage;
 use crate::exec::passes::Passes;
 use crate::exec::task::Task;
 use crate::node::durable::{task_meta_key, task_prefix, NodeStorage, TaskMeta};
@@ -928,6 +929,24 @@ impl Shard {
                     }
                 }
                 let _ = reply.send(rows);
+            }
+            Command::HistoryPage {
+                task,
+                after,
+                upto,
+                max,
+                reply,
+            } => {
+                let page = match self.tasks.get_mut(&task) {
+                    Some(t) => t.history_page(after, upto, max),
+                    // No event reached the task yet.
+                    None => Ok(HistoryPage {
+                        through: upto,
+                        horizon: i64::MIN,
+                        ..HistoryPage::default()
+                    }),
+                };
+                let _ = reply.send(page);
             }
             Command::Watch {
                 stream,

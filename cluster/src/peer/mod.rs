@@ -24,6 +24,7 @@ use eddy_planner::{Error, Result};
 
 use crate::engine::{Engine, PeerAt, Remote};
 use crate::exec::events::Row;
+use crate::exec::history::HistoryPage;
 use crate::log::kafka::fence::{unavailable, Fence};
 use crate::log::{Kafka, LogFuture};
 use crate::membership::View;
@@ -36,7 +37,10 @@ pub mod proto {
 
 use proto::peer_client::PeerClient;
 use proto::peer_server::{Peer, PeerServer};
-use proto::{CheckpointRequest, MetricRowsRequest, Rows, StreamRowsRequest, WatchRequest};
+use proto::{
+    CheckpointRequest, HistoryPageReply, HistoryPageRequest, MetricRowsRequest, Rows,
+    StreamRowsRequest, WatchRequest,
+};
 
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
@@ -429,6 +433,34 @@ impl Peer for Service {
             rows: encode_rows(rows.iter().map(|r| &r[..])),
         }))
     }
+
+    async fn history_page(
+        &self,
+        request: Request<HistoryPageRequest>,
+    ) -> std::result::Result<Response<HistoryPageReply>, Status> {
+        let r = request.into_inner();
+        let engine = self.engine()?;
+        let partitioner = r.partitioner as usize;
+        admit(&engine, r.plan, &r.stream, partitioner, &[r.partition])?;
+        let task = TaskId {
+            stream: r.stream,
+            partitioner,
+            partition: r.partition,
+        };
+        let page = engine
+            .local_history_page(&task, r.after, r.upto, r.max as usize)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(HistoryPageReply {
+            rows: encode_rows(page.events.iter().map(|e| &e.2[..])),
+            times: page.events.iter().map(|e| e.0).collect(),
+            seqs: page.events.iter().map(|e| e.1).collect(),
+            through: page.through,
+            time: page.time,
+            seq: page.seq,
+            horizon: page.horizon,
+        }))
+    }
 }
 
 fn encode_rows<'a>(rows: impl ExactSizeIterator<Item = &'a [Value]>) -> Vec<u8> {
@@ -686,6 +718,49 @@ impl Remote for Peers {
                 .await
                 .map_err(|e| self.failed(&addr, e))?;
             decode_rows(&reply.into_inner().rows)
+        })
+    }
+
+    fn history_page<'a>(
+        &'a self,
+        peer: PeerAt,
+        task: &'a TaskId,
+        after: i64,
+        upto: i64,
+        max: usize,
+    ) -> LogFuture<'a, HistoryPage> {
+        Box::pin(async move {
+            let addr = peer.addr;
+            let request = HistoryPageRequest {
+                plan: peer.generation,
+                stream: task.stream.clone(),
+                partitioner: task.partitioner as u32,
+                partition: task.partition,
+                after,
+                upto,
+                max: max as u64,
+            };
+            let reply = self
+                .client(&addr)?
+                .history_page(request)
+                .await
+                .map_err(|e| self.failed(&addr, e))?
+                .into_inner();
+            let rows = decode_rows(&reply.rows)?;
+            if rows.len() != reply.times.len() || rows.len() != reply.seqs.len() {
+                return Err(Error::internal("a history page's columns differ in length"));
+            }
+            let events = (reply.times.into_iter().zip(reply.seqs))
+                .zip(rows)
+                .map(|((ts, seq), row)| (ts, seq, Row::from(row)))
+                .collect();
+            Ok(HistoryPage {
+                events,
+                through: reply.through,
+                time: reply.time,
+                seq: reply.seq,
+                horizon: reply.horizon,
+            })
         })
     }
 

@@ -479,26 +479,36 @@ impl Db {
             }
             Statement::Query(sql) => {
                 let ctx = self.query_context()?;
-                let (columns, rows) = query::run_within(&ctx, &sql, &self.limits).await?;
-                Ok(Executed::new(Output::Rows {
-                    columns,
-                    rows,
-                    tag: "SELECT",
-                }))
+                let (result, notices) =
+                    query::noticed(query::run_within(&ctx, &sql, &self.limits)).await;
+                let (columns, rows) = result?;
+                Ok(Executed {
+                    notices,
+                    ..Executed::new(Output::Rows {
+                        columns,
+                        rows,
+                        tag: "SELECT",
+                    })
+                })
             }
             Statement::CopyOut(copy) if !copy.subscribe => {
                 let ctx = self.query_context()?;
-                let (columns, rows) = query::run_within(&ctx, &copy.query, &self.limits).await?;
+                let (result, notices) =
+                    query::noticed(query::run_within(&ctx, &copy.query, &self.limits)).await;
+                let (columns, rows) = result?;
                 let mut encoder = CopyLines::new(&columns, &copy);
                 let mut lines = Vec::with_capacity(rows.len() + 1);
                 lines.extend(encoder.header());
                 for row in rows {
                     lines.push(encoder.line(row)?);
                 }
-                Ok(Executed::new(Output::CopyOut {
-                    columns: columns.len(),
-                    lines,
-                }))
+                Ok(Executed {
+                    notices,
+                    ..Executed::new(Output::CopyOut {
+                        columns: columns.len(),
+                        lines,
+                    })
+                })
             }
             Statement::ShowSubscriptions => Ok(self.show_subscriptions()),
             Statement::ShowStorage => self.show_storage().await,

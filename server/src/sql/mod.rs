@@ -3,5 +3,6 @@
 
 pub mod cluster;
 pub mod db;
+pub mod history;
 pub mod pg_catalog;
 pub mod query;

@@ -209,6 +209,27 @@ tokio::task_local! {
     pub static SESSION_SETTINGS: Arc<Vec<(String, String)>>;
 }
 
+tokio::task_local! {
+    /// Where the running query's scans put their notices (`noticed`).
+    static NOTICES: Notices;
+}
+
+/// Notices a query's scans raise, sent with its result.
+pub type Notices = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Runs `f` (a query's planning and execution) and returns the notices its scans raised.
+pub async fn noticed<T>(f: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
+    let sink = Notices::default();
+    let out = NOTICES.scope(sink.clone(), f).await;
+    let notices = std::mem::take(&mut *sink.lock().expect("notices"));
+    (out, notices)
+}
+
+/// The running query's notice sink, taken while it is planned (`noticed`).
+pub fn notice_sink() -> Option<Notices> {
+    NOTICES.try_with(Notices::clone).ok()
+}
+
 /// The value of parameter `name` in the running statement's session: one of the
 /// session's settings, else one Eddy shows as fixed (`settings::fixed_parameter`).
 pub fn session_setting(name: &str) -> Option<String> {
@@ -262,6 +283,13 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>, zone: &str) -> Result<Se
             .map_err(datafusion_error)?;
     }
     pg_catalog::register(&ctx)?;
+    ctx.register_udtf(
+        "history",
+        Arc::new(crate::sql::history::HistoryFunction {
+            engine: engine.clone(),
+            catalog: Arc::new(catalog.clone()),
+        }),
+    );
     Ok(ctx)
 }
 
