@@ -844,7 +844,9 @@ impl Engine {
                     let first = from.max(start);
                     end = end.min(time);
                     let r = Replay::new(stream, metric, first, upto)?;
-                    (r, page.seq, history::read_from(metric, first))
+                    // Events at or before the horizon were gone already (`start`).
+                    let needed = history::read_from(metric, first).max(page.horizon);
+                    (r, page.seq, needed)
                 }
             };
             page.events.retain(|e| e.1 <= last);
