@@ -19,7 +19,7 @@ use eddy_planner::{Error, Result};
 
 use crate::command::{Answers, Command, Job, PendingMeta, TaskReport};
 use crate::exec::events::{Outcome, Row};
-use crate::exec::history::{self, HistoryPage, Replay, PAGE_EVENTS};
+use crate::exec::history::{self, Ask, HistoryPage, Probe, Replay, PAGE_EVENTS};
 use crate::exec::passes::Passes;
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
@@ -186,6 +186,44 @@ pub trait Remote: Send + Sync {
         metric: String,
         watcher: Arc<dyn Watcher>,
     ) -> tokio::task::AbortHandle;
+}
+
+/// The task (partition) of `metric`'s group with these group-by values; `None`: every
+/// task (no key, or one without the partitioner column).
+fn key_partition(stream: &StreamDef, metric: &MetricDef, key: Option<&[Value]>) -> Option<u32> {
+    match (key, stream.partitioners.get(metric.partitioner)) {
+        (Some(k), Some(col)) => {
+            let pos = metric.group_by.iter().position(|c| c == col);
+            pos.map(|pos| partition_for(&k[pos], stream.partitions))
+        }
+        (Some(_), None) => Some(0),
+        _ => None,
+    }
+}
+
+/// What a replay reads of one task: the events with `after < ts <= end` that the task
+/// had applied up to its event `last` when the read began, none of those past `needed`
+/// lost to retention meanwhile.
+struct Read {
+    after: i64,
+    end: i64,
+    last: u64,
+    needed: i64,
+}
+
+impl Read {
+    /// The read that makes `metric`'s state exact from `first` on, up to `end` (never
+    /// past the task's time), from the task as `now` found it.
+    fn of(metric: &MetricDef, first: i64, end: i64, now: &HistoryPage, time: i64) -> Read {
+        let after = history::read_from(metric, first);
+        Read {
+            after,
+            end: end.min(time),
+            last: now.seq,
+            // Events at or before the horizon were gone already (`history::start`).
+            needed: after.max(now.horizon),
+        }
+    }
 }
 
 /// What a history read sends, in order.
@@ -654,14 +692,7 @@ impl Engine {
         key: Option<Vec<Value>>,
     ) -> Result<Vec<Vec<Value>>> {
         let p = metric.partitioner;
-        let partition = match (&key, stream.partitioners.get(p)) {
-            (Some(k), Some(col)) => {
-                let pos = metric.group_by.iter().position(|c| c == col);
-                pos.map(|pos| partition_for(&k[pos], stream.partitions))
-            }
-            (Some(_), None) => Some(0),
-            _ => None,
-        };
+        let partition = key_partition(stream, metric, key.as_deref());
         let parts = (0..stream.tasks_per_partitioner())
             .filter(|part| partition.is_none_or(|only| only == *part));
         let (local, elsewhere) = self.split_by_owner(&stream.name, p, parts)?;
@@ -804,69 +835,83 @@ impl Engine {
         (from, upto): (i64, i64),
         tx: &mpsc::Sender<Result<HistoryItem>>,
     ) -> Result<bool> {
-        let mut after = history::read_from(metric, from);
-        let mut end = upto.saturating_add(stream.lateness_us);
+        let now = retried(|| self.history_page(task, i64::MIN, i64::MIN, 1)).await?;
+        let Some(time) = now.time else {
+            return Ok(true); // the task has no event
+        };
+        let start = history::start(metric, now.horizon);
+        let first = from.max(start);
+        if from < start {
+            let before = retried(|| self.history_page(task, i64::MIN, start - 1, 1)).await?;
+            if !before.events.is_empty() && tx.send(Ok(HistoryItem::Starts(start))).await.is_err() {
+                return Ok(false);
+            }
+        }
+        let replay = Replay::new(stream, metric, first, upto)?;
+        let read = Read::of(
+            metric,
+            first,
+            upto.saturating_add(stream.lateness_us),
+            &now,
+            time,
+        );
+        Ok(self
+            .replay_task(task, metric, read, replay, Some(tx))
+            .await?
+            .is_some())
+    }
+
+    /// Reads a task's stored events `read` covers into `replay`, page by page, sending
+    /// the rows it gives to `tx`; `None` once the reader went away.
+    async fn replay_task(
+        &self,
+        task: &TaskId,
+        metric: &MetricDef,
+        read: Read,
+        mut replay: Replay,
+        tx: Option<&mpsc::Sender<Result<HistoryItem>>>,
+    ) -> Result<Option<Replay>> {
+        let Read {
+            mut after,
+            end,
+            last,
+            needed,
+        } = read;
         let mut span: i64 = 60_000_000;
-        // Set by the first page: the replay, the task's last event then (later ones are
-        // not read), and where the events the rows need start.
-        let mut replay: Option<(Replay, u64, i64)> = None;
         loop {
             let bound = after.saturating_add(span).min(end);
-            let mut page = retried(|| self.history_page(task, after, bound)).await?;
+            let mut page = retried(|| self.history_page(task, after, bound, PAGE_EVENTS)).await?;
+            if page.horizon > after.max(needed) {
+                return Err(Error::new(
+                    eddy_planner::ErrorKind::NotInPrerequisiteState,
+                    format!(
+                        "the history of metric \"{}\" fell behind the stream's retention",
+                        metric.name
+                    ),
+                )
+                .with_hint("Read a shorter range, or give the stream a longer retention."));
+            }
             let (n, through) = (page.events.len(), page.through);
-            let (mut r, last, needed) = match replay.take() {
-                Some((r, last, needed)) => {
-                    if page.horizon > after.max(needed) {
-                        return Err(Error::new(
-                            eddy_planner::ErrorKind::NotInPrerequisiteState,
-                            format!(
-                                "the history of metric \"{}\" fell behind the stream's retention",
-                                metric.name
-                            ),
-                        )
-                        .with_hint(
-                            "Read a shorter range, or give the stream a longer retention.",
-                        ));
-                    }
-                    (r, last, needed)
-                }
-                None => {
-                    let Some(time) = page.time else {
-                        return Ok(true); // the task has no event
-                    };
-                    let start = history::start(metric, page.horizon);
-                    if from < start && page.events.first().is_some_and(|e| e.0 < start) {
-                        let notice = Ok(HistoryItem::Starts(start));
-                        if tx.send(notice).await.is_err() {
-                            return Ok(false);
-                        }
-                    }
-                    let first = from.max(start);
-                    end = end.min(time);
-                    let r = Replay::new(stream, metric, first, upto)?;
-                    // Events at or before the horizon were gone already (`start`).
-                    let needed = history::read_from(metric, first).max(page.horizon);
-                    (r, page.seq, needed)
-                }
-            };
             page.events.retain(|e| e.1 <= last);
             let done = through >= end;
-            let (r_back, rows) = tokio::task::spawn_blocking(move || {
+            let (back, rows) = tokio::task::spawn_blocking(move || {
                 let mut rows = Vec::new();
-                r.push(page, &mut rows)?;
+                replay.push(page, &mut rows)?;
                 if done {
-                    r.finish(&mut rows)?;
+                    replay.finish(&mut rows)?;
                 }
-                Ok::<_, Error>((r, rows))
+                Ok::<_, Error>((replay, rows))
             })
             .await
             .map_err(|e| Error::internal(format!("history replay: {e}")))??;
-            r = r_back;
-            if !rows.is_empty() && tx.send(Ok(HistoryItem::Rows(rows))).await.is_err() {
-                return Ok(false);
+            replay = back;
+            if let Some(tx) = tx.filter(|_| !rows.is_empty()) {
+                if tx.send(Ok(HistoryItem::Rows(rows))).await.is_err() {
+                    return Ok(None);
+                }
             }
             if done {
-                return Ok(true);
+                return Ok(Some(replay));
             }
             // The next span: about a page of events at this one's density.
             span = match n {
@@ -876,12 +921,136 @@ impl Engine {
                     .clamp(1, i64::MAX as i128) as i64,
             };
             after = through;
-            replay = Some((r, last, needed));
         }
     }
 
+    /// A metric's rows as they stood when its tasks' stream time was `t` (`AS OF`): every
+    /// group with events, or the one of `key` (all group-by values), computed from the
+    /// stored events. A time past the stream's is 22023.
+    pub async fn metric_rows_as_of(
+        &self,
+        stream: &Arc<StreamDef>,
+        metric: &Arc<MetricDef>,
+        t: i64,
+        key: Option<Vec<Value>>,
+    ) -> Result<Vec<Vec<Value>>> {
+        let partition = key_partition(stream, metric, key.as_deref());
+        let probe = Probe {
+            t,
+            ask: Ask::Rows(key),
+            tag: 0,
+        };
+        let answers = self
+            .probe(stream, metric, vec![(partition, probe)], true)
+            .await?;
+        Ok(answers.into_iter().flat_map(|(_, rows)| rows).collect())
+    }
+
+    /// The task (partition) of `metric` that holds the group of a stream row.
+    pub fn task_of_row(stream: &StreamDef, metric: &MetricDef, row: &[Value]) -> u32 {
+        match stream.partitioners.get(metric.partitioner) {
+            Some(&col) => partition_for(&row[col], stream.partitions),
+            None => 0,
+        }
+    }
+
+    /// A metric's state at past times, computed from the stored events: each probe is
+    /// answered by the task of its key's group (`None`: by every task), as
+    /// `exec::history::Probe` says. With `past_only`, a time later than the stream time
+    /// of every task asked is refused (22023). Answers come as (tag, rows), by tag.
+    pub async fn probe(
+        &self,
+        stream: &Arc<StreamDef>,
+        metric: &Arc<MetricDef>,
+        probes: Vec<(Option<u32>, Probe)>,
+        past_only: bool,
+    ) -> Result<Vec<(usize, Vec<Vec<Value>>)>> {
+        let mut by_task: BTreeMap<u32, Vec<Probe>> = BTreeMap::new();
+        for (partition, p) in probes {
+            match partition {
+                Some(part) => by_task.entry(part).or_default().push(p),
+                None => {
+                    for part in 0..stream.tasks_per_partitioner() {
+                        by_task.entry(part).or_default().push(p.clone());
+                    }
+                }
+            }
+        }
+        let mut runs = Vec::new();
+        let mut latest = None;
+        for (partition, probes) in by_task {
+            let task = TaskId {
+                stream: stream.name.clone(),
+                partitioner: metric.partitioner,
+                partition,
+            };
+            let now = retried(|| self.history_page(&task, i64::MIN, i64::MIN, 1)).await?;
+            latest = latest.max(now.time);
+            runs.push((task, probes, now));
+        }
+        let last_probe = runs.iter().flat_map(|r| &r.1).map(|p| p.t).max();
+        if let (true, Some(t)) = (past_only, last_probe) {
+            if latest.is_none_or(|l| t > l) {
+                let at = latest.map_or("it has no event yet".to_string(), |l| {
+                    format!("its time is {}", Value::Timestamp(l))
+                });
+                return Err(Error::new(
+                    eddy_planner::ErrorKind::InvalidParameter,
+                    format!(
+                        "{} is past the time of stream \"{}\": {at}",
+                        Value::Timestamp(t),
+                        stream.name
+                    ),
+                )
+                .with_hint("AS OF reads the past: give a time no later than the stream's."));
+            }
+        }
+        let mut answers = Vec::new();
+        for (task, probes, now) in runs {
+            let first = probes.iter().map(|p| p.t).min().unwrap_or(i64::MAX);
+            let end = probes.iter().map(|p| p.t).max().unwrap_or(i64::MIN);
+            let again = probes.clone();
+            let mut replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, probes)?;
+            match now.time {
+                Some(time) => {
+                    let end = end.saturating_add(stream.lateness_us);
+                    let mut read = Read::of(metric, first, end, &now, time);
+                    let after = read.after;
+                    replay = self
+                        .replay_task(&task, metric, read, replay, None)
+                        .await?
+                        .expect("no reader to lose");
+                    // A probe found the stream time well before its own: its window
+                    // reaches past the read, which goes again from there (the stream
+                    // time at each probe stays the same: earlier events are older).
+                    if replay.reads_from() < after {
+                        read = Read::of(metric, first, end, &now, time);
+                        read.after = replay.reads_from();
+                        read.needed = read.after.max(now.horizon);
+                        replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, again)?;
+                        replay = self
+                            .replay_task(&task, metric, read, replay, None)
+                            .await?
+                            .expect("no reader to lose");
+                    }
+                }
+                // No event: every probe sees the empty state.
+                None => replay.finish(&mut Vec::new())?,
+            }
+            answers.extend(replay.take_answers());
+        }
+        answers.sort_by_key(|a| a.0);
+        Ok(answers)
+    }
+
     /// A page of a task's stored events, read where the task is active.
-    async fn history_page(&self, task: &TaskId, after: i64, upto: i64) -> Result<HistoryPage> {
+    async fn history_page(
+        &self,
+        task: &TaskId,
+        after: i64,
+        upto: i64,
+        max: usize,
+    ) -> Result<HistoryPage> {
         if let Some(peer) = self
             .remote
             .get()
@@ -890,12 +1059,9 @@ impl Engine {
             .flatten()
         {
             let remote = self.remote.get().expect("asked");
-            return remote
-                .history_page(peer, task, after, upto, PAGE_EVENTS)
-                .await;
+            return remote.history_page(peer, task, after, upto, max).await;
         }
-        self.local_history_page(task, after, upto, PAGE_EVENTS)
-            .await
+        self.local_history_page(task, after, upto, max).await
     }
 
     /// A page of one of this node's tasks (`Task::history_page`).

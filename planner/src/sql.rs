@@ -7,8 +7,9 @@
 
 use datafusion::sql::sqlparser::ast::{self, Ident, ObjectName, ObjectNamePart};
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::Parser;
-use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Whitespace};
 
 use crate::access::{AccessStatement, Privilege, RoleOptions, Target};
 use crate::error::{Error, Result};
@@ -255,7 +256,16 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
     if first.is_some_and(|w| w.eq_ignore_ascii_case("INSERT")) {
         return parse_standard(sql);
     }
-    let tokens = tokenize(sql)?;
+    let mut tokens = tokenize(sql)?;
+    let rewritten;
+    let sql = match rewrite_as_of(&tokens) {
+        Some(t) => {
+            rewritten = tokens_to_sql(&t);
+            tokens = t;
+            rewritten.as_str()
+        }
+        None => sql,
+    };
     let words = leading_words(&tokens, 3);
     let w: Vec<&str> = words.iter().map(|s| s.as_str()).collect();
     match w.as_slice() {
@@ -321,6 +331,62 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
             None => parse_standard(sql),
         },
     }
+}
+
+/// `FROM metric AS OF TIMESTAMP '…'` (after FROM, JOIN or a comma) as
+/// `FROM as_of('metric', TIMESTAMP '…') AS metric`, the table function DataFusion runs;
+/// `None` when the statement has no such clause.
+fn rewrite_as_of(tokens: &[Token]) -> Option<Vec<Token>> {
+    let significant: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let mut out: Vec<Token> = Vec::new();
+    let mut copied = 0;
+    for k in 0..significant.len().saturating_sub(5) {
+        let [before, name, as_, of, ts, lit] = [0, 1, 2, 3, 4, 5].map(|j| significant[k + j]);
+        let (Token::Word(w), Token::SingleQuotedString(_)) = (&tokens[name], &tokens[lit]) else {
+            continue;
+        };
+        let after_from = is_word(&tokens[before], "FROM")
+            || is_word(&tokens[before], "JOIN")
+            || tokens[before] == Token::Comma;
+        if !after_from
+            || !is_word(&tokens[as_], "AS")
+            || !is_word(&tokens[of], "OF")
+            || !is_word(&tokens[ts], "TIMESTAMP")
+        {
+            continue;
+        }
+        out.extend_from_slice(&tokens[copied..name]);
+        let text = |s: &str| Token::SingleQuotedString(s.to_string());
+        out.extend([
+            Token::make_word("as_of", None),
+            Token::LParen,
+            text(&w.value),
+            Token::Comma,
+            tokens[ts].clone(),
+            Token::Whitespace(Whitespace::Space),
+            tokens[lit].clone(),
+            Token::RParen,
+        ]);
+        // Named after the metric, unless an alias follows.
+        let aliased = significant.get(k + 6).is_some_and(|&i| {
+            is_word(&tokens[i], "AS")
+                || matches!(&tokens[i], Token::Word(w) if w.keyword == Keyword::NoKeyword)
+        });
+        if !aliased {
+            out.extend([
+                Token::Whitespace(Whitespace::Space),
+                tokens[as_].clone(),
+                Token::Whitespace(Whitespace::Space),
+                tokens[name].clone(),
+            ]);
+        }
+        copied = lit + 1;
+    }
+    if copied == 0 {
+        return None;
+    }
+    out.extend_from_slice(&tokens[copied..]);
+    Some(out)
 }
 
 fn access_statement(tokens: &[Token]) -> Result<Statement> {

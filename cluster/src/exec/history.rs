@@ -76,9 +76,30 @@ pub fn columns(stream: &StreamDef, metric: &MetricDef) -> Vec<usize> {
     out
 }
 
+/// A question to a replay: the metric's state as it stood when the task's stream time
+/// was `t`, that is after the last event applied before the first one later than `t`.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    pub t: i64,
+    pub ask: Ask,
+    /// The asker's number for the answer.
+    pub tag: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum Ask {
+    /// The metric's rows (group-by values, then its values), as `SELECT * FROM metric`
+    /// gives them: every group with events, or the one of these group-by values.
+    Rows(Option<Vec<Value>>),
+    /// The metric's values for the group of this stream row, as RETURNING gives them (a
+    /// group with no event has COUNT 0 and NULL for the rest).
+    Values(Row),
+}
+
 /// One task's replay of a metric.
 pub struct Replay {
     task: Task,
+    metric: String,
     /// The stream columns each row starts with (`columns`).
     head: Vec<usize>,
     lateness: i64,
@@ -89,6 +110,14 @@ pub struct Replay {
     waiting: BinaryHeap<Reverse<Waiting>>,
     batch: Vec<Row>,
     times: Vec<i64>,
+    /// Probes not answered yet, by time, and the answers so far.
+    probes: std::collections::VecDeque<Probe>,
+    answers: Vec<(usize, Vec<Vec<Value>>)>,
+    /// How far back the window reaches (`None`: to the first event).
+    reach: Option<i64>,
+    /// Where a read must start for every answer so far to be exact: one reach before
+    /// the stream time the replay had when it answered.
+    reads_from: i64,
 }
 
 struct Waiting {
@@ -117,6 +146,18 @@ impl Ord for Waiting {
 impl Replay {
     /// A replay of `metric` over one task's events, giving rows for `from..=upto`.
     pub fn new(stream: &StreamDef, metric: &MetricDef, from: i64, upto: i64) -> Result<Replay> {
+        Replay::probing(stream, metric, from, upto, Vec::new())
+    }
+
+    /// `new`, answering `probes` on the way (`answers`).
+    pub fn probing(
+        stream: &StreamDef,
+        metric: &MetricDef,
+        from: i64,
+        upto: i64,
+        mut probes: Vec<Probe>,
+    ) -> Result<Replay> {
+        probes.sort_by_key(|p| p.t);
         // Every event it is given was accepted once, with its id unseen: no dedup here,
         // and nothing kept beyond what the window needs.
         let mut own = stream.clone();
@@ -126,6 +167,7 @@ impl Replay {
         task.set_metrics(&[Arc::new(metric.clone())])?;
         Ok(Replay {
             task,
+            metric: metric.name.clone(),
             head: columns(stream, metric),
             lateness: stream.lateness_us,
             from,
@@ -133,7 +175,50 @@ impl Replay {
             waiting: BinaryHeap::new(),
             batch: Vec::with_capacity(APPLY_BATCH),
             times: Vec::with_capacity(APPLY_BATCH),
+            probes: probes.into(),
+            answers: Vec::new(),
+            reach: metric.window.reach_us(),
+            reads_from: i64::MAX,
         })
+    }
+
+    /// Where the read must have started for every probe answered so far to be exact
+    /// (probes see the state at the replay's stream time then, which may be well before
+    /// their own time).
+    pub fn reads_from(&self) -> i64 {
+        self.reads_from
+    }
+
+    /// The probes answered so far, as (tag, rows).
+    pub fn take_answers(&mut self) -> Vec<(usize, Vec<Vec<Value>>)> {
+        std::mem::take(&mut self.answers)
+    }
+
+    /// Answers every probe earlier than the event at `next` (all, at the end) from the
+    /// state as it stands.
+    fn answer(&mut self, next: Option<i64>) {
+        while self
+            .probes
+            .front()
+            .is_some_and(|p| next.is_none_or(|ts| p.t < ts))
+        {
+            let p = self.probes.pop_front().expect("checked");
+            let from = match (self.task.time(), self.reach) {
+                (Some(t), Some(reach)) => t.saturating_sub(reach),
+                _ => i64::MIN,
+            };
+            self.reads_from = self.reads_from.min(from);
+            let rows = match &p.ask {
+                Ask::Rows(key) => self.task.metric_rows(&self.metric, key.as_deref()),
+                Ask::Values(row) => self
+                    .task
+                    .values_for(row)
+                    .into_iter()
+                    .map(|(_, values)| values)
+                    .collect(),
+            };
+            self.answers.push((p.tag, rows));
+        }
     }
 
     /// Takes a page of events and adds to `out` the rows of every event whose
@@ -158,10 +243,17 @@ impl Replay {
         while let Some(Reverse(w)) = self.waiting.pop() {
             self.stage(w, out)?;
         }
-        self.apply(out)
+        self.apply(out)?;
+        self.answer(None);
+        Ok(())
     }
 
     fn stage(&mut self, w: Waiting, out: &mut Vec<Vec<Value>>) -> Result<()> {
+        // The first event later than a probe's time: the probe sees the state before it.
+        if self.probes.front().is_some_and(|p| w.ts > p.t) {
+            self.apply(out)?;
+            self.answer(Some(w.ts));
+        }
         self.batch.push(w.row);
         self.times.push(w.ts);
         if self.batch.len() == APPLY_BATCH {
@@ -174,7 +266,9 @@ impl Replay {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let answers = self.task.ingest(&self.batch, true)?;
+        // Without rows to give, only the probes read the state.
+        let values = self.from <= self.upto;
+        let answers = self.task.ingest(&self.batch, values)?;
         for ((row, &ts), (outcome, values)) in self.batch.iter().zip(&self.times).zip(answers) {
             if outcome != Outcome::Accepted {
                 return Err(Error::internal(format!(
@@ -236,6 +330,8 @@ mod tests {
                 seed
             };
             let base = 1_700_000_000_000_000i64;
+            // (probe time, the rows as they stood then), taken before an event moved T.
+            let mut snapshots: Vec<(i64, Vec<Vec<Value>>)> = Vec::new();
             for n in 0..3000i64 {
                 // Jitter within and beyond the lateness, and re-sent ids.
                 let ts = base + n * 100_000 - (next() % 8_000_000) as i64;
@@ -247,7 +343,17 @@ mod tests {
                     Value::Float((next() % 40) as f64 / 4.0),
                 ]
                 .into();
+                let before = live.time();
+                let rows_before = (n % 7 == 0).then(|| live.metric_rows("m", None));
                 let (outcome, values) = live.ingest(&[row.clone()], true).unwrap().remove(0);
+                if let (Some(t), Some(mut rows)) = (before, rows_before) {
+                    if live.time() != before {
+                        rows.sort_by_key(|r| format!("{r:?}"));
+                        // Any time from T up to (not including) the event's.
+                        let at = t + (ts - t) / 2;
+                        snapshots.push((at, rows));
+                    }
+                }
                 if outcome == Outcome::Accepted {
                     let mut r = vec![row[0].clone(), row[1].clone(), row[2].clone()];
                     r.extend(values.into_iter().next().unwrap().1);
@@ -270,6 +376,31 @@ mod tests {
             replay.finish(&mut got).unwrap();
             assert_eq!(got.len(), expected.len(), "{window}");
             assert!(got == expected, "{window}: the replay differs");
+
+            // Probes see the state as it stood at their time.
+            assert!(snapshots.len() > 30, "{window}: {}", snapshots.len());
+            let probes = snapshots
+                .iter()
+                .enumerate()
+                .map(|(tag, (t, _))| Probe {
+                    t: *t,
+                    ask: Ask::Rows(None),
+                    tag,
+                })
+                .collect();
+            let mut replay = Replay::probing(&stream, &metric, i64::MAX, i64::MIN, probes).unwrap();
+            let mut none = Vec::new();
+            let page = live.history_page(i64::MIN, i64::MAX, usize::MAX).unwrap();
+            replay.push(page, &mut none).unwrap();
+            replay.finish(&mut none).unwrap();
+            assert!(none.is_empty());
+            let mut answers = replay.take_answers();
+            answers.sort_by_key(|a| a.0);
+            assert_eq!(answers.len(), snapshots.len());
+            for ((tag, mut rows), (t, want)) in answers.into_iter().zip(&snapshots) {
+                rows.sort_by_key(|r| format!("{r:?}"));
+                assert_eq!(&rows, want, "{window}: probe {tag} at {t}");
+            }
         }
     }
 }

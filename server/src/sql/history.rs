@@ -41,35 +41,11 @@ fn external(e: Error) -> DataFusionError {
 
 impl TableFunctionImpl for HistoryFunction {
     fn call(&self, args: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
-        let name = match args {
-            [Expr::Literal(ScalarValue::Utf8(Some(name)), _)] => name.clone(),
-            _ => {
-                return Err(external(
-                    Error::new(
-                        ErrorKind::UndefinedFunction,
-                        "function history takes one argument, a metric's name as text",
-                    )
-                    .with_hint("For example: SELECT * FROM history('card_5m')."),
-                ))
-            }
-        };
-        let metric = self.catalog.metric(&name).ok_or_else(|| {
-            external(
-                Error::new(
-                    ErrorKind::UndefinedTable,
-                    format!("metric \"{name}\" does not exist"),
-                )
-                .with_hint("SHOW METRICS lists the metrics."),
-            )
-        })?;
-        let stream = self
-            .catalog
-            .stream(&metric.stream)
-            .ok_or_else(|| external(Error::internal("metric without stream")))?;
+        let (stream, metric) = metric_named(&self.catalog, args, "history")?;
         Ok(Arc::new(HistoryTable::new(
             self.engine.clone(),
-            stream.clone(),
-            metric.clone(),
+            stream,
+            metric,
             query::notice_sink(),
         )))
     }
@@ -291,5 +267,275 @@ impl PartitionStream for HistoryPart {
             std::future::ready(out)
         });
         Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), batches))
+    }
+}
+
+/// Registers `history`, `as_of` and `features` on a query context of `catalog`.
+pub fn register(
+    ctx: &datafusion::prelude::SessionContext,
+    engine: &Arc<Engine>,
+    catalog: &Catalog,
+) {
+    let catalog = Arc::new(catalog.clone());
+    let (engine, c) = (engine.clone(), catalog.clone());
+    ctx.register_udtf(
+        "history",
+        Arc::new(HistoryFunction {
+            engine: engine.clone(),
+            catalog: c,
+        }),
+    );
+    let c = catalog.clone();
+    ctx.register_udtf(
+        "as_of",
+        Arc::new(AsOfFunction {
+            engine: engine.clone(),
+            catalog: c,
+        }),
+    );
+    ctx.register_udtf("features", Arc::new(FeaturesFunction { engine, catalog }));
+}
+
+/// The metric and stream a table function's first arguments name.
+fn metric_named(
+    catalog: &Catalog,
+    args: &[Expr],
+    function: &str,
+) -> DfResult<(Arc<StreamDef>, Arc<MetricDef>)> {
+    let name = text_arg(args.first(), function)?;
+    let metric = catalog.metric(&name).ok_or_else(|| {
+        external(
+            Error::new(
+                ErrorKind::UndefinedTable,
+                format!("metric \"{name}\" does not exist"),
+            )
+            .with_hint("SHOW METRICS lists the metrics."),
+        )
+    })?;
+    let stream = catalog
+        .stream(&metric.stream)
+        .ok_or_else(|| external(Error::internal("metric without stream")))?;
+    Ok((stream.clone(), metric.clone()))
+}
+
+/// A text constant argument of a table function.
+fn text_arg(arg: Option<&Expr>, function: &str) -> DfResult<String> {
+    match arg {
+        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => Ok(s.clone()),
+        _ => Err(external(
+            Error::new(
+                ErrorKind::UndefinedFunction,
+                format!("function {function} takes names as text constants"),
+            )
+            .with_hint(format!("For example: SELECT * FROM {function}('card_5m').")),
+        )),
+    }
+}
+
+/// A timestamp constant argument, in µs.
+fn time_arg(arg: Option<&Expr>) -> DfResult<i64> {
+    let bad = || {
+        external(
+            Error::new(
+                ErrorKind::InvalidDatetime,
+                "AS OF takes a timestamp constant",
+            )
+            .with_hint("For example: AS OF TIMESTAMP '2026-11-22 10:00:00'."),
+        )
+    };
+    let us = match arg.map(strip_cast) {
+        Some(Expr::Literal(v, _)) => match v {
+            ScalarValue::TimestampSecond(Some(s), _) => s.checked_mul(1_000_000),
+            ScalarValue::TimestampMillisecond(Some(ms), _) => ms.checked_mul(1000),
+            ScalarValue::TimestampMicrosecond(Some(us), _) => Some(*us),
+            ScalarValue::TimestampNanosecond(Some(ns), _) => Some(ns.div_euclid(1000)),
+            ScalarValue::Utf8(Some(s)) => eddy_planner::types::parse_timestamp(s),
+            _ => None,
+        },
+        _ => None,
+    };
+    us.ok_or_else(bad)
+}
+
+/// `as_of('metric', TIMESTAMP '…')`: what `FROM metric AS OF TIMESTAMP '…'` becomes.
+#[derive(Debug)]
+struct AsOfFunction {
+    engine: Arc<Engine>,
+    catalog: Arc<Catalog>,
+}
+
+impl TableFunctionImpl for AsOfFunction {
+    fn call(&self, args: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
+        let (stream, metric) = metric_named(&self.catalog, args, "as_of")?;
+        let t = time_arg(args.get(1))?;
+        Ok(Arc::new(
+            query::MetricTable::new(self.engine.clone(), stream, metric).as_of(t),
+        ))
+    }
+}
+
+/// `features('labels', 'metric', …)`: each row of the stream `labels` with every named
+/// metric's values for its group as they stood at the row's event time (the metric's
+/// group-by columns are read from the label row's columns of the same names).
+#[derive(Debug)]
+struct FeaturesFunction {
+    engine: Arc<Engine>,
+    catalog: Arc<Catalog>,
+}
+
+impl TableFunctionImpl for FeaturesFunction {
+    fn call(&self, args: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
+        let labels = text_arg(args.first(), "features")?;
+        let labels = self
+            .catalog
+            .stream(&labels)
+            .ok_or_else(|| external(eddy_planner::error::undefined_stream(&labels)))?
+            .clone();
+        if args.len() < 2 {
+            return Err(external(
+                Error::new(
+                    ErrorKind::UndefinedFunction,
+                    "function features takes a stream of labels and at least one metric",
+                )
+                .with_hint("For example: SELECT * FROM features('labels', 'card_5m', 'card_1h')."),
+            ));
+        }
+        let mut fields: Vec<Field> = labels
+            .columns
+            .iter()
+            .map(|c| Field::new(&c.name, result_arrow_type(ResultType::Column(c.ty)), true))
+            .collect();
+        let mut types: Vec<ResultType> = labels
+            .columns
+            .iter()
+            .map(|c| ResultType::Column(c.ty))
+            .collect();
+        let mut metrics = Vec::new();
+        for arg in &args[1..] {
+            let (stream, metric) =
+                metric_named(&self.catalog, std::slice::from_ref(arg), "features")?;
+            if metrics
+                .iter()
+                .any(|(_, m, _): &FeatureMetric| m.name == metric.name)
+            {
+                return Err(external(Error::new(
+                    ErrorKind::DuplicateObject,
+                    format!("metric \"{}\" is named twice", metric.name),
+                )));
+            }
+            // Where each group-by value comes from in a label row.
+            let keys = metric
+                .group_by
+                .iter()
+                .map(|&g| {
+                    let name = &stream.columns[g].name;
+                    let at = labels.column_index(name).ok_or_else(|| {
+                        external(
+                            Error::undefined_column(name, &labels.name).with_hint(format!(
+                                "metric \"{}\" groups by \"{name}\": the labels need that column",
+                                metric.name
+                            )),
+                        )
+                    })?;
+                    Ok((g, at))
+                })
+                .collect::<DfResult<Vec<_>>>()?;
+            for a in &metric.aggregates {
+                let ty = a.result_type(&stream);
+                fields.push(Field::new(
+                    format!("{}.{}", metric.name, a.alias),
+                    result_arrow_type(ty),
+                    true,
+                ));
+                types.push(ty);
+            }
+            metrics.push((stream, metric, keys));
+        }
+        Ok(Arc::new(FeaturesTable {
+            engine: self.engine.clone(),
+            labels,
+            metrics,
+            schema: Arc::new(Schema::new(fields)),
+            types,
+        }))
+    }
+}
+
+/// Each metric's stream and definition, and per group-by column (its stream column, the
+/// label column it is read from).
+type FeatureMetric = (Arc<StreamDef>, Arc<MetricDef>, Vec<(usize, usize)>);
+
+#[derive(Debug)]
+struct FeaturesTable {
+    engine: Arc<Engine>,
+    labels: Arc<StreamDef>,
+    metrics: Vec<FeatureMetric>,
+    schema: SchemaRef,
+    types: Vec<ResultType>,
+}
+
+#[async_trait]
+impl TableProvider for FeaturesTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let labels = self
+            .engine
+            .stream_rows(&self.labels)
+            .await
+            .map_err(external)?;
+        let mut rows: Vec<Vec<eddy_planner::types::Value>> =
+            labels.iter().map(|r| r.to_vec()).collect();
+        for (stream, metric, keys) in &self.metrics {
+            let mut probes = Vec::with_capacity(labels.len());
+            for (tag, label) in labels.iter().enumerate() {
+                let t = eddy_cluster::exec::task::Task::event_time(&self.labels, label)
+                    .map_err(external)?;
+                let mut row = vec![eddy_planner::types::Value::Null; stream.columns.len()];
+                for &(g, at) in keys {
+                    row[g] = same_type(&label[at], &stream.columns[g]).map_err(external)?;
+                }
+                let part = Engine::task_of_row(stream, metric, &row);
+                let ask = eddy_cluster::exec::history::Ask::Values(row.into());
+                let probe = eddy_cluster::exec::history::Probe { t, ask, tag };
+                probes.push((Some(part), probe));
+            }
+            let answers = self
+                .engine
+                .probe(stream, metric, probes, false)
+                .await
+                .map_err(external)?;
+            for (tag, mut values) in answers {
+                rows[tag].extend(values.pop().unwrap_or_default());
+            }
+        }
+        let batch = rows_to_batch(self.schema.clone(), &self.types, &rows).map_err(external)?;
+        let table =
+            datafusion::datasource::MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
+        table.scan(state, projection, &[], limit).await
+    }
+}
+
+/// A label's value as the metric stream's column types it (through its text when the
+/// types differ).
+fn same_type(
+    v: &eddy_planner::types::Value,
+    col: &eddy_planner::catalog::ColumnDef,
+) -> eddy_planner::Result<eddy_planner::types::Value> {
+    match v.to_text() {
+        Some(text) if !v.is_null() => eddy_planner::bind::value_from_text(&text, col),
+        _ => Ok(v.clone()),
     }
 }

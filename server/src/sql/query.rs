@@ -30,16 +30,22 @@ use crate::session::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Co
 use crate::sql::pg_catalog;
 
 #[derive(Debug)]
-struct MetricTable {
+pub(crate) struct MetricTable {
     engine: Arc<Engine>,
     stream: Arc<StreamDef>,
     metric: Arc<MetricDef>,
     schema: SchemaRef,
     types: Vec<ResultType>,
+    /// `AS OF`: the rows as they stood at this event time (µs), from the stored events.
+    as_of: Option<i64>,
 }
 
 impl MetricTable {
-    fn new(engine: Arc<Engine>, stream: Arc<StreamDef>, metric: Arc<MetricDef>) -> MetricTable {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        stream: Arc<StreamDef>,
+        metric: Arc<MetricDef>,
+    ) -> MetricTable {
         let cols = metric.columns(&stream);
         let schema = Arc::new(Schema::new(
             cols.iter()
@@ -52,6 +58,15 @@ impl MetricTable {
             metric,
             schema,
             types: cols.into_iter().map(|(_, t)| t).collect(),
+            as_of: None,
+        }
+    }
+
+    /// The table of the metric's rows as they stood at event time `t` (µs).
+    pub(crate) fn as_of(self, t: i64) -> MetricTable {
+        MetricTable {
+            as_of: Some(t),
+            ..self
         }
     }
 
@@ -147,11 +162,19 @@ impl TableProvider for MetricTable {
         } else {
             key.into_iter().collect()
         };
-        let rows = self
-            .engine
-            .metric_rows(&self.stream, &self.metric, key)
-            .await
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        let rows = match self.as_of {
+            None => {
+                self.engine
+                    .metric_rows(&self.stream, &self.metric, key)
+                    .await
+            }
+            Some(t) => {
+                self.engine
+                    .metric_rows_as_of(&self.stream, &self.metric, t, key)
+                    .await
+            }
+        }
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
         let batch = rows_to_batch(self.schema.clone(), &self.types, &rows)
             .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
         let table = MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
@@ -283,13 +306,7 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>, zone: &str) -> Result<Se
             .map_err(datafusion_error)?;
     }
     pg_catalog::register(&ctx)?;
-    ctx.register_udtf(
-        "history",
-        Arc::new(crate::sql::history::HistoryFunction {
-            engine: engine.clone(),
-            catalog: Arc::new(catalog.clone()),
-        }),
-    );
+    crate::sql::history::register(&ctx, engine, catalog);
     Ok(ctx)
 }
 
