@@ -56,6 +56,7 @@ struct Event {
     id: i64,
     card: String,
     ts: i64,
+    amount: Option<f64>,
     tuple: String,
 }
 
@@ -80,6 +81,7 @@ fn events() -> Vec<Event> {
                 id: out[j].id,
                 card: out[j].card.clone(),
                 ts: out[j].ts,
+                amount: out[j].amount,
                 tuple: out[j].tuple.clone(),
             };
             out.push(again);
@@ -95,14 +97,16 @@ fn events() -> Vec<Event> {
         let ts = base + chrono::Duration::milliseconds(ms);
         let card = format!("c{}", next() % 150);
         let amount = match next() % 40 {
-            0 => "NULL".to_string(),
-            r => format!("{}", (next() % 2000) as f64 / 8.0 + r as f64),
+            0 => None,
+            r => Some((next() % 2000) as f64 / 8.0 + r as f64),
         };
+        let text = amount.map_or("NULL".to_string(), |a| a.to_string());
         out.push(Event {
             id: i,
             card: card.clone(),
             ts: ms,
-            tuple: format!("({i}, '{ts}', '{card}', {amount})"),
+            amount,
+            tuple: format!("({i}, '{ts}', '{card}', {text})"),
         });
     }
     out
@@ -214,6 +218,112 @@ async fn check(client: &tokio_postgres::Client, expected: &Expected, suffix: &st
     }
 }
 
+/// Event time `ms` after the base as text.
+fn time_text(ms: i64) -> String {
+    let base = chrono::NaiveDate::from_ymd_opt(2026, 11, 1)
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap();
+    (base + chrono::Duration::milliseconds(ms)).to_string()
+}
+
+/// `m_slide`'s (n, s, hi) for `card` as of `t` (ms), counted from the events: the state
+/// before the first event its task accepted later than `t`; `None` for an empty group.
+fn slide_as_of(events: &[Event], accepted: &[bool], card: &str, t: i64) -> Option<TextRow> {
+    let task = |c: &str| partition_for(&Value::Text(c.into()), PARTITIONS);
+    let mut time = i64::MIN;
+    let mut mine = Vec::new();
+    for (e, _) in events
+        .iter()
+        .zip(accepted)
+        .filter(|(e, ok)| **ok && task(&e.card) == task(card))
+    {
+        if e.ts > t {
+            break;
+        }
+        time = time.max(e.ts);
+        if e.card == card {
+            mine.push(e);
+        }
+    }
+    let window: Vec<&&Event> = mine.iter().filter(|e| e.ts > time - 300_000).collect();
+    if window.is_empty() {
+        return None;
+    }
+    let amounts: Vec<f64> = window.iter().filter_map(|e| e.amount).collect();
+    let text = |v: Option<f64>| v.map(eddy_planner::types::format_float);
+    Some(vec![
+        Some(window.len().to_string()),
+        text((!amounts.is_empty()).then(|| amounts.iter().sum())),
+        text(amounts.iter().copied().reduce(f64::max)),
+    ])
+}
+
+/// `AS OF` lookups and a `features` join at random times and cards, against the
+/// events counted by hand.
+async fn check_as_of(client: &tokio_postgres::Client, events: &[Event], when: &str) {
+    let accepted = accepted(events);
+    let mut seed = 0x51u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let span = EVENTS as u64 * 60;
+    let probes: Vec<(String, i64)> = (0..40)
+        .map(|i| match i % 4 {
+            // At an event's own time and card: it counts.
+            0 => {
+                let e = &events[(next() % EVENTS as u64) as usize];
+                (e.card.clone(), e.ts)
+            }
+            _ => (format!("c{}", next() % 150), (next() % span) as i64),
+        })
+        .collect();
+    let mut labels = Vec::new();
+    for (i, (card, t)) in probes.iter().enumerate() {
+        let want = slide_as_of(events, &accepted, card, *t);
+        let got = simple_rows(
+            client,
+            &format!(
+                "SELECT n, s, hi FROM m_slide AS OF TIMESTAMP '{}' WHERE card = '{card}'",
+                time_text(*t)
+            ),
+        )
+        .await;
+        assert_eq!(
+            got,
+            want.clone().into_iter().collect::<Vec<_>>(),
+            "{when}: {card} as of {t}"
+        );
+        labels.push(format!("('{card}', '{}', {i})", time_text(*t)));
+    }
+    client
+        .batch_execute(&format!("INSERT INTO labels VALUES {}", labels.join(", ")))
+        .await
+        .unwrap();
+    let rows = simple_rows(
+        client,
+        "SELECT label, \"m_slide.n\", \"m_slide.s\", \"m_slide.hi\" \
+         FROM features('labels', 'm_slide') ORDER BY label",
+    )
+    .await;
+    let mut rows = rows.into_iter();
+    for (i, (card, t)) in probes.iter().enumerate() {
+        let want = slide_as_of(events, &accepted, card, *t)
+            .unwrap_or_else(|| vec![Some("0".into()), None, None]);
+        // The labels of an earlier check come first, with the same values.
+        let row = loop {
+            let r = rows.next().expect("a row per label");
+            if r[0].as_deref() == Some(i.to_string().as_str()) {
+                break r;
+            }
+        };
+        assert_eq!(row[1..], want[..], "{when}: features of {card} at {t}");
+    }
+}
+
 async fn parity(args: &[&str], dir_name: &str) {
     let dir = temp_dir(dir_name);
     let (server, port) = spawn_eddy_with(&dir, args);
@@ -233,6 +343,13 @@ async fn parity(args: &[&str], dir_name: &str) {
             .await
             .unwrap();
     }
+    client
+        .batch_execute(
+            "CREATE STREAM labels (card TEXT NOT NULL, ts TIMESTAMP NOT NULL, label INT) \
+             WITH (event_time = 'ts', lateness = '30 days')",
+        )
+        .await
+        .unwrap();
     let events = events();
     let expected = record(&client, &events).await;
     let accepted = expected["m_slide"].values().map(Vec::len).sum::<usize>();
@@ -241,6 +358,7 @@ async fn parity(args: &[&str], dir_name: &str) {
         "{accepted} accepted"
     );
     check(&client, &expected, "", "live").await;
+    check_as_of(&client, &events, "live").await;
 
     // A bound on the event time narrows the rows to those events.
     let rows = simple_rows(
@@ -266,6 +384,7 @@ async fn parity(args: &[&str], dir_name: &str) {
     let (server, port) = spawn_eddy_with(&dir, args);
     let client = connect_port(port).await;
     check(&client, &expected, "", "after a restart").await;
+    check_as_of(&client, &events, "after a restart").await;
     for (name, def) in METRICS {
         client
             .batch_execute(&format!("CREATE METRIC {name}_later AS {def}"))
