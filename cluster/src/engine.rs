@@ -188,6 +188,13 @@ pub trait Remote: Send + Sync {
     ) -> tokio::task::AbortHandle;
 }
 
+/// The time now, in µs since 1970.
+pub fn wall_clock_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
 /// The task (partition) of `metric`'s group with these group-by values; `None`: every
 /// task (no key, or one without the partitioner column).
 fn key_partition(stream: &StreamDef, metric: &MetricDef, key: Option<&[Value]>) -> Option<u32> {
@@ -226,14 +233,14 @@ impl Read {
     }
 }
 
-/// What a history read sends, in order.
-#[derive(Debug)]
-pub enum HistoryItem {
-    /// Rows: the event's id and time, the metric's group-by values, then its values.
-    Rows(Vec<Vec<Value>>),
-    /// A task's rows start at this event time (µs): events its windows need before it
-    /// have left the stream's retention.
-    Starts(i64),
+/// Where a metric's history stands, before it is read.
+#[derive(Debug, Default)]
+pub struct HistoryBounds {
+    /// The latest event time (µs) from which every task's rows are given, when some
+    /// task holds events before it whose windows reach past its retention horizon.
+    pub starts: Option<i64>,
+    /// The latest stream time among the tasks (`None`: no event yet).
+    pub latest: Option<i64>,
 }
 
 pub struct Engine {
@@ -802,7 +809,7 @@ impl Engine {
         metric: Arc<MetricDef>,
         from: i64,
         upto: i64,
-    ) -> mpsc::Receiver<Result<HistoryItem>> {
+    ) -> mpsc::Receiver<Result<Vec<Vec<Value>>>> {
         let (tx, rx) = mpsc::channel(2);
         let engine = self.clone();
         tokio::spawn(async move {
@@ -826,6 +833,34 @@ impl Engine {
         rx
     }
 
+    /// Where `metric`'s history starts and its tasks' time, for a read of the events
+    /// from `from` on (`history`).
+    pub async fn history_bounds(
+        &self,
+        stream: &StreamDef,
+        metric: &MetricDef,
+        from: i64,
+    ) -> Result<HistoryBounds> {
+        let mut bounds = HistoryBounds::default();
+        for partition in 0..stream.tasks_per_partitioner() {
+            let task = TaskId {
+                stream: stream.name.clone(),
+                partitioner: metric.partitioner,
+                partition,
+            };
+            let now = retried(|| self.history_page(&task, i64::MIN, i64::MIN, 1)).await?;
+            bounds.latest = bounds.latest.max(now.time);
+            let start = history::start(metric, now.horizon);
+            if now.time.is_some() && from < start {
+                let before = retried(|| self.history_page(&task, i64::MIN, start - 1, 1)).await?;
+                if !before.events.is_empty() {
+                    bounds.starts = bounds.starts.max(Some(start));
+                }
+            }
+        }
+        Ok(bounds)
+    }
+
     /// One task's part of `history`; `false` once the reader went away.
     async fn task_history(
         &self,
@@ -833,20 +868,13 @@ impl Engine {
         stream: &Arc<StreamDef>,
         metric: &Arc<MetricDef>,
         (from, upto): (i64, i64),
-        tx: &mpsc::Sender<Result<HistoryItem>>,
+        tx: &mpsc::Sender<Result<Vec<Vec<Value>>>>,
     ) -> Result<bool> {
         let now = retried(|| self.history_page(task, i64::MIN, i64::MIN, 1)).await?;
         let Some(time) = now.time else {
             return Ok(true); // the task has no event
         };
-        let start = history::start(metric, now.horizon);
-        let first = from.max(start);
-        if from < start {
-            let before = retried(|| self.history_page(task, i64::MIN, start - 1, 1)).await?;
-            if !before.events.is_empty() && tx.send(Ok(HistoryItem::Starts(start))).await.is_err() {
-                return Ok(false);
-            }
-        }
+        let first = from.max(history::start(metric, now.horizon));
         let replay = Replay::new(stream, metric, first, upto)?;
         let read = Read::of(
             metric,
@@ -869,7 +897,7 @@ impl Engine {
         metric: &MetricDef,
         read: Read,
         mut replay: Replay,
-        tx: Option<&mpsc::Sender<Result<HistoryItem>>>,
+        tx: Option<&mpsc::Sender<Result<Vec<Vec<Value>>>>>,
     ) -> Result<Option<Replay>> {
         let Read {
             mut after,
@@ -906,7 +934,7 @@ impl Engine {
             .map_err(|e| Error::internal(format!("history replay: {e}")))??;
             replay = back;
             if let Some(tx) = tx.filter(|_| !rows.is_empty()) {
-                if tx.send(Ok(HistoryItem::Rows(rows))).await.is_err() {
+                if tx.send(Ok(rows)).await.is_err() {
                     return Ok(None);
                 }
             }
@@ -990,7 +1018,7 @@ impl Engine {
         }
         let last_probe = runs.iter().flat_map(|r| &r.1).map(|p| p.t).max();
         if let (true, Some(t)) = (past_only, last_probe) {
-            if latest.is_none_or(|l| t > l) {
+            if latest.is_none_or(|l| t > l) && t > wall_clock_us() {
                 let at = latest.map_or("it has no event yet".to_string(), |l| {
                     format!("its time is {}", Value::Timestamp(l))
                 });
@@ -1002,7 +1030,9 @@ impl Engine {
                         stream.name
                     ),
                 )
-                .with_hint("AS OF reads the past: give a time no later than the stream's."));
+                .with_hint(
+                    "AS OF reads the past: give a time no later than now or the stream's time.",
+                ));
             }
         }
         let mut answers = Vec::new();

@@ -31,7 +31,7 @@ pub mod placement;
 pub mod route;
 
 pub use command::TaskReport;
-pub use engine::{Engine, EventReply, HistoryItem};
+pub use engine::{wall_clock_us, Engine, EventReply, HistoryBounds};
 pub use exec::events::{Event, Outcome, Row};
 pub use exec::groups::CacheConfig;
 pub use exec::task::{Task, TaskStorage};

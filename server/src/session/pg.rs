@@ -101,8 +101,34 @@ struct Cursor {
 enum CursorRows {
     /// `DECLARE … FOR SELECT … EMIT CHANGES`: rows as they change.
     Live(Arc<SubscriptionHandle>),
-    /// An ordinary query's rows, computed at DECLARE.
-    Done(VecDeque<Vec<Cell>>),
+    /// An ordinary query's rows, made batch by batch as FETCH asks for them.
+    Query(QueryRows),
+}
+
+/// The rows of an ordinary query's cursor: those made and not fetched yet, and the rest
+/// of the query's result.
+#[derive(Default)]
+struct QueryRows {
+    ready: VecDeque<Vec<Cell>>,
+    rest: Option<crate::sql::query::RowStream>,
+}
+
+impl QueryRows {
+    /// The next `count` rows (all of them without a count), fewer at the end.
+    async fn take(&mut self, count: Option<usize>) -> eddy_planner::Result<Vec<Vec<Cell>>> {
+        use futures::StreamExt;
+        while count.is_none_or(|n| self.ready.len() < n) {
+            let Some(rest) = &mut self.rest else {
+                break;
+            };
+            match rest.next().await {
+                Some(batch) => self.ready.extend(batch?),
+                None => self.rest = None,
+            }
+        }
+        let n = count.map_or(self.ready.len(), |n| n.min(self.ready.len()));
+        Ok(self.ready.drain(..n).collect())
+    }
 }
 
 /// A portal running a continuous query (extended protocol): its subscription, owned by
@@ -377,7 +403,10 @@ impl Session {
             Output::CopyOut { columns, lines } => Response::CopyOut(CopyResponse::new(
                 0,
                 columns,
-                stream::iter(lines.into_iter().map(|l| Ok(CopyData::new(l.into())))),
+                futures::StreamExt::map(lines, |l| match l {
+                    Ok(l) => Ok(CopyData::new(l.into())),
+                    Err(e) => Err(PgWireError::UserError(Box::new(error_info(&e)))),
+                }),
             )),
             Output::CopyIn(copy) => {
                 let columns = copy.columns();
@@ -628,10 +657,13 @@ impl Session {
             }
         } else {
             let ctx = self.db.query_context()?;
-            let (columns, rows) = query::run_within(&ctx, query, self.db.limits()).await?;
+            let (columns, rows) = query::run_stream(&ctx, query).await?;
             Cursor {
                 columns,
-                rows: CursorRows::Done(rows.into()),
+                rows: CursorRows::Query(QueryRows {
+                    ready: VecDeque::new(),
+                    rest: Some(rows),
+                }),
             }
         };
         self.cursors
@@ -650,12 +682,24 @@ impl Session {
                 .get_mut(&f.cursor)
                 .ok_or_else(|| undefined_cursor(&f.cursor))?;
             match &mut cursor.rows {
-                CursorRows::Done(rows) => {
-                    let n = f.count.map_or(rows.len(), |c| (c as usize).min(rows.len()));
-                    let out: Vec<Vec<Cell>> = rows.drain(..n).collect();
-                    return Ok(Executed::fetched(cursor.columns.clone(), out));
+                CursorRows::Query(rows) => (cursor.columns.clone(), Err(std::mem::take(rows))),
+                CursorRows::Live(h) => (cursor.columns.clone(), Ok(h.clone())),
+            }
+        };
+        let live = match live {
+            Ok(live) => live,
+            Err(mut rows) => {
+                // Out of the lock while the query makes rows; back in it after.
+                let out = rows.take(f.count.map(|c| c as usize)).await;
+                let mut cursors = self.cursors.lock().expect("cursors lock");
+                if let Some(Cursor {
+                    rows: CursorRows::Query(place),
+                    ..
+                }) = cursors.get_mut(&f.cursor)
+                {
+                    *place = rows;
                 }
-                CursorRows::Live(h) => (cursor.columns.clone(), h.clone()),
+                return Ok(Executed::fetched(columns, out?));
             }
         };
         if f.count == Some(0) {

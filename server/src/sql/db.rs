@@ -102,7 +102,8 @@ pub enum Output {
     /// `COPY (query) TO STDOUT`: the lines to send, one per row.
     CopyOut {
         columns: usize,
-        lines: Vec<Vec<u8>>,
+        /// Made as they are sent: a COPY holds a batch of rows, not its result.
+        lines: futures::stream::BoxStream<'static, Result<Vec<u8>>>,
     },
     Begin,
     /// COMMIT or ROLLBACK, with its tag.
@@ -493,15 +494,20 @@ impl Db {
             }
             Statement::CopyOut(copy) if !copy.subscribe => {
                 let ctx = self.query_context()?;
-                let (result, notices) =
-                    query::noticed(query::run_within(&ctx, &copy.query, &self.limits)).await;
+                let (result, notices) = query::noticed(query::run_stream(&ctx, &copy.query)).await;
                 let (columns, rows) = result?;
                 let mut encoder = CopyLines::new(&columns, &copy);
-                let mut lines = Vec::with_capacity(rows.len() + 1);
-                lines.extend(encoder.header());
-                for row in rows {
-                    lines.push(encoder.line(row)?);
-                }
+                let header = encoder.header().map(Ok);
+                use futures::StreamExt;
+                let lines = futures::stream::iter(header)
+                    .chain(rows.flat_map(move |batch| {
+                        let lines: Vec<Result<Vec<u8>>> = match batch {
+                            Ok(rows) => rows.into_iter().map(|r| encoder.line(r)).collect(),
+                            Err(e) => vec![Err(e)],
+                        };
+                        futures::stream::iter(lines)
+                    }))
+                    .boxed();
                 Ok(Executed {
                     notices,
                     ..Executed::new(Output::CopyOut {

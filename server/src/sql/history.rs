@@ -20,10 +20,11 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 
 use eddy_cluster::exec::history::columns;
-use eddy_cluster::{Engine, HistoryItem};
+use eddy_cluster::Engine;
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::catalog::{Catalog, EventTimeUnit, MetricDef, StreamDef};
 use eddy_planner::filter::{result_arrow_type, rows_to_batch};
+use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind};
 
 use crate::sql::query::{self, Notices};
@@ -193,6 +194,40 @@ impl TableProvider for HistoryTable {
                 None => {}
             }
         }
+        let bounds = self
+            .engine
+            .history_bounds(&self.stream, &self.metric, from)
+            .await
+            .map_err(external)?;
+        let column = &self.stream.columns[self.stream.event_time].name;
+        let newest = bounds.latest.max(Some(eddy_cluster::wall_clock_us()));
+        if from != i64::MIN && Some(from) > newest {
+            return Err(external(
+                Error::new(
+                    ErrorKind::InvalidParameter,
+                    format!(
+                        "the history of metric \"{}\" ends before {column} = {}",
+                        self.metric.name,
+                        Value::Timestamp(from)
+                    ),
+                )
+                .with_hint(format!(
+                    "History covers the stored events; stream \"{}\" is at {}.",
+                    self.stream.name,
+                    bounds
+                        .latest
+                        .map_or("no event yet".into(), |t| Value::Timestamp(t).to_string())
+                )),
+            ));
+        }
+        if let (Some(start), Some(notices)) = (bounds.starts, &self.notices) {
+            notices.lock().expect("notices").push(format!(
+                "the history of metric \"{}\" starts at {column} = {}: the events its \
+                 window needs before that have left the stream's retention",
+                self.metric.name,
+                Value::Timestamp(start)
+            ));
+        }
         let part = HistoryPart {
             engine: self.engine.clone(),
             stream: self.stream.clone(),
@@ -200,7 +235,6 @@ impl TableProvider for HistoryTable {
             schema: self.schema.clone(),
             types: self.types.clone(),
             range: (from, upto),
-            notices: self.notices.clone(),
         };
         let exec = StreamingTableExec::try_new(
             self.schema.clone(),
@@ -223,7 +257,6 @@ struct HistoryPart {
     schema: SchemaRef,
     types: Vec<ResultType>,
     range: (i64, i64),
-    notices: Option<Notices>,
 }
 
 impl PartitionStream for HistoryPart {
@@ -237,34 +270,12 @@ impl PartitionStream for HistoryPart {
             .engine
             .history(self.stream.clone(), self.metric.clone(), from, upto);
         let (schema, types) = (self.schema.clone(), self.types.clone());
-        let notices = self.notices.clone();
-        let name = self.metric.name.clone();
-        let column = self.stream.columns[self.stream.event_time].name.clone();
         let items = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
         });
-        let batches = items.filter_map(move |item| {
-            let out = match item {
-                Ok(HistoryItem::Rows(rows)) => {
-                    Some(rows_to_batch(schema.clone(), &types, &rows).map_err(external))
-                }
-                Ok(HistoryItem::Starts(us)) => {
-                    if let Some(n) = &notices {
-                        let at = eddy_planner::types::Value::Timestamp(us);
-                        let notice = format!(
-                            "the history of metric \"{name}\" starts at {column} = {at}: \
-                             the events its window needs before that have left the stream's retention"
-                        );
-                        let mut n = n.lock().expect("notices");
-                        if !n.contains(&notice) {
-                            n.push(notice);
-                        }
-                    }
-                    None
-                }
-                Err(e) => Some(Err(external(e))),
-            };
-            std::future::ready(out)
+        let batches = items.map(move |rows| {
+            rows.map_err(external)
+                .and_then(|rows| rows_to_batch(schema.clone(), &types, &rows).map_err(external))
         });
         Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), batches))
     }

@@ -327,7 +327,7 @@ pub async fn run_within(
         .execute_logical_plan(plan)
         .await
         .map_err(datafusion_error)?;
-    let schema = df.schema().as_arrow().clone();
+    let columns = columns_of(df.schema().as_arrow());
     let mut stream = df.execute_stream().await.map_err(datafusion_error)?;
     let mut batches = Vec::new();
     let mut held = 0u64;
@@ -337,12 +337,64 @@ pub async fn run_within(
         limits.check(Limit::SessionMemoryBytes, held, "the query's result")?;
         batches.push(batch);
     }
-    let columns = schema
+    Ok((columns, rows_of_batches(&batches)))
+}
+
+/// A result's columns as PostgreSQL names and types them.
+fn columns_of(schema: &Schema) -> Vec<Column> {
+    schema
         .fields()
         .iter()
         .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
-        .collect();
-    Ok((columns, rows_of_batches(&batches)))
+        .collect()
+}
+
+/// A query's rows, batch by batch.
+pub type RowStream = futures::stream::BoxStream<'static, Result<Vec<Vec<Cell>>>>;
+
+/// `run` for results of any size (COPY … TO, cursors): the rows come batch by batch as
+/// DataFusion makes them, so memory holds a batch, not the result. Each batch is made
+/// in the session's time zone.
+pub async fn run_stream(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, RowStream)> {
+    use futures::StreamExt;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
+    let df = ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(datafusion_error)?;
+    let columns = columns_of(df.schema().as_arrow());
+    let inner = df.execute_stream().await.map_err(datafusion_error)?;
+    let zone = SESSION_FORMAT.try_with(Arc::clone).ok();
+    let rows = InZone { zone, inner }.map(|batch| {
+        batch
+            .map(|b| rows_of_batches(&[b]))
+            .map_err(datafusion_error)
+    });
+    Ok((columns, rows.boxed()))
+}
+
+/// A stream polled in a session's time zone (`SESSION_FORMAT`), wherever it is polled.
+struct InZone<S> {
+    zone: Option<Arc<pgwire::types::format::FormatOptions>>,
+    inner: S,
+}
+
+impl<S: futures::Stream + Unpin> futures::Stream for InZone<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        use futures::StreamExt;
+        let this = &mut *self;
+        match &this.zone {
+            Some(zone) => {
+                SESSION_FORMAT.sync_scope(zone.clone(), || this.inner.poll_next_unpin(cx))
+            }
+            None => this.inner.poll_next_unpin(cx),
+        }
+    }
 }
 
 /// The values of an INSERT's VALUES expressions (`InsertTemplate::exprs`), each of its
