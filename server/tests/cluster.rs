@@ -736,3 +736,77 @@ async fn statements_sent_while_a_node_restarts_under_its_own_id_are_answered() {
     }
     stop_all(nodes);
 }
+
+/// A metric's history and AS OF read through either node of two: each task's part is
+/// read on the node where it is active, and equals what RETURNING gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_read_where_each_task_is_active() {
+    let cluster = format!("history{}", std::process::id());
+    let nodes: Vec<Node> = ["n1", "n2"]
+        .iter()
+        .map(|id| start_node(&cluster, id, temp_dir(&format!("history-{id}"))))
+        .collect();
+    create_and_learn(&nodes).await;
+    await_members(nodes[0].port, &["n1", "n2"]).await;
+    let tasks = simple_rows(&connect_port(nodes[0].port).await, "SHOW TASKS").await;
+    for id in ["n1", "n2"] {
+        assert!(
+            tasks.iter().any(|r| r[3].as_deref() == Some(id)),
+            "{id} is active for no task: {tasks:?}"
+        );
+    }
+    let client = connect_port(nodes[0].port).await;
+    // Per card (each card's task applies its events in this order): (id, ts, n, s).
+    let mut expected: BTreeMap<String, Vec<Vec<Option<String>>>> = BTreeMap::new();
+    for chunk in 0..6i64 {
+        let values: Vec<String> = (chunk * 100..chunk * 100 + 100)
+            .map(|i| {
+                format!(
+                    "({i}, '2026-01-01 10:{:02}:{:02}', 'h{}', {i})",
+                    i / 60,
+                    i % 60,
+                    i % 40
+                )
+            })
+            .collect();
+        let sql = format!("INSERT INTO pay VALUES {} RETURNING *", values.join(", "));
+        for row in simple_rows(&client, &sql).await {
+            let card = row[2].clone().unwrap();
+            expected.entry(card.clone()).or_default().push(vec![
+                row[0].clone(),
+                row[1].clone(),
+                Some(card),
+                row[4].clone(),
+                row[5].clone(),
+            ]);
+        }
+    }
+    for node in &nodes {
+        let c = connect_port(node.port).await;
+        let mut got: BTreeMap<String, Vec<Vec<Option<String>>>> = BTreeMap::new();
+        for row in simple_rows(&c, "SELECT * FROM history('total')").await {
+            got.entry(row[2].clone().unwrap()).or_default().push(row);
+        }
+        assert_eq!(got, expected, "history through {}", node.id);
+        // At 10:05:00, T = 10:05:00 (event 300 is the last applied before 10:05:01).
+        let rows = simple_rows(
+            &c,
+            "SELECT card, n, s FROM total AS OF TIMESTAMP '2026-01-01 10:05:00' ORDER BY card",
+        )
+        .await;
+        assert_eq!(rows.len(), 40, "AS OF through {}", node.id);
+        for r in rows {
+            let card = r[0].as_deref().unwrap();
+            let k: i64 = card[1..].parse().unwrap();
+            let ids: Vec<i64> = (0..=300).filter(|i| i % 40 == k).collect();
+            assert_eq!(
+                r[1],
+                Some(ids.len().to_string()),
+                "{card} through {}",
+                node.id
+            );
+            assert_eq!(r[2], Some(ids.iter().sum::<i64>().to_string()), "{card}");
+        }
+    }
+    stop_all(nodes);
+}
