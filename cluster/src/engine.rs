@@ -216,19 +216,28 @@ struct Read {
     end: i64,
     last: u64,
     needed: i64,
+    /// The first page's span of event time.
+    span: i64,
 }
+
+/// Pages with fewer events are replayed on the reader's own thread.
+const SMALL_PAGE: usize = 2048;
 
 impl Read {
     /// The read that makes `metric`'s state exact from `first` on, up to `end` (never
     /// past the task's time), from the task as `now` found it.
     fn of(metric: &MetricDef, first: i64, end: i64, now: &HistoryPage, time: i64) -> Read {
         let after = history::read_from(metric, first);
+        // The stored events span at most from the horizon to T.
+        let stored = time.saturating_sub(now.horizon.max(after)).max(1) as i128;
         Read {
             after,
             end: end.min(time),
             last: now.seq,
             // Events at or before the horizon were gone already (`history::start`).
             needed: after.max(now.horizon),
+            span: (stored * PAGE_EVENTS as i128 / now.stored.max(1) as i128)
+                .clamp(1_000_000, i64::MAX as i128) as i64,
         }
     }
 }
@@ -899,13 +908,14 @@ impl Engine {
         mut replay: Replay,
         tx: Option<&mpsc::Sender<Result<Vec<Vec<Value>>>>>,
     ) -> Result<Option<Replay>> {
+        // The first span: about a page at the task's mean density.
         let Read {
             mut after,
             end,
             last,
             needed,
+            mut span,
         } = read;
-        let mut span: i64 = 60_000_000;
         loop {
             let bound = after.saturating_add(span).min(end);
             let mut page = retried(|| self.history_page(task, after, bound, PAGE_EVENTS)).await?;
@@ -922,16 +932,22 @@ impl Engine {
             let (n, through) = (page.events.len(), page.through);
             page.events.retain(|e| e.1 <= last);
             let done = through >= end;
-            let (back, rows) = tokio::task::spawn_blocking(move || {
+            let run = move |mut replay: Replay| {
                 let mut rows = Vec::new();
                 replay.push(page, &mut rows)?;
                 if done {
                     replay.finish(&mut rows)?;
                 }
                 Ok::<_, Error>((replay, rows))
-            })
-            .await
-            .map_err(|e| Error::internal(format!("history replay: {e}")))??;
+            };
+            // A long replay runs off the caller's thread (a session's, which serves others).
+            let (back, rows) = if n < SMALL_PAGE {
+                run(replay)?
+            } else {
+                tokio::task::spawn_blocking(move || run(replay))
+                    .await
+                    .map_err(|e| Error::internal(format!("history replay: {e}")))??
+            };
             replay = back;
             if let Some(tx) = tx.filter(|_| !rows.is_empty()) {
                 if tx.send(Ok(rows)).await.is_err() {

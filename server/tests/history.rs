@@ -407,3 +407,92 @@ async fn history_is_what_returning_gave_on_kafka() {
     let cluster = format!("hist{}", std::process::id());
     parity(&["--kafka", &kafka, "--cluster", &cluster], "history-kafka").await;
 }
+
+/// Past retention: rows start one window length after the horizon, a NOTICE says where,
+/// and the rows given are still RETURNING's; COPY and a cursor read the history too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_starts_where_retention_left_every_event_its_window_needs() {
+    let dir = temp_dir("history-retention");
+    let (server, port) = spawn_eddy_with(&dir, &[]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM r (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
+             amount BIGINT) WITH (event_time = 'ts', event_id = 'id', retention = '2 minutes'); \
+             CREATE METRIC r_1m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM r \
+             WINDOW SLIDING (SIZE 1 MINUTE) GROUP BY card",
+        )
+        .await
+        .unwrap();
+    // One event a second for 20 minutes; RETURNING of the last 90 seconds' events.
+    let mut live = Vec::new();
+    for chunk in 0..12 {
+        let values: Vec<String> = (chunk * 100..chunk * 100 + 100)
+            .map(|i| format!("({i}, '{}', 'k{}', {i})", time_text(i * 1000), i % 3))
+            .collect();
+        let sql = format!("INSERT INTO r VALUES {} RETURNING *", values.join(", "));
+        live.extend(simple_rows(&client, &sql).await);
+    }
+    // T = 19:59; kept: 2 minutes back (17:59); exact from one window later (18:59).
+    let conninfo = format!("host=127.0.0.1 port={port} user=eddy dbname=eddy");
+    let out = common::psql(&conninfo, "SELECT id, n, s FROM history('r_1m')", "");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .contains("NOTICE:  the history of metric \"r_1m\" starts at ts = 2026-11-01 00:18:59"),
+        "{stderr}"
+    );
+    let rows: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let want: Vec<String> = live
+        .iter()
+        .filter(|r| r[1].as_deref().unwrap() >= "2026-11-01 00:18:59")
+        .map(|r| {
+            format!(
+                "{}|{}|{}",
+                r[0].as_deref().unwrap(),
+                r[4].as_deref().unwrap(),
+                r[5].as_deref().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(rows, want);
+    // The same rows through COPY and through a cursor, with no notice when the range
+    // starts where history does.
+    let copy = common::psql(
+        &conninfo,
+        "COPY (SELECT id, n, s FROM history('r_1m') WHERE ts >= '2026-11-01 00:18:59') TO STDOUT \
+         WITH (DELIMITER '|')",
+        "",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&copy.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        want
+    );
+    assert!(!String::from_utf8_lossy(&copy.stderr).contains("NOTICE"));
+    let fetched = simple_rows(
+        &client,
+        "BEGIN; DECLARE h CURSOR FOR SELECT id, n, s FROM history('r_1m'); \
+         FETCH 7 FROM h; FETCH 100 FROM h; FETCH ALL FROM h; COMMIT",
+    )
+    .await;
+    let fetched: Vec<String> = fetched
+        .iter()
+        .map(|r| {
+            format!(
+                "{}|{}|{}",
+                r[0].as_deref().unwrap(),
+                r[1].as_deref().unwrap(),
+                r[2].as_deref().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(fetched, want);
+    drop(client);
+    server.terminate();
+}

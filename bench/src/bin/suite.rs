@@ -457,6 +457,29 @@ fn placement(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) ->
     Ok(())
 }
 
+/// Point-in-time reads (`bench/history.sh`): a metric's history streamed to a COPY
+/// client over 1 day and over 30 days of stored events, and AS OF lookups, as raw JSON.
+fn history(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
+    let mut cmd = Command::new("bash");
+    cmd.arg(workspace_root().join("bench/history.sh"))
+        .env("EDDY_BIN", bin_dir.join("eddy"));
+    match plan.engine_events < 1_000_000 {
+        true => cmd.args(["100000", "10000", "30", "50"]),
+        false => cmd.args(["5000000", "100000", "30", "300"]),
+    };
+    let step = "history: history() to COPY over 1 and 30 days, AS OF lookups";
+    let report = json_step(
+        results,
+        step,
+        "history",
+        &mut cmd,
+        plan.engine_cap * 4,
+        logs,
+    )?;
+    results.history = Some(report);
+    Ok(())
+}
+
 /// The machine's floor (`floor`), as raw JSON.
 fn floor(plan: &Plan, bin_dir: &Path, logs: &Path, results: &mut Results) -> Result<()> {
     let mut cmd = Command::new(bin_dir.join("floor"));
@@ -721,6 +744,9 @@ fn main() -> Result<()> {
     }
     if let Err(e) = scoring(&plan, &bin_dir, &scratch.0, &mut results) {
         results.failures.push(format!("scoring: {e:#}"));
+    }
+    if let Err(e) = history(&plan, &bin_dir, &logs, &mut results) {
+        results.failures.push(format!("history: {e:#}"));
     }
     if let Err(e) = floor(&plan, &bin_dir, &logs, &mut results) {
         results.failures.push(format!("floor: {e:#}"));

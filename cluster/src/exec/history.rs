@@ -40,6 +40,8 @@ pub struct HistoryPage {
     pub time: Option<i64>,
     /// The arrival sequence of the task's last accepted event.
     pub seq: u64,
+    /// Events the task stores.
+    pub stored: usize,
     /// Events at or before this time may have left the reservoir (retention).
     pub horizon: i64,
 }

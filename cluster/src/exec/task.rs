@@ -1467,6 +1467,7 @@ impl Task {
             through: cut.unwrap_or(upto),
             time: self.time,
             seq: self.seq,
+            stored: self.reservoir.len(),
             horizon: self
                 .time
                 .map_or(i64::MIN, |t| t.saturating_sub(self.keep_us())),

@@ -458,6 +458,7 @@ impl Peer for Service {
             through: page.through,
             time: page.time,
             seq: page.seq,
+            stored: page.stored as u64,
             horizon: page.horizon,
         }))
     }
@@ -759,6 +760,7 @@ impl Remote for Peers {
                 through: reply.through,
                 time: reply.time,
                 seq: reply.seq,
+                stored: reply.stored as usize,
                 horizon: reply.horizon,
             })
         })

@@ -82,6 +82,8 @@ pub struct Results {
     /// `placement`'s report.
     pub placement: Option<serde_json::Value>,
     pub frontdoor: Vec<FrontdoorRun>,
+    /// `bench/history.sh`'s report: history and AS OF over stored events.
+    pub history: Option<serde_json::Value>,
     /// `floor`'s report: what no server on this machine can beat.
     pub floor: Option<serde_json::Value>,
     pub scoring_workload: Option<Workload>,
@@ -193,6 +195,30 @@ MEDIAN and PERCENTILE_CONT(0.99) of the amount per card, \
             );
         }
         let _ = writeln!(s);
+    }
+    if let Some(h) = &r.history {
+        let _ = writeln!(
+            s,
+            "## Point in time: history and AS OF over stored events\n\n{} events loaded \
+             (`bench/history.sh`, one task).\n\n| history read | rows | rows/s | peak RSS during (MiB) |\n|---|---:|---:|---:|",
+            h["load"]["loaded"]
+        );
+        for run in h["history"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.0} |",
+                run["history"].as_str().unwrap_or("?"),
+                run["rows"],
+                run["rows_per_s"],
+                run["peak_during_kib"].as_f64().unwrap_or(0.0) / 1024.0
+            );
+        }
+        let a = &h["as_of"];
+        let _ = writeln!(
+            s,
+            "\nAS OF point lookups on a 1-hour window ({} of them): p50 {} ms, p99 {} ms, max {} ms.\n",
+            a["as_of_lookups"], a["p50_ms"], a["p99_ms"], a["max_ms"]
+        );
     }
     if let Some(p) = &r.placement {
         let _ = writeln!(
