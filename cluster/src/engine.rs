@@ -211,6 +211,7 @@ fn key_partition(stream: &StreamDef, metric: &MetricDef, key: Option<&[Value]>) 
 /// What a replay reads of one task: the events with `after < ts <= end` that the task
 /// had applied up to its event `last` when the read began, none of those past `needed`
 /// lost to retention meanwhile.
+#[derive(Clone)]
 struct Read {
     after: i64,
     end: i64,
@@ -1055,35 +1056,45 @@ impl Engine {
         for (task, probes, now) in runs {
             let first = probes.iter().map(|p| p.t).min().unwrap_or(i64::MAX);
             let end = probes.iter().map(|p| p.t).max().unwrap_or(i64::MIN);
-            let again = probes.clone();
-            let mut replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, probes)?;
-            match now.time {
-                Some(time) => {
-                    let end = end.saturating_add(stream.lateness_us);
-                    let mut read = Read::of(metric, first, end, &now, time);
-                    let after = read.after;
-                    replay = self
-                        .replay_task(&task, metric, read, replay, None)
-                        .await?
-                        .expect("no reader to lose");
-                    // A probe found the stream time well before its own: its window
-                    // reaches past the read, which goes again from there (the stream
-                    // time at each probe stays the same: earlier events are older).
-                    if replay.reads_from() < after {
-                        read = Read::of(metric, first, end, &now, time);
-                        read.after = replay.reads_from();
-                        read.needed = read.after.max(now.horizon);
-                        replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, again)?;
-                        replay = self
-                            .replay_task(&task, metric, read, replay, None)
-                            .await?
-                            .expect("no reader to lose");
-                    }
-                }
+            let Some(time) = now.time else {
                 // No event: every probe sees the empty state.
-                None => replay.finish(&mut Vec::new())?,
+                let mut replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, probes)?;
+                replay.finish(&mut Vec::new())?;
+                answers.extend(replay.take_answers());
+                continue;
+            };
+            let end = end.saturating_add(stream.lateness_us);
+            let mut read = Read::of(metric, first, end, &now, time);
+            // A probe sees the stream time of the last event before it, which is some
+            // way before its own: the read starts a few dozen mean gaps between events
+            // earlier, so one pass mostly does.
+            let gap = time.saturating_sub(now.horizon.max(read.after)) / now.stored.max(1) as i64;
+            let mut widen = gap.saturating_mul(64).max(1_000_000);
+            read.after = read.after.saturating_sub(widen);
+            loop {
+                let again = read.clone();
+                let replay = Replay::probing(stream, metric, i64::MAX, i64::MIN, probes.clone())?;
+                let mut replay = self
+                    .replay_task(&task, metric, read, replay, None)
+                    .await?
+                    .expect("no reader to lose");
+                // Exact when every probe's window starts after the read did (the stream
+                // time at each probe stays the same: earlier events are older); else
+                // again from further back, where that window starts if the replay knew
+                // a stream time, otherwise four times further back.
+                let from = replay.reads_from();
+                if from >= again.after || again.after <= now.horizon {
+                    answers.extend(replay.take_answers());
+                    break;
+                }
+                widen = widen.saturating_mul(4);
+                read = again;
+                read.after = match from {
+                    i64::MIN => read.after.saturating_sub(widen),
+                    from => from,
+                };
+                read.needed = read.after.max(now.horizon);
             }
-            answers.extend(replay.take_answers());
         }
         answers.sort_by_key(|a| a.0);
         Ok(answers)

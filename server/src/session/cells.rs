@@ -355,6 +355,24 @@ impl Cell {
     }
 
     /// PostgreSQL's text output of the value (`None` for NULL).
+    /// `to_text`, written at the end of `out`; `false` for NULL.
+    pub fn write_text(&self, out: &mut String) -> bool {
+        use std::fmt::Write;
+        match self {
+            Cell::Null => return false,
+            Cell::Bool(b) => out.push(if *b { 't' } else { 'f' }),
+            Cell::I32(v) => {
+                let _ = write!(out, "{v}");
+            }
+            Cell::I64(v) => {
+                let _ = write!(out, "{v}");
+            }
+            Cell::Text(s) => out.push_str(s.as_str()),
+            other => out.push_str(&other.to_text().unwrap_or_default()),
+        }
+        true
+    }
+
     pub fn to_text(&self) -> Option<String> {
         Some(match self {
             Cell::Null => return None,

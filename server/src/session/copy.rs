@@ -673,6 +673,8 @@ fn unescape_text(f: &str) -> Cow<'_, str> {
 pub struct CopyLines {
     encoder: pgwire::api::results::CopyEncoder,
     header: Option<Vec<u8>>,
+    /// A cell's text, reused from cell to cell.
+    text: String,
 }
 
 impl CopyLines {
@@ -717,7 +719,11 @@ impl CopyLines {
                 .collect();
             format!("{}\n", names.join(&delimiter)).into_bytes()
         });
-        CopyLines { encoder, header }
+        CopyLines {
+            encoder,
+            header,
+            text: String::new(),
+        }
     }
 
     /// The header line, once (CSV with HEADER).
@@ -727,12 +733,32 @@ impl CopyLines {
 
     /// One row as one line.
     pub fn line(&mut self, row: Vec<crate::session::cells::Cell>) -> Result<Vec<u8>> {
-        for cell in &row {
+        let mut out = Vec::new();
+        self.push_line(&row, &mut out)?;
+        Ok(out)
+    }
+
+    /// Rows as lines, one after another in one buffer (sent as one CopyData message).
+    pub fn lines(&mut self, rows: &[Vec<crate::session::cells::Cell>]) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(rows.len() * 64);
+        for row in rows {
+            self.push_line(row, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn push_line(&mut self, row: &[crate::session::cells::Cell], out: &mut Vec<u8>) -> Result<()> {
+        for cell in row {
+            self.text.clear();
+            let text = cell
+                .write_text(&mut self.text)
+                .then_some(self.text.as_str());
             self.encoder
-                .encode_field(&cell.to_text())
+                .encode_field(&text)
                 .map_err(|e| Error::internal(e.to_string()))?;
         }
-        Ok(self.encoder.take_copy().data.to_vec())
+        out.extend_from_slice(&self.encoder.take_copy().data);
+        Ok(())
     }
 }
 

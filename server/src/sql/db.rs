@@ -501,11 +501,8 @@ impl Db {
                 use futures::StreamExt;
                 let lines = futures::stream::iter(header)
                     .chain(rows.flat_map(move |batch| {
-                        let lines: Vec<Result<Vec<u8>>> = match batch {
-                            Ok(rows) => rows.into_iter().map(|r| encoder.line(r)).collect(),
-                            Err(e) => vec![Err(e)],
-                        };
-                        futures::stream::iter(lines)
+                        // A batch's lines in one CopyData message.
+                        futures::stream::iter([batch.and_then(|rows| encoder.lines(&rows))])
                     }))
                     .boxed();
                 Ok(Executed {
