@@ -374,7 +374,7 @@ async fn parity(args: &[&str], dir_name: &str) {
         .flatten()
         .filter(|r| {
             let ts = r[1].as_deref().unwrap();
-            ts >= "2026-11-01 00:10:00" && ts < "2026-11-01 00:20:00"
+            ("2026-11-01 00:10:00".."2026-11-01 00:20:00").contains(&ts)
         })
         .count();
     assert_eq!(rows[0][0].as_deref(), Some(slice.to_string().as_str()));

@@ -322,7 +322,7 @@ mod tests {
             let stream = c.stream("p").unwrap().clone();
             let metric = c.metric("m").unwrap().clone();
             let mut live = Task::new(stream.clone(), 0);
-            live.set_metrics(&[metric.clone()]).unwrap();
+            live.set_metrics(std::slice::from_ref(&metric)).unwrap();
             let mut expected = Vec::new();
             let mut seed = 7u64 + i as u64;
             let mut next = move || {
@@ -347,7 +347,10 @@ mod tests {
                 .into();
                 let before = live.time();
                 let rows_before = (n % 7 == 0).then(|| live.metric_rows("m", None));
-                let (outcome, values) = live.ingest(&[row.clone()], true).unwrap().remove(0);
+                let (outcome, values) = live
+                    .ingest(std::slice::from_ref(&row), true)
+                    .unwrap()
+                    .remove(0);
                 if let (Some(t), Some(mut rows)) = (before, rows_before) {
                     if live.time() != before {
                         rows.sort_by_key(|r| format!("{r:?}"));

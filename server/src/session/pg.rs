@@ -448,7 +448,7 @@ fn disconnected() -> PgWireError {
 /// How rows of a continuous query go on the wire.
 enum Wire {
     Rows(Arc<Vec<FieldInfo>>),
-    Copy(CopyLines),
+    Copy(Box<CopyLines>),
 }
 
 impl Wire {
@@ -820,7 +820,7 @@ impl Session {
             Some(c) => {
                 let mut lines = CopyLines::new(&sub.query.columns, &c);
                 start_copy_out(client, sub.query.columns.len(), lines.header()).await?;
-                Wire::Copy(lines)
+                Wire::Copy(Box::new(lines))
             }
             None => {
                 if self.application_name(client).starts_with("psql") {
@@ -1726,7 +1726,7 @@ impl Session {
             }
         };
         let mut wire = match &copy {
-            Some(c) => Wire::Copy(CopyLines::new(&columns, c)),
+            Some(c) => Wire::Copy(Box::new(CopyLines::new(&columns, c))),
             None => Wire::Rows(fields(
                 &columns,
                 &|i| portal.result_column_format.format_for(i),

@@ -380,7 +380,7 @@ impl TableFunctionImpl for AsOfFunction {
         let (stream, metric) = metric_named(&self.catalog, args, "as_of")?;
         let t = time_arg(args.get(1))?;
         Ok(Arc::new(
-            query::MetricTable::new(self.engine.clone(), stream, metric).as_of(t),
+            query::MetricTable::new(self.engine.clone(), stream, metric).at_time(t),
         ))
     }
 }

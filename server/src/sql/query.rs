@@ -63,7 +63,7 @@ impl MetricTable {
     }
 
     /// The table of the metric's rows as they stood at event time `t` (µs).
-    pub(crate) fn as_of(self, t: i64) -> MetricTable {
+    pub(crate) fn at_time(self, t: i64) -> MetricTable {
         MetricTable {
             as_of: Some(t),
             ..self
