@@ -481,7 +481,7 @@ impl Db {
             Statement::Query(sql) => {
                 let ctx = self.query_context()?;
                 let (result, notices) =
-                    query::noticed(query::run_within(&ctx, &sql, &self.limits)).await;
+                    crate::sql::history::noticed(query::run_within(&ctx, &sql, &self.limits)).await;
                 let (columns, rows) = result?;
                 Ok(Executed {
                     notices,
@@ -494,7 +494,8 @@ impl Db {
             }
             Statement::CopyOut(copy) if !copy.subscribe => {
                 let ctx = self.query_context()?;
-                let (result, notices) = query::noticed(query::run_stream(&ctx, &copy.query)).await;
+                let (result, notices) =
+                    crate::sql::history::noticed(query::run_stream(&ctx, &copy.query)).await;
                 let (columns, rows) = result?;
                 let mut encoder = CopyLines::new(&columns, &copy);
                 let header = encoder.header().map(Ok);

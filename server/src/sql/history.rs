@@ -27,7 +27,26 @@ use eddy_planner::filter::{result_arrow_type, rows_to_batch};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind};
 
-use crate::sql::query::{self, Notices};
+tokio::task_local! {
+    /// Where the running query's scans put their notices (`noticed`).
+    static NOTICES: Notices;
+}
+
+/// Notices a query's scans raise, sent with its result.
+pub type Notices = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Runs `f` (a query's planning and execution) and returns the notices its scans raised.
+pub async fn noticed<T>(f: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
+    let sink = Notices::default();
+    let out = NOTICES.scope(sink.clone(), f).await;
+    let notices = std::mem::take(&mut *sink.lock().expect("notices"));
+    (out, notices)
+}
+
+/// The running query's notice sink, taken while it is planned (`noticed`).
+pub fn notice_sink() -> Option<Notices> {
+    NOTICES.try_with(Notices::clone).ok()
+}
 
 /// The `history` table function of one catalog.
 #[derive(Debug)]
@@ -36,7 +55,7 @@ pub struct HistoryFunction {
     pub catalog: Arc<Catalog>,
 }
 
-fn external(e: Error) -> DataFusionError {
+pub(crate) fn external(e: Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
@@ -47,7 +66,7 @@ impl TableFunctionImpl for HistoryFunction {
             self.engine.clone(),
             stream,
             metric,
-            query::notice_sink(),
+            notice_sink(),
         )))
     }
 }
@@ -281,34 +300,32 @@ impl PartitionStream for HistoryPart {
     }
 }
 
-/// Registers `history`, `as_of` and `features` on a query context of `catalog`.
+/// Registers `history` and `features` on a query context of `catalog`.
 pub fn register(
     ctx: &datafusion::prelude::SessionContext,
     engine: &Arc<Engine>,
-    catalog: &Catalog,
+    catalog: &Arc<Catalog>,
 ) {
-    let catalog = Arc::new(catalog.clone());
-    let (engine, c) = (engine.clone(), catalog.clone());
+    let (e, c) = (engine.clone(), catalog.clone());
     ctx.register_udtf(
         "history",
         Arc::new(HistoryFunction {
-            engine: engine.clone(),
+            engine: e,
             catalog: c,
         }),
     );
-    let c = catalog.clone();
+    let (e, c) = (engine.clone(), catalog.clone());
     ctx.register_udtf(
-        "as_of",
-        Arc::new(AsOfFunction {
-            engine: engine.clone(),
+        "features",
+        Arc::new(FeaturesFunction {
+            engine: e,
             catalog: c,
         }),
     );
-    ctx.register_udtf("features", Arc::new(FeaturesFunction { engine, catalog }));
 }
 
 /// The metric and stream a table function's first arguments name.
-fn metric_named(
+pub(crate) fn metric_named(
     catalog: &Catalog,
     args: &[Expr],
     function: &str,
@@ -344,7 +361,7 @@ fn text_arg(arg: Option<&Expr>, function: &str) -> DfResult<String> {
 }
 
 /// A timestamp constant argument, in µs.
-fn time_arg(arg: Option<&Expr>) -> DfResult<i64> {
+pub(crate) fn time_arg(arg: Option<&Expr>) -> DfResult<i64> {
     let bad = || {
         external(
             Error::new(
@@ -366,23 +383,6 @@ fn time_arg(arg: Option<&Expr>) -> DfResult<i64> {
         _ => None,
     };
     us.ok_or_else(bad)
-}
-
-/// `as_of('metric', TIMESTAMP '…')`: what `FROM metric AS OF TIMESTAMP '…'` becomes.
-#[derive(Debug)]
-struct AsOfFunction {
-    engine: Arc<Engine>,
-    catalog: Arc<Catalog>,
-}
-
-impl TableFunctionImpl for AsOfFunction {
-    fn call(&self, args: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
-        let (stream, metric) = metric_named(&self.catalog, args, "as_of")?;
-        let t = time_arg(args.get(1))?;
-        Ok(Arc::new(
-            query::MetricTable::new(self.engine.clone(), stream, metric).at_time(t),
-        ))
-    }
 }
 
 /// `features('labels', 'metric', …)`: each row of the stream `labels` with every named

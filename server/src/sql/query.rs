@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
-use datafusion::catalog::{Session, TableProvider};
+use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result as DfResult, ScalarValue, TableReference};
 use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
@@ -27,7 +27,7 @@ use eddy_planner::{Error, Result};
 
 use crate::ops::limits::{Limit, Limits};
 use crate::session::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
-use crate::sql::pg_catalog;
+use crate::sql::{history, pg_catalog};
 
 #[derive(Debug)]
 pub(crate) struct MetricTable {
@@ -218,6 +218,23 @@ impl TableProvider for StreamTable {
     }
 }
 
+/// `as_of('metric', TIMESTAMP '…')`: what `FROM metric AS OF TIMESTAMP '…'` becomes.
+#[derive(Debug)]
+pub(crate) struct AsOfFunction {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) catalog: Arc<Catalog>,
+}
+
+impl TableFunctionImpl for AsOfFunction {
+    fn call(&self, args: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
+        let (stream, metric) = history::metric_named(&self.catalog, args, "as_of")?;
+        let t = history::time_arg(args.get(1))?;
+        Ok(Arc::new(
+            MetricTable::new(self.engine.clone(), stream, metric).at_time(t),
+        ))
+    }
+}
+
 tokio::task_local! {
     /// The running statement's session output options, whose `time_zone` is the
     /// session's TimeZone (canonical, as `SET TimeZone` keeps it): set by the session
@@ -230,27 +247,6 @@ tokio::task_local! {
     /// `current_setting`: set by the session around a statement that names that function
     /// (empty for the others).
     pub static SESSION_SETTINGS: Arc<Vec<(String, String)>>;
-}
-
-tokio::task_local! {
-    /// Where the running query's scans put their notices (`noticed`).
-    static NOTICES: Notices;
-}
-
-/// Notices a query's scans raise, sent with its result.
-pub type Notices = Arc<std::sync::Mutex<Vec<String>>>;
-
-/// Runs `f` (a query's planning and execution) and returns the notices its scans raised.
-pub async fn noticed<T>(f: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
-    let sink = Notices::default();
-    let out = NOTICES.scope(sink.clone(), f).await;
-    let notices = std::mem::take(&mut *sink.lock().expect("notices"));
-    (out, notices)
-}
-
-/// The running query's notice sink, taken while it is planned (`noticed`).
-pub fn notice_sink() -> Option<Notices> {
-    NOTICES.try_with(Notices::clone).ok()
 }
 
 /// The value of parameter `name` in the running statement's session: one of the
@@ -306,7 +302,10 @@ pub fn context(catalog: &Catalog, engine: &Arc<Engine>, zone: &str) -> Result<Se
             .map_err(datafusion_error)?;
     }
     pg_catalog::register(&ctx)?;
-    crate::sql::history::register(&ctx, engine, catalog);
+    let catalog = Arc::new(catalog.clone());
+    history::register(&ctx, engine, &catalog);
+    let (engine, catalog) = (engine.clone(), catalog);
+    ctx.register_udtf("as_of", Arc::new(AsOfFunction { engine, catalog }));
     Ok(ctx)
 }
 
