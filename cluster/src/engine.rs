@@ -188,6 +188,15 @@ pub trait Remote: Send + Sync {
     ) -> tokio::task::AbortHandle;
 }
 
+/// Task `partition` of the partitioner that runs `metric`.
+fn metric_task(stream: &StreamDef, metric: &MetricDef, partition: u32) -> TaskId {
+    TaskId {
+        stream: stream.name.clone(),
+        partitioner: metric.partitioner,
+        partition,
+    }
+}
+
 /// The time now, in µs since 1970.
 pub fn wall_clock_us() -> i64 {
     std::time::SystemTime::now()
@@ -824,11 +833,7 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             for partition in 0..stream.tasks_per_partitioner() {
-                let task = TaskId {
-                    stream: stream.name.clone(),
-                    partitioner: metric.partitioner,
-                    partition,
-                };
+                let task = metric_task(&stream, &metric, partition);
                 let read = engine.task_history(&task, &stream, &metric, (from, upto), &tx);
                 match read.await {
                     Ok(true) => {}
@@ -853,12 +858,8 @@ impl Engine {
     ) -> Result<HistoryBounds> {
         let mut bounds = HistoryBounds::default();
         for partition in 0..stream.tasks_per_partitioner() {
-            let task = TaskId {
-                stream: stream.name.clone(),
-                partitioner: metric.partitioner,
-                partition,
-            };
-            let now = retried(|| self.history_page(&task, i64::MIN, i64::MIN, 1)).await?;
+            let task = metric_task(stream, metric, partition);
+            let now = self.task_now(&task).await?;
             bounds.latest = bounds.latest.max(now.time);
             let start = history::start(metric, now.horizon);
             if now.time.is_some() && from < start {
@@ -880,7 +881,7 @@ impl Engine {
         (from, upto): (i64, i64),
         tx: &mpsc::Sender<Result<Vec<Vec<Value>>>>,
     ) -> Result<bool> {
-        let now = retried(|| self.history_page(task, i64::MIN, i64::MIN, 1)).await?;
+        let now = self.task_now(task).await?;
         let Some(time) = now.time else {
             return Ok(true); // the task has no event
         };
@@ -1024,12 +1025,8 @@ impl Engine {
         let mut runs = Vec::new();
         let mut latest = None;
         for (partition, probes) in by_task {
-            let task = TaskId {
-                stream: stream.name.clone(),
-                partitioner: metric.partitioner,
-                partition,
-            };
-            let now = retried(|| self.history_page(&task, i64::MIN, i64::MIN, 1)).await?;
+            let task = metric_task(stream, metric, partition);
+            let now = self.task_now(&task).await?;
             latest = latest.max(now.time);
             runs.push((task, probes, now));
         }
@@ -1098,6 +1095,12 @@ impl Engine {
         }
         answers.sort_by_key(|a| a.0);
         Ok(answers)
+    }
+
+    /// Where a task stands for a history read (its time, last event, horizon and
+    /// stored events): an empty page of it.
+    async fn task_now(&self, task: &TaskId) -> Result<HistoryPage> {
+        retried(|| self.history_page(task, i64::MIN, i64::MIN, 1)).await
     }
 
     /// A page of a task's stored events, read where the task is active.

@@ -142,20 +142,22 @@ impl HistoryTable {
     /// A literal compared with the event-time column, in µs.
     fn micros(&self, v: &ScalarValue) -> Option<i64> {
         match (v, self.stream.event_time_unit) {
-            (ScalarValue::TimestampSecond(Some(s), _), EventTimeUnit::Timestamp) => {
-                s.checked_mul(1_000_000)
-            }
-            (ScalarValue::TimestampMillisecond(Some(ms), _), EventTimeUnit::Timestamp) => {
-                ms.checked_mul(1000)
-            }
-            (ScalarValue::TimestampMicrosecond(Some(us), _), EventTimeUnit::Timestamp) => Some(*us),
-            (ScalarValue::TimestampNanosecond(Some(ns), _), EventTimeUnit::Timestamp) => {
-                Some(ns.div_euclid(1000))
-            }
             (ScalarValue::Int64(Some(ms)), EventTimeUnit::Millis) => ms.checked_mul(1000),
             (ScalarValue::Int32(Some(ms)), EventTimeUnit::Millis) => Some(*ms as i64 * 1000),
+            (v, EventTimeUnit::Timestamp) => timestamp_micros(v),
             _ => None,
         }
+    }
+}
+
+/// A timestamp constant in µs, whatever unit DataFusion typed it in.
+fn timestamp_micros(v: &ScalarValue) -> Option<i64> {
+    match v {
+        ScalarValue::TimestampSecond(Some(s), _) => s.checked_mul(1_000_000),
+        ScalarValue::TimestampMillisecond(Some(ms), _) => ms.checked_mul(1000),
+        ScalarValue::TimestampMicrosecond(Some(us), _) => Some(*us),
+        ScalarValue::TimestampNanosecond(Some(ns), _) => Some(ns.div_euclid(1000)),
+        _ => None,
     }
 }
 
@@ -166,7 +168,8 @@ enum Bound {
     Exactly,
 }
 
-fn strip_cast(e: &Expr) -> &Expr {
+/// An expression under any casts (shared with `query.rs`'s tables).
+pub(crate) fn strip_cast(e: &Expr) -> &Expr {
     match e {
         Expr::Cast(c) => strip_cast(&c.expr),
         Expr::TryCast(c) => strip_cast(&c.expr),
@@ -372,14 +375,10 @@ pub(crate) fn time_arg(arg: Option<&Expr>) -> DfResult<i64> {
         )
     };
     let us = match arg.map(strip_cast) {
-        Some(Expr::Literal(v, _)) => match v {
-            ScalarValue::TimestampSecond(Some(s), _) => s.checked_mul(1_000_000),
-            ScalarValue::TimestampMillisecond(Some(ms), _) => ms.checked_mul(1000),
-            ScalarValue::TimestampMicrosecond(Some(us), _) => Some(*us),
-            ScalarValue::TimestampNanosecond(Some(ns), _) => Some(ns.div_euclid(1000)),
-            ScalarValue::Utf8(Some(s)) => eddy_planner::types::parse_timestamp(s),
-            _ => None,
-        },
+        Some(Expr::Literal(ScalarValue::Utf8(Some(s)), _)) => {
+            eddy_planner::types::parse_timestamp(s)
+        }
+        Some(Expr::Literal(v, _)) => timestamp_micros(v),
         _ => None,
     };
     us.ok_or_else(bad)
@@ -532,11 +531,23 @@ impl TableProvider for FeaturesTable {
                 rows[tag].extend(values.pop().unwrap_or_default());
             }
         }
-        let batch = rows_to_batch(self.schema.clone(), &self.types, &rows).map_err(external)?;
-        let table =
-            datafusion::datasource::MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
-        table.scan(state, projection, &[], limit).await
+        rows_scan(&self.schema, &self.types, &rows, state, projection, limit).await
     }
+}
+
+/// A scan of rows made in memory (shared with `query.rs`'s tables): one batch of
+/// `types`, projected and limited by DataFusion's `MemTable`.
+pub(crate) async fn rows_scan<R: AsRef<[Value]>>(
+    schema: &SchemaRef,
+    types: &[ResultType],
+    rows: &[R],
+    state: &dyn Session,
+    projection: Option<&Vec<usize>>,
+    limit: Option<usize>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let batch = rows_to_batch(schema.clone(), types, rows).map_err(external)?;
+    let table = datafusion::datasource::MemTable::try_new(schema.clone(), vec![vec![batch]])?;
+    table.scan(state, projection, &[], limit).await
 }
 
 /// A label's value as the metric stream's column types it (through its text when the

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::{Result as DfResult, ScalarValue, TableReference};
-use datafusion::datasource::{MemTable, TableType};
+use datafusion::datasource::TableType;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -19,9 +19,7 @@ use eddy_cluster::Engine;
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::value_from_text;
 use eddy_planner::catalog::{Catalog, MetricDef, StreamDef};
-use eddy_planner::filter::{
-    datafusion_error, result_arrow_type, rows_to_batch, stream_schema, stream_types,
-};
+use eddy_planner::filter::{datafusion_error, result_arrow_type, stream_schema, stream_types};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
@@ -80,7 +78,7 @@ impl MetricTable {
         else {
             return None;
         };
-        let (col, lit) = match (strip_cast(left), strip_cast(right)) {
+        let (col, lit) = match (history::strip_cast(left), history::strip_cast(right)) {
             (Expr::Column(c), Expr::Literal(v, _)) | (Expr::Literal(v, _), Expr::Column(c)) => {
                 (c, v)
             }
@@ -94,14 +92,6 @@ impl MetricTable {
         let def = &self.stream.columns[self.metric.group_by[pos]];
         let value = scalar_to_value(lit, def)?;
         Some((pos, value))
-    }
-}
-
-fn strip_cast(e: &Expr) -> &Expr {
-    match e {
-        Expr::Cast(c) => strip_cast(&c.expr),
-        Expr::TryCast(c) => strip_cast(&c.expr),
-        other => other,
     }
 }
 
@@ -175,10 +165,7 @@ impl TableProvider for MetricTable {
             }
         }
         .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        let batch = rows_to_batch(self.schema.clone(), &self.types, &rows)
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        let table = MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
-        table.scan(state, projection, &[], limit).await
+        history::rows_scan(&self.schema, &self.types, &rows, state, projection, limit).await
     }
 }
 
@@ -210,11 +197,9 @@ impl TableProvider for StreamTable {
             .engine
             .stream_rows(&self.stream)
             .await
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        let batch = rows_to_batch(self.schema.clone(), &stream_types(&self.stream), &rows)
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        let table = MemTable::try_new(self.schema.clone(), vec![vec![batch]])?;
-        table.scan(state, projection, &[], limit).await
+            .map_err(history::external)?;
+        let types = stream_types(&self.stream);
+        history::rows_scan(&self.schema, &types, &rows, state, projection, limit).await
     }
 }
 
@@ -321,13 +306,7 @@ pub async fn run_within(
     limits: &Limits,
 ) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
     use futures::StreamExt;
-    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
-    let df = ctx
-        .execute_logical_plan(plan)
-        .await
-        .map_err(datafusion_error)?;
-    let columns = columns_of(df.schema().as_arrow());
-    let mut stream = df.execute_stream().await.map_err(datafusion_error)?;
+    let (columns, mut stream) = execute(ctx, sql).await?;
     let mut batches = Vec::new();
     let mut held = 0u64;
     while let Some(batch) = stream.next().await {
@@ -339,13 +318,28 @@ pub async fn run_within(
     Ok((columns, rows_of_batches(&batches)))
 }
 
-/// A result's columns as PostgreSQL names and types them.
-fn columns_of(schema: &Schema) -> Vec<Column> {
-    schema
+/// Plans and starts a query: its columns as PostgreSQL names and types them, and its
+/// batches as DataFusion makes them.
+async fn execute(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(
+    Vec<Column>,
+    datafusion::execution::SendableRecordBatchStream,
+)> {
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
+    let df = ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(datafusion_error)?;
+    let columns = df
+        .schema()
         .fields()
         .iter()
         .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
-        .collect()
+        .collect();
+    let stream = df.execute_stream().await.map_err(datafusion_error)?;
+    Ok((columns, stream))
 }
 
 /// A query's rows, batch by batch.
@@ -356,13 +350,7 @@ pub type RowStream = futures::stream::BoxStream<'static, Result<Vec<Vec<Cell>>>>
 /// in the session's time zone.
 pub async fn run_stream(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, RowStream)> {
     use futures::StreamExt;
-    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
-    let df = ctx
-        .execute_logical_plan(plan)
-        .await
-        .map_err(datafusion_error)?;
-    let columns = columns_of(df.schema().as_arrow());
-    let inner = df.execute_stream().await.map_err(datafusion_error)?;
+    let (columns, inner) = execute(ctx, sql).await?;
     let zone = SESSION_FORMAT.try_with(Arc::clone).ok();
     let rows = InZone { zone, inner }.map(|batch| {
         batch
