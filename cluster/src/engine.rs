@@ -918,9 +918,12 @@ impl Engine {
             needed,
             mut span,
         } = read;
-        loop {
+        let page_at = |after: i64, span: i64| {
             let bound = after.saturating_add(span).min(end);
-            let mut page = retried(|| self.history_page(task, after, bound, PAGE_EVENTS)).await?;
+            retried(move || self.history_page(task, after, bound, PAGE_EVENTS))
+        };
+        let mut page = page_at(after, span).await?;
+        loop {
             if page.horizon > after.max(needed) {
                 return Err(Error::new(
                     eddy_planner::ErrorKind::NotInPrerequisiteState,
@@ -934,31 +937,6 @@ impl Engine {
             let (n, through) = (page.events.len(), page.through);
             page.events.retain(|e| e.1 <= last);
             let done = through >= end;
-            let run = move |mut replay: Replay| {
-                let mut rows = Vec::new();
-                replay.push(page, &mut rows)?;
-                if done {
-                    replay.finish(&mut rows)?;
-                }
-                Ok::<_, Error>((replay, rows))
-            };
-            // A long replay runs off the caller's thread (a session's, which serves others).
-            let (back, rows) = if n < SMALL_PAGE {
-                run(replay)?
-            } else {
-                tokio::task::spawn_blocking(move || run(replay))
-                    .await
-                    .map_err(|e| Error::internal(format!("history replay: {e}")))??
-            };
-            replay = back;
-            if let Some(tx) = tx.filter(|_| !rows.is_empty()) {
-                if tx.send(Ok(rows)).await.is_err() {
-                    return Ok(None);
-                }
-            }
-            if done {
-                return Ok(Some(replay));
-            }
             // The next span: about a page of events at this one's density.
             span = match n {
                 0 => span.saturating_mul(4),
@@ -967,6 +945,43 @@ impl Engine {
                     .clamp(1, i64::MAX as i128) as i64,
             };
             after = through;
+            let run = move |mut replay: Replay| {
+                let mut rows = Vec::new();
+                replay.push(page, &mut rows)?;
+                if done {
+                    replay.finish(&mut rows)?;
+                }
+                Ok::<_, Error>((replay, rows))
+            };
+            // The next page is read while this one replays; a long replay runs off the
+            // caller's thread (a session's, which serves others).
+            let next = async {
+                match done {
+                    true => Ok(None),
+                    false => page_at(after, span).await.map(Some),
+                }
+            };
+            let replayed = async {
+                if n < SMALL_PAGE {
+                    run(replay)
+                } else {
+                    tokio::task::spawn_blocking(move || run(replay))
+                        .await
+                        .map_err(|e| Error::internal(format!("history replay: {e}")))?
+                }
+            };
+            let (next, replayed) = tokio::join!(next, replayed);
+            let (back, rows) = replayed?;
+            replay = back;
+            if let Some(tx) = tx.filter(|_| !rows.is_empty()) {
+                if tx.send(Ok(rows)).await.is_err() {
+                    return Ok(None);
+                }
+            }
+            match next? {
+                Some(next) => page = next,
+                None => return Ok(Some(replay)),
+            }
         }
     }
 

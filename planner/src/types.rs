@@ -337,73 +337,120 @@ impl fmt::Display for Value {
 
 /// Formats a double the way PostgreSQL 12+ does: the shortest text that reads back exactly.
 pub fn format_float(v: f64) -> String {
-    shortest(v, v, 15)
+    let mut s = String::new();
+    write_float(v, &mut s);
+    s
+}
+
+/// `format_float`, appended to `out`.
+pub fn write_float(v: f64, out: &mut String) {
+    write_shortest(v, v, (1e-4, 1e15), out)
 }
 
 /// Formats a `real` the way PostgreSQL 12+ does: the shortest text that reads back as
 /// the same `real` (`123456.79`, `1.2345679e+07`), not the digits of the double it widens to.
 pub fn format_float4(v: f32) -> String {
-    shortest(v, v as f64, 6)
+    let mut s = String::new();
+    write_float4(v, &mut s);
+    s
 }
 
-/// `v`'s shortest text, plain or, outside 1e-4 ≤ |v| < 10^`digits`, scientific as
-/// PostgreSQL writes it (`1e+20`, `1e-07`). `magnitude` is `v` as a double.
-fn shortest<T: std::fmt::Display + std::fmt::LowerExp>(
+/// `format_float4`, appended to `out`.
+pub fn write_float4(v: f32, out: &mut String) {
+    write_shortest(v, v as f64, (1e-4f32 as f64, 1e6f32 as f64), out)
+}
+
+/// Appends `v`'s shortest text: plain when its decimal exponent is from -4 up to the
+/// type's digits less one (`plain`: the values 1e-4 and 10^digits of `v`'s type, so the
+/// test is on the value its shortest text reads back as), else scientific as PostgreSQL
+/// writes it (`1e+20`, `1e-07`). `magnitude` is `v` as a double.
+fn write_shortest<T: std::fmt::Display + std::fmt::LowerExp>(
     v: T,
     magnitude: f64,
-    digits: i32,
-) -> String {
+    (low, high): (f64, f64),
+    out: &mut String,
+) {
+    use std::fmt::Write;
     if magnitude.is_nan() {
-        return "NaN".to_string();
+        out.push_str("NaN");
+        return;
     }
     if magnitude.is_infinite() {
-        return if magnitude > 0.0 {
-            "Infinity"
-        } else {
-            "-Infinity"
-        }
-        .to_string();
+        out.push_str(if magnitude > 0.0 { "Infinity" } else { "-Infinity" });
+        return;
     }
-    let exponent = if magnitude == 0.0 {
-        0
-    } else {
-        magnitude.abs().log10().floor() as i32
+    let abs = magnitude.abs();
+    if abs == 0.0 || (abs >= low && abs < high) {
+        let _ = write!(out, "{v}");
+        return;
+    }
+    let start = out.len();
+    let _ = write!(out, "{v:e}");
+    let Some(e) = out[start..].find('e').map(|i| start + i) else {
+        return;
     };
-    if (-4..digits).contains(&exponent) {
-        return v.to_string();
+    let exp = out.split_off(e + 1);
+    let (sign, digits) = match exp.strip_prefix('-') {
+        Some(d) => ('-', d),
+        None => ('+', exp.as_str()),
+    };
+    out.push(sign);
+    if digits.len() < 2 {
+        out.push('0');
     }
-    let s = format!("{v:e}");
-    match s.split_once('e') {
-        Some((mantissa, exp)) if exp.starts_with('-') => {
-            format!("{mantissa}e-{:0>2}", &exp[1..])
-        }
-        Some((mantissa, exp)) => format!("{mantissa}e+{exp:0>2}"),
-        None => s,
-    }
+    out.push_str(digits);
 }
 
 /// Formats microseconds since the epoch as PostgreSQL's ISO timestamp text.
 pub fn format_timestamp(us: i64) -> String {
-    let secs = us.div_euclid(1_000_000);
-    let micros = us.rem_euclid(1_000_000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    let mut s = format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
-        y,
-        m,
-        d,
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    );
-    if micros != 0 {
-        let frac = format!("{micros:06}");
-        s.push('.');
-        s.push_str(frac.trim_end_matches('0'));
-    }
+    let mut s = String::with_capacity(26);
+    write_timestamp(us, &mut s);
     s
+}
+
+/// `format_timestamp`, appended to `out`.
+pub fn write_timestamp(us: i64, out: &mut String) {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000) as u32;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400) as u32;
+    let (y, m, d) = civil_from_days(days);
+    let two = |out: &mut String, v: u32| {
+        out.push((b'0' + (v / 10) as u8) as char);
+        out.push((b'0' + (v % 10) as u8) as char);
+    };
+    if (0..=9999).contains(&y) {
+        let y = y as u32;
+        two(out, y / 100);
+        two(out, y % 100);
+    } else {
+        use std::fmt::Write;
+        let _ = write!(out, "{y:04}");
+    }
+    out.push('-');
+    two(out, m);
+    out.push('-');
+    two(out, d);
+    out.push(' ');
+    two(out, sod / 3600);
+    out.push(':');
+    two(out, (sod / 60) % 60);
+    out.push(':');
+    two(out, sod % 60);
+    if micros != 0 {
+        out.push('.');
+        let (mut frac, mut width) = (micros, 6);
+        while frac % 10 == 0 {
+            frac /= 10;
+            width -= 1;
+        }
+        let mut digits = [b'0'; 6];
+        for i in (0..width).rev() {
+            digits[i] = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        out.push_str(std::str::from_utf8(&digits[..width]).expect("digits"));
+    }
 }
 
 /// Parses `YYYY-MM-DD[ T]HH:MM:SS[.ffffff][Z|+HH[:MM]]` or a bare date into microseconds.
@@ -663,6 +710,15 @@ mod tests {
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.001"), Some(1_000));
         assert_eq!(parse_timestamp("1970-01-01 00:00:00.0x1"), None);
         assert_eq!(format_timestamp(-1), "1969-12-31 23:59:59.999999");
+        assert_eq!(format_timestamp(10), "1970-01-01 00:00:00.00001");
+        assert_eq!(
+            format_timestamp(parse_timestamp("0099-03-01 23:59:59.5").unwrap()),
+            "0099-03-01 23:59:59.5"
+        );
+        assert_eq!(
+            format_timestamp(parse_timestamp("9999-12-31 23:59:59.999999").unwrap() + 1),
+            "10000-01-01 00:00:00"
+        );
     }
 
     /// The fast form reads what it accepts exactly as the general one does, and leaves
@@ -731,6 +787,17 @@ mod tests {
         assert_eq!(format_float(f64::NAN), "NaN");
         assert_eq!(format_float(1e20), "1e+20");
         assert_eq!(format_float(1.5e-7), "1.5e-07");
+        // Each side of the plain range, as PostgreSQL 15 prints them.
+        assert_eq!(format_float(0.0001), "0.0001");
+        assert_eq!(format_float(-0.00001), "-1e-05");
+        assert_eq!(format_float(999999999999999.0), "999999999999999");
+        assert_eq!(format_float(1e15), "1e+15");
+        assert_eq!(format_float(-1.25e300), "-1.25e+300");
+        assert_eq!(format_float(f64::NEG_INFINITY), "-Infinity");
+        assert_eq!(format_float(-0.0), "-0");
+        assert_eq!(format_float4(0.0001), "0.0001");
+        assert_eq!(format_float4(999999.0), "999999");
+        assert_eq!(format_float4(1e6), "1e+06");
     }
 
     #[test]

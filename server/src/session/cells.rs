@@ -357,17 +357,15 @@ impl Cell {
     /// PostgreSQL's text output of the value (`None` for NULL).
     /// `to_text`, written at the end of `out`; `false` for NULL.
     pub fn write_text(&self, out: &mut String) -> bool {
-        use std::fmt::Write;
         match self {
             Cell::Null => return false,
             Cell::Bool(b) => out.push(if *b { 't' } else { 'f' }),
-            Cell::I32(v) => {
-                let _ = write!(out, "{v}");
-            }
-            Cell::I64(v) => {
-                let _ = write!(out, "{v}");
-            }
+            Cell::I32(v) => out.push_str(itoa::Buffer::new().format(*v)),
+            Cell::I64(v) => out.push_str(itoa::Buffer::new().format(*v)),
+            Cell::F32(v) => eddy_planner::types::write_float4(*v, out),
+            Cell::F64(v) => eddy_planner::types::write_float(*v, out),
             Cell::Text(s) => out.push_str(s.as_str()),
+            Cell::Timestamp(us) => eddy_planner::types::write_timestamp(*us, out),
             other => out.push_str(&other.to_text().unwrap_or_default()),
         }
         true

@@ -668,12 +668,23 @@ fn unescape_text(f: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Encodes result rows as the lines of a `COPY … TO STDOUT` (text or CSV), with
-/// pgwire's COPY encoder.
+/// Encodes result rows as the lines of a `COPY … TO STDOUT`, text or CSV, as
+/// PostgreSQL's `CopyAttributeOutText` and `CopyAttributeOutCSV` write them: in text,
+/// backslash, the delimiter and the control characters `\b \f \n \r \t \v` are
+/// escaped; in CSV, a value is quoted when it holds the delimiter, a quote or a line
+/// break, or equals the NULL string (so `''` and NULL differ), or is `\.` alone.
+///
+/// Rows come as cells (`line`, `lines`) or as Arrow batches (`batch`), whose common
+/// columns are formatted straight from the arrays, with no cell per value. (pgwire's
+/// `CopyEncoder` allocates per field and does not quote an empty CSV string.)
 pub struct CopyLines {
-    encoder: pgwire::api::results::CopyEncoder,
+    csv: bool,
+    delimiter: char,
+    null: String,
+    /// One column: `\.` alone on a CSV line is quoted (it would end the data).
+    single: bool,
     header: Option<Vec<u8>>,
-    /// A cell's text, reused from cell to cell.
+    /// A value's text, reused from value to value.
     text: String,
 }
 
@@ -682,45 +693,29 @@ impl CopyLines {
         columns: &[crate::session::cells::Column],
         copy: &eddy_planner::sql::CopyOut,
     ) -> CopyLines {
-        use pgwire::api::results::{CopyCsvOptions, CopyEncoder, CopyTextOptions, FieldFormat};
-        let fields =
-            crate::session::cells::fields(columns, &|_| FieldFormat::Text, &Default::default());
-        let delimiter = copy.delimiter.to_string();
-        let encoder = if copy.csv {
-            CopyEncoder::new_csv(
-                fields,
-                CopyCsvOptions {
-                    delimiter: delimiter.as_str().into(),
-                    null_string: copy.null.as_str().into(),
-                    ..CopyCsvOptions::default()
-                },
-            )
-        } else {
-            CopyEncoder::new_text(
-                fields,
-                CopyTextOptions {
-                    delimiter: delimiter.as_str().into(),
-                    null_string: copy.null.as_str().into(),
-                },
-            )
-        };
         let header = (copy.csv && copy.header).then(|| {
-            let names: Vec<String> = columns
-                .iter()
-                .map(|c| {
-                    let special =
-                        c.name.contains(copy.delimiter) || c.name.contains(['"', '\n', '\r']);
-                    if special {
-                        format!("\"{}\"", c.name.replace('"', "\"\""))
-                    } else {
-                        c.name.clone()
-                    }
-                })
-                .collect();
-            format!("{}\n", names.join(&delimiter)).into_bytes()
+            let mut line = Vec::new();
+            for (i, c) in columns.iter().enumerate() {
+                if i > 0 {
+                    push_char(&mut line, copy.delimiter);
+                }
+                let special = c.name.contains(copy.delimiter) || c.name.contains(['"', '\n', '\r']);
+                if special {
+                    line.push(b'"');
+                    line.extend_from_slice(c.name.replace('"', "\"\"").as_bytes());
+                    line.push(b'"');
+                } else {
+                    line.extend_from_slice(c.name.as_bytes());
+                }
+            }
+            line.push(b'\n');
+            line
         });
         CopyLines {
-            encoder,
+            csv: copy.csv,
+            delimiter: copy.delimiter,
+            null: copy.null.clone(),
+            single: columns.len() == 1,
             header,
             text: String::new(),
         }
@@ -733,32 +728,167 @@ impl CopyLines {
 
     /// One row as one line.
     pub fn line(&mut self, row: Vec<crate::session::cells::Cell>) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.push_line(&row, &mut out)?;
-        Ok(out)
+        Ok(self.lines(&[row]))
     }
 
     /// Rows as lines, one after another in one buffer (sent as one CopyData message).
-    pub fn lines(&mut self, rows: &[Vec<crate::session::cells::Cell>]) -> Result<Vec<u8>> {
+    pub fn lines(&mut self, rows: &[Vec<crate::session::cells::Cell>]) -> Vec<u8> {
         let mut out = Vec::with_capacity(rows.len() * 64);
         for row in rows {
-            self.push_line(row, &mut out)?;
+            for (i, cell) in row.iter().enumerate() {
+                self.text.clear();
+                let present = cell.write_text(&mut self.text);
+                self.field(i, present, &mut out);
+            }
+            out.push(b'\n');
         }
-        Ok(out)
+        out
     }
 
-    fn push_line(&mut self, row: &[crate::session::cells::Cell], out: &mut Vec<u8>) -> Result<()> {
-        for cell in row {
-            self.text.clear();
-            let text = cell
-                .write_text(&mut self.text)
-                .then_some(self.text.as_str());
-            self.encoder
-                .encode_field(&text)
-                .map_err(|e| Error::internal(e.to_string()))?;
+    /// A batch's rows as lines, in one buffer.
+    pub fn batch(&mut self, batch: &RecordBatch) -> Vec<u8> {
+        let columns: Vec<TextColumn> = batch.columns().iter().map(TextColumn::of).collect();
+        let mut out = Vec::with_capacity(batch.num_rows() * 12 * columns.len().max(1));
+        for row in 0..batch.num_rows() {
+            for (i, column) in columns.iter().enumerate() {
+                self.text.clear();
+                let present = column.write(row, &mut self.text);
+                self.field(i, present, &mut out);
+            }
+            out.push(b'\n');
         }
-        out.extend_from_slice(&self.encoder.take_copy().data);
-        Ok(())
+        out
+    }
+
+    /// Appends field `i` of a line, whose text is `self.text` (NULL unless `present`).
+    fn field(&self, i: usize, present: bool, out: &mut Vec<u8>) {
+        if i > 0 {
+            push_char(out, self.delimiter);
+        }
+        let text = self.text.as_str();
+        if !present {
+            out.extend_from_slice(self.null.as_bytes());
+        } else if self.csv {
+            let quote = text == self.null
+                || (self.single && text == "\\.")
+                || text.contains([self.delimiter, '"', '\n', '\r']);
+            if quote {
+                out.push(b'"');
+                for b in text.bytes() {
+                    if b == b'"' {
+                        out.push(b'"');
+                    }
+                    out.push(b);
+                }
+                out.push(b'"');
+            } else {
+                out.extend_from_slice(text.as_bytes());
+            }
+        } else {
+            let delimiter = self.delimiter;
+            let plain = text
+                .bytes()
+                .all(|b| b >= 0x20 && b != b'\\' && b < 0x80 && b != delimiter as u8)
+                || !text.contains(|c: char| c < ' ' || c == '\\' || c == delimiter);
+            if plain {
+                out.extend_from_slice(text.as_bytes());
+                return;
+            }
+            for c in text.chars() {
+                let escaped = match c {
+                    '\\' => "\\\\",
+                    '\u{8}' => "\\b",
+                    '\u{c}' => "\\f",
+                    '\n' => "\\n",
+                    '\r' => "\\r",
+                    '\t' => "\\t",
+                    '\u{b}' => "\\v",
+                    c if c == delimiter => {
+                        out.push(b'\\');
+                        push_char(out, c);
+                        continue;
+                    }
+                    c => {
+                        push_char(out, c);
+                        continue;
+                    }
+                };
+                out.extend_from_slice(escaped.as_bytes());
+            }
+        }
+    }
+}
+
+fn push_char(out: &mut Vec<u8>, c: char) {
+    out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+}
+
+/// A batch column whose values COPY writes: the common types straight from the
+/// array, any other through its cells (`cells_of_array`), so every type's text is the
+/// one `Cell::write_text` gives.
+enum TextColumn<'a> {
+    Bool(&'a datafusion::arrow::array::BooleanArray),
+    I32(&'a datafusion::arrow::array::Int32Array),
+    I64(&'a datafusion::arrow::array::Int64Array),
+    F32(&'a datafusion::arrow::array::Float32Array),
+    F64(&'a datafusion::arrow::array::Float64Array),
+    Utf8(&'a datafusion::arrow::array::StringArray),
+    View(&'a datafusion::arrow::array::StringViewArray),
+    Timestamp(&'a datafusion::arrow::array::TimestampMicrosecondArray),
+    Cells(Vec<crate::session::cells::Cell>),
+}
+
+impl<'a> TextColumn<'a> {
+    fn of(array: &'a datafusion::arrow::array::ArrayRef) -> TextColumn<'a> {
+        use datafusion::arrow::array::AsArray;
+        use datafusion::arrow::datatypes::{
+            DataType, Float32Type, Float64Type, Int32Type, Int64Type, TimeUnit,
+            TimestampMicrosecondType,
+        };
+        match array.data_type() {
+            DataType::Boolean => TextColumn::Bool(array.as_boolean()),
+            DataType::Int32 => TextColumn::I32(array.as_primitive::<Int32Type>()),
+            DataType::Int64 => TextColumn::I64(array.as_primitive::<Int64Type>()),
+            DataType::Float32 => TextColumn::F32(array.as_primitive::<Float32Type>()),
+            DataType::Float64 => TextColumn::F64(array.as_primitive::<Float64Type>()),
+            DataType::Utf8 => TextColumn::Utf8(array.as_string::<i32>()),
+            DataType::Utf8View => TextColumn::View(array.as_string_view()),
+            DataType::Timestamp(TimeUnit::Microsecond, None) => {
+                TextColumn::Timestamp(array.as_primitive::<TimestampMicrosecondType>())
+            }
+            _ => TextColumn::Cells(crate::session::cells::cells_of_array(array)),
+        }
+    }
+
+    /// Appends value `i`'s text to `out`; `false` for NULL.
+    fn write(&self, i: usize, out: &mut String) -> bool {
+        use datafusion::arrow::array::Array;
+        let null = match self {
+            TextColumn::Bool(a) => a.is_null(i),
+            TextColumn::I32(a) => a.is_null(i),
+            TextColumn::I64(a) => a.is_null(i),
+            TextColumn::F32(a) => a.is_null(i),
+            TextColumn::F64(a) => a.is_null(i),
+            TextColumn::Utf8(a) => a.is_null(i),
+            TextColumn::View(a) => a.is_null(i),
+            TextColumn::Timestamp(a) => a.is_null(i),
+            TextColumn::Cells(cells) => return cells[i].write_text(out),
+        };
+        if null {
+            return false;
+        }
+        match self {
+            TextColumn::Bool(a) => out.push(if a.value(i) { 't' } else { 'f' }),
+            TextColumn::I32(a) => out.push_str(itoa::Buffer::new().format(a.value(i))),
+            TextColumn::I64(a) => out.push_str(itoa::Buffer::new().format(a.value(i))),
+            TextColumn::F32(a) => eddy_planner::types::write_float4(a.value(i), out),
+            TextColumn::F64(a) => eddy_planner::types::write_float(a.value(i), out),
+            TextColumn::Utf8(a) => out.push_str(a.value(i)),
+            TextColumn::View(a) => out.push_str(a.value(i)),
+            TextColumn::Timestamp(a) => eddy_planner::types::write_timestamp(a.value(i), out),
+            TextColumn::Cells(_) => unreachable!("handled above"),
+        }
+        true
     }
 }
 
@@ -890,5 +1020,110 @@ mod tests {
         let ended = format!("{head}\\.\n{bad}");
         assert_eq!(load(&ended, true).unwrap(), load(&ended, false).unwrap());
         assert_eq!(load(&ended, true).unwrap().len(), 20);
+    }
+
+    fn copy_out(csv: bool, null: &str) -> eddy_planner::sql::CopyOut {
+        eddy_planner::sql::CopyOut {
+            query: String::new(),
+            subscribe: false,
+            csv,
+            header: false,
+            delimiter: if csv { ',' } else { '\t' },
+            null: null.to_string(),
+        }
+    }
+
+    fn columns(n: usize) -> Vec<crate::session::cells::Column> {
+        (0..n)
+            .map(|i| crate::session::cells::Column::text(format!("c{i}")))
+            .collect()
+    }
+
+    /// Text and CSV lines are escaped and quoted as PostgreSQL's COPY TO writes them.
+    #[test]
+    fn copy_out_escapes_as_postgres() {
+        use crate::session::cells::Cell;
+        let row = vec![
+            Cell::text("a\\b\tc\nd\re\u{8}f\u{c}g\u{b}h\u{1}"),
+            Cell::Null,
+            Cell::text(""),
+            Cell::text("x,y\"z"),
+        ];
+        let mut text = CopyLines::new(&columns(4), &copy_out(false, "\\N"));
+        assert_eq!(
+            String::from_utf8(text.line(row.clone()).unwrap()).unwrap(),
+            "a\\\\b\\tc\\nd\\re\\bf\\fg\\vh\u{1}\t\\N\t\tx,y\"z\n"
+        );
+        let mut csv = CopyLines::new(&columns(4), &copy_out(true, ""));
+        assert_eq!(
+            String::from_utf8(csv.line(row).unwrap()).unwrap(),
+            "\"a\\b\tc\nd\re\u{8}f\u{c}g\u{b}h\u{1}\",,\"\",\"x,y\"\"z\"\n"
+        );
+        // A value that reads as the NULL string is quoted; `\.` alone on a line too.
+        let mut csv = CopyLines::new(&columns(2), &copy_out(true, "NA"));
+        assert_eq!(
+            csv.lines(&[vec![Cell::text("NA"), Cell::text("NAN")]]),
+            b"\"NA\",NAN\n"
+        );
+        let mut single = CopyLines::new(&columns(1), &copy_out(true, ""));
+        assert_eq!(single.lines(&[vec![Cell::text("\\.")]]), b"\"\\.\"\n");
+    }
+
+    /// A batch's lines are those of its cells, for the types written straight from the
+    /// arrays and for those written through cells.
+    #[test]
+    fn batch_lines_are_the_cells_lines() {
+        use datafusion::arrow::array::*;
+        use std::sync::Arc;
+        let batch = RecordBatch::try_from_iter(vec![
+            (
+                "b",
+                Arc::new(BooleanArray::from(vec![Some(true), None, Some(false)])) as ArrayRef,
+            ),
+            ("i", Arc::new(Int32Array::from(vec![Some(-7), Some(0), None]))),
+            (
+                "l",
+                Arc::new(Int64Array::from(vec![Some(i64::MIN), None, Some(42)])),
+            ),
+            (
+                "f",
+                Arc::new(Float64Array::from(vec![Some(0.1 + 0.2), Some(1e20), None])),
+            ),
+            (
+                "r",
+                Arc::new(Float32Array::from(vec![Some(0.1), None, Some(1e-5)])),
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from(vec![Some("a\tb"), None, Some("")])),
+            ),
+            (
+                "v",
+                Arc::new(StringViewArray::from(vec![None, Some("x\\y"), Some("z")])),
+            ),
+            (
+                "t",
+                Arc::new(TimestampMicrosecondArray::from(vec![
+                    Some(1_700_000_000_123_400),
+                    None,
+                    Some(-1),
+                ])),
+            ),
+            ("d", Arc::new(Date32Array::from(vec![Some(20_000), None, Some(0)]))),
+            (
+                "n",
+                Arc::new(
+                    Decimal128Array::from(vec![Some(12_345), None, Some(-5)])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+        ])
+        .unwrap();
+        let cells = crate::session::cells::rows_of_batches(&[batch.clone()]);
+        for (csv, null) in [(false, "\\N"), (true, "")] {
+            let mut lines = CopyLines::new(&columns(10), &copy_out(csv, null));
+            assert_eq!(lines.batch(&batch), lines.lines(&cells));
+        }
     }
 }

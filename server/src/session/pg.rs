@@ -110,7 +110,7 @@ enum CursorRows {
 #[derive(Default)]
 struct QueryRows {
     ready: VecDeque<Vec<Cell>>,
-    rest: Option<crate::sql::query::RowStream>,
+    rest: Option<crate::sql::query::BatchStream>,
 }
 
 impl QueryRows {
@@ -122,7 +122,9 @@ impl QueryRows {
                 break;
             };
             match rest.next().await {
-                Some(batch) => self.ready.extend(batch?),
+                Some(batch) => self
+                    .ready
+                    .extend(crate::session::cells::rows_of_batches(&[batch?])),
                 None => self.rest = None,
             }
         }
@@ -1056,7 +1058,7 @@ impl Session {
                 let ctx = self.db.query_context()?;
                 let (plan, columns, params) = query::describe(&ctx, q).await?;
                 let fast =
-                    match query::PointLookup::recognise(&plan, &catalog, &params, &ctx.state()) {
+                    match query::PointLookup::recognise(&plan, &params, &ctx.state()) {
                         Some(lookup) => Fast::Lookup(Arc::new(lookup)),
                         None => Fast::General,
                     };
@@ -1227,7 +1229,7 @@ impl Session {
                 }
                 Fast::Lookup(lookup) => {
                     let texts = self.parameter_texts(portal).await?;
-                    if let Some(rows) = lookup.run(self.db.engine(), &texts).await? {
+                    if let Some(rows) = lookup.run(&texts).await? {
                         return Ok(Ran::Executed(Executed::selected(
                             bound.shape.1.clone(),
                             rows,

@@ -501,10 +501,8 @@ impl Db {
                 let header = encoder.header().map(Ok);
                 use futures::StreamExt;
                 let lines = futures::stream::iter(header)
-                    .chain(rows.flat_map(move |batch| {
-                        // A batch's lines in one CopyData message.
-                        futures::stream::iter([batch.and_then(|rows| encoder.lines(&rows))])
-                    }))
+                    // A batch's lines in one CopyData message.
+                    .chain(rows.map(move |batch| batch.map(|b| encoder.batch(&b))))
                     .boxed();
                 Ok(Executed {
                     notices,

@@ -306,7 +306,15 @@ pub async fn run_within(
     limits: &Limits,
 ) -> Result<(Vec<Column>, Vec<Vec<Cell>>)> {
     use futures::StreamExt;
-    let (columns, mut stream) = execute(ctx, sql).await?;
+    let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
+    let columns = columns_of(plan.schema());
+    // A point lookup with constant keys reads its group, with no physical plan.
+    if let Some(lookup) = PointLookup::recognise(&plan, &[], &ctx.state()) {
+        if let Some(rows) = lookup.run(&[]).await? {
+            return Ok((columns, rows));
+        }
+    }
+    let mut stream = start(ctx, plan).await?;
     let mut batches = Vec::new();
     let mut held = 0u64;
     while let Some(batch) = stream.next().await {
@@ -328,36 +336,44 @@ async fn execute(
     datafusion::execution::SendableRecordBatchStream,
 )> {
     let plan = pg_catalog::plan(ctx, sql).await.map_err(datafusion_error)?;
+    let columns = columns_of(plan.schema());
+    Ok((columns, start(ctx, plan).await?))
+}
+
+/// A result's columns as PostgreSQL names and types them.
+fn columns_of(schema: &datafusion::common::DFSchema) -> Vec<Column> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
+        .collect()
+}
+
+/// Runs a planned query: its batches as DataFusion makes them.
+async fn start(
+    ctx: &SessionContext,
+    plan: datafusion::logical_expr::LogicalPlan,
+) -> Result<datafusion::execution::SendableRecordBatchStream> {
     let df = ctx
         .execute_logical_plan(plan)
         .await
         .map_err(datafusion_error)?;
-    let columns = df
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
-        .collect();
-    let stream = df.execute_stream().await.map_err(datafusion_error)?;
-    Ok((columns, stream))
+    df.execute_stream().await.map_err(datafusion_error)
 }
 
-/// A query's rows, batch by batch.
-pub type RowStream = futures::stream::BoxStream<'static, Result<Vec<Vec<Cell>>>>;
+/// A query's batches, as DataFusion makes them.
+pub type BatchStream =
+    futures::stream::BoxStream<'static, Result<datafusion::arrow::record_batch::RecordBatch>>;
 
-/// `run` for results of any size (COPY … TO, cursors): the rows come batch by batch as
-/// DataFusion makes them, so memory holds a batch, not the result. Each batch is made
-/// in the session's time zone.
-pub async fn run_stream(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, RowStream)> {
+/// `run` for results of any size (COPY … TO, cursors): the batches come as DataFusion
+/// makes them, so memory holds a batch, not the result. Each batch is made in the
+/// session's time zone.
+pub async fn run_stream(ctx: &SessionContext, sql: &str) -> Result<(Vec<Column>, BatchStream)> {
     use futures::StreamExt;
     let (columns, inner) = execute(ctx, sql).await?;
     let zone = SESSION_FORMAT.try_with(Arc::clone).ok();
-    let rows = InZone { zone, inner }.map(|batch| {
-        batch
-            .map(|b| rows_of_batches(&[b]))
-            .map_err(datafusion_error)
-    });
-    Ok((columns, rows.boxed()))
+    let batches = InZone { zone, inner }.map(|batch| batch.map_err(datafusion_error));
+    Ok((columns, batches.boxed()))
 }
 
 /// A stream polled in a session's time zone (`SESSION_FORMAT`), wherever it is polled.
@@ -517,8 +533,11 @@ pub(crate) fn pg_column_name(name: &str) -> String {
 /// planning: each expression is compiled once, at bind.
 #[derive(Debug)]
 pub struct PointLookup {
+    engine: Arc<Engine>,
     stream: Arc<StreamDef>,
     metric: Arc<MetricDef>,
+    /// `AS OF`: the group's values at this event time, from the stored events.
+    as_of: Option<i64>,
     /// The metric's columns: group-by columns, then aggregates.
     types: Vec<ResultType>,
     arrow: Vec<datafusion::arrow::datatypes::DataType>,
@@ -558,7 +577,6 @@ impl PointLookup {
     /// (`None`).
     pub fn recognise(
         plan: &datafusion::logical_expr::LogicalPlan,
-        catalog: &Catalog,
         params: &[Option<datafusion::arrow::datatypes::DataType>],
         state: &datafusion::execution::SessionState,
     ) -> Option<PointLookup> {
@@ -577,11 +595,10 @@ impl PointLookup {
         let LogicalPlan::TableScan(scan) = input else {
             return None;
         };
-        if scan.table_name.schema().is_some_and(|s| s != "public") {
-            return None;
-        }
-        let metric = catalog.metric(scan.table_name.table())?.clone();
-        let stream = catalog.stream(&metric.stream)?.clone();
+        // A metric's table, live or `AS OF` (`as_of`, whatever its alias).
+        let provider = datafusion::datasource::source_as_provider(&scan.source).ok()?;
+        let table = (provider.as_ref() as &dyn std::any::Any).downcast_ref::<MetricTable>()?;
+        let (metric, stream) = (table.metric.clone(), table.stream.clone());
         let cols = metric.columns(&stream);
         let position = |e: &Expr| match e {
             Expr::Column(c) => cols.iter().position(|(n, _)| *n == c.name),
@@ -643,6 +660,8 @@ impl PointLookup {
             })
             .collect::<Option<_>>()?;
         Some(PointLookup {
+            engine: table.engine.clone(),
+            as_of: table.as_of,
             arrow: cols.iter().map(|(_, t)| result_arrow_type(*t)).collect(),
             types: cols.into_iter().map(|(_, t)| t).collect(),
             stream,
@@ -660,11 +679,7 @@ impl PointLookup {
         &self.metric.name
     }
 
-    pub async fn run(
-        &self,
-        engine: &Engine,
-        params: &[Option<String>],
-    ) -> Result<Option<Vec<Vec<Cell>>>> {
+    pub async fn run(&self, params: &[Option<String>]) -> Result<Option<Vec<Vec<Cell>>>> {
         let mut batch = None;
         let mut key = Vec::with_capacity(self.keys.len());
         for (i, source) in self.keys.iter().enumerate() {
@@ -726,7 +741,7 @@ impl PointLookup {
             key.push(v);
         }
         let rows = self
-            .engine_rows(engine, key)
+            .engine_rows(key)
             .await?
             .into_iter()
             .map(|row| {
@@ -765,10 +780,20 @@ impl PointLookup {
         datafusion::arrow::record_batch::RecordBatch::try_new(self.params.clone(), columns).ok()
     }
 
-    async fn engine_rows(&self, engine: &Engine, key: Vec<Value>) -> Result<Vec<Vec<Value>>> {
-        engine
-            .metric_rows(&self.stream, &self.metric, Some(key))
-            .await
+    async fn engine_rows(&self, key: Vec<Value>) -> Result<Vec<Vec<Value>>> {
+        let engine = &self.engine;
+        match self.as_of {
+            None => {
+                engine
+                    .metric_rows(&self.stream, &self.metric, Some(key))
+                    .await
+            }
+            Some(t) => {
+                engine
+                    .metric_rows_as_of(&self.stream, &self.metric, t, Some(key))
+                    .await
+            }
+        }
     }
 }
 
