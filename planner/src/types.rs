@@ -376,7 +376,11 @@ fn write_shortest<T: std::fmt::Display + std::fmt::LowerExp>(
         return;
     }
     if magnitude.is_infinite() {
-        out.push_str(if magnitude > 0.0 { "Infinity" } else { "-Infinity" });
+        out.push_str(if magnitude > 0.0 {
+            "Infinity"
+        } else {
+            "-Infinity"
+        });
         return;
     }
     let abs = magnitude.abs();

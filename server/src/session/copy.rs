@@ -1080,7 +1080,10 @@ mod tests {
                 "b",
                 Arc::new(BooleanArray::from(vec![Some(true), None, Some(false)])) as ArrayRef,
             ),
-            ("i", Arc::new(Int32Array::from(vec![Some(-7), Some(0), None]))),
+            (
+                "i",
+                Arc::new(Int32Array::from(vec![Some(-7), Some(0), None])),
+            ),
             (
                 "l",
                 Arc::new(Int64Array::from(vec![Some(i64::MIN), None, Some(42)])),
@@ -1109,7 +1112,10 @@ mod tests {
                     Some(-1),
                 ])),
             ),
-            ("d", Arc::new(Date32Array::from(vec![Some(20_000), None, Some(0)]))),
+            (
+                "d",
+                Arc::new(Date32Array::from(vec![Some(20_000), None, Some(0)])),
+            ),
             (
                 "n",
                 Arc::new(
@@ -1120,7 +1126,7 @@ mod tests {
             ),
         ])
         .unwrap();
-        let cells = crate::session::cells::rows_of_batches(&[batch.clone()]);
+        let cells = crate::session::cells::rows_of_batches(std::slice::from_ref(&batch));
         for (csv, null) in [(false, "\\N"), (true, "")] {
             let mut lines = CopyLines::new(&columns(10), &copy_out(csv, null));
             assert_eq!(lines.batch(&batch), lines.lines(&cells));

@@ -1057,11 +1057,10 @@ impl Session {
             Statement::Query(q) => {
                 let ctx = self.db.query_context()?;
                 let (plan, columns, params) = query::describe(&ctx, q).await?;
-                let fast =
-                    match query::PointLookup::recognise(&plan, &params, &ctx.state()) {
-                        Some(lookup) => Fast::Lookup(Arc::new(lookup)),
-                        None => Fast::General,
-                    };
+                let fast = match query::PointLookup::recognise(&plan, &params, &ctx.state()) {
+                    Some(lookup) => Fast::Lookup(Arc::new(lookup)),
+                    None => Fast::General,
+                };
                 ((pg_types(&params), columns), fast)
             }
             other => {
