@@ -226,10 +226,22 @@ impl Replay {
     /// Takes a page of events and adds to `out` the rows of every event whose
     /// predecessors have all been read (the read reached `page.through`).
     pub fn push(&mut self, page: HistoryPage, out: &mut Vec<Vec<Value>>) -> Result<()> {
-        for (ts, seq, row) in page.events {
-            self.waiting.push(Reverse(Waiting { seq, ts, row }));
-        }
         let through = page.through;
+        // An event whose arrival precedes every other event read and not applied, and
+        // whose predecessors have all been read, is applied at once: no heap for events
+        // that arrived in time order. `later[i]`: the least sequence after event i.
+        let mut later = vec![u64::MAX; page.events.len()];
+        for i in (1..page.events.len()).rev() {
+            later[i - 1] = later[i].min(page.events[i].1);
+        }
+        for ((ts, seq, row), later) in page.events.into_iter().zip(later) {
+            let first = self.waiting.peek().is_none_or(|w| seq < w.0.seq) && seq < later;
+            if first && ts.saturating_add(self.lateness) <= through {
+                self.stage(Waiting { seq, ts, row }, out)?;
+            } else {
+                self.waiting.push(Reverse(Waiting { seq, ts, row }));
+            }
+        }
         while let Some(Reverse(w)) = self.waiting.peek() {
             if w.ts.saturating_add(self.lateness) > through {
                 break;
