@@ -98,6 +98,41 @@ pub enum Ask {
     Values(Row),
 }
 
+/// The group every probe asks for, by stream column, when there is one and its values
+/// compare as its group key does (no float column: -0 and 0 are one group).
+fn one_group(
+    stream: &StreamDef,
+    metric: &MetricDef,
+    probes: &[Probe],
+) -> Option<Vec<(usize, Value)>> {
+    let Some(Probe {
+        ask: Ask::Rows(Some(key)),
+        ..
+    }) = probes.first()
+    else {
+        return None;
+    };
+    let same = probes
+        .iter()
+        .all(|p| matches!(&p.ask, Ask::Rows(Some(k)) if k == key));
+    let exact = metric.group_by.iter().all(|&c| {
+        !matches!(
+            stream.columns[c].ty,
+            eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
+        )
+    });
+    (same && exact && key.len() == metric.group_by.len() && key.iter().all(|v| !v.is_null())).then(
+        || {
+            metric
+                .group_by
+                .iter()
+                .copied()
+                .zip(key.iter().cloned())
+                .collect()
+        },
+    )
+}
+
 /// One task's replay of a metric.
 pub struct Replay {
     task: Task,
@@ -120,6 +155,11 @@ pub struct Replay {
     /// Where a read must start for every answer so far to be exact: one reach before
     /// the stream time the replay had when it answered.
     reads_from: i64,
+    /// When every probe asks for one group: its group-by values by stream column. Only
+    /// that group's events are applied; the others only move the stream time.
+    only: Option<Vec<(usize, Value)>>,
+    /// The latest time of the events left out since the task's time last moved.
+    skipped: Option<i64>,
 }
 
 struct Waiting {
@@ -160,6 +200,7 @@ impl Replay {
         mut probes: Vec<Probe>,
     ) -> Result<Replay> {
         probes.sort_by_key(|p| p.t);
+        let only = one_group(stream, metric, &probes);
         // Every event it is given was accepted once, with its id unseen: no dedup here,
         // and nothing kept beyond what the window needs.
         let mut own = stream.clone();
@@ -181,6 +222,8 @@ impl Replay {
             answers: Vec::new(),
             reach: metric.window.reach_us(),
             reads_from: i64::MAX,
+            only,
+            skipped: None,
         })
     }
 
@@ -198,7 +241,14 @@ impl Replay {
 
     /// Answers every probe earlier than the event at `next` (all, at the end) from the
     /// state as it stands.
-    fn answer(&mut self, next: Option<i64>) {
+    fn answer(&mut self, next: Option<i64>) -> Result<()> {
+        if self
+            .probes
+            .front()
+            .is_some_and(|p| next.is_none_or(|ts| p.t < ts))
+        {
+            self.catch_up()?;
+        }
         while self
             .probes
             .front()
@@ -220,6 +270,15 @@ impl Replay {
                     .collect(),
             };
             self.answers.push((p.tag, rows));
+        }
+        Ok(())
+    }
+
+    /// Moves the task to the stream time the events left out set (`only`).
+    fn catch_up(&mut self) -> Result<()> {
+        match self.skipped.take() {
+            Some(t) => self.task.advance_to(t),
+            None => Ok(()),
         }
     }
 
@@ -258,15 +317,25 @@ impl Replay {
             self.stage(w, out)?;
         }
         self.apply(out)?;
-        self.answer(None);
-        Ok(())
+        self.answer(None)
     }
 
     fn stage(&mut self, w: Waiting, out: &mut Vec<Vec<Value>>) -> Result<()> {
         // The first event later than a probe's time: the probe sees the state before it.
         if self.probes.front().is_some_and(|p| w.ts > p.t) {
             self.apply(out)?;
-            self.answer(Some(w.ts));
+            self.answer(Some(w.ts))?;
+        }
+        if let Some(only) = &self.only {
+            if !only.iter().all(|(c, v)| w.row.get(*c) == Some(v)) {
+                self.skipped = self.skipped.max(Some(w.ts));
+                return Ok(());
+            }
+            // The group's event comes at the stream time the others moved it to.
+            if self.skipped.is_some() {
+                self.apply(out)?;
+                self.catch_up()?;
+            }
         }
         self.batch.push(w.row);
         self.times.push(w.ts);
@@ -417,6 +486,32 @@ mod tests {
             for ((tag, mut rows), (t, want)) in answers.into_iter().zip(&snapshots) {
                 rows.sort_by_key(|r| format!("{r:?}"));
                 assert_eq!(&rows, want, "{window}: probe {tag} at {t}");
+            }
+
+            // Probes of one group apply only its events, and see the same state.
+            for card in ["c0", "c3"] {
+                let key = vec![Value::Text(card.into())];
+                let probes = snapshots
+                    .iter()
+                    .enumerate()
+                    .map(|(tag, (t, _))| Probe {
+                        t: *t,
+                        ask: Ask::Rows(Some(key.clone())),
+                        tag,
+                    })
+                    .collect();
+                let mut replay =
+                    Replay::probing(&stream, &metric, i64::MAX, i64::MIN, probes).unwrap();
+                assert!(replay.only.is_some());
+                let page = live.history_page(i64::MIN, i64::MAX, usize::MAX).unwrap();
+                replay.push(page, &mut none).unwrap();
+                replay.finish(&mut none).unwrap();
+                let mut answers = replay.take_answers();
+                answers.sort_by_key(|a| a.0);
+                for ((tag, rows), (t, all)) in answers.into_iter().zip(&snapshots) {
+                    let want: Vec<_> = all.iter().filter(|r| r[0] == key[0]).cloned().collect();
+                    assert_eq!(rows, want, "{window}: {card} probe {tag} at {t}");
+                }
             }
         }
     }

@@ -1367,6 +1367,20 @@ impl Task {
         }
     }
 
+    /// Moves the stream time to `t`, if later, as an event at `t` would move it, with no
+    /// event: the windows move, and what leaves them leaves. For a replay that applies
+    /// one group's events only (`exec::history`), and so must move the time the others
+    /// set: a window's edges read only the stored events, so that group's state is the
+    /// one the whole stream gives.
+    pub fn advance_to(&mut self, t: i64) -> Result<()> {
+        if self.time.is_some_and(|now| now >= t) {
+            return Ok(());
+        }
+        self.settle()?;
+        self.time = Some(t);
+        self.catch_up()
+    }
+
     #[inline(always)]
     fn sweep_if_due(&mut self, t: i64) -> Result<()> {
         if self.since_sweep >= RETENTION_SWEEP_EVENTS {
