@@ -204,6 +204,26 @@ async fn settings_come_from_the_server_the_role_the_startup_and_set() {
     assert_eq!(show(&client, "synchronous_commit").await, "off");
     client.batch_execute("RESET ALL").await.unwrap();
     assert_eq!(show(&client, "synchronous_commit").await, "off");
+
+    // SHOW's column is the parameter's name as PostgreSQL spells it, however typed.
+    for (typed, column) in [
+        ("datestyle", "DateStyle"),
+        ("INTERVALSTYLE", "IntervalStyle"),
+        ("timezone", "TimeZone"),
+        ("Server_Version", "server_version"),
+    ] {
+        let messages = client.simple_query(&format!("SHOW {typed}")).await.unwrap();
+        let names: Vec<String> = messages
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    Some(r.columns().iter().map(|c| c.name().to_string()).collect())
+                }
+                _ => None,
+            })
+            .expect("a row");
+        assert_eq!(names, [column], "SHOW {typed}");
+    }
     server.stop().await;
 }
 

@@ -154,6 +154,15 @@ pub fn fixed_parameter(name: &str) -> Option<&'static str> {
 /// `role`, `session_authorization` and `seed`, which it does not list).
 const POSTGRESQL_PARAMETERS: &str = include_str!("pg_settings.txt");
 
+/// A PostgreSQL parameter's name as PostgreSQL spells it (`DateStyle` for `datestyle`),
+/// which `SHOW` gives its column.
+pub fn postgres_name(name: &str) -> Option<&'static str> {
+    POSTGRESQL_PARAMETERS.lines().find_map(|line| {
+        let (n, _) = line.split_once(' ')?;
+        n.eq_ignore_ascii_case(name).then_some(n)
+    })
+}
+
 /// `SET name` or `RESET name` of a parameter that is not one of Eddy's settings
 /// (`Setting`): as PostgreSQL answers it. One a PostgreSQL session may set (or a
 /// `prefix.name` placeholder) is accepted and has no effect in Eddy; one only the server

@@ -2003,8 +2003,9 @@ fn show_variable(name: &str, role: &str) -> Result<Executed> {
             .with_hint("SHOW LIMITS lists the server's limits; the session settings are synchronous_commit, statement_timeout, TimeZone, application_name and subscription_rows_max.")),
         },
     };
+    let column = crate::session::settings::postgres_name(name).unwrap_or(name);
     Ok(Executed::new(Output::Rows {
-        columns: vec![Column::text(name)],
+        columns: vec![Column::text(column)],
         rows: vec![vec![Cell::text(value.to_string())]],
         tag: "SHOW",
     }))
