@@ -115,12 +115,10 @@ fn one_group(
     let same = probes
         .iter()
         .all(|p| matches!(&p.ask, Ask::Rows(Some(k)) if k == key));
-    let exact = metric.group_by.iter().all(|&c| {
-        !matches!(
-            stream.columns[c].ty,
-            eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
-        )
-    });
+    let exact = metric
+        .group_by
+        .iter()
+        .all(|&c| !stream.columns[c].ty.is_float());
     (same && exact && key.len() == metric.group_by.len() && key.iter().all(|v| !v.is_null())).then(
         || {
             metric
@@ -242,13 +240,8 @@ impl Replay {
     /// Answers every probe earlier than the event at `next` (all, at the end) from the
     /// state as it stands.
     fn answer(&mut self, next: Option<i64>) -> Result<()> {
-        if self
-            .probes
-            .front()
-            .is_some_and(|p| next.is_none_or(|ts| p.t < ts))
-        {
-            self.catch_up()?;
-        }
+        // Called when a probe is due, or at the end: the time the others set first.
+        self.catch_up()?;
         while self
             .probes
             .front()

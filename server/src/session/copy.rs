@@ -727,8 +727,8 @@ impl CopyLines {
     }
 
     /// One row as one line.
-    pub fn line(&mut self, row: Vec<crate::session::cells::Cell>) -> Result<Vec<u8>> {
-        Ok(self.lines(&[row]))
+    pub fn line(&mut self, row: Vec<crate::session::cells::Cell>) -> Vec<u8> {
+        self.lines(&[row])
     }
 
     /// Rows as lines, one after another in one buffer (sent as one CopyData message).
@@ -747,12 +747,17 @@ impl CopyLines {
 
     /// A batch's rows as lines, in one buffer.
     pub fn batch(&mut self, batch: &RecordBatch) -> Vec<u8> {
-        let columns: Vec<TextColumn> = batch.columns().iter().map(TextColumn::of).collect();
+        use datafusion::arrow::array::Array;
+        let columns: Vec<(&dyn Array, TextColumn)> = batch
+            .columns()
+            .iter()
+            .map(|a| (a.as_ref(), TextColumn::of(a)))
+            .collect();
         let mut out = Vec::with_capacity(batch.num_rows() * 12 * columns.len().max(1));
         for row in 0..batch.num_rows() {
-            for (i, column) in columns.iter().enumerate() {
+            for (i, (array, column)) in columns.iter().enumerate() {
                 self.text.clear();
-                let present = column.write(row, &mut self.text);
+                let present = !array.is_null(row) && column.write(row, &mut self.text);
                 self.field(i, present, &mut out);
             }
             out.push(b'\n');
@@ -786,10 +791,7 @@ impl CopyLines {
             }
         } else {
             let delimiter = self.delimiter;
-            let plain = text
-                .bytes()
-                .all(|b| b >= 0x20 && b != b'\\' && b < 0x80 && b != delimiter as u8)
-                || !text.contains(|c: char| c < ' ' || c == '\\' || c == delimiter);
+            let plain = !text.bytes().any(|b| b < 0x20 || b == b'\\') && !text.contains(delimiter);
             if plain {
                 out.extend_from_slice(text.as_bytes());
                 return;
@@ -860,23 +862,9 @@ impl<'a> TextColumn<'a> {
         }
     }
 
-    /// Appends value `i`'s text to `out`; `false` for NULL.
+    /// Appends value `i`'s text to `out` (the caller saw it is not NULL in the array;
+    /// cells say for themselves); `false` for NULL.
     fn write(&self, i: usize, out: &mut String) -> bool {
-        use datafusion::arrow::array::Array;
-        let null = match self {
-            TextColumn::Bool(a) => a.is_null(i),
-            TextColumn::I32(a) => a.is_null(i),
-            TextColumn::I64(a) => a.is_null(i),
-            TextColumn::F32(a) => a.is_null(i),
-            TextColumn::F64(a) => a.is_null(i),
-            TextColumn::Utf8(a) => a.is_null(i),
-            TextColumn::View(a) => a.is_null(i),
-            TextColumn::Timestamp(a) => a.is_null(i),
-            TextColumn::Cells(cells) => return cells[i].write_text(out),
-        };
-        if null {
-            return false;
-        }
         match self {
             TextColumn::Bool(a) => out.push(if a.value(i) { 't' } else { 'f' }),
             TextColumn::I32(a) => out.push_str(itoa::Buffer::new().format(a.value(i))),
@@ -886,7 +874,7 @@ impl<'a> TextColumn<'a> {
             TextColumn::Utf8(a) => out.push_str(a.value(i)),
             TextColumn::View(a) => out.push_str(a.value(i)),
             TextColumn::Timestamp(a) => eddy_planner::types::write_timestamp(a.value(i), out),
-            TextColumn::Cells(_) => unreachable!("handled above"),
+            TextColumn::Cells(cells) => return cells[i].write_text(out),
         }
         true
     }
@@ -1051,12 +1039,12 @@ mod tests {
         ];
         let mut text = CopyLines::new(&columns(4), &copy_out(false, "\\N"));
         assert_eq!(
-            String::from_utf8(text.line(row.clone()).unwrap()).unwrap(),
+            String::from_utf8(text.line(row.clone())).unwrap(),
             "a\\\\b\\tc\\nd\\re\\bf\\fg\\vh\u{1}\t\\N\t\tx,y\"z\n"
         );
         let mut csv = CopyLines::new(&columns(4), &copy_out(true, ""));
         assert_eq!(
-            String::from_utf8(csv.line(row).unwrap()).unwrap(),
+            String::from_utf8(csv.line(row)).unwrap(),
             "\"a\\b\tc\nd\re\u{8}f\u{c}g\u{b}h\u{1}\",,\"\",\"x,y\"\"z\"\n"
         );
         // A value that reads as the NULL string is quoted; `\.` alone on a line too.

@@ -460,13 +460,10 @@ impl Wire {
                 .into_iter()
                 .map(|r| r.map(PgWireBackendMessage::DataRow))
                 .collect(),
-            Wire::Copy(lines) => rows
+            Wire::Copy(lines) => Ok(rows
                 .into_iter()
-                .map(|row| {
-                    let line = lines.line(row).map_err(|e| user_error(&e))?;
-                    Ok(PgWireBackendMessage::CopyData(CopyData::new(line.into())))
-                })
-                .collect(),
+                .map(|row| PgWireBackendMessage::CopyData(CopyData::new(lines.line(row).into())))
+                .collect()),
         }
     }
 }

@@ -157,10 +157,16 @@ const POSTGRESQL_PARAMETERS: &str = include_str!("pg_settings.txt");
 /// A PostgreSQL parameter's name as PostgreSQL spells it (`DateStyle` for `datestyle`),
 /// which `SHOW` gives its column.
 pub fn postgres_name(name: &str) -> Option<&'static str> {
-    POSTGRESQL_PARAMETERS.lines().find_map(|line| {
-        let (n, _) = line.split_once(' ')?;
-        n.eq_ignore_ascii_case(name).then_some(n)
-    })
+    parameter(name).map(|(n, _)| n)
+}
+
+/// A PostgreSQL parameter of any spelling: its name as PostgreSQL spells it, and its
+/// context (who may set it: `user`, `superuser`, `internal`, `postmaster`, …).
+fn parameter(name: &str) -> Option<(&'static str, &'static str)> {
+    POSTGRESQL_PARAMETERS
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
 }
 
 /// `SET name` or `RESET name` of a parameter that is not one of Eddy's settings
@@ -171,10 +177,7 @@ pub fn check_other(name: &str) -> Result<(), Error> {
     if name.contains('.') {
         return Ok(());
     }
-    let context = POSTGRESQL_PARAMETERS.lines().find_map(|line| {
-        let (n, context) = line.split_once(' ')?;
-        n.eq_ignore_ascii_case(name).then_some(context)
-    });
+    let context = parameter(name).map(|(_, context)| context);
     let why = match context {
         Some("user" | "superuser") => return Ok(()),
         Some("internal") => "cannot be changed",

@@ -164,7 +164,7 @@ impl TableProvider for MetricTable {
                     .await
             }
         }
-        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        .map_err(history::external)?;
         history::rows_scan(&self.schema, &self.types, &rows, state, projection, limit).await
     }
 }
@@ -626,12 +626,11 @@ impl PointLookup {
         }
         let keys: Vec<Expr> = keys.into_iter().collect::<Option<_>>()?;
         // Float keys compare as numbers (-0 = 0), not as the stored bytes: not a lookup.
-        if metric.group_by.iter().any(|c| {
-            matches!(
-                stream.columns[*c].ty,
-                eddy_planner::types::ColumnType::Float32 | eddy_planner::types::ColumnType::Float64
-            )
-        }) {
+        if metric
+            .group_by
+            .iter()
+            .any(|c| stream.columns[*c].ty.is_float())
+        {
             return None;
         }
         let projection = projection
