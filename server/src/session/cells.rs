@@ -409,6 +409,11 @@ impl Cell {
             Cell::I64(v) => enc.field(v, ty, bin, opts),
             Cell::F32(v) => enc.field(v, ty, bin, opts),
             Cell::F64(v) => enc.field(v, ty, bin, opts),
+            // jsonb's binary form is a version byte, then the text.
+            Cell::Text(s) if *ty == Type::JSONB => {
+                let bytes = [&[1u8][..], s.as_bytes()].concat();
+                enc.field(&bytes.as_slice(), ty, bin, opts)
+            }
             Cell::Text(s) => enc.field(&s.as_str(), ty, bin, opts),
             Cell::Timestamp(us) => {
                 let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());

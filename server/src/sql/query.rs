@@ -24,7 +24,7 @@ use eddy_planner::types::Value;
 use eddy_planner::{Error, Result};
 
 use crate::ops::limits::{Limit, Limits};
-use crate::session::cells::{cell_of, pg_type_of_arrow, rows_of_batches, Cell, Column};
+use crate::session::cells::{cell_of, rows_of_batches, Cell, Column};
 use crate::sql::{history, pg_catalog};
 
 #[derive(Debug)]
@@ -345,7 +345,7 @@ fn columns_of(schema: &datafusion::common::DFSchema) -> Vec<Column> {
     schema
         .fields()
         .iter()
-        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
+        .map(|f| Column::new(pg_column_name(f.name()), pg_catalog::column_type(f)))
         .collect()
 }
 
@@ -480,7 +480,7 @@ pub async fn describe(
         .schema()
         .fields()
         .iter()
-        .map(|f| Column::new(pg_column_name(f.name()), pg_type_of_arrow(f.data_type())))
+        .map(|f| Column::new(pg_column_name(f.name()), pg_catalog::column_type(f)))
         .collect();
     let params = parameter_types(&plan)?;
     Ok((plan, columns, params))

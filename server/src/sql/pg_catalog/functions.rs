@@ -185,7 +185,7 @@ fn catalog_function(
 }
 
 /// What `format_type` prints for a type's oid.
-fn type_display(oid: i32) -> Option<&'static str> {
+pub(super) fn type_display(oid: i32) -> Option<&'static str> {
     TYPES.iter().find(|t| t.oid == oid).map(|t| t.display)
 }
 
@@ -332,14 +332,6 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_stat_get_numscans", &[1], Int64, null_bigint),
         function("pg_get_partkeydef", &[1], Utf8, null_text),
         function("pg_text", &[1], Utf8, |a| text(a.first().and_then(pg_text))),
-        // The type of a value, as `format_type` names it (a literal's is that of the
-        // value Eddy made of it: a decimal literal is a float).
-        function("pg_typeof", &[1], Utf8, |a| {
-            text(a.first().map(|v| {
-                let oid = crate::session::cells::pg_type_of_arrow(&v.data_type()).oid() as i32;
-                type_display(oid).unwrap_or("unknown").to_string()
-            }))
-        }),
         function(
             "interval_mul",
             &[2],
@@ -408,7 +400,7 @@ fn interval() -> DataType {
 
 /// `x::text` as PostgreSQL writes x: as in a result (`cells`: intervals as `1 day
 /// 02:00:00`, timestamps as `2026-01-01 10:00:00`), but booleans as `true` and `false`.
-fn pg_text(v: &ScalarValue) -> Option<String> {
+pub(super) fn pg_text(v: &ScalarValue) -> Option<String> {
     match v {
         ScalarValue::Boolean(b) => b.map(|b| b.to_string()),
         v => crate::session::cells::cells_of_array(&v.to_array().ok()?)

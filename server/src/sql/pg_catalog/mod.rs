@@ -13,6 +13,9 @@
 mod arith;
 mod datetime;
 mod functions;
+mod json;
+
+pub use json::pg_type as column_type;
 mod names;
 mod rewrite;
 pub(crate) use rewrite::DUPLICATE_MARK;
@@ -349,7 +352,7 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     let snapshot = snapshot(ctx)?;
     tables::register(ctx, &snapshot)?;
     functions::register(ctx, snapshot);
-    Ok(())
+    json::register(ctx).map_err(|e| Error::internal(e.to_string()))
 }
 
 fn snapshot(ctx: &SessionContext) -> Result<Arc<Snapshot>> {

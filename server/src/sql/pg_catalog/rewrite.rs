@@ -49,6 +49,7 @@ use eddy_planner::sql::normalize_ident;
 use eddy_planner::ErrorKind;
 
 use super::arith::external;
+use super::json;
 
 use super::{
     datetime, PgType, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG,
@@ -772,6 +773,45 @@ fn call(name: &str, args: Vec<Expr>) -> Expr {
     })
 }
 
+/// `json_agg(x …)` is `pg_json_agg_finish(array_agg(pg_json_element(x) …))`, and
+/// `json_object_agg(k, v …)` joins `pg_json_pair(k, v)`s; the call's DISTINCT, ORDER
+/// BY, FILTER and OVER stay on `array_agg`.
+fn json_aggregate(f: &ast::Function, list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
+    use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+    let [name] = parts(&f.name).try_into().ok()?;
+    let (finish, pair) = json::aggregate(&name)?;
+    let args: Vec<Expr> = list
+        .args
+        .iter()
+        .map(|a| match a {
+            Unnamed(Arg(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let element = match (pair, args.len()) {
+        (false, 1) => call(json::ELEMENT, args),
+        (true, 2) => call(json::PAIR, args),
+        _ => return None,
+    };
+    let mut agg = f.clone();
+    agg.name = ObjectName::from(vec![Ident::new("array_agg")]);
+    agg.args = FunctionArguments::List(ast::FunctionArgumentList {
+        duplicate_treatment: list.duplicate_treatment,
+        args: vec![Unnamed(Arg(element))],
+        clauses: list.clauses.clone(),
+    });
+    Some(Ok(call(finish, vec![Expr::Function(agg)])))
+}
+
+/// The functions that take a whole row (`row_to_json(p)`, `json_agg(t)`).
+const WHOLE_ROW: &[&str] = &[
+    "row_to_json",
+    "to_json",
+    "to_jsonb",
+    "json_agg",
+    "jsonb_agg",
+];
+
 /// `ARRAY(SELECT e FROM unnest(a) x)` maps `e` over the elements of `a`:
 /// `array_transform(a, x -> e)`, an empty array when `a` is NULL.
 fn array_map(select: &Select, item: &Expr) -> Option<Expr> {
@@ -923,6 +963,9 @@ enum Change<'a, 'b> {
     Rewrite(&'b mut Rewriter<'a>),
     /// Each column named in the list becomes its expression.
     Substitute(&'b [(String, Expr)]),
+    /// The whole-row argument of a function of `WHOLE_ROW` becomes what the closure
+    /// gives for it.
+    WholeRow(&'b dyn Fn(&Expr) -> Option<Expr>),
 }
 
 impl VisitorMut for Change<'_, '_> {
@@ -932,20 +975,31 @@ impl VisitorMut for Change<'_, '_> {
         match self {
             Change::Rewrite(r) => r.name_of_reg(expr),
             Change::Substitute(_) => ControlFlow::Continue(()),
+            Change::WholeRow(row) => {
+                whole_row_argument(expr, *row);
+                ControlFlow::Continue(())
+            }
         }
     }
 
     fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<Self::Break> {
         match self {
             Change::Rewrite(r) => r.table_factor(factor),
-            Change::Substitute(_) => ControlFlow::Continue(()),
+            _ => ControlFlow::Continue(()),
         }
+    }
+
+    fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<Self::Break> {
+        if let Change::Rewrite(r) = self {
+            selects_mut(&mut query.body, &mut |s| r.whole_rows(s));
+        }
+        ControlFlow::Continue(())
     }
 
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<Self::Break> {
         match self {
             Change::Rewrite(r) => r.query(query),
-            Change::Substitute(_) => ControlFlow::Continue(()),
+            _ => ControlFlow::Continue(()),
         }
     }
 
@@ -960,6 +1014,24 @@ impl VisitorMut for Change<'_, '_> {
                     }
                 }
                 ControlFlow::Continue(())
+            }
+            Change::WholeRow(_) => ControlFlow::Continue(()),
+        }
+    }
+}
+
+/// Replaces the first argument of a call of `WHOLE_ROW`'s functions with `row`'s
+/// expression for it, if it names a whole row.
+fn whole_row_argument(expr: &mut Expr, row: &dyn Fn(&Expr) -> Option<Expr>) {
+    use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+    let Expr::Function(f) = expr else { return };
+    if !matches!(parts(&f.name).last(), Some(n) if WHOLE_ROW.contains(&n.as_str())) {
+        return;
+    }
+    if let FunctionArguments::List(list) = &mut f.args {
+        if let Some(Unnamed(Arg(arg))) = list.args.first_mut() {
+            if let Some(r) = row(arg) {
+                *arg = r;
             }
         }
     }
@@ -1016,6 +1088,82 @@ impl Rewriter<'_> {
         // The outer cast stays: the column is named `text`, as in PostgreSQL.
         **inner = Expr::value(Value::SingleQuotedString(name));
         ControlFlow::Continue(())
+    }
+
+    /// A FROM item's name standing for its whole row, as the argument of a function
+    /// that takes one (`row_to_json(p)`), is `named_struct` of its columns.
+    fn whole_rows(&self, select: &mut Select) {
+        let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+        let mut columns: HashSet<String> = HashSet::new();
+        for from in &select.from {
+            let factors =
+                std::iter::once(&from.relation).chain(from.joins.iter().map(|j| &j.relation));
+            for factor in factors {
+                let (name, alias, cols) = match factor {
+                    TableFactor::Table {
+                        name,
+                        alias,
+                        args: None,
+                        ..
+                    } => {
+                        let table = parts(name).pop().unwrap_or_default();
+                        let cols = self
+                            .snapshot
+                            .relations
+                            .iter()
+                            .find(|r| r.name == table)
+                            .map(|r| r.columns.iter().map(|c| c.name.clone()).collect());
+                        (Some(table), alias, cols)
+                    }
+                    TableFactor::Derived {
+                        subquery, alias, ..
+                    } => {
+                        let cols = match subquery.body.as_ref() {
+                            SetExpr::Select(s) => item_names(s),
+                            _ => None,
+                        };
+                        (None, alias, cols)
+                    }
+                    _ => continue,
+                };
+                let Some(mut cols) = cols else { continue };
+                if let Some(alias) = alias {
+                    if !alias.columns.is_empty() {
+                        cols = alias
+                            .columns
+                            .iter()
+                            .map(|c| normalize_ident(&c.name))
+                            .collect();
+                    }
+                }
+                let Some(row) = alias.as_ref().map(|a| normalize_ident(&a.name)).or(name) else {
+                    continue;
+                };
+                columns.extend(cols.iter().cloned());
+                rows.push((row, cols));
+            }
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let whole_row = |e: &Expr| -> Option<Expr> {
+            let Expr::Identifier(i) = e else { return None };
+            let name = normalize_ident(i);
+            if columns.contains(&name) {
+                return None;
+            }
+            let (row, cols) = rows.iter().find(|(r, _)| *r == name)?;
+            let mut args = Vec::new();
+            for c in cols {
+                args.push(Expr::value(Value::SingleQuotedString(c.clone())));
+                args.push(Expr::CompoundIdentifier(vec![
+                    Ident::with_quote('"', row.clone()),
+                    Ident::with_quote('"', c.clone()),
+                ]));
+            }
+            Some(call("named_struct", args))
+        };
+        let _ = select.projection.visit(&mut Change::WholeRow(&whole_row));
     }
 
     fn table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<DataFusionError> {
@@ -1114,6 +1262,9 @@ impl Rewriter<'_> {
                             _ => None,
                         }
                     }
+                    FunctionArguments::List(list) if matches!(parts(&f.name).as_slice(), [n] if json::aggregate(n).is_some()) => {
+                        json_aggregate(f, list)
+                    }
                     FunctionArguments::Subquery(q) if parts(&f.name) == ["array"] => {
                         Some(self.array_subquery(q))
                     }
@@ -1140,6 +1291,8 @@ impl Rewriter<'_> {
                     }
                     None
                 }
+                DataType::JSON => Some(Ok(call("pg_json_in", vec![inner.as_ref().clone()]))),
+                DataType::JSONB => Some(Ok(call("pg_jsonb_in", vec![inner.as_ref().clone()]))),
                 // PostgreSQL's text of every value (DataFusion writes intervals and
                 // timestamps its own way).
                 DataType::Text | DataType::Varchar(None) | DataType::String(None) => {
