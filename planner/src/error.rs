@@ -32,8 +32,6 @@ pub enum ErrorKind {
     Grouping,
     DatatypeMismatch,
     NotNullViolation,
-    /// A NULL where a function needs a value (a JSON object's key).
-    NullValueNotAllowed,
     InvalidText,
     /// Date or time text of no form PostgreSQL reads.
     InvalidDatetime,
@@ -99,7 +97,6 @@ impl ErrorKind {
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",
             ErrorKind::NotNullViolation => "23502",
-            ErrorKind::NullValueNotAllowed => "22004",
             ErrorKind::InvalidText => "22P02",
             ErrorKind::InvalidDatetime => "22007",
             ErrorKind::DatetimeOutOfRange => "22008",

@@ -1852,6 +1852,14 @@ impl Skipped {
                 stream.name,
                 duration_text(stream.lateness_us)
             ));
+            // The default lateness drops every out-of-order event: say how to keep them.
+            if stream.lateness_us == 0 {
+                let last = out.last_mut().expect("just pushed");
+                last.push_str(
+                    "; with lateness 0 every event older than one its task already applied is late: \
+                     a stream created WITH (lateness = '…') accepts events out of order by up to that much",
+                );
+            }
         }
         if dup > 0 {
             out.push(format!(

@@ -883,8 +883,8 @@ fn build_object(a: &[ScalarValue], kinds: &[Option<Kind>], kind: Kind) -> Result
         }
         let key = text_of(&pair[0]).ok_or_else(|| {
             external(
-                ErrorKind::NullValueNotAllowed,
-                &format!("argument {}: key must not be null", 2 * i + 1),
+                ErrorKind::InvalidParameter,
+                &format!("argument {} cannot be null", 2 * i + 1),
             )
         })?;
         write_string(&mut out, &key);
@@ -1206,10 +1206,7 @@ fn functions() -> Vec<ScalarUDF> {
         }),
         udf(PAIR, &[2], Text, false, |a, k| {
             let key = text_of(&a[0]).ok_or_else(|| {
-                external(
-                    ErrorKind::NullValueNotAllowed,
-                    "field name must not be null",
-                )
+                external(ErrorKind::InvalidParameter, "field name must not be null")
             })?;
             let mut out = String::new();
             write_string(&mut out, &key);
