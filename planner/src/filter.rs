@@ -55,7 +55,7 @@ pub fn result_arrow_type(ty: ResultType) -> DataType {
 
 /// DataFusion's messages that name a mistake PostgreSQL has its own SQLSTATE and
 /// message for: (words in DataFusion's message, kind, PostgreSQL's message).
-const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
+const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 8] = [
     (
         "Aggregate function calls cannot be nested",
         ErrorKind::Grouping,
@@ -91,6 +91,11 @@ const POSTGRESQL_ERRORS: [(&str, ErrorKind, &str); 7] = [
         ErrorKind::UndefinedObject,
         "type \"{}\" does not exist",
     ),
+    (
+        "Substring without for/from is not valid",
+        ErrorKind::UndefinedFunction,
+        "function substr with one argument does not exist",
+    ),
 ];
 
 /// PostgreSQL's error for a DataFusion message that names a mistake PostgreSQL has its
@@ -101,6 +106,28 @@ fn postgresql_error(message: &str) -> Option<Error> {
         let rest = &message[message.find(words)? + words.len()..];
         Some(rest.split('"').next().unwrap_or(rest).trim().to_string())
     };
+    // A function or operator that exists, but not for these argument types: 42883, as
+    // PostgreSQL finds no function of that signature.
+    if message.contains("failed to match any signature") {
+        let name = message.split('\'').nth(1).unwrap_or("?");
+        return Some(
+            Error::new(
+                ErrorKind::UndefinedFunction,
+                format!("function {name} does not exist for these argument types"),
+            )
+            .with_hint("No function matches the given name and argument types. You might need to add explicit type casts."),
+        );
+    }
+    if let Some(rest) = message.split("Cannot coerce arithmetic expression ").nth(1) {
+        let operands = rest.split(" to valid types").next().unwrap_or(rest);
+        return Some(
+            Error::new(
+                ErrorKind::UndefinedFunction,
+                format!("operator does not exist: {operands}"),
+            )
+            .with_hint("No operator matches the given name and argument types. You might need to add explicit type casts."),
+        );
+    }
     if message.contains("must be in GROUP BY or an aggregate function") {
         let column = after("column \"")?;
         return Some(Error::new(

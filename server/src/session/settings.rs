@@ -143,6 +143,8 @@ pub fn fixed_parameter(name: &str) -> Option<&'static str> {
         "search_path" => "\"$user\", public",
         "max_identifier_length" => "63",
         "bytea_output" => "hex",
+        // Floats print in their shortest exact form, as at PostgreSQL's default of 1.
+        "extra_float_digits" => "1",
         "lc_collate" | "lc_ctype" | "lc_messages" | "lc_monetary" | "lc_numeric" | "lc_time" => {
             "C.UTF-8"
         }

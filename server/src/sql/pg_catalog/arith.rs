@@ -22,7 +22,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array};
 use datafusion::arrow::compute::kernels::numeric;
 use datafusion::arrow::compute::{cast, cast_with_options, CastOptions};
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -106,6 +106,33 @@ impl AnalyzerRule for Checked {
                     let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema)) else {
                         return Ok(Transformed::no(e));
                     };
+                    // A date plus or minus an interval is a timestamp in PostgreSQL,
+                    // whose interval may hold hours; DataFusion keeps the date.
+                    // (A date plus an integer stays a date: coercion made the integer an
+                    // interval through a duration of days.)
+                    let date_interval = |a: &DataType, b: &DataType, b_expr: &Expr| {
+                        let days = matches!(b_expr, Expr::Cast(c)
+                            if matches!(c.expr.get_type(schema), Ok(DataType::Duration(_))));
+                        *a == DataType::Date32 && matches!(b, DataType::Interval(_)) && !days
+                    };
+                    if matches!(op, Operator::Plus | Operator::Minus)
+                        && (date_interval(&l, &r, right)
+                            || (*op == Operator::Plus && date_interval(&r, &l, left)))
+                    {
+                        let timestamp = DataType::Timestamp(TimeUnit::Microsecond, None);
+                        let widen = |side: &Expr, ty: &DataType| match ty {
+                            DataType::Date32 => Expr::Cast(datafusion::logical_expr::Cast::new(
+                                Box::new(side.clone()),
+                                timestamp.clone(),
+                            )),
+                            _ => side.clone(),
+                        };
+                        return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+                            Box::new(widen(left, &l)),
+                            *op,
+                            Box::new(widen(right, &r)),
+                        ))));
+                    }
                     let op = match op {
                         Operator::Plus if checked_int(&l) && l == r => Op::Add,
                         Operator::Minus if checked_int(&l) && l == r => Op::Sub,

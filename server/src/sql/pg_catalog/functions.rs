@@ -245,12 +245,26 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("current_schema", &[0], Utf8, |_| {
             text(Some("public".into()))
         }),
-        function("current_schemas", &[1], schemas, |_| {
-            ScalarValue::List(ScalarValue::new_list_nullable(
-                &[text(Some("pg_catalog".into())), text(Some("public".into()))],
-                &Utf8,
-            ))
+        // The implicit pg_catalog only when the argument asks for it.
+        function("current_schemas", &[1], schemas, |a| {
+            let implicit = matches!(a.first(), Some(ScalarValue::Boolean(Some(true))));
+            let names: &[&str] = if implicit {
+                &["pg_catalog", "public"]
+            } else {
+                &["public"]
+            };
+            let names: Vec<ScalarValue> = names.iter().map(|n| text(Some(n.to_string()))).collect();
+            ScalarValue::List(ScalarValue::new_list_nullable(&names, &Utf8))
         }),
+        function("md5", &[1], Utf8, |a| {
+            text(
+                a.first()
+                    .and_then(pg_text)
+                    .map(|s| format!("{:x}", md5::compute(s))),
+            )
+        }),
+        fallible_function("format", &FORMAT_ARITIES, Utf8, format),
+        fallible_function("age", &[2], interval(), age),
         function("version", &[0], Utf8, |_| {
             text(Some(format!(
                 "PostgreSQL 16.6 (Eddy {}) on Linux",
@@ -578,4 +592,228 @@ fn width_bucket(a: &[ScalarValue]) -> Result<ScalarValue> {
         return refuse("lower bound cannot equal upper bound");
     };
     Ok(ScalarValue::Int32(Some(bucket)))
+}
+
+/// `format` takes its format string and up to 32 arguments.
+const FORMAT_ARITIES: [usize; 33] = {
+    let mut a = [0; 33];
+    let mut i = 0;
+    while i < 33 {
+        a[i] = i + 1;
+        i += 1;
+    }
+    a
+};
+
+/// PostgreSQL's `format(fmt, args…)`: `%s` (text, NULL as nothing), `%I` (an
+/// identifier, quoted as needed), `%L` (a literal, NULL as `NULL`) and `%%`, each with
+/// an optional position (`%2$s`), `-` flag and width (a number, `*` or `*n$`).
+fn format(a: &[ScalarValue]) -> Result<ScalarValue> {
+    let Some(fmt) = a.first().and_then(pg_text) else {
+        return Ok(text(None));
+    };
+    let args = &a[1..];
+    let bad = |why: &str| external(ErrorKind::InvalidParameter, why);
+    let mut out = String::new();
+    let mut chars = fmt.chars().peekable();
+    let mut next = 0usize;
+    // A number, then `$` if it is a position.
+    let number = |chars: &mut std::iter::Peekable<std::str::Chars>| {
+        let mut n: Option<usize> = None;
+        while let Some(d) = chars.peek().and_then(|c| c.to_digit(10)) {
+            n = Some(n.unwrap_or(0) * 10 + d as usize);
+            chars.next();
+        }
+        n
+    };
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            out.push('%');
+            continue;
+        }
+        let mut position = None;
+        let mut left = false;
+        let mut width: Option<i64> = None;
+        // `%n$…`, or a width right after `%`.
+        let n = number(&mut chars);
+        if let (Some(n), Some('$')) = (n, chars.peek()) {
+            chars.next();
+            if n == 0 {
+                return Err(bad(
+                    "format specifies argument 0, but arguments are numbered from 1",
+                ));
+            }
+            position = Some(n - 1);
+        } else if let Some(n) = n {
+            width = Some(n as i64);
+        }
+        if width.is_none() {
+            while chars.peek() == Some(&'-') {
+                chars.next();
+                left = true;
+            }
+            if chars.peek() == Some(&'*') {
+                chars.next();
+                let at = match (number(&mut chars), chars.peek()) {
+                    (Some(n), Some('$')) => {
+                        chars.next();
+                        n.checked_sub(1).ok_or_else(|| {
+                            bad("format specifies argument 0, but arguments are numbered from 1")
+                        })?
+                    }
+                    _ => {
+                        next += 1;
+                        next - 1
+                    }
+                };
+                let w = args
+                    .get(at)
+                    .ok_or_else(|| bad("too few arguments for format()"))?;
+                width = match w.cast_to(&DataType::Int64) {
+                    Ok(ScalarValue::Int64(v)) => Some(v.unwrap_or(0)),
+                    _ => return Err(bad("width argument must be an integer")),
+                };
+            } else {
+                width = number(&mut chars).map(|n| n as i64);
+            }
+        }
+        let kind = chars
+            .next()
+            .ok_or_else(|| bad("unterminated format() type specifier"))?;
+        let at = position.unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+        next = at + 1;
+        let arg = args
+            .get(at)
+            .ok_or_else(|| bad("too few arguments for format()"))?;
+        let value = pg_text(arg);
+        let piece = match kind {
+            's' => value.unwrap_or_default(),
+            'I' => match value {
+                Some(v) => quote_ident(&v),
+                None => {
+                    return Err(external(
+                        ErrorKind::InvalidParameter,
+                        "null values cannot be formatted as an SQL identifier",
+                    ))
+                }
+            },
+            'L' => value.map_or("NULL".to_string(), |v| quote_literal(&v)),
+            other => {
+                return Err(bad(&format!(
+                    "unrecognized format() type specifier \"{other}\""
+                )))
+            }
+        };
+        let mut w = width.unwrap_or(0);
+        if w < 0 {
+            left = true;
+            w = -w;
+        }
+        let pad = (w as usize).saturating_sub(piece.chars().count());
+        if left {
+            out.push_str(&piece);
+            out.extend(std::iter::repeat_n(' ', pad));
+        } else {
+            out.extend(std::iter::repeat_n(' ', pad));
+            out.push_str(&piece);
+        }
+    }
+    Ok(text(Some(out)))
+}
+
+/// PostgreSQL's `age(a, b)`: `a - b` in years, months and days as the calendar counts
+/// them (a month borrowed is the length of the month it is borrowed from), then time.
+fn age(a: &[ScalarValue]) -> Result<ScalarValue> {
+    use chrono::{Datelike, NaiveDate, Timelike};
+    let micros = |v: &ScalarValue| match v.cast_to(&DataType::Timestamp(
+        datafusion::arrow::datatypes::TimeUnit::Microsecond,
+        None,
+    )) {
+        Ok(ScalarValue::TimestampMicrosecond(Some(us), _)) => Some(us),
+        _ => None,
+    };
+    let (Some(t1), Some(t2)) = (micros(&a[0]), micros(&a[1])) else {
+        return Ok(ScalarValue::IntervalMonthDayNano(None));
+    };
+    let at = |us: i64| chrono::DateTime::from_timestamp_micros(us).map(|d| d.naive_utc());
+    let (Some(d1), Some(d2)) = (at(t1), at(t2)) else {
+        return Ok(ScalarValue::IntervalMonthDayNano(None));
+    };
+    let fields = |d: &chrono::NaiveDateTime| {
+        [
+            d.year() as i64,
+            d.month() as i64,
+            d.day() as i64,
+            d.hour() as i64,
+            d.minute() as i64,
+            d.second() as i64,
+            (d.nanosecond() / 1_000) as i64,
+        ]
+    };
+    let (f1, f2) = (fields(&d1), fields(&d2));
+    let mut f: Vec<i64> = f1.iter().zip(f2.iter()).map(|(x, y)| x - y).collect();
+    let negative = t1 < t2;
+    if negative {
+        f.iter_mut().for_each(|x| *x = -*x);
+    }
+    // Borrow from the next larger field, microseconds up to months.
+    let limits = [0, 12, 0, 24, 60, 60, 1_000_000];
+    for i in (4..7).rev() {
+        while f[i] < 0 {
+            f[i] += limits[i];
+            f[i - 1] -= 1;
+        }
+    }
+    while f[3] < 0 {
+        f[3] += 24;
+        f[2] -= 1;
+    }
+    // A day borrowed is a month of the earlier timestamp's length.
+    let (y, m) = if negative {
+        (f1[0], f1[1])
+    } else {
+        (f2[0], f2[1])
+    };
+    let month_days = |y: i64, m: i64| {
+        let first = NaiveDate::from_ymd_opt(y as i32, m as u32, 1);
+        let next = if m == 12 {
+            NaiveDate::from_ymd_opt(y as i32 + 1, 1, 1)
+        } else {
+            NaiveDate::from_ymd_opt(y as i32, m as u32 + 1, 1)
+        };
+        match (first, next) {
+            (Some(a), Some(b)) => (b - a).num_days(),
+            _ => 30,
+        }
+    };
+    while f[2] < 0 {
+        f[2] += month_days(y, m);
+        f[1] -= 1;
+    }
+    while f[1] < 0 {
+        f[1] += 12;
+        f[0] -= 1;
+    }
+    if negative {
+        f.iter_mut().for_each(|x| *x = -*x);
+    }
+    let months = f[0] * 12 + f[1];
+    let nanos = ((f[3] * 60 + f[4]) * 60 + f[5]) * 1_000_000_000 + f[6] * 1_000;
+    let (Ok(months), Ok(days)) = (i32::try_from(months), i32::try_from(f[2])) else {
+        return Err(external(
+            ErrorKind::NumericOutOfRange,
+            "interval out of range",
+        ));
+    };
+    Ok(ScalarValue::IntervalMonthDayNano(Some(
+        IntervalMonthDayNano::new(months, days, nanos),
+    )))
 }

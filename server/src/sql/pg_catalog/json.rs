@@ -795,7 +795,14 @@ fn to_json(v: &ScalarValue, input: Option<Kind>, kind: Kind) -> Result<String> {
 /// from its end); `None` where there is no such element.
 fn step<'n, 'a>(node: &'n Node<'a>, key: &ScalarValue) -> Option<&'n Node<'a>> {
     match (&node.value, key) {
-        (Value::Object(members), _) => {
+        // An object has keys, not positions: `-> 2` on one is NULL.
+        (Value::Object(members), key) => {
+            if !matches!(
+                key.data_type(),
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) {
+                return None;
+            }
             let key = text_of(key)?;
             members
                 .iter()

@@ -1,7 +1,7 @@
 //! The names PostgreSQL gives a query's unaliased result columns (its `FigureColname`):
 //! a column keeps its name, a function call takes the function's (`extract`,
 //! `substring`, `btrim`), a cast of anything else the type's (`'42'::int` is `int4`),
-//! an unnamed CASE `case`, `true` `bool`; anything else is `?column?` (an operator too,
+//! an unnamed CASE `case`; anything (`true` included, as in PostgreSQL 15) else is `?column?` (an operator too,
 //! though DataFusion plans `2 ^ 10` as `power`).
 //!
 //! They are given before planning, as aliases that end in `DUPLICATE_MARK` and the
@@ -10,7 +10,7 @@
 
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    DataType, Expr, Ident, Query, SelectItem, SetExpr, Statement, TrimWhereField, Value,
+    DataType, Expr, Ident, Query, SelectItem, SetExpr, Statement, TrimWhereField,
 };
 use eddy_planner::sql::normalize_ident;
 
@@ -74,7 +74,6 @@ fn figure(e: &Expr) -> (Option<String>, u8) {
         },
         Expr::TypedString(t) => (Some(type_name(&t.data_type)), 1),
         Expr::Interval(_) => (Some("interval".into()), 1),
-        Expr::Value(v) if matches!(v.value, Value::Boolean(_)) => (Some("bool".into()), 1),
         Expr::Case { else_result, .. } => match else_result.as_deref().map(figure) {
             Some((Some(name), 2)) => (Some(name), 2),
             _ => (Some("case".into()), 1),
