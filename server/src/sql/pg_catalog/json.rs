@@ -877,7 +877,7 @@ fn follow<'n, 'a>(node: &'n Node<'a>, path: &[String]) -> Option<&'n Node<'a>> {
 
 /// `json_build_object` in `kind`'s form.
 fn build_object(a: &[ScalarValue], kinds: &[Option<Kind>], kind: Kind) -> Result<ScalarValue> {
-    if a.len() % 2 != 0 {
+    if !a.len().is_multiple_of(2) {
         return Err(external(
             ErrorKind::InvalidParameter,
             "argument list must have even number of elements",
