@@ -209,7 +209,8 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
                     ErrorKind::InvalidDatetime,
                     format!("invalid input syntax for type timestamp: \"{text}\""),
                 ),
-                None => Error::new(ErrorKind::InvalidText, message),
+                None => cast_error(&message)
+                    .unwrap_or_else(|| Error::new(ErrorKind::InvalidText, message)),
             }
         }
         // Eddy's own errors raised inside DataFusion (rewrites, functions, table scans).
@@ -224,6 +225,43 @@ pub fn datafusion_error(e: DataFusionError) -> Error {
             postgresql_error(&message).unwrap_or_else(|| Error::internal(message))
         }
     }
+}
+
+/// PostgreSQL's error for Arrow's failed cast of text (`'x'::date`, `'9e99'::bigint`)
+/// or of a number too wide for a `numeric(p, s)`.
+fn cast_error(message: &str) -> Option<Error> {
+    if message.contains("too large to store in a Decimal128") {
+        return Some(Error::new(
+            ErrorKind::NumericOutOfRange,
+            "numeric field overflow",
+        ));
+    }
+    let rest = message.split("Cannot cast string '").nth(1)?;
+    let (text, rest) = rest.rsplit_once("' to value of ")?;
+    let arrow = rest.split(' ').next()?;
+    let (name, kind) = match arrow {
+        "Date32" | "Date64" => ("date", ErrorKind::InvalidDatetime),
+        "Int16" => ("smallint", ErrorKind::InvalidText),
+        "Int32" => ("integer", ErrorKind::InvalidText),
+        "Int64" => ("bigint", ErrorKind::InvalidText),
+        _ => return None,
+    };
+    // A whole number that does not fit is out of range; anything else is no number.
+    let t = text.trim();
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+    if kind == ErrorKind::InvalidText
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Some(Error::new(
+            ErrorKind::NumericOutOfRange,
+            format!("value \"{text}\" is out of range for type {name}"),
+        ));
+    }
+    Some(Error::new(
+        kind,
+        format!("invalid input syntax for type {name}: \"{text}\""),
+    ))
 }
 
 impl Filter {

@@ -74,18 +74,79 @@ pub(super) struct IntLiterals;
 
 impl AnalyzerRule for IntLiterals {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        rewrite_expressions(plan, &|e, _| {
+        let plan = rewrite_expressions(plan, &|e, _| {
             Ok(match e {
                 Expr::Literal(ScalarValue::Int64(Some(v)), meta) if i32::try_from(v).is_ok() => {
                     Transformed::yes(Expr::Literal(ScalarValue::Int32(Some(v as i32)), meta))
                 }
                 e => Transformed::no(e),
             })
-        })
+        })?;
+        union_types(&plan)?;
+        Ok(plan)
     }
 
     fn name(&self) -> &str {
         "eddy_int_literals"
+    }
+}
+
+/// A UNION whose sides give one column text from a column (not a literal, which
+/// PostgreSQL reads as the other side's type) and a number on the other: 42804, as in
+/// PostgreSQL, where DataFusion makes both text.
+fn union_types(plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let number = |t: &DataType| t.is_numeric();
+    let mut found = None;
+    plan.apply_with_subqueries(|node| {
+        let LogicalPlan::Union(union) = node else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        // Each side's column: its type, and whether it is a literal.
+        let sides: Vec<Vec<(DataType, bool)>> = union
+            .inputs
+            .iter()
+            .map(|input| {
+                let literal = |i: usize| match input.as_ref() {
+                    LogicalPlan::Projection(p) => matches!(
+                        p.expr.get(i).map(|e| e.clone().unalias()),
+                        Some(Expr::Literal(..))
+                    ),
+                    _ => false,
+                };
+                input
+                    .schema()
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| (f.data_type().clone(), literal(i)))
+                    .collect()
+            })
+            .collect();
+        for column in 0..sides.first().map_or(0, Vec::len) {
+            let texts = sides
+                .iter()
+                .any(|s| s.get(column).is_some_and(|(t, lit)| text(t) && !lit));
+            let numbers = sides
+                .iter()
+                .find_map(|s| s.get(column).filter(|(t, _)| number(t)));
+            if let (true, Some((n, _))) = (texts, numbers) {
+                let oid = crate::session::cells::pg_type_of_arrow(n).oid() as i32;
+                let name = super::functions::type_display(oid).unwrap_or("numeric");
+                found = Some(external(
+                    ErrorKind::DatatypeMismatch,
+                    &format!("UNION types text and {name} cannot be matched"),
+                ));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match found {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

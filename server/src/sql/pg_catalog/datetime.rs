@@ -8,6 +8,9 @@
 //!   HH24:MI:SS`, `Dy DD Mon`, `FM`, `"text"`); DataFusion's reads strftime's and
 //!   returns a PostgreSQL pattern unchanged.
 //! - `date_trunc` takes the plural units too (`'milliseconds'`).
+//! - `x AT TIME ZONE z` (`pg_at_time_zone`): a timestamp without a time zone read as
+//!   local time in `z` is a timestamp with one; a timestamp with one is the local time
+//!   in `z`, without a zone. DataFusion's keeps the instant and only relabels it.
 //! - Timestamp and date text is read as PostgreSQL reads it (`TimeLiterals`), in a
 //!   literal, a cast or a comparison with a column: without seconds (`'2026-11-01
 //!   06:00'`), with `T`, a date alone; more than six fractional digits round to the
@@ -53,7 +56,13 @@ impl AnalyzerRule for TimeLiterals {
             if !dated(text) {
                 return Ok(Transformed::no(e));
             }
-            let Some(mut us) = parse_timestamp(text) else {
+            // A timestamp without a time zone ignores an offset in its text, as
+            // PostgreSQL's does: '… 01:30:00+02' is 01:30.
+            let read = match to {
+                DataType::Timestamp(_, None) | DataType::Date32 => without_offset(text),
+                _ => text,
+            };
+            let Some(mut us) = parse_timestamp(read) else {
                 return Err(external(
                     ErrorKind::DatetimeOutOfRange,
                     &format!("date/time field value out of range: \"{text}\""),
@@ -88,13 +97,14 @@ impl AnalyzerRule for TimeLiterals {
 
 /// Timestamp text in the form DataFusion reads (`2026-11-01 06:00:00`), for a
 /// `TIMESTAMP '…'` literal where the analyzer rule does not reach: the arguments of a
-/// table function, planned before it runs. None: text it leaves as it is (with an
-/// offset, of another form, or not a timestamp).
+/// table function, planned before it runs; an offset in the text is ignored, as a
+/// timestamp without a time zone ignores it. None: text it leaves as it is (of another
+/// form, or not a timestamp).
 pub(super) fn timestamp_text(text: &str) -> Option<String> {
-    if !dated(text) || has_offset(text) {
+    if !dated(text) {
         return None;
     }
-    parse_timestamp(text).map(eddy_planner::types::format_timestamp)
+    parse_timestamp(without_offset(text)).map(eddy_planner::types::format_timestamp)
 }
 
 /// Whether timestamp text (`dated`) names its UTC offset (`Z`, `+01`, `-05:00`).
@@ -102,6 +112,18 @@ fn has_offset(text: &str) -> bool {
     text.trim_start()
         .get(10..)
         .is_some_and(|rest| rest.contains(['Z', 'z', '+', '-']))
+}
+
+/// Timestamp text (`dated`) without its UTC offset, if it names one.
+fn without_offset(text: &str) -> &str {
+    let text = text.trim_start();
+    match text
+        .get(10..)
+        .and_then(|rest| rest.find(['Z', 'z', '+', '-']))
+    {
+        Some(i) => text[..10 + i].trim_end(),
+        None => text,
+    }
 }
 
 /// The instant of local time `local_us` (microseconds, read as if UTC) in `zone`, as
@@ -139,6 +161,10 @@ pub(super) enum Part {
     Second,
     Milliseconds,
     Epoch,
+    /// The calendar's larger units, which DataFusion does not compute.
+    Decade,
+    Century,
+    Millennium,
 }
 
 impl Part {
@@ -149,6 +175,9 @@ impl Part {
             "second" | "seconds" => Some(Part::Second),
             "millisecond" | "milliseconds" => Some(Part::Milliseconds),
             "epoch" => Some(Part::Epoch),
+            "decade" | "decades" => Some(Part::Decade),
+            "century" | "centuries" => Some(Part::Century),
+            "millennium" | "millennia" | "millenniums" => Some(Part::Millennium),
             _ => None,
         }
     }
@@ -159,6 +188,9 @@ impl Part {
             Part::Second => "pg_extract_second",
             Part::Milliseconds => "pg_extract_milliseconds",
             Part::Epoch => "pg_extract_epoch",
+            Part::Decade => "pg_extract_decade",
+            Part::Century => "pg_extract_century",
+            Part::Millennium => "pg_extract_millennium",
         }
     }
 
@@ -168,12 +200,40 @@ impl Part {
             Part::Second => (8, 6),
             Part::Milliseconds => (8, 3),
             Part::Epoch => (38, 6),
+            Part::Decade | Part::Century | Part::Millennium => (20, 0),
         }
     }
 
     /// The part of `v` in microseconds (the decimal's unscaled value), or None.
     fn micros(self, v: &ScalarValue) -> Option<i128> {
         const MINUTE: i128 = 60_000_000;
+        // PostgreSQL's: the first century is years 1 to 100, and year 0 is 1 BC.
+        let units = |year: i128| match self {
+            Part::Decade if year >= 0 => year / 10,
+            Part::Decade => -((8 - (year - 1)) / 10),
+            Part::Century if year > 0 => (year + 99) / 100,
+            Part::Century => -((99 - (year - 1)) / 100),
+            Part::Millennium if year > 0 => (year + 999) / 1000,
+            _ => -((999 - (year - 1)) / 1000),
+        };
+        if matches!(self, Part::Decade | Part::Century | Part::Millennium) {
+            return match time_of(v)? {
+                Time::At(us) => {
+                    use chrono::Datelike;
+                    Some(units(DateTime::from_timestamp_micros(us)?.year() as i128))
+                }
+                // An interval's whole years, in the unit.
+                Time::Span(months, ..) => Some(
+                    months as i128
+                        / 12
+                        / match self {
+                            Part::Decade => 10,
+                            Part::Century => 100,
+                            _ => 1000,
+                        },
+                ),
+            };
+        }
         match (self, time_of(v)?) {
             (Part::Epoch, Time::At(us)) => Some(us as i128),
             (_, Time::At(us)) => Some((us as i128).rem_euclid(MINUTE)),
@@ -230,21 +290,28 @@ fn zoned(ty: &DataType) -> bool {
 
 /// The functions the rewrite calls in place of DataFusion's.
 pub(super) fn functions() -> Vec<ScalarUDF> {
-    let mut udfs: Vec<ScalarUDF> = [Part::Second, Part::Milliseconds, Part::Epoch]
-        .into_iter()
-        .map(|part| {
-            let (precision, scale) = part.decimal();
-            function(
-                part.function(),
-                &[1],
-                DataType::Decimal128(precision, scale),
-                move |a| {
-                    let us = a.first().and_then(|v| part.micros(v));
-                    ScalarValue::Decimal128(us, precision, scale)
-                },
-            )
-        })
-        .collect();
+    let mut udfs: Vec<ScalarUDF> = [
+        Part::Second,
+        Part::Milliseconds,
+        Part::Epoch,
+        Part::Decade,
+        Part::Century,
+        Part::Millennium,
+    ]
+    .into_iter()
+    .map(|part| {
+        let (precision, scale) = part.decimal();
+        function(
+            part.function(),
+            &[1],
+            DataType::Decimal128(precision, scale),
+            move |a| {
+                let us = a.first().and_then(|v| part.micros(v));
+                ScalarValue::Decimal128(us, precision, scale)
+            },
+        )
+    })
+    .collect();
     // Timestamps and dates only: `to_char` of a number fails to plan, as it did.
     let mut temporal: Vec<DataType> = [
         TimeUnit::Second,
@@ -263,6 +330,7 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
         .into_iter()
         .map(|ty| TypeSignature::Exact(vec![ty, DataType::Utf8]))
         .collect();
+    udfs.push(ScalarUDF::new_from_impl(AtTimeZone::default()));
     udfs.push(typed_function(
         "to_char",
         signatures,
@@ -502,5 +570,96 @@ mod tests {
             datafusion::arrow::datatypes::IntervalMonthDayNano::new(0, 1, 7_200_000_000_000),
         ));
         assert_eq!(Part::Epoch.micros(&day_2h), Some(93_600_000_000));
+    }
+}
+
+/// PostgreSQL's `x AT TIME ZONE zone`, which the rewrite calls `pg_at_time_zone`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct AtTimeZone {
+    signature: datafusion::logical_expr::Signature,
+}
+
+impl Default for AtTimeZone {
+    fn default() -> AtTimeZone {
+        AtTimeZone {
+            signature: datafusion::logical_expr::Signature::any(
+                2,
+                datafusion::logical_expr::Volatility::Immutable,
+            ),
+        }
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for AtTimeZone {
+    fn name(&self) -> &str {
+        "pg_at_time_zone"
+    }
+
+    fn signature(&self) -> &datafusion::logical_expr::Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        Ok(match args.first() {
+            Some(DataType::Timestamp(_, Some(_))) => {
+                DataType::Timestamp(TimeUnit::Microsecond, None)
+            }
+            _ => DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+        })
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        use datafusion::arrow::array::{Array, AsArray, TimestampMicrosecondArray};
+        use datafusion::logical_expr::ColumnarValue;
+        let scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let zoned = matches!(arrays[0].data_type(), DataType::Timestamp(_, Some(_)));
+        let micros = datafusion::arrow::compute::cast(
+            &arrays[0],
+            &DataType::Timestamp(TimeUnit::Microsecond, None),
+        )?;
+        let micros =
+            micros.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
+        let zones = datafusion::arrow::compute::cast(&arrays[1], &DataType::Utf8)?;
+        let zones = zones.as_string::<i32>();
+        let mut out = Vec::with_capacity(micros.len());
+        for i in 0..micros.len() {
+            if micros.is_null(i) || zones.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            let (us, name) = (micros.value(i), zones.value(i));
+            let zone: chrono_tz::Tz = crate::session::cells::time_zone(name).ok_or_else(|| {
+                external(
+                    ErrorKind::InvalidParameter,
+                    &format!("time zone \"{name}\" not recognized"),
+                )
+            })?;
+            out.push(if zoned {
+                // The instant's wall-clock time in the zone.
+                use chrono::{Offset, TimeZone};
+                DateTime::from_timestamp_micros(us).map(|t| {
+                    let offset = zone.offset_from_utc_datetime(&t.naive_utc()).fix();
+                    us + offset.local_minus_utc() as i64 * 1_000_000
+                })
+            } else {
+                in_zone(us, zone.name())
+            });
+        }
+        let array = TimestampMicrosecondArray::from(out);
+        let array: std::sync::Arc<dyn Array> = match zoned {
+            true => std::sync::Arc::new(array),
+            false => std::sync::Arc::new(array.with_timezone("+00:00")),
+        };
+        Ok(match scalar {
+            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?),
+            false => ColumnarValue::Array(array),
+        })
     }
 }

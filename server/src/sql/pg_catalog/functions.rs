@@ -265,6 +265,13 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         }),
         fallible_function("format", &FORMAT_ARITIES, Utf8, format),
         fallible_function("age", &[2], interval(), age),
+        fallible_function("make_interval", &[7], interval(), make_interval),
+        fallible_function(
+            "make_timestamp",
+            &[6],
+            DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Microsecond, None),
+            make_timestamp,
+        ),
         function("version", &[0], Utf8, |_| {
             text(Some(format!(
                 "PostgreSQL 16.6 (Eddy {}) on Linux",
@@ -403,6 +410,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("obj_description", &[1, 2], Utf8, null_text),
         function("shobj_description", &[2], Utf8, null_text),
     ];
+    ctx.register_udf(ScalarUDF::new_from_impl(Upper::default()));
     for udf in udfs.into_iter().chain(super::datetime::functions()) {
         ctx.register_udf(udf);
     }
@@ -816,4 +824,132 @@ fn age(a: &[ScalarValue]) -> Result<ScalarValue> {
     Ok(ScalarValue::IntervalMonthDayNano(Some(
         IntervalMonthDayNano::new(months, days, nanos),
     )))
+}
+
+/// `upper(text)` as PostgreSQL's: each character to its upper case where that is one
+/// character (`ß` stays `ß`), where DataFusion's may lengthen the text (`SS`).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Upper {
+    signature: Signature,
+}
+
+impl Default for Upper {
+    fn default() -> Upper {
+        Upper {
+            signature: Signature::string(1, Volatility::Immutable),
+        }
+    }
+}
+
+fn upper_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            let mut up = c.to_uppercase();
+            match (up.next(), up.next()) {
+                (Some(u), None) => u,
+                _ => c,
+            }
+        })
+        .collect()
+}
+
+impl ScalarUDFImpl for Upper {
+    fn name(&self) -> &str {
+        "upper"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use datafusion::arrow::array::{AsArray, StringArray};
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let text = datafusion::arrow::compute::cast(&arrays[0], &DataType::Utf8)?;
+        let upper: StringArray = text
+            .as_string::<i32>()
+            .iter()
+            .map(|s| s.map(upper_text))
+            .collect();
+        let upper: Arc<dyn Array> = Arc::new(upper);
+        Ok(
+            match args
+                .args
+                .iter()
+                .all(|a| matches!(a, ColumnarValue::Scalar(_)))
+            {
+                true => ColumnarValue::Scalar(ScalarValue::try_from_array(&upper, 0)?),
+                false => ColumnarValue::Array(upper),
+            },
+        )
+    }
+}
+
+/// A float argument of a `make_*` function (NULL: `None`).
+fn float_arg(v: &ScalarValue) -> Option<f64> {
+    match v.cast_to(&DataType::Float64) {
+        Ok(ScalarValue::Float64(f)) => f,
+        _ => None,
+    }
+}
+
+/// `make_interval(years, months, weeks, days, hours, mins, secs)`.
+fn make_interval(a: &[ScalarValue]) -> Result<ScalarValue> {
+    let Some(v) = a.iter().map(float_arg).collect::<Option<Vec<f64>>>() else {
+        return Ok(ScalarValue::IntervalMonthDayNano(None));
+    };
+    let whole = |x: f64| x.trunc() as i64;
+    let months = whole(v[0]) * 12 + whole(v[1]);
+    let days = whole(v[2]) * 7 + whole(v[3]);
+    let micros = ((v[4] * 3600.0 + v[5] * 60.0 + v[6]) * 1e6).round();
+    let (Ok(months), Ok(days), true) = (
+        i32::try_from(months),
+        i32::try_from(days),
+        micros.is_finite() && micros.abs() < 9.2e15,
+    ) else {
+        return Err(external(
+            ErrorKind::NumericOutOfRange,
+            "interval out of range",
+        ));
+    };
+    Ok(ScalarValue::IntervalMonthDayNano(Some(
+        IntervalMonthDayNano::new(months, days, micros as i64 * 1_000),
+    )))
+}
+
+/// `make_timestamp(year, month, day, hour, min, sec)`, `sec` with its fraction.
+fn make_timestamp(a: &[ScalarValue]) -> Result<ScalarValue> {
+    let none = ScalarValue::TimestampMicrosecond(None, None);
+    let Some(v) = a.iter().map(float_arg).collect::<Option<Vec<f64>>>() else {
+        return Ok(none);
+    };
+    let out_of_range = || {
+        external(
+            ErrorKind::DatetimeOutOfRange,
+            &format!(
+                "date field value out of range: {}-{:02}-{:02}",
+                v[0] as i64, v[1] as i64, v[2] as i64
+            ),
+        )
+    };
+    let date = chrono::NaiveDate::from_ymd_opt(v[0] as i32, v[1] as u32, v[2] as u32)
+        .ok_or_else(out_of_range)?;
+    if !(0.0..24.0).contains(&v[3]) || !(0.0..60.0).contains(&v[4]) || !(0.0..60.0).contains(&v[5])
+    {
+        return Err(external(
+            ErrorKind::DatetimeOutOfRange,
+            &format!(
+                "time field value out of range: {}:{:02}:{:02}",
+                v[3], v[4], v[5]
+            ),
+        ));
+    }
+    let midnight = date.and_hms_opt(0, 0, 0).ok_or_else(out_of_range)?;
+    let us = midnight.and_utc().timestamp_micros()
+        + ((v[3] * 3600.0 + v[4] * 60.0 + v[5]) * 1e6).round() as i64;
+    Ok(ScalarValue::TimestampMicrosecond(Some(us), None))
 }

@@ -599,9 +599,7 @@ impl Rewriter<'_> {
         // A set-returning function in the select list gives one row per element.
         for item in select.projection.iter_mut() {
             if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
-                if matches!(e, Expr::Function(f) if parts(&f.name) == ["generate_series"]) {
-                    *e = call("unnest", vec![e.clone()]);
-                }
+                unnest_series(e);
             }
         }
         if self.returns_nothing(select) {
@@ -688,11 +686,20 @@ const SERIES_INNER: &str = "eddy_series_inner";
 /// names the column `n`; `AS t(x)` names it `x`), else `generate_series`. DataFusion's
 /// table function names its column `value`.
 fn series_table(factor: &TableFactor) -> Option<Result<TableFactor>> {
+    if let TableFactor::UNNEST {
+        alias,
+        array_exprs,
+        with_ordinality: true,
+        ..
+    } = factor
+    {
+        return unnest_with_ordinality(alias.as_ref(), array_exprs);
+    }
     let TableFactor::Table {
         name,
         args: Some(args),
         alias,
-        with_ordinality: false,
+        with_ordinality,
         ..
     } = factor
     else {
@@ -711,18 +718,107 @@ fn series_table(factor: &TableFactor) -> Option<Result<TableFactor>> {
         .and_then(|a| a.columns.first())
         .map_or_else(|| table.clone(), |c| c.name.value.clone());
     let args: Vec<String> = args.args.iter().map(ToString::to_string).collect();
+    // WITH ORDINALITY numbers the rows from 1, in the order the series gives them.
+    let ordinality = match with_ordinality {
+        true => format!(
+            ", row_number() OVER () AS {}",
+            Ident::with_quote('"', column_name(alias.as_ref(), 1, "ordinality"))
+        ),
+        false => String::new(),
+    };
     let sql = format!(
-        "(SELECT value AS {} FROM generate_series({}) AS {SERIES_INNER}) AS {}",
+        "(SELECT value AS {}{ordinality} FROM generate_series({}) AS {SERIES_INNER}) AS {}",
         Ident::with_quote('"', column),
         args.join(", "),
         Ident::with_quote('"', table)
     );
-    Some(
-        Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(&sql)
-            .and_then(|mut p| p.parse_table_factor())
-            .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}"))),
-    )
+    Some(parse_table_factor(&sql))
+}
+
+/// `make_interval(days => 3, hours => 2)`: PostgreSQL's parameters, by name or in
+/// order, as all seven positional arguments (the missing ones 0).
+fn make_interval(list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
+    use ast::{FunctionArg, FunctionArgExpr::Expr as Arg};
+    const NAMES: [&str; 7] = ["years", "months", "weeks", "days", "hours", "mins", "secs"];
+    let mut args: Vec<Expr> = vec![number(0); 7];
+    for (i, a) in list.args.iter().enumerate() {
+        let (at, e) = match a {
+            FunctionArg::Unnamed(Arg(e)) => (i, e),
+            FunctionArg::Named {
+                name, arg: Arg(e), ..
+            }
+            | FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
+                arg: Arg(e),
+                ..
+            } => {
+                let name = normalize_ident(name);
+                match NAMES.iter().position(|n| *n == name) {
+                    Some(at) => (at, e),
+                    None => {
+                        return Some(Err(undefined(
+                            ErrorKind::UndefinedFunction,
+                            "function make_interval with a parameter named",
+                            &name,
+                        )))
+                    }
+                }
+            }
+            _ => return None,
+        };
+        *args.get_mut(at)? = e.clone();
+    }
+    Some(Ok(call("make_interval", args)))
+}
+
+/// `generate_series(…)` in a select item, alone or inside operators and casts
+/// (`generate_series(1, 3) + 10`), as `unnest(generate_series(…))`.
+fn unnest_series(e: &mut Expr) {
+    match e {
+        Expr::Function(f) if parts(&f.name) == ["generate_series"] => {
+            *e = call("unnest", vec![e.clone()]);
+        }
+        Expr::BinaryOp { left, right, .. } => {
+            unnest_series(left);
+            unnest_series(right);
+        }
+        Expr::Nested(inner)
+        | Expr::Cast { expr: inner, .. }
+        | Expr::UnaryOp { expr: inner, .. } => unnest_series(inner),
+        _ => {}
+    }
+}
+
+/// The name an alias gives a table function's `i`-th column, else `default`.
+fn column_name(alias: Option<&ast::TableAlias>, i: usize, default: &str) -> String {
+    alias
+        .and_then(|a| a.columns.get(i))
+        .map_or_else(|| default.to_string(), |c| c.name.value.clone())
+}
+
+fn parse_table_factor(sql: &str) -> Result<TableFactor> {
+    Parser::new(&PostgreSqlDialect {})
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_table_factor())
+        .map_err(|e| DataFusionError::Internal(format!("pg_catalog rewrite: {e}")))
+}
+
+/// `unnest(a) WITH ORDINALITY`: the elements of one array, numbered from 1.
+fn unnest_with_ordinality(
+    alias: Option<&ast::TableAlias>,
+    arrays: &[Expr],
+) -> Option<Result<TableFactor>> {
+    let [array] = arrays else {
+        return None;
+    };
+    let table = alias.map_or_else(|| "unnest".to_string(), |a| a.name.value.clone());
+    let sql = format!(
+        "(SELECT v AS {}, row_number() OVER () AS {} FROM (SELECT unnest({array}) AS v) AS {SERIES_INNER}) AS {}",
+        Ident::with_quote('"', column_name(alias, 0, "unnest")),
+        Ident::with_quote('"', column_name(alias, 1, "ordinality")),
+        Ident::with_quote('"', table)
+    );
+    Some(parse_table_factor(&sql))
 }
 
 /// `date_part` of a field with a fraction of a second keeps the fraction (`datetime`);
@@ -1276,6 +1372,9 @@ impl Rewriter<'_> {
                     FunctionArguments::List(list) if parts(&f.name) == ["current_setting"] => {
                         current_setting(list)
                     }
+                    FunctionArguments::List(list) if parts(&f.name) == ["make_interval"] => {
+                        make_interval(list)
+                    }
                     FunctionArguments::List(list) => datetime_call(&parts(&f.name), list),
                     _ => None,
                 }
@@ -1345,6 +1444,13 @@ impl Rewriter<'_> {
                 None
             }
             Expr::Collate { expr: inner, .. } => Some(Ok(inner.as_ref().clone())),
+            Expr::AtTimeZone {
+                timestamp,
+                time_zone,
+            } => Some(Ok(call(
+                "pg_at_time_zone",
+                vec![timestamp.as_ref().clone(), time_zone.as_ref().clone()],
+            ))),
             Expr::Subquery(q) => self.scalar_subquery(q),
             // `(record).field` reads a field of a composite value.
             Expr::CompoundFieldAccess { root, access_chain }
