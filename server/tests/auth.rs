@@ -396,3 +396,76 @@ fn tls_when_asked_and_only_tls_when_required() {
     let said = refused_start(&data, &["--tls-required"], &[]);
     assert!(said.contains("--tls-cert"), "{said}");
 }
+
+/// Identity is the logged-in role in ad-hoc SQL too: `current_user`, the owner `\dt`
+/// shows, and `has_table_privilege` as the grants decide; and a NOLOGIN role may not log
+/// in even where logins are trusted (no password on the node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ad_hoc_sql_sees_the_logged_in_role() {
+    let dir = temp_dir("identity");
+    let (_server, port) = spawn_eddy_env(&dir, &[], &[]);
+    let admin = connect(port, "eddy", None).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE ROLE analyst LOGIN;
+             CREATE ROLE maker LOGIN;
+             CREATE ROLE locked;",
+        )
+        .await
+        .unwrap();
+    let maker = connect(port, "maker", None).await.unwrap();
+    maker
+        .batch_execute("CREATE STREAM made (card TEXT, ts TIMESTAMP) WITH (event_time = 'ts')")
+        .await
+        .unwrap();
+    let analyst = connect(port, "analyst", None).await.unwrap();
+    let one = |rows: Vec<Vec<Option<String>>>| rows.concat();
+    assert_eq!(
+        one(simple_rows(&analyst, "SELECT current_user, session_user, current_role").await),
+        [
+            Some("analyst".to_string()),
+            Some("analyst".to_string()),
+            Some("analyst".to_string())
+        ]
+    );
+    // The owner \dt shows is the role that created the stream.
+    assert_eq!(
+        one(simple_rows(
+            &admin,
+            "SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c WHERE c.relname = 'made'"
+        )
+        .await),
+        [Some("maker".to_string())]
+    );
+    let may_select = "SELECT has_table_privilege('analyst', 'made', 'SELECT'), has_table_privilege('made', 'SELECT')";
+    assert_eq!(
+        one(simple_rows(&analyst, may_select).await),
+        [Some("f".to_string()), Some("f".to_string())]
+    );
+    assert_eq!(
+        fails(&analyst, "SELECT * FROM made").await.as_deref(),
+        Some("42501")
+    );
+    maker
+        .batch_execute("GRANT SELECT ON STREAM made TO analyst")
+        .await
+        .unwrap();
+    assert_eq!(
+        one(simple_rows(&analyst, may_select).await),
+        [Some("t".to_string()), Some("t".to_string())]
+    );
+    assert_eq!(fails(&analyst, "SELECT * FROM made").await, None);
+    assert_eq!(
+        fails(
+            &analyst,
+            "SELECT has_table_privilege('nobody', 'made', 'SELECT')"
+        )
+        .await
+        .as_deref(),
+        Some("42704")
+    );
+    assert_eq!(
+        code(&connect(port, "locked", None).await.unwrap_err()),
+        "28000"
+    );
+}

@@ -115,11 +115,13 @@ def recompute(cond):
                   sum(f) AS sf, var_pop(f) AS vp, stddev_samp(f) AS sd FROM w GROUP BY card),
      l AS (SELECT card, v AS lv FROM (SELECT card, v, row_number() OVER (PARTITION BY card ORDER BY ts DESC, id DESC) AS rn FROM w) x WHERE rn = 1)"""
 for bi, (rows, Tdt0, n) in enumerate(batches):
+    # The tag counts the events applied, not the late and repeated ones.
+    applied = n - (batches[bi - 1][2] if bi else 0)
     T = fmt(Tdt0)
     vals = ",\n".join(f"    ({r[0]}, '{fmt(r[1])}', '{r[2]}', {r[3]}, {r[4]})" for r in rows)
     out.append(f"""# ---- batch {bi+1}: 200 rows
 
-statement count 200
+statement count {applied}
 INSERT INTO agg_cc VALUES
 {vals}
 
@@ -240,11 +242,12 @@ CREATE METRIC agg_ccp_{name} AS SELECT card, COUNT(*) AS n, SUM(v) AS s, MIN(v) 
 FROM agg_ccp WINDOW {w} GROUP BY card
 """)
 for bi, (rows, Ts, n) in enumerate(batches):
+    applied = n - (batches[bi - 1][2] if bi else 0)
     vals = ",\n".join(f"    ({r[0]}, '{fmt(r[1])}', '{r[2]}', {r[3]}, {r[4]}, {r[5]})" for r in rows)
     tl = "\n".join(f"{tk} {fmt(Ts[tk])}" for tk in sorted(Ts))
     out.append(f"""# ---- batch {bi+1}: 200 rows
 
-statement count 200
+statement count {applied}
 INSERT INTO agg_ccp VALUES
 {vals}
 

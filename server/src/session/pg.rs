@@ -314,16 +314,26 @@ impl Session {
     ) -> Arc<Vec<(String, String)>> {
         static NONE: std::sync::LazyLock<Arc<Vec<(String, String)>>> =
             std::sync::LazyLock::new(Arc::default);
-        const NAME: &[u8] = b"current_setting";
-        // Found by its underscore, the eighth byte: a statement has few.
+        // The functions that read the session: `current_setting`, and those of its role.
+        const NAMES: [&[u8]; 5] = [
+            b"current_setting",
+            b"current_user",
+            b"session_user",
+            b"current_role",
+            b"has_table_privilege",
+        ];
+        // Found by the underscore, a statement has few.
         let bytes = text.as_bytes();
         let names = matches!(stmt, Statement::Query(_))
             && bytes.iter().enumerate().any(|(i, b)| {
                 *b == b'_'
-                    && i >= 7
-                    && bytes
-                        .get(i - 7..i + 8)
-                        .is_some_and(|w| w.eq_ignore_ascii_case(NAME))
+                    && NAMES.iter().any(|name| {
+                        let at = name.iter().position(|c| *c == b'_').unwrap_or(0);
+                        i >= at
+                            && bytes
+                                .get(i - at..i - at + name.len())
+                                .is_some_and(|w| w.eq_ignore_ascii_case(name))
+                    })
             });
         if !names {
             return NONE.clone();
@@ -332,6 +342,7 @@ impl Session {
             Setting::ALL
                 .iter()
                 .map(|s| (s.name().to_ascii_lowercase(), self.current(client, *s)))
+                .chain([("session_authorization".to_string(), self.role())])
                 .collect(),
         )
     }

@@ -1806,7 +1806,9 @@ impl Inserting<'_> {
     pub fn finish(self, rows: Option<Vec<Vec<Cell>>>) -> Executed {
         debug_assert!(self.parts.is_empty(), "every part answered");
         self.db.timings.ingest.record(self.started.elapsed());
-        let n = self.plan.rows.len();
+        // The tag counts the events applied, as PostgreSQL's counts the rows an
+        // INSERT … ON CONFLICT DO NOTHING inserted: not the late and duplicate ones.
+        let n = self.plan.rows.len() - self.skipped.late - self.skipped.dup;
         let notices = self.skipped.notices(&self.plan.stream);
         let output = match rows {
             None => Output::Command {

@@ -227,7 +227,24 @@ impl StartupHandler for Startup {
                 )),
                 other => other,
             },
-            None => self.session.on_startup(client, message).await,
+            None => {
+                // Without passwords a login is trusted, but a NOLOGIN role still may
+                // not log in, as in PostgreSQL.
+                if let PgWireFrontendMessage::Startup(startup) = &message {
+                    let user = startup.parameters.get("user").cloned().unwrap_or_default();
+                    let catalog = self.session.db().catalog();
+                    if catalog.access.roles.get(&user).is_some_and(|r| !r.login) {
+                        return Err(PgWireError::UserError(Box::new(
+                            pgwire::error::ErrorInfo::new(
+                                "FATAL".to_string(),
+                                "28000".to_string(),
+                                format!("role \"{user}\" is not permitted to log in"),
+                            ),
+                        )));
+                    }
+                }
+                self.session.on_startup(client, message).await
+            }
         }
     }
 }

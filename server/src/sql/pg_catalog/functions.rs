@@ -22,7 +22,7 @@ use datafusion::prelude::SessionContext;
 use eddy_planner::ErrorKind;
 
 use super::arith::external;
-use super::{Snapshot, ROLE_NAME, ROLE_OID, TYPES};
+use super::{Snapshot, ROLE_NAME, TYPES};
 
 type Eval = Arc<dyn Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync>;
 
@@ -184,6 +184,24 @@ fn catalog_function(
     })
 }
 
+/// `current_user` and the like: the role the session acts as, read when the statement
+/// runs (the session passes it as `session_authorization`), so never folded into a
+/// plan that another session or role could run.
+fn session_role(name: &'static str) -> ScalarUDF {
+    ScalarUDF::new_from_impl(CatalogFunction {
+        name,
+        aliases: vec![format!("pg_catalog.{name}")],
+        signature: Signature::nullary(Volatility::Volatile),
+        returns: DataType::Utf8,
+        eval: Arc::new(|_| {
+            Ok(text(Some(
+                crate::sql::query::session_setting("session_authorization")
+                    .unwrap_or_else(|| ROLE_NAME.to_string()),
+            )))
+        }),
+    })
+}
+
 /// What `format_type` prints for a type's oid.
 pub(super) fn type_display(oid: i32) -> Option<&'static str> {
     TYPES.iter().find(|t| t.oid == oid).map(|t| t.display)
@@ -204,6 +222,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 .and_then(|r| r.definition.clone()),
         )
     };
+    let (roles, privileges) = (snapshot.clone(), snapshot.clone());
     let s = snapshot.clone();
     let regclass =
         move |a: &[ScalarValue]| text(a.first().and_then(oid).map(|o| s.regclass_name(o)));
@@ -256,6 +275,12 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
             let names: Vec<ScalarValue> = names.iter().map(|n| text(Some(n.to_string()))).collect();
             ScalarValue::List(ScalarValue::new_list_nullable(&names, &Utf8))
         }),
+        function("pg_size_pretty", &[1], Utf8, |a| {
+            text(match a.first().map(|v| v.cast_to(&Int64)) {
+                Some(Ok(ScalarValue::Int64(Some(bytes)))) => Some(size_pretty(bytes)),
+                _ => None,
+            })
+        }),
         function("md5", &[1], Utf8, |a| {
             text(
                 a.first()
@@ -278,13 +303,10 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 env!("CARGO_PKG_VERSION")
             )))
         }),
-        function("pg_get_userbyid", &[1], Utf8, |a| {
-            text(a.first().and_then(oid).map(|o| {
-                if o == ROLE_OID {
-                    ROLE_NAME.to_string()
-                } else {
-                    format!("unknown (OID={o})")
-                }
+        function("pg_get_userbyid", &[1], Utf8, move |a| {
+            text(a.first().and_then(oid).map(|o| match roles.role_name(o) {
+                Some(name) => name.to_string(),
+                None => format!("unknown (OID={o})"),
             }))
         }),
         function("format_type", &[1, 2], Utf8, |a| {
@@ -327,7 +349,9 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_table_is_visible", &[1], Boolean, yes),
         function("pg_type_is_visible", &[1], Boolean, yes),
         function("pg_function_is_visible", &[1], Boolean, yes),
-        function("has_table_privilege", &[2, 3], Boolean, yes),
+        fallible_function("has_table_privilege", &[2, 3], Boolean, move |a| {
+            table_privilege(&privileges, a)
+        }),
         function("has_schema_privilege", &[2, 3], Boolean, yes),
         function("has_database_privilege", &[2, 3], Boolean, yes),
         function("has_column_privilege", &[3, 4], Boolean, yes),
@@ -341,9 +365,9 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("pg_get_function_result", &[1], Utf8, null_text),
         function("pg_get_function_arguments", &[1], Utf8, null_text),
         function("pg_get_function_identity_arguments", &[1], Utf8, null_text),
-        function("session_user", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
-        function("current_user", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
-        function("current_role", &[0], Utf8, |_| text(Some(ROLE_NAME.into()))),
+        session_role("session_user"),
+        session_role("current_user"),
+        session_role("current_role"),
         // Sizes and statistics Eddy does not keep per relation: unknown, as PostgreSQL
         // answers for an oid it does not know.
         function("pg_total_relation_size", &[1], Int64, null_bigint),
@@ -952,4 +976,108 @@ fn make_timestamp(a: &[ScalarValue]) -> Result<ScalarValue> {
     let us = midnight.and_utc().timestamp_micros()
         + ((v[3] * 3600.0 + v[4] * 60.0 + v[5]) * 1e6).round() as i64;
     Ok(ScalarValue::TimestampMicrosecond(Some(us), None))
+}
+
+/// `has_table_privilege([role,] table, privileges)`: whether the role (the session's
+/// when not given) holds any of the privileges (`'SELECT'`, `'INSERT, SELECT'`, each
+/// optionally `WITH GRANT OPTION`) on the stream or metric, as the access rules decide.
+/// UPDATE, DELETE, TRUNCATE, REFERENCES and TRIGGER are the owner's. The catalog's own
+/// tables are readable by every role.
+fn table_privilege(snapshot: &Snapshot, a: &[ScalarValue]) -> Result<ScalarValue> {
+    use eddy_planner::access::Need;
+    let (role, table, privileges) = match a {
+        [role, table, privileges] => (
+            match oid(role).and_then(|o| snapshot.role_name(o)) {
+                Some(name) if !matches!(role, ScalarValue::Utf8(_)) => Some(name.to_string()),
+                _ => pg_text(role),
+            },
+            table,
+            privileges,
+        ),
+        [table, privileges] => (
+            Some(
+                crate::sql::query::session_setting("session_authorization")
+                    .unwrap_or_else(|| ROLE_NAME.to_string()),
+            ),
+            table,
+            privileges,
+        ),
+        _ => return Ok(ScalarValue::Boolean(None)),
+    };
+    let (Some(role), Some(privileges)) = (role, pg_text(privileges)) else {
+        return Ok(ScalarValue::Boolean(None));
+    };
+    if role != eddy_planner::access::SUPERUSER && !snapshot.access.roles.contains_key(&role) {
+        return Err(external(
+            ErrorKind::UndefinedObject,
+            &format!("role \"{role}\" does not exist"),
+        ));
+    }
+    let relation = match table {
+        ScalarValue::Utf8(Some(name)) => match snapshot.regclass(name) {
+            Some(o) => snapshot.relation(o),
+            None => {
+                return Err(external(
+                    ErrorKind::UndefinedTable,
+                    &format!("relation \"{name}\" does not exist"),
+                ))
+            }
+        },
+        other => oid(other).and_then(|o| snapshot.relation(o)),
+    };
+    let mut needs = Vec::new();
+    for privilege in privileges.split(',') {
+        let word = privilege.trim().to_ascii_uppercase();
+        let word = word.trim_end_matches("WITH GRANT OPTION").trim();
+        let Some(r) = relation else {
+            // A catalog table: readable by all.
+            needs.push(None);
+            continue;
+        };
+        needs.push(Some(match word {
+            "SELECT" => Need::Select(r.name.clone()),
+            "INSERT" => Need::Insert(r.name.clone()),
+            "UPDATE" | "DELETE" | "TRUNCATE" | "REFERENCES" | "TRIGGER" => {
+                Need::Own(r.name.clone())
+            }
+            _ => {
+                return Err(external(
+                    ErrorKind::InvalidParameter,
+                    &format!("unrecognized privilege type: \"{}\"", privilege.trim()),
+                ))
+            }
+        }));
+    }
+    let held = needs.iter().any(|need| match need {
+        None => true,
+        Some(need) => snapshot.access.may(snapshot, &role, need),
+    });
+    Ok(ScalarValue::Boolean(Some(held)))
+}
+
+/// PostgreSQL's `pg_size_pretty(bigint)`: bytes below 10 kB, then the largest unit that
+/// keeps the number below 20 × 1024 − 1, rounded half away from zero.
+fn size_pretty(bytes: i64) -> String {
+    // (name, limit, rounded, bits)
+    const UNITS: [(&str, i64, bool, u32); 6] = [
+        ("bytes", 10 * 1024, false, 0),
+        ("kB", 20 * 1024 - 1, true, 10),
+        ("MB", 20 * 1024 - 1, true, 20),
+        ("GB", 20 * 1024 - 1, true, 30),
+        ("TB", 20 * 1024 - 1, true, 40),
+        ("PB", 20 * 1024 - 1, true, 50),
+    ];
+    let half_rounded = |x: i64| (x + if x < 0 { -1 } else { 1 }) / 2;
+    let mut size = bytes;
+    for (i, (name, limit, round, bits)) in UNITS.iter().enumerate() {
+        let last = i + 1 == UNITS.len();
+        if last || size.abs() < *limit {
+            let size = if *round { half_rounded(size) } else { size };
+            return format!("{size} {name}");
+        }
+        let (_, _, next_round, next_bits) = UNITS[i + 1];
+        let shift = next_bits - bits - u32::from(next_round) + u32::from(*round);
+        size /= 1i64 << shift;
+    }
+    unreachable!("the last unit always answers")
 }

@@ -169,6 +169,22 @@ pub struct Snapshot {
     pub(crate) tables: BTreeMap<&'static str, Arc<MemTable>>,
     /// Those of them that hold no rows.
     pub(crate) empty_tables: HashSet<&'static str>,
+    /// Roles, owners and grants, for the privilege functions and owners' names.
+    pub(crate) access: eddy_planner::access::Access,
+}
+
+impl eddy_planner::access::Objects for Snapshot {
+    fn is_stream(&self, name: &str) -> bool {
+        self.relations
+            .iter()
+            .any(|r| r.name == name && r.kind == "r")
+    }
+
+    fn is_metric(&self, name: &str) -> bool {
+        self.relations
+            .iter()
+            .any(|r| r.name == name && r.kind == "v")
+    }
 }
 
 impl Snapshot {
@@ -232,7 +248,34 @@ impl Snapshot {
             relations,
             tables,
             empty_tables,
+            access: catalog.access.clone(),
         })
+    }
+
+    /// A role's oid in `pg_roles` (the superuser's, then the catalog's roles in order).
+    pub(crate) fn role_oid(access: &eddy_planner::access::Access, role: &str) -> i32 {
+        access
+            .roles
+            .keys()
+            .position(|r| r == role)
+            .map_or(ROLE_OID, |i| ROLE_OID_BASE + i as i32)
+    }
+
+    /// The name of the role with `oid`.
+    pub(crate) fn role_name(&self, oid: i32) -> Option<&str> {
+        if oid == ROLE_OID {
+            return Some(ROLE_NAME);
+        }
+        let i = usize::try_from(oid.checked_sub(ROLE_OID_BASE)?).ok()?;
+        self.access.roles.keys().nth(i).map(String::as_str)
+    }
+
+    /// The owner's oid of a stream or metric.
+    pub(crate) fn owner_oid(access: &eddy_planner::access::Access, object: &str) -> i32 {
+        access
+            .owners
+            .get(object)
+            .map_or(ROLE_OID, |o| Snapshot::role_oid(access, o))
     }
 
     pub(crate) fn relation(&self, oid: i32) -> Option<&Relation> {

@@ -201,7 +201,12 @@ pub(super) fn build(
             .int("relnamespace", repeat(NAMESPACE_PUBLIC, n))
             .int("reltype", repeat(0, n))
             .int("reloftype", repeat(0, n))
-            .int("relowner", repeat(ROLE_OID, n))
+            .int(
+                "relowner",
+                relations
+                    .iter()
+                    .map(|r| super::Snapshot::owner_oid(access, &r.name)),
+            )
             .int(
                 "relam",
                 relations
