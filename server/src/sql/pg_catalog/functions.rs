@@ -76,42 +76,52 @@ impl ScalarUDFImpl for CatalogFunction {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        if args
+        row_by_row(&args, &self.returns, &*self.eval)
+    }
+}
+
+/// Evaluates `eval` on each row's scalars (once, on scalars, when every argument is
+/// one), for functions defined on single values.
+pub(super) fn row_by_row(
+    args: &ScalarFunctionArgs,
+    returns: &DataType,
+    eval: &dyn Fn(&[ScalarValue]) -> Result<ScalarValue>,
+) -> Result<ColumnarValue> {
+    if args
+        .args
+        .iter()
+        .all(|a| matches!(a, ColumnarValue::Scalar(_)))
+    {
+        let scalars: Vec<ScalarValue> = args
             .args
             .iter()
-            .all(|a| matches!(a, ColumnarValue::Scalar(_)))
-        {
-            let scalars: Vec<ScalarValue> = args
-                .args
-                .iter()
-                .map(|a| match a {
-                    ColumnarValue::Scalar(s) => s.clone(),
-                    ColumnarValue::Array(_) => unreachable!("all scalars"),
-                })
-                .collect();
-            return Ok(ColumnarValue::Scalar((self.eval)(&scalars)?));
-        }
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let mut out = Vec::with_capacity(args.number_rows);
-        for row in 0..args.number_rows {
-            let scalars = arrays
-                .iter()
-                .map(|a| ScalarValue::try_from_array(a, row))
-                .collect::<Result<Vec<_>>>()?;
-            out.push((self.eval)(&scalars)?);
-        }
-        if out.is_empty() {
-            return Ok(ColumnarValue::Array(new_empty_array(&self.returns)));
-        }
-        // Not `ScalarValue::iter_to_array`: it is generic, and each crate calling it
-        // compiles array builders for every Arrow type again.
-        let arrays = out
-            .iter()
-            .map(ScalarValue::to_array)
-            .collect::<Result<Vec<_>>>()?;
-        let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-        Ok(ColumnarValue::Array(concat(&arrays)?))
+            .map(|a| match a {
+                ColumnarValue::Scalar(s) => s.clone(),
+                ColumnarValue::Array(_) => unreachable!("all scalars"),
+            })
+            .collect();
+        return Ok(ColumnarValue::Scalar(eval(&scalars)?));
     }
+    let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+    let mut out = Vec::with_capacity(args.number_rows);
+    for row in 0..args.number_rows {
+        let scalars = arrays
+            .iter()
+            .map(|a| ScalarValue::try_from_array(a, row))
+            .collect::<Result<Vec<_>>>()?;
+        out.push(eval(&scalars)?);
+    }
+    if out.is_empty() {
+        return Ok(ColumnarValue::Array(new_empty_array(returns)));
+    }
+    // Not `ScalarValue::iter_to_array`: it is generic, and each crate calling it
+    // compiles array builders for every Arrow type again.
+    let arrays = out
+        .iter()
+        .map(ScalarValue::to_array)
+        .collect::<Result<Vec<_>>>()?;
+    let arrays: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    Ok(ColumnarValue::Array(concat(&arrays)?))
 }
 
 /// An oid argument as PostgreSQL reads one: an integer, or its text.

@@ -24,8 +24,7 @@ use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{new_empty_array, Array, ArrayRef, StringArray};
-use datafusion::arrow::compute::concat;
+use datafusion::arrow::array::{Array, ArrayRef, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{TableFunctionImpl, TableProvider};
@@ -700,41 +699,12 @@ impl ScalarUDFImpl for JsonFunction {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let kinds: Vec<Option<Kind>> = args.arg_fields.iter().map(|f| Kind::of(f)).collect();
         let returns = args.return_field.data_type().clone();
-        let row = |scalars: &[ScalarValue]| -> Result<ScalarValue> {
+        super::functions::row_by_row(&args, &returns, &|scalars| {
             if self.strict && scalars.iter().any(ScalarValue::is_null) {
                 return ScalarValue::try_from(&returns);
             }
             (self.eval)(scalars, &kinds)
-        };
-        if args
-            .args
-            .iter()
-            .all(|a| matches!(a, ColumnarValue::Scalar(_)))
-        {
-            let scalars: Vec<ScalarValue> = args
-                .args
-                .iter()
-                .map(|a| match a {
-                    ColumnarValue::Scalar(s) => s.clone(),
-                    ColumnarValue::Array(_) => unreachable!("all scalars"),
-                })
-                .collect();
-            return Ok(ColumnarValue::Scalar(row(&scalars)?));
-        }
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let mut out = Vec::with_capacity(args.number_rows);
-        for i in 0..args.number_rows {
-            let scalars = arrays
-                .iter()
-                .map(|a| ScalarValue::try_from_array(a, i))
-                .collect::<Result<Vec<_>>>()?;
-            out.push(row(&scalars)?.to_array()?);
-        }
-        if out.is_empty() {
-            return Ok(ColumnarValue::Array(new_empty_array(&returns)));
-        }
-        let arrays: Vec<&dyn Array> = out.iter().map(|a| a.as_ref()).collect();
-        Ok(ColumnarValue::Array(concat(&arrays)?))
+        })
     }
 }
 
@@ -1128,14 +1098,8 @@ fn functions() -> Vec<ScalarUDF> {
             false,
             |a, k| build_array(a, k, Jsonb),
         ),
-        udf("json_typeof", &[1], Text, true, |a, _| {
-            let t = json_text(&a[0]);
-            Ok(text(Some(parse(&t)?.value.type_name().to_string())))
-        }),
-        udf("jsonb_typeof", &[1], Text, true, |a, _| {
-            let t = json_text(&a[0]);
-            Ok(text(Some(parse(&t)?.value.type_name().to_string())))
-        }),
+        udf("json_typeof", &[1], Text, true, type_of),
+        udf("jsonb_typeof", &[1], Text, true, type_of),
         udf("json_array_length", &[1], Int, true, |a, _| {
             array_length(&a[0])
         }),
@@ -1246,6 +1210,12 @@ fn functions() -> Vec<ScalarUDF> {
             |a, _| object_agg_finish(a, Jsonb),
         ),
     ]
+}
+
+/// `json_typeof(j)`: `object`, `array`, `string`, `number`, `boolean` or `null`.
+fn type_of(a: &[ScalarValue], _: &[Option<Kind>]) -> Result<ScalarValue> {
+    let t = json_text(&a[0]);
+    Ok(text(Some(parse(&t)?.value.type_name().to_string())))
 }
 
 fn array_length(v: &ScalarValue) -> Result<ScalarValue> {
