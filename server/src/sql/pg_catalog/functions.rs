@@ -168,14 +168,17 @@ pub(super) fn typed_function(
 }
 
 /// `function`, whose evaluation may fail (with `arith::external`'s errors, which carry
-/// their SQLSTATE).
+/// their SQLSTATE); of any number of arguments when `arities` is empty.
 pub(super) fn fallible_function(
     name: &'static str,
     arities: &[usize],
     returns: DataType,
     eval: impl Fn(&[ScalarValue]) -> Result<ScalarValue> + Send + Sync + 'static,
 ) -> ScalarUDF {
-    let signatures = arities.iter().map(|n| TypeSignature::Any(*n)).collect();
+    let signatures = match arities {
+        [] => vec![TypeSignature::VariadicAny],
+        _ => arities.iter().map(|n| TypeSignature::Any(*n)).collect(),
+    };
     catalog_function(name, signatures, returns, Arc::new(eval))
 }
 
@@ -298,7 +301,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                     .map(|s| format!("{:x}", md5::compute(s))),
             )
         }),
-        fallible_function("format", &FORMAT_ARITIES, Utf8, format),
+        fallible_function("format", &[], Utf8, format),
         fallible_function("age", &[2], interval(), age),
         fallible_function("make_interval", &[7], interval(), make_interval),
         fallible_function(
@@ -635,17 +638,6 @@ fn width_bucket(a: &[ScalarValue]) -> Result<ScalarValue> {
     };
     Ok(ScalarValue::Int32(Some(bucket)))
 }
-
-/// `format` takes its format string and up to 32 arguments.
-const FORMAT_ARITIES: [usize; 33] = {
-    let mut a = [0; 33];
-    let mut i = 0;
-    while i < 33 {
-        a[i] = i + 1;
-        i += 1;
-    }
-    a
-};
 
 /// PostgreSQL's `format(fmt, args…)`: `%s` (text, NULL as nothing), `%I` (an
 /// identifier, quoted as needed), `%L` (a literal, NULL as `NULL`) and `%%`, each with

@@ -888,47 +888,25 @@ fn build_array(a: &[ScalarValue], kinds: &[Option<Kind>], kind: Kind) -> Result<
 /// taken as a one-element array.
 fn concat_jsonb(left: &str, right: &str) -> Result<String> {
     let (l, r) = (parse(left)?, parse(right)?);
-    let mut out = String::new();
-    match (&l.value, &r.value) {
-        (Value::Object(a), Value::Object(b)) => {
-            let merged: Vec<(String, Node<'_>)> = a
-                .iter()
-                .chain(b.iter())
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        Node {
-                            raw: v.raw,
-                            value: reparse(v.raw),
-                        },
-                    )
-                })
-                .collect();
-            write_normal(
-                &mut out,
-                &Node {
-                    raw: "",
-                    value: Value::Object(merged),
-                },
-            );
+    let value = match (l.value, r.value) {
+        // The right's members come last, so its keys win in the normal form.
+        (Value::Object(mut a), Value::Object(b)) => {
+            a.extend(b);
+            Value::Object(a)
         }
-        _ => {
-            let items = |n: &Node<'_>| -> Vec<String> {
-                match &n.value {
-                    Value::Array(items) => items.iter().map(|i| i.raw.to_string()).collect(),
-                    _ => vec![n.raw.to_string()],
-                }
+        (a, b) => {
+            let items = |raw, value| match value {
+                Value::Array(items) => items,
+                value => vec![Node { raw, value }],
             };
-            let all: Vec<String> = items(&l).into_iter().chain(items(&r)).collect();
-            out = normal(&format!("[{}]", all.join(",")))?;
+            let mut all = items(l.raw, a);
+            all.extend(items(r.raw, b));
+            Value::Array(all)
         }
-    }
+    };
+    let mut out = String::with_capacity(left.len() + right.len());
+    write_normal(&mut out, &Node { raw: "", value });
     Ok(out)
-}
-
-/// A value parsed again from its own (valid) text.
-fn reparse(raw: &str) -> Value<'_> {
-    parse(raw).map(|n| n.value).unwrap_or(Value::Null)
 }
 
 /// `jsonb - text`: the object without that key, or the array without those strings.
