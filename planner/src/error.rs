@@ -25,6 +25,8 @@ pub enum ErrorKind {
     InvalidSchemaName,
     /// A bad bucket count or bounds in `width_bucket`.
     InvalidWidthBucket,
+    /// An argument outside a power or root function's domain (`sqrt(-1)`).
+    InvalidPowerArgument,
     /// A parameter only the server sets (`SET shared_buffers`).
     CantChangeParameter,
     /// A function of another kind than the call needs (a window function without OVER).
@@ -93,6 +95,7 @@ impl ErrorKind {
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::CantChangeParameter => "55P02",
             ErrorKind::InvalidWidthBucket => "2201G",
+            ErrorKind::InvalidPowerArgument => "2201F",
             ErrorKind::InvalidSchemaName => "3F000",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",

@@ -414,6 +414,11 @@ impl Cell {
                 let bytes = [&[1u8][..], s.as_bytes()].concat();
                 enc.field(&bytes.as_slice(), ty, bin, opts)
             }
+            // A numeric held as its text (`pg_catalog::numeric`).
+            Cell::Text(s) if *ty == Type::NUMERIC => {
+                let d = s.parse::<Decimal>().ok();
+                enc.field(&d, ty, bin, opts)
+            }
             Cell::Text(s) => enc.field(&s.as_str(), ty, bin, opts),
             Cell::Timestamp(us) => {
                 let t = DateTime::from_timestamp_micros(*us).map(|d| d.naive_utc());

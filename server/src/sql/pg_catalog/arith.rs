@@ -427,5 +427,6 @@ pub(super) fn analyzer_rules(
     rules.extend(defaults.iter().cloned());
     rules.push(Arc::new(Checked));
     rules.push(Arc::new(super::datetime::TimeLiterals));
+    rules.push(Arc::new(super::numeric::NumericOrder));
     rules
 }

@@ -649,6 +649,7 @@ pub fn pg_type(field: &Field) -> pgwire::api::Type {
     match Kind::of(field) {
         Some(Kind::Json) => pgwire::api::Type::JSON,
         Some(Kind::Jsonb) => pgwire::api::Type::JSONB,
+        None if super::numeric::is_numeric(field) => pgwire::api::Type::NUMERIC,
         None => crate::session::cells::pg_type_of_arrow(field.data_type()),
     }
 }
@@ -1026,18 +1027,6 @@ fn functions() -> Vec<ScalarUDF> {
         }),
         udf("pg_jsonb_in", &[1], Returns::Json(Jsonb), true, |a, _| {
             Ok(text(Some(normal(&json_text(&a[0]))?)))
-        }),
-        // The type of a value, as `format_type` names it (a literal's is that of the
-        // value Eddy made of it: a decimal literal is a float).
-        udf("pg_typeof", &[1], Text, false, |a, k| {
-            let name = match k[0] {
-                Some(kind) => kind.name(),
-                None => {
-                    let oid = crate::session::cells::pg_type_of_arrow(&a[0].data_type()).oid();
-                    super::functions::type_display(oid as i32).unwrap_or("unknown")
-                }
-            };
-            Ok(text(Some(name.to_string())))
         }),
         udf("to_json", &[1], Returns::Json(Json), true, |a, k| {
             Ok(text(Some(to_json(&a[0], k[0], Json)?)))

@@ -17,6 +17,7 @@ mod json;
 
 pub use json::pg_type as column_type;
 mod names;
+mod numeric;
 mod rewrite;
 pub(crate) use rewrite::DUPLICATE_MARK;
 mod tables;
@@ -395,7 +396,8 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     let snapshot = snapshot(ctx)?;
     tables::register(ctx, &snapshot)?;
     functions::register(ctx, snapshot);
-    json::register(ctx).map_err(|e| Error::internal(e.to_string()))
+    json::register(ctx).map_err(|e| Error::internal(e.to_string()))?;
+    numeric::register(ctx).map_err(|e| Error::internal(e.to_string()))
 }
 
 fn snapshot(ctx: &SessionContext) -> Result<Arc<Snapshot>> {
@@ -417,6 +419,7 @@ pub async fn plan(
     if let Some(snapshot) = state.config().get_extension::<Snapshot>() {
         names::name_result_columns(&mut statement);
         rewrite::statement(&mut statement, &snapshot, &state)?;
+        numeric::literals(&mut statement);
     }
     state.statement_to_plan(statement).await
 }

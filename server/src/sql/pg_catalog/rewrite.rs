@@ -849,7 +849,7 @@ fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Re
     }
 }
 
-fn call(name: &str, args: Vec<Expr>) -> Expr {
+pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
         uses_odbc_syntax: false,

@@ -1,0 +1,1212 @@
+//! PostgreSQL's `numeric` in ad-hoc queries: exact decimals, each value with its own
+//! scale, where DataFusion has only floats and fixed-scale decimals. `0.1 + 0.2` is
+//! `0.3`, `2.50` prints as written, `7.0 / 2` is `3.5000000000000000`, and the average of
+//! an integer column is a numeric with PostgreSQL's digits.
+//!
+//! A numeric is a text field marked `eddy.pg_type = numeric` (as JSON is, `json.rs`),
+//! holding PostgreSQL's output text; the arithmetic is `bigdecimal`'s, with PostgreSQL's
+//! result scales (`div_scale` is its `select_div_scale`).
+//!
+//! Where a numeric may appear is decided on the statement's syntax ([`literals`]): in the
+//! outermost SELECT's items, a decimal literal, a cast to numeric, `sum`/`avg`/variance
+//! of a column and `round`, `trunc`, `abs`, `ceil`, `floor`, `sign`, `sqrt` and `exp` are
+//! numeric, through operators, these functions, comparisons and casts to text. Anywhere
+//! else (WHERE, subqueries, other functions' arguments) a decimal literal stays a float,
+//! as before. The operators are planned by [`NumericPlanner`]: numeric with an integer or
+//! numeric is exact, with a float it is a float; ORDER BY a numeric orders by its value
+//! (`NumericOrder`).
+
+use std::hash::{Hash, Hasher};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use bigdecimal::{BigDecimal, RoundingMode, Signed, ToPrimitive, Zero};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, Expr, ExprSchemable, LogicalPlan,
+    ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, SortExpr,
+    TypeSignature, Volatility,
+};
+use datafusion::optimizer::AnalyzerRule;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::{
+    self, BinaryOperator, Expr as Ast, FunctionArg, FunctionArgExpr, FunctionArguments,
+    SelectItem, SetExpr, Statement, UnaryOperator, Value,
+};
+
+use eddy_planner::ErrorKind;
+
+use super::arith::external;
+use super::json::PG_TYPE;
+
+/// The [`PG_TYPE`] of a numeric field.
+const NUMERIC: &str = "numeric";
+
+/// PostgreSQL's fewest significant digits of a quotient (`NUMERIC_MIN_SIG_DIGITS`).
+const MIN_SIG_DIGITS: i64 = 16;
+
+/// Whether `field` holds numerics.
+pub fn is_numeric(field: &Field) -> bool {
+    field.metadata().get(PG_TYPE).map(String::as_str) == Some(NUMERIC)
+}
+
+/// A text field of numerics.
+pub fn numeric_field(name: &str) -> Field {
+    Field::new(name, DataType::Utf8, true).with_metadata(
+        [(PG_TYPE.to_string(), NUMERIC.to_string())]
+            .into_iter()
+            .collect(),
+    )
+}
+
+// ---- Values --------------------------------------------------------------------------
+
+fn invalid(text: &str) -> DataFusionError {
+    external(
+        ErrorKind::InvalidText,
+        &format!("invalid input syntax for type numeric: \"{text}\""),
+    )
+}
+
+fn out_of_range() -> DataFusionError {
+    external(ErrorKind::NumericOutOfRange, "value out of range: overflow")
+}
+
+/// `text` as PostgreSQL's `numeric_in` reads it: the scale is the digits written after
+/// the point, less the exponent, and never below 0.
+pub fn parse(text: &str) -> Result<BigDecimal> {
+    let t = text.trim();
+    let ok = !t.is_empty()
+        && t.chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'));
+    let d = match ok {
+        true => BigDecimal::from_str(t).map_err(|_| invalid(text))?,
+        false => return Err(invalid(text)),
+    };
+    Ok(at_least_scale_0(d))
+}
+
+fn at_least_scale_0(d: BigDecimal) -> BigDecimal {
+    match d.fractional_digit_count() < 0 {
+        true => d.with_scale(0),
+        false => d,
+    }
+}
+
+/// PostgreSQL's text of `d`: plain digits, as many after the point as its scale.
+pub fn text(d: &BigDecimal) -> String {
+    d.to_plain_string()
+}
+
+fn scale(d: &BigDecimal) -> i64 {
+    d.fractional_digit_count().max(0)
+}
+
+/// PostgreSQL's weight of `d` (the power of 10000 of its first non-zero base-10000
+/// digit) and that digit; `(0, 0)` for zero.
+fn weight(d: &BigDecimal) -> (i64, u32) {
+    if d.is_zero() {
+        return (0, 0);
+    }
+    let (int, sc) = d.as_bigint_and_exponent();
+    let point = d.digits() as i64 - 1 - sc;
+    let w = point.div_euclid(4);
+    let first = BigDecimal::new(int.abs(), sc + 4 * w)
+        .with_scale(0)
+        .to_u32()
+        .unwrap_or(0);
+    (w, first)
+}
+
+/// The scale of `a / b` (PostgreSQL's `select_div_scale`): at least 16 significant
+/// digits, and no fewer than either operand's scale.
+fn div_scale(a: &BigDecimal, b: &BigDecimal) -> i64 {
+    let (w1, f1) = weight(a);
+    let (w2, f2) = weight(b);
+    let mut q = w1 - w2;
+    if f1 <= f2 {
+        q -= 1;
+    }
+    (MIN_SIG_DIGITS - q * 4)
+        .max(scale(a))
+        .max(scale(b))
+        .clamp(0, 1000)
+}
+
+fn round(d: &BigDecimal, scale: i64) -> BigDecimal {
+    d.with_scale_round(scale, RoundingMode::HalfUp)
+}
+
+pub fn div(a: &BigDecimal, b: &BigDecimal) -> Result<BigDecimal> {
+    if b.is_zero() {
+        return Err(external(ErrorKind::DivisionByZero, "division by zero"));
+    }
+    Ok(round(&(a / b), div_scale(a, b)))
+}
+
+/// The numeric of a float as PostgreSQL converts it: its shortest text of 15 (float4: 6)
+/// significant digits.
+fn of_float(f: f64, digits: usize) -> Result<BigDecimal> {
+    if !f.is_finite() {
+        return Err(external(
+            ErrorKind::Unsupported,
+            "cannot convert NaN or infinity to numeric",
+        ));
+    }
+    let d = BigDecimal::from_str(&format!("{:.*e}", digits - 1, f)).map_err(|_| out_of_range())?;
+    Ok(at_least_scale_0(d.normalized()))
+}
+
+/// A value as a numeric: numerics and text read, integers, decimals and floats
+/// converted; `None` for NULL.
+fn value(v: &ScalarValue) -> Result<Option<BigDecimal>> {
+    Ok(Some(match v {
+        v if v.is_null() => return Ok(None),
+        ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) | ScalarValue::LargeUtf8(Some(s)) => {
+            parse(s)?
+        }
+        ScalarValue::Float64(Some(f)) => of_float(*f, 15)?,
+        ScalarValue::Float32(Some(f)) => of_float(*f as f64, 6)?,
+        ScalarValue::Decimal128(Some(v), _, s) => BigDecimal::new((*v).into(), *s as i64),
+        v if v.data_type().is_integer() => match v.cast_to(&DataType::Int64)? {
+            ScalarValue::Int64(Some(i)) => BigDecimal::from(i),
+            _ => return Err(out_of_range()),
+        },
+        v => {
+            return Err(external(
+                ErrorKind::DatatypeMismatch,
+                &format!("cannot cast type {} to numeric", v.data_type()),
+            ))
+        }
+    }))
+}
+
+fn numeric(d: Option<BigDecimal>) -> ScalarValue {
+    ScalarValue::Utf8(d.map(|d| text(&d)))
+}
+
+fn to_f64(d: &BigDecimal) -> f64 {
+    text(d).parse().unwrap_or(f64::NAN)
+}
+
+// ---- Scalar functions ------------------------------------------------------------------
+
+/// What a numeric function returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Returns {
+    Numeric,
+    Bool,
+}
+
+type Eval = fn(&[BigDecimal]) -> Result<BigDecimal>;
+type Compare = fn(std::cmp::Ordering) -> bool;
+/// A function's float form, for a float argument: `None` where PostgreSQL has none.
+type FloatEval = Option<fn(f64) -> Result<f64>>;
+
+#[derive(Clone, Copy)]
+enum Body {
+    Numeric(Eval, FloatEval),
+    Compare(Compare),
+}
+
+/// A numeric function or operator, evaluated row by row; NULL in, NULL out.
+struct NumericFunction {
+    name: &'static str,
+    signature: Signature,
+    body: Body,
+}
+
+impl std::fmt::Debug for NumericFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for NumericFunction {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for NumericFunction {}
+
+impl Hash for NumericFunction {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name.hash(state)
+    }
+}
+
+/// The name `format_type` gives an Arrow type's PostgreSQL type.
+fn type_name(t: &DataType) -> &'static str {
+    let oid = crate::session::cells::pg_type_of_arrow(t).oid();
+    super::functions::type_display(oid as i32).unwrap_or("unknown")
+}
+
+fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+}
+
+impl NumericFunction {
+    fn returns(&self) -> Returns {
+        match self.body {
+            Body::Numeric(..) => Returns::Numeric,
+            Body::Compare(_) => Returns::Bool,
+        }
+    }
+
+    /// The float form applies: a one-argument function of a float or an integer.
+    fn float_form(&self, args: &[FieldRef]) -> Result<Option<fn(f64) -> Result<f64>>> {
+        let Body::Numeric(_, Some(float)) = self.body else {
+            return Ok(None);
+        };
+        let Some(first) = args.first() else {
+            return Ok(None);
+        };
+        let t = first.data_type();
+        if is_numeric(first) || !(is_float(t) || (t.is_integer() && args.len() == 1)) {
+            return Ok(None);
+        }
+        match args.len() {
+            1 => Ok(Some(float)),
+            _ => {
+                let name = self.name.trim_start_matches("pg_numeric_");
+                let types: Vec<&str> = args.iter().map(|a| type_name(a.data_type())).collect();
+                let message = format!("function {name}({}) does not exist", types.join(", "));
+                let hint = format!("{name} with a scale takes a numeric: {name}(x::numeric, 2).");
+                Err(DataFusionError::External(Box::new(
+                    eddy_planner::Error::new(ErrorKind::UndefinedFunction, message).with_hint(hint),
+                )))
+            }
+        }
+    }
+}
+
+impl ScalarUDFImpl for NumericFunction {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(match self.returns() {
+            Returns::Bool => DataType::Boolean,
+            Returns::Numeric => DataType::Utf8,
+        })
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        Ok(Arc::new(match (self.returns(), self.float_form(args.arg_fields)?) {
+            (Returns::Bool, _) => Field::new(self.name, DataType::Boolean, true),
+            (Returns::Numeric, Some(_)) => Field::new(self.name, DataType::Float64, true),
+            (Returns::Numeric, None) => numeric_field(self.name),
+        }))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let returns = args.return_field.data_type().clone();
+        let float = self.float_form(&args.arg_fields)?;
+        let body = self.body;
+        super::functions::row_by_row(&args, &returns, &|scalars| {
+            if let Some(f) = float {
+                return match scalars[0].cast_to(&DataType::Float64)? {
+                    ScalarValue::Float64(Some(x)) => Ok(ScalarValue::Float64(Some(f(x)?))),
+                    _ => Ok(ScalarValue::Float64(None)),
+                };
+            }
+            let mut values = Vec::with_capacity(scalars.len());
+            for s in scalars {
+                match value(s)? {
+                    Some(v) => values.push(v),
+                    None => return ScalarValue::try_from(&returns),
+                }
+            }
+            Ok(match body {
+                Body::Numeric(eval, _) => numeric(Some(eval(&values)?)),
+                Body::Compare(cmp) => ScalarValue::Boolean(Some(cmp(values[0].cmp(&values[1])))),
+            })
+        })
+    }
+}
+
+fn udf(name: &'static str, arities: &[usize], body: Body) -> ScalarUDF {
+    let signature = Signature::one_of(
+        arities.iter().map(|n| TypeSignature::Any(*n)).collect(),
+        Volatility::Immutable,
+    );
+    ScalarUDF::new_from_impl(NumericFunction {
+        name,
+        signature,
+        body,
+    })
+}
+
+/// The scale argument of `round(n, s)` and `trunc(n, s)`: 0 when absent.
+fn scale_arg(a: &[BigDecimal]) -> Result<i64> {
+    match a.get(1) {
+        None => Ok(0),
+        Some(s) => s.to_i64().ok_or_else(out_of_range),
+    }
+}
+
+/// `sqrt`'s and `exp`'s result scale: `digits_before` is how many digits the result has
+/// before the point, less one.
+fn sig_scale(digits_before: i64, arg: &BigDecimal) -> i64 {
+    (MIN_SIG_DIGITS - digits_before)
+        .max(scale(arg))
+        .clamp(0, 1000)
+}
+
+fn negative_sqrt() -> DataFusionError {
+    external(
+        ErrorKind::InvalidPowerArgument,
+        "cannot take square root of a negative number",
+    )
+}
+
+fn functions() -> Vec<ScalarUDF> {
+    use std::cmp::Ordering;
+    let numeric = |e: Eval| Body::Numeric(e, None);
+    vec![
+        udf("pg_numeric", &[1], numeric(|a| Ok(a[0].clone()))),
+        // numeric(p, s): rounded to s digits, at most p − s before the point.
+        udf(
+            "pg_numeric_typmod",
+            &[3],
+            numeric(|a| {
+                let p = a[1].to_i64().ok_or_else(out_of_range)?;
+                let s = a[2].to_i64().ok_or_else(out_of_range)?;
+                let r = round(&a[0], s);
+                let limit = BigDecimal::new(1.into(), s - p);
+                match r.abs() >= limit {
+                    true => Err(external(ErrorKind::NumericOutOfRange, "numeric field overflow")),
+                    false => Ok(r),
+                }
+            }),
+        ),
+        udf("pg_numeric_add", &[2], numeric(|a| Ok(&a[0] + &a[1]))),
+        udf("pg_numeric_sub", &[2], numeric(|a| Ok(&a[0] - &a[1]))),
+        udf(
+            "pg_numeric_mul",
+            &[2],
+            numeric(|a| Ok((&a[0] * &a[1]).with_scale(scale(&a[0]) + scale(&a[1])))),
+        ),
+        udf("pg_numeric_div", &[2], numeric(|a| div(&a[0], &a[1]))),
+        udf(
+            "pg_numeric_mod",
+            &[2],
+            numeric(|a| match a[1].is_zero() {
+                true => Err(external(ErrorKind::DivisionByZero, "division by zero")),
+                false => Ok((&a[0] % &a[1]).with_scale(scale(&a[0]).max(scale(&a[1])))),
+            }),
+        ),
+        udf("pg_numeric_eq", &[2], Body::Compare(|o| o == Ordering::Equal)),
+        udf("pg_numeric_ne", &[2], Body::Compare(|o| o != Ordering::Equal)),
+        udf("pg_numeric_lt", &[2], Body::Compare(|o| o == Ordering::Less)),
+        udf("pg_numeric_le", &[2], Body::Compare(|o| o != Ordering::Greater)),
+        udf("pg_numeric_gt", &[2], Body::Compare(|o| o == Ordering::Greater)),
+        udf("pg_numeric_ge", &[2], Body::Compare(|o| o != Ordering::Less)),
+        udf(
+            "pg_numeric_round",
+            &[1, 2],
+            Body::Numeric(
+                |a| Ok(round(&a[0], scale_arg(a)?).with_scale(scale_arg(a)?.max(0))),
+                Some(|x| Ok(x.round_ties_even())),
+            ),
+        ),
+        udf(
+            "pg_numeric_trunc",
+            &[1, 2],
+            Body::Numeric(
+                |a| {
+                    let s = scale_arg(a)?;
+                    Ok(a[0].with_scale_round(s, RoundingMode::Down).with_scale(s.max(0)))
+                },
+                Some(|x| Ok(x.trunc())),
+            ),
+        ),
+        udf(
+            "pg_numeric_abs",
+            &[1],
+            Body::Numeric(|a| Ok(a[0].abs()), Some(|x| Ok(x.abs()))),
+        ),
+        udf(
+            "pg_numeric_ceil",
+            &[1],
+            Body::Numeric(
+                |a| Ok(a[0].with_scale_round(0, RoundingMode::Ceiling)),
+                Some(|x| Ok(x.ceil())),
+            ),
+        ),
+        udf(
+            "pg_numeric_floor",
+            &[1],
+            Body::Numeric(
+                |a| Ok(a[0].with_scale_round(0, RoundingMode::Floor)),
+                Some(|x| Ok(x.floor())),
+            ),
+        ),
+        udf(
+            "pg_numeric_sign",
+            &[1],
+            Body::Numeric(
+                |a| Ok(BigDecimal::from(a[0].signum().to_i64().unwrap_or(0))),
+                Some(|x| Ok(if x == 0.0 { 0.0 } else { x.signum() })),
+            ),
+        ),
+        udf(
+            "pg_numeric_sqrt",
+            &[1],
+            Body::Numeric(
+                |a| {
+                    let r = a[0].sqrt().ok_or_else(negative_sqrt)?;
+                    // PostgreSQL's estimate of the root's weight, in decimal digits.
+                    let (w, _) = weight(&a[0]);
+                    Ok(round(&r, sig_scale((w + 1) * 4 / 2 - 1, &a[0])))
+                },
+                Some(|x| match x < 0.0 {
+                    true => Err(negative_sqrt()),
+                    false => Ok(x.sqrt()),
+                }),
+            ),
+        ),
+        udf(
+            "pg_numeric_exp",
+            &[1],
+            Body::Numeric(
+                |a| {
+                    let x = to_f64(&a[0]);
+                    // e^2303 is past numeric's 1000 digits.
+                    if x > 2303.0 {
+                        return Err(out_of_range());
+                    }
+                    let digits = (x.max(-2303.0) * std::f64::consts::LOG10_E) as i64;
+                    Ok(round(&a[0].exp(), sig_scale(digits, &a[0])))
+                },
+                Some(|x| match x.exp() {
+                    r if r.is_infinite() => Err(out_of_range()),
+                    r => Ok(r),
+                }),
+            ),
+        ),
+    ]
+}
+
+/// `pg_typeof(v)`: the PostgreSQL type of `v`'s field, as `format_type` names it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TypeOf {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for TypeOf {
+    fn name(&self) -> &str {
+        "pg_typeof"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let field = &args.arg_fields[0];
+        let name = match field.metadata().get(PG_TYPE) {
+            Some(name) => name.as_str(),
+            None => type_name(field.data_type()),
+        };
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(name.into()))))
+    }
+}
+
+// ---- Aggregates -----------------------------------------------------------------------
+
+/// Which aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Agg {
+    Sum,
+    Avg,
+    Variance { sample: bool, root: bool },
+}
+
+/// `sum`, `avg` and the variances as PostgreSQL computes them: exact over integers and
+/// numerics (a numeric result, but `sum` of int2/int4 is a bigint), and over floats in
+/// row order, with Youngs–Cramer for the variances (DataFusion's differ in the last
+/// digits).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct NumericAggregate {
+    name: &'static str,
+    agg: Agg,
+    signature: Signature,
+}
+
+/// How an aggregate reads its input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Input {
+    Float,
+    /// int2/int4, whose `sum` is a bigint.
+    SmallInt,
+    Exact,
+}
+
+fn input_of(field: &Field, name: &str) -> Result<Input> {
+    let t = field.data_type();
+    Ok(if is_numeric(field) || matches!(t, DataType::Decimal128(..) | DataType::Null) {
+        Input::Exact
+    } else if is_float(t) {
+        Input::Float
+    } else if matches!(t, DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::UInt8 | DataType::UInt16) {
+        Input::SmallInt
+    } else if t.is_integer() {
+        Input::Exact
+    } else {
+        return Err(external(
+            ErrorKind::UndefinedFunction,
+            &format!("function {name}({}) does not exist", type_name(t)),
+        ));
+    })
+}
+
+impl AggregateUDFImpl for NumericAggregate {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn return_field(&self, args: &[FieldRef]) -> Result<FieldRef> {
+        let input = input_of(&args[0], self.name.trim_start_matches("pg_"))?;
+        Ok(Arc::new(match (input, self.agg) {
+            (Input::Float, _) => Field::new(self.name, DataType::Float64, true),
+            (Input::SmallInt, Agg::Sum) => Field::new(self.name, DataType::Int64, true),
+            _ => numeric_field(self.name),
+        }))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let input = input_of(&args.input_fields[0], self.name)?;
+        let t = match input {
+            Input::Float => DataType::Float64,
+            _ => DataType::Utf8,
+        };
+        Ok(vec![
+            Arc::new(Field::new(format!("{}_n", args.name), DataType::Int64, true)),
+            Arc::new(Field::new(format!("{}_sx", args.name), t.clone(), true)),
+            Arc::new(Field::new(format!("{}_sxx", args.name), t, true)),
+        ])
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        if args.is_distinct {
+            return Err(external(
+                ErrorKind::Unsupported,
+                "DISTINCT is not supported here",
+            ));
+        }
+        let input = input_of(&args.expr_fields[0], self.name)?;
+        Ok(Box::new(Sums {
+            agg: self.agg,
+            input,
+            n: 0,
+            fx: 0.0,
+            fxx: 0.0,
+            sx: BigDecimal::zero(),
+            sxx: BigDecimal::zero(),
+        }))
+    }
+}
+
+/// An aggregate's running count, sum and sum of squares: floats (`fxx` is Youngs–Cramer's
+/// sum of squared deviations) or exact.
+#[derive(Debug)]
+struct Sums {
+    agg: Agg,
+    input: Input,
+    n: i64,
+    fx: f64,
+    fxx: f64,
+    sx: BigDecimal,
+    sxx: BigDecimal,
+}
+
+impl Sums {
+    fn squares(&self) -> bool {
+        matches!(self.agg, Agg::Variance { .. })
+    }
+
+    fn add_float(&mut self, x: f64) {
+        self.n += 1;
+        self.fx += x;
+        if self.n > 1 && self.squares() {
+            let n = self.n as f64;
+            let tmp = x * n - self.fx;
+            self.fxx += tmp * tmp / (n * (n - 1.0));
+        }
+    }
+
+    /// Adds a batch of integers, exactly: in i128 while it cannot overflow.
+    fn add_ints(&mut self, a: &Int64Array) {
+        let (mut n, mut sx, mut sxx) = (0i64, 0i128, 0i128);
+        let mut exact = true;
+        for v in a.iter().flatten() {
+            n += 1;
+            let v = v as i128;
+            sx += v;
+            match v.checked_mul(v).and_then(|q| sxx.checked_add(q)) {
+                Some(q) => sxx = q,
+                None => exact = false,
+            }
+        }
+        if exact {
+            self.n += n;
+            self.sx += BigDecimal::from(sx);
+            self.sxx += BigDecimal::from(sxx);
+        } else {
+            for v in a.iter().flatten() {
+                self.add_exact(BigDecimal::from(v));
+            }
+        }
+    }
+
+    fn add_exact(&mut self, v: BigDecimal) {
+        self.n += 1;
+        if self.squares() {
+            self.sxx += &v * &v;
+        }
+        self.sx += v;
+    }
+
+    /// PostgreSQL's `numeric_stddev_internal`.
+    fn exact_variance(&self, sample: bool, root: bool) -> Result<ScalarValue> {
+        let n = BigDecimal::from(self.n);
+        let rscale = scale(&self.sx) * 2;
+        let square = (&self.sx * &self.sx).with_scale(rscale);
+        let numerator = (&n * &self.sxx).with_scale(rscale) - square;
+        if numerator <= BigDecimal::zero() {
+            return Ok(numeric(Some(BigDecimal::zero())));
+        }
+        let denominator = match sample {
+            true => &n * (&n - BigDecimal::from(1)),
+            false => &n * &n,
+        };
+        let rscale = div_scale(&numerator, &denominator);
+        let var = round(&(&numerator / &denominator), rscale);
+        Ok(numeric(Some(match root {
+            true => round(&var.sqrt().unwrap_or_default(), rscale),
+            false => var,
+        })))
+    }
+}
+
+impl Accumulator for Sums {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let a = &values[0];
+        match self.input {
+            Input::Float => {
+                let f = datafusion::arrow::compute::cast(a, &DataType::Float64)?;
+                for x in f.as_primitive::<datafusion::arrow::datatypes::Float64Type>().iter().flatten() {
+                    self.add_float(x);
+                }
+            }
+            _ if a.data_type().is_integer() => {
+                let i = datafusion::arrow::compute::cast(a, &DataType::Int64)?;
+                self.add_ints(i.as_primitive::<Int64Type>());
+            }
+            _ => {
+                for row in 0..a.len() {
+                    if let Some(v) = value(&ScalarValue::try_from_array(a, row)?)? {
+                        self.add_exact(v);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let min = match self.agg {
+            Agg::Variance { sample: true, .. } => 2,
+            _ => 1,
+        };
+        let float = self.input == Input::Float;
+        if self.n < min {
+            return Ok(match float {
+                true => ScalarValue::Float64(None),
+                false if self.input == Input::SmallInt && self.agg == Agg::Sum => {
+                    ScalarValue::Int64(None)
+                }
+                false => ScalarValue::Utf8(None),
+            });
+        }
+        let n = self.n as f64;
+        Ok(match (self.agg, float) {
+            (Agg::Sum, true) => ScalarValue::Float64(Some(self.fx)),
+            (Agg::Avg, true) => ScalarValue::Float64(Some(self.fx / n)),
+            (Agg::Variance { sample, root }, true) => {
+                let var = self.fxx / if sample { n - 1.0 } else { n };
+                ScalarValue::Float64(Some(if root { var.sqrt() } else { var }))
+            }
+            (Agg::Sum, false) if self.input == Input::SmallInt => {
+                ScalarValue::Int64(Some(self.sx.to_i64().ok_or_else(out_of_range)?))
+            }
+            (Agg::Sum, false) => numeric(Some(self.sx.clone())),
+            (Agg::Avg, false) => numeric(Some(div(&self.sx, &BigDecimal::from(self.n))?)),
+            (Agg::Variance { sample, root }, false) => self.exact_variance(sample, root)?,
+        })
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self) + (self.sx.digits() + self.sxx.digits()) as usize
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(match self.input {
+            Input::Float => vec![
+                ScalarValue::Int64(Some(self.n)),
+                ScalarValue::Float64(Some(self.fx)),
+                ScalarValue::Float64(Some(self.fxx)),
+            ],
+            _ => vec![
+                ScalarValue::Int64(Some(self.n)),
+                numeric(Some(self.sx.clone())),
+                numeric(Some(self.sxx.clone())),
+            ],
+        })
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let counts = states[0].as_primitive::<Int64Type>();
+        for row in 0..counts.len() {
+            let n2 = counts.value(row);
+            if counts.is_null(row) || n2 == 0 {
+                continue;
+            }
+            match self.input {
+                Input::Float => {
+                    let sx2 = states[1].as_primitive::<datafusion::arrow::datatypes::Float64Type>().value(row);
+                    let sxx2 = states[2].as_primitive::<datafusion::arrow::datatypes::Float64Type>().value(row);
+                    // PostgreSQL's float8_combine.
+                    if self.n == 0 {
+                        (self.n, self.fx, self.fxx) = (n2, sx2, sxx2);
+                    } else {
+                        let (n1, n2f) = (self.n as f64, n2 as f64);
+                        let tmp = self.fx / n1 - sx2 / n2f;
+                        let n = n1 + n2f;
+                        self.fxx += sxx2 + n1 * n2f * tmp * tmp / n;
+                        self.fx += sx2;
+                        self.n += n2;
+                    }
+                }
+                _ => {
+                    let text = states[1].as_string::<i32>();
+                    let squares = states[2].as_string::<i32>();
+                    self.n += n2;
+                    self.sx += parse(text.value(row))?;
+                    self.sxx += parse(squares.value(row))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn aggregate(name: &'static str, agg: Agg) -> AggregateUDF {
+    AggregateUDF::new_from_impl(NumericAggregate {
+        name,
+        agg,
+        signature: Signature::any(1, Volatility::Immutable),
+    })
+}
+
+fn aggregates() -> Vec<AggregateUDF> {
+    let var = |sample, root| Agg::Variance { sample, root };
+    vec![
+        aggregate("pg_sum", Agg::Sum),
+        aggregate("pg_avg", Agg::Avg),
+        aggregate("pg_variance", var(true, false)),
+        aggregate("pg_var_samp", var(true, false)),
+        aggregate("pg_var_pop", var(false, false)),
+        aggregate("pg_stddev", var(true, true)),
+        aggregate("pg_stddev_samp", var(true, true)),
+        aggregate("pg_stddev_pop", var(false, true)),
+    ]
+}
+
+// ---- Planning ---------------------------------------------------------------------------
+
+/// Plans `+ - * / %` and the comparisons where an operand is numeric: exact with an
+/// integer, a numeric or text, as floats with anything else.
+#[derive(Debug)]
+pub struct NumericPlanner {
+    functions: Vec<Arc<ScalarUDF>>,
+}
+
+impl NumericPlanner {
+    fn function(&self, op: &BinaryOperator) -> Option<&Arc<ScalarUDF>> {
+        let name = match op {
+            BinaryOperator::Plus => "pg_numeric_add",
+            BinaryOperator::Minus => "pg_numeric_sub",
+            BinaryOperator::Multiply => "pg_numeric_mul",
+            BinaryOperator::Divide => "pg_numeric_div",
+            BinaryOperator::Modulo => "pg_numeric_mod",
+            BinaryOperator::Eq => "pg_numeric_eq",
+            BinaryOperator::NotEq => "pg_numeric_ne",
+            BinaryOperator::Lt => "pg_numeric_lt",
+            BinaryOperator::LtEq => "pg_numeric_le",
+            BinaryOperator::Gt => "pg_numeric_gt",
+            BinaryOperator::GtEq => "pg_numeric_ge",
+            _ => return None,
+        };
+        self.functions.iter().find(|f| f.name() == name)
+    }
+}
+
+impl ExprPlanner for NumericPlanner {
+    fn plan_binary_op(
+        &self,
+        expr: RawBinaryExpr,
+        schema: &DFSchema,
+    ) -> Result<PlannerResult<RawBinaryExpr>> {
+        let field = |e: &Expr| e.to_field(schema).ok().map(|(_, f)| f);
+        let (left, right) = (field(&expr.left), field(&expr.right));
+        let numeric_side = |f: &Option<FieldRef>| f.as_deref().is_some_and(is_numeric);
+        if !numeric_side(&left) && !numeric_side(&right) {
+            return Ok(PlannerResult::Original(expr));
+        }
+        if expr.op == BinaryOperator::StringConcat {
+            return Ok(PlannerResult::Original(expr));
+        }
+        let exact = |f: &Option<FieldRef>| match f.as_deref() {
+            Some(f) => {
+                let t = f.data_type();
+                is_numeric(f)
+                    || t.is_integer()
+                    || matches!(t, DataType::Null | DataType::Decimal128(..) | DataType::Utf8)
+            }
+            None => false,
+        };
+        if exact(&left) && exact(&right) {
+            if let Some(f) = self.function(&expr.op) {
+                return Ok(PlannerResult::Planned(Expr::ScalarFunction(
+                    ScalarFunction::new_udf(f.clone(), vec![expr.left, expr.right]),
+                )));
+            }
+        }
+        // Anything else reads the numeric as a float, as PostgreSQL's casts do.
+        let float = |e: Expr, f: &Option<FieldRef>| match numeric_side(f) {
+            true => Expr::Cast(datafusion::logical_expr::Cast::new(
+                Box::new(e),
+                DataType::Float64,
+            )),
+            false => e,
+        };
+        Ok(PlannerResult::Original(RawBinaryExpr {
+            op: expr.op,
+            left: float(expr.left, &left),
+            right: float(expr.right, &right),
+        }))
+    }
+}
+
+/// ORDER BY a numeric orders by its value, not its text.
+#[derive(Debug, Default)]
+pub(super) struct NumericOrder;
+
+impl AnalyzerRule for NumericOrder {
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|node| {
+            let LogicalPlan::Sort(mut sort) = node else {
+                return Ok(Transformed::no(node));
+            };
+            let schema = sort.input.schema().clone();
+            let mut changed = false;
+            sort.expr = sort
+                .expr
+                .into_iter()
+                .map(|s| {
+                    let numeric = s
+                        .expr
+                        .to_field(&schema)
+                        .is_ok_and(|(_, f)| is_numeric(&f));
+                    if !numeric {
+                        return s;
+                    }
+                    changed = true;
+                    SortExpr {
+                        expr: Expr::Cast(datafusion::logical_expr::Cast::new(
+                            Box::new(s.expr),
+                            DataType::Float64,
+                        )),
+                        ..s
+                    }
+                })
+                .collect();
+            Ok(Transformed::new_transformed(LogicalPlan::Sort(sort), changed))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "eddy_numeric_order"
+    }
+}
+
+/// Registers the numeric functions, aggregates and operators with `ctx`.
+pub fn register(ctx: &SessionContext) -> Result<()> {
+    use datafusion::execution::FunctionRegistry;
+    let udfs = functions();
+    let planner = NumericPlanner {
+        functions: udfs.iter().cloned().map(Arc::new).collect(),
+    };
+    for f in udfs {
+        ctx.register_udf(f);
+    }
+    ctx.register_udf(ScalarUDF::new_from_impl(TypeOf {
+        signature: Signature::any(1, Volatility::Immutable),
+    }));
+    for a in aggregates() {
+        ctx.register_udaf(a);
+    }
+    ctx.state_ref()
+        .write()
+        .register_expr_planner(Arc::new(planner))?;
+    Ok(())
+}
+
+// ---- Where numerics appear -------------------------------------------------------------
+
+/// A decimal literal's text (`1.5`, `1e6`, or an integer too large for bigint).
+fn decimal_literal(e: &Ast) -> Option<String> {
+    let (negative, inner) = match e {
+        Ast::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr,
+        } => (true, expr.as_ref()),
+        e => (false, e),
+    };
+    let Ast::Value(v) = inner else { return None };
+    let Value::Number(n, _) = &v.value else {
+        return None;
+    };
+    let decimal = n.contains(['.', 'e', 'E']) || n.parse::<i64>().is_err();
+    decimal.then(|| format!("{}{n}", if negative { "-" } else { "" }))
+}
+
+fn call(name: &str, args: Vec<Ast>) -> Ast {
+    super::rewrite::call(name, args)
+}
+
+const FUNCTIONS: &[&str] = &["round", "trunc", "abs", "ceil", "ceiling", "floor", "sign", "sqrt", "exp"];
+const AGGREGATES: &[&str] = &[
+    "sum", "avg", "variance", "var_samp", "var_pop", "stddev", "stddev_samp", "stddev_pop",
+];
+
+/// Makes the numerics of `statement`'s outermost SELECT items (see the module's text).
+pub(super) fn literals(statement: &mut DFStatement) {
+    let DFStatement::Statement(s) = statement else {
+        return;
+    };
+    let Statement::Query(query) = s.as_mut() else {
+        return;
+    };
+    let SetExpr::Select(select) = query.body.as_mut() else {
+        return;
+    };
+    for item in select.projection.iter_mut() {
+        match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                visit(e, true);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn function_args(f: &mut ast::Function) -> Option<&mut Vec<FunctionArg>> {
+    match &mut f.args {
+        FunctionArguments::List(list) if list.duplicate_treatment.is_none() && list.clauses.is_empty() => {
+            Some(&mut list.args)
+        }
+        _ => None,
+    }
+}
+
+/// Rewrites `e` where a numeric may be (`numeric`), and says whether `e` may now be one.
+fn visit(e: &mut Ast, numeric: bool) -> bool {
+    if numeric {
+        if let Some(text) = decimal_literal(e) {
+            *e = call(
+                "pg_numeric",
+                vec![Ast::value(Value::SingleQuotedString(text))],
+            );
+            return true;
+        }
+    }
+    match e {
+        Ast::Nested(inner) => visit(inner, numeric),
+        // `-a ^ b` is `(-a) ^ b` in PostgreSQL.
+        Ast::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr: inner,
+        } if matches!(inner.as_ref(), Ast::BinaryOp { op: BinaryOperator::PGExp, .. }) => {
+            let Ast::BinaryOp { left, op, right } = inner.as_ref().clone() else {
+                unreachable!("matched above");
+            };
+            *e = Ast::BinaryOp {
+                left: Box::new(Ast::UnaryOp {
+                    op: UnaryOperator::Minus,
+                    expr: left,
+                }),
+                op,
+                right,
+            };
+            visit(e, numeric)
+        }
+        Ast::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr: inner,
+        } => {
+            if visit(inner, numeric) {
+                *e = Ast::BinaryOp {
+                    left: Box::new(Ast::value(Value::Number("0".into(), false))),
+                    op: BinaryOperator::Minus,
+                    right: Box::new(Ast::Nested(inner.clone())),
+                };
+                return true;
+            }
+            false
+        }
+        Ast::UnaryOp {
+            op: UnaryOperator::Not,
+            expr: inner,
+        } => {
+            visit(inner, numeric);
+            false
+        }
+        Ast::BinaryOp { left, op, right } => {
+            use BinaryOperator::*;
+            match op {
+                Plus | Minus | Multiply | Divide | Modulo => {
+                    let l = visit(left, numeric);
+                    let r = visit(right, numeric);
+                    l || r
+                }
+                Eq | NotEq | Lt | LtEq | Gt | GtEq | And | Or | PGExp => {
+                    visit(left, numeric);
+                    visit(right, numeric);
+                    false
+                }
+                _ => false,
+            }
+        }
+        Ast::Cast {
+            expr: inner,
+            data_type: ast::DataType::Numeric(info) | ast::DataType::Decimal(info) | ast::DataType::Dec(info),
+            ..
+        } if numeric => {
+            visit(inner, true);
+            let inner = inner.as_ref().clone();
+            let number = |n: u64| Ast::value(Value::Number(n.to_string(), false));
+            *e = match *info {
+                ast::ExactNumberInfo::PrecisionAndScale(p, s) => {
+                    call("pg_numeric_typmod", vec![inner, number(p), number(s as u64)])
+                }
+                ast::ExactNumberInfo::Precision(p) => {
+                    call("pg_numeric_typmod", vec![inner, number(p), number(0)])
+                }
+                ast::ExactNumberInfo::None => call("pg_numeric", vec![inner]),
+            };
+            true
+        }
+        Ast::Function(f) if f.over.is_none() && f.filter.is_none() && f.within_group.is_empty() => {
+            let name = super::rewrite::parts(&f.name);
+            let [name] = name.as_slice() else {
+                return false;
+            };
+            let name = name.as_str();
+            let renamed = match name {
+                _ if !numeric => None,
+                "ceiling" => Some("pg_numeric_ceil".to_string()),
+                n if FUNCTIONS.contains(&n) => Some(format!("pg_numeric_{n}")),
+                n if AGGREGATES.contains(&n) => Some(format!("pg_{n}")),
+                _ => None,
+            };
+            let arguments_numeric = renamed.is_some() || (numeric && matches!(name, "pg_text" | "pg_typeof"));
+            let Some(args) = function_args(f) else {
+                return false;
+            };
+            for arg in args.iter_mut() {
+                if let FunctionArg::Unnamed(FunctionArgExpr::Expr(a)) = arg {
+                    visit(a, arguments_numeric);
+                }
+            }
+            match renamed {
+                Some(n) => {
+                    f.name = ast::ObjectName::from(vec![ast::Ident::new(n)]);
+                    true
+                }
+                None => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(s: &str) -> BigDecimal {
+        parse(s).unwrap()
+    }
+
+    #[test]
+    fn literals_keep_their_scale() {
+        assert_eq!(text(&d("2.50")), "2.50");
+        assert_eq!(text(&d("1e6")), "1000000");
+        assert_eq!(text(&d("1.0e-3")), "0.0010");
+        assert_eq!(text(&d("1.5e3")), "1500");
+        assert_eq!(text(&d(".5")), "0.5");
+        assert_eq!(text(&(d("0.1") + d("0.2"))), "0.3");
+        assert!(parse("abc").is_err());
+    }
+
+    #[test]
+    fn quotients_have_postgresqls_scale() {
+        let q = |a: &str, b: &str| text(&div(&d(a), &d(b)).unwrap());
+        assert_eq!(q("7.0", "2"), "3.5000000000000000");
+        assert_eq!(q("1", "3.0"), "0.33333333333333333333");
+        assert_eq!(q("2.0", "3"), "0.66666666666666666667");
+        assert_eq!(q("10", "3"), "3.3333333333333333");
+        assert_eq!(q("2000000124", "41"), "48780490.829268292683");
+        assert_eq!(q("31", "10"), "3.1000000000000000");
+        assert!(div(&d("1"), &d("0")).is_err());
+    }
+
+    #[test]
+    fn floats_convert_with_15_digits() {
+        assert_eq!(text(&of_float(0.1, 15).unwrap()), "0.1");
+        assert_eq!(text(&of_float(19.99, 15).unwrap()), "19.99");
+        assert_eq!(text(&of_float(1_000_000.0, 15).unwrap()), "1000000");
+        assert_eq!(text(&of_float(0.1f32 as f64, 6).unwrap()), "0.1");
+    }
+}
