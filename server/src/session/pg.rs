@@ -588,6 +588,26 @@ impl Session {
                 self.end_transaction().await;
                 self.db.execute_statement(stmt).await
             }
+            Statement::Query(sql) if settings::set_config_call(&sql).is_some() => {
+                let (name, value, local) = settings::set_config_call(&sql).expect("matched");
+                let shown = match Setting::named(&name) {
+                    Some(setting) => {
+                        let canonical = setting.canonical(&value)?;
+                        if !local {
+                            self.apply(setting, &canonical);
+                        }
+                        value
+                    }
+                    None => {
+                        settings::check_other(&name)?;
+                        value
+                    }
+                };
+                Ok(Executed::rows(
+                    vec![Column::text("set_config")],
+                    vec![vec![Cell::text(shown)]],
+                ))
+            }
             // A query applies nothing, so it is cancelled wherever its time runs out.
             query @ Statement::Query(_) => match self.deadline() {
                 None => self.db.execute_by(&role, query).await,

@@ -171,6 +171,54 @@ fn parameter(name: &str) -> Option<(&'static str, &'static str)> {
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
 }
 
+/// `SELECT set_config('name', 'value', is_local)` alone, as `(name, value, is_local)`:
+/// the session runs it as `SET` (or, local, as `SET LOCAL` outside a transaction block,
+/// which changes nothing) and answers the value.
+pub fn set_config_call(sql: &str) -> Option<(String, String, bool)> {
+    use datafusion::sql::sqlparser::ast::{
+        Expr, FunctionArg, FunctionArgExpr, FunctionArguments, SelectItem, SetExpr, Statement,
+        Value,
+    };
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    if !sql.to_ascii_lowercase().contains("set_config") {
+        return None;
+    }
+    let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;
+    let [Statement::Query(q)] = statements.as_slice() else {
+        return None;
+    };
+    let SetExpr::Select(select) = q.body.as_ref() else {
+        return None;
+    };
+    let ([item], true) = (select.projection.as_slice(), select.from.is_empty()) else {
+        return None;
+    };
+    let (SelectItem::UnnamedExpr(Expr::Function(f)) | SelectItem::ExprWithAlias { expr: Expr::Function(f), .. }) = item else {
+        return None;
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    if !f.name.to_string().eq_ignore_ascii_case("set_config") {
+        return None;
+    }
+    let values: Vec<&Value> = list
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(v))) => Some(&v.value),
+            _ => None,
+        })
+        .collect();
+    match values.as_slice() {
+        [Value::SingleQuotedString(name), Value::SingleQuotedString(value), Value::Boolean(local)] => {
+            Some((name.to_ascii_lowercase(), value.clone(), *local))
+        }
+        _ => None,
+    }
+}
+
 /// `SET name` or `RESET name` of a parameter that is not one of Eddy's settings
 /// (`Setting`): as PostgreSQL answers it. One a PostgreSQL session may set (or a
 /// `prefix.name` placeholder) is accepted and has no effect in Eddy; one only the server

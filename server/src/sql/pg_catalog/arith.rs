@@ -4,7 +4,8 @@
 //!   makes every one `bigint`. So `2147483647 + 1` overflows, as in PostgreSQL.
 //! - Integer `+`, `-` and `*` fail with 22003 (`integer out of range`, `bigint out of
 //!   range`, `smallint out of range`) where DataFusion wraps around.
-//! - A float divided by zero fails with 22012, where DataFusion gives Infinity or NaN.
+//! - A float divided by zero fails with 22012, where DataFusion gives Infinity or NaN;
+//!   float `+`, `-`, `*` and `/` that overflow to infinity fail with 22003.
 //! - A cast to an integer type rounds (half to even from a float, half away from zero
 //!   from a numeric literal) and fails with 22003 out of the type's range, where
 //!   DataFusion truncates or fails with its own message; `round` of a float rounds half
@@ -195,9 +196,9 @@ impl AnalyzerRule for Checked {
                         ))));
                     }
                     let op = match op {
-                        Operator::Plus if checked_int(&l) && l == r => Op::Add,
-                        Operator::Minus if checked_int(&l) && l == r => Op::Sub,
-                        Operator::Multiply if checked_int(&l) && l == r => Op::Mul,
+                        Operator::Plus if checked(&l) && l == r => Op::Add,
+                        Operator::Minus if checked(&l) && l == r => Op::Sub,
+                        Operator::Multiply if checked(&l) && l == r => Op::Mul,
                         Operator::Divide if l.is_floating() && l == r => Op::Div,
                         _ => return Ok(Transformed::no(e)),
                     };
@@ -352,10 +353,17 @@ impl ScalarUDFImpl for Arith {
                         numeric::div(l, r)
                     }
                 };
-                out.map_err(|e| match e {
+                let out = out.map_err(|e| match e {
                     ArrowError::ArithmeticOverflow(_) => out_of_range(l.data_type()),
                     e => DataFusionError::ArrowError(Box::new(e), None),
-                })?
+                })?;
+                if float_overflow(l, r, &out) {
+                    return Err(external(
+                        ErrorKind::NumericOutOfRange,
+                        "value out of range: overflow",
+                    ));
+                }
+                out
             }
         };
         if scalar {
@@ -363,6 +371,30 @@ impl ScalarUDFImpl for Arith {
         }
         Ok(ColumnarValue::Array(out))
     }
+}
+
+/// Integers, whose overflow fails, and floats, whose overflow to infinity fails.
+fn checked(t: &DataType) -> bool {
+    checked_int(t) || t.is_floating()
+}
+
+/// Whether a float operation of finite operands gave an infinity somewhere.
+fn float_overflow(l: &ArrayRef, r: &ArrayRef, out: &ArrayRef) -> bool {
+    if !out.data_type().is_floating() {
+        return false;
+    }
+    let as_f64 = |a: &ArrayRef| cast(a, &DataType::Float64).ok();
+    let (Some(l), Some(r), Some(out)) = (as_f64(l), as_f64(r), as_f64(out)) else {
+        return false;
+    };
+    let f = |a: &ArrayRef| a.as_any().downcast_ref::<Float64Array>().cloned();
+    let (Some(l), Some(r), Some(out)) = (f(&l), f(&r), f(&out)) else {
+        return false;
+    };
+    out.iter().zip(l.iter().zip(r.iter())).any(|(o, (a, b))| match (o, a, b) {
+        (Some(o), Some(a), Some(b)) => o.is_infinite() && a.is_finite() && b.is_finite(),
+        _ => false,
+    })
 }
 
 /// Whether a float divisor holds a zero (NULLs aside).

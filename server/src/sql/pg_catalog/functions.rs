@@ -75,10 +75,35 @@ impl ScalarUDFImpl for CatalogFunction {
         Ok(self.returns.clone())
     }
 
+    /// The identity functions return PostgreSQL's `name`.
+    fn return_field_from_args(
+        &self,
+        _: datafusion::logical_expr::ReturnFieldArgs,
+    ) -> Result<datafusion::arrow::datatypes::FieldRef> {
+        let field = Field::new(self.name, self.returns.clone(), true);
+        Ok(std::sync::Arc::new(match NAME_FUNCTIONS.contains(&self.name) {
+            true => field.with_metadata(
+                [(super::json::PG_TYPE.to_string(), "name".to_string())]
+                    .into_iter()
+                    .collect(),
+            ),
+            false => field,
+        }))
+    }
+
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         row_by_row(&args, &self.returns, &*self.eval)
     }
 }
+
+/// The functions whose result is a `name`.
+const NAME_FUNCTIONS: [&str; 5] = [
+    "current_user",
+    "session_user",
+    "current_role",
+    "current_database",
+    "current_schema",
+];
 
 /// Evaluates `eval` on each row's scalars (once, on scalars, when every argument is
 /// one), for functions defined on single values.

@@ -650,6 +650,9 @@ pub fn pg_type(field: &Field) -> pgwire::api::Type {
         Some(Kind::Json) => pgwire::api::Type::JSON,
         Some(Kind::Jsonb) => pgwire::api::Type::JSONB,
         None if super::numeric::is_numeric(field) => pgwire::api::Type::NUMERIC,
+        None if field.metadata().get(PG_TYPE).is_some_and(|t| t == "name") => {
+            pgwire::api::Type::NAME
+        }
         None => crate::session::cells::pg_type_of_arrow(field.data_type()),
     }
 }

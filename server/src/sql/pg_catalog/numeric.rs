@@ -543,8 +543,9 @@ enum Agg {
 }
 
 /// `sum`, `avg` and the variances as PostgreSQL computes them: exact over integers and
-/// numerics (a numeric result, but `sum` of int2/int4 is a bigint), and over floats in
-/// row order, with Youngs–Cramer for the variances (DataFusion's differ in the last
+/// numerics (a numeric result, but `sum` of int2/int4 is a bigint); over floats, the
+/// variances with PostgreSQL's Youngs–Cramer, the sum compensated, so that it does not
+/// depend on the order the partitions' rows arrive in (DataFusion's differ in the last
 /// digits).
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct NumericAggregate {
@@ -636,7 +637,8 @@ impl AggregateUDFImpl for NumericAggregate {
 }
 
 /// An aggregate's running count, sum and sum of squares: floats (`fxx` is Youngs–Cramer's
-/// sum of squared deviations) or exact.
+/// sum of squared deviations for the variances, the sum's compensation for `sum` and
+/// `avg`) or exact.
 #[derive(Debug)]
 struct Sums {
     agg: Agg,
@@ -655,12 +657,27 @@ impl Sums {
 
     fn add_float(&mut self, x: f64) {
         self.n += 1;
+        if !self.squares() {
+            self.add_float_sum(x);
+            return;
+        }
         self.fx += x;
-        if self.n > 1 && self.squares() {
+        if self.n > 1 {
             let n = self.n as f64;
             let tmp = x * n - self.fx;
             self.fxx += tmp * tmp / (n * (n - 1.0));
         }
+    }
+
+    /// Neumaier's compensated sum: whatever the rows' order, the sum is within an ulp
+    /// of the exact one (`fxx` holds the compensation).
+    fn add_float_sum(&mut self, x: f64) {
+        let t = self.fx + x;
+        self.fxx += match self.fx.abs() >= x.abs() {
+            true => (self.fx - t) + x,
+            false => (x - t) + self.fx,
+        };
+        self.fx = t;
     }
 
     /// Adds a batch of integers, exactly: in i128 while it cannot overflow.
@@ -759,8 +776,8 @@ impl Accumulator for Sums {
         }
         let n = self.n as f64;
         Ok(match (self.agg, float) {
-            (Agg::Sum, true) => ScalarValue::Float64(Some(self.fx)),
-            (Agg::Avg, true) => ScalarValue::Float64(Some(self.fx / n)),
+            (Agg::Sum, true) => ScalarValue::Float64(Some(self.fx + self.fxx)),
+            (Agg::Avg, true) => ScalarValue::Float64(Some((self.fx + self.fxx) / n)),
             (Agg::Variance { sample, root }, true) => {
                 let var = self.fxx / if sample { n - 1.0 } else { n };
                 ScalarValue::Float64(Some(if root { var.sqrt() } else { var }))
@@ -807,6 +824,10 @@ impl Accumulator for Sums {
                     // PostgreSQL's float8_combine.
                     if self.n == 0 {
                         (self.n, self.fx, self.fxx) = (n2, sx2, sxx2);
+                    } else if !self.squares() {
+                        self.n += n2;
+                        self.fxx += sxx2;
+                        self.add_float_sum(sx2);
                     } else {
                         let (n1, n2f) = (self.n as f64, n2 as f64);
                         let tmp = self.fx / n1 - sx2 / n2f;
