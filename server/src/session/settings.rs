@@ -194,7 +194,12 @@ pub fn set_config_call(sql: &str) -> Option<(String, String, bool)> {
     let ([item], true) = (select.projection.as_slice(), select.from.is_empty()) else {
         return None;
     };
-    let (SelectItem::UnnamedExpr(Expr::Function(f)) | SelectItem::ExprWithAlias { expr: Expr::Function(f), .. }) = item else {
+    let (SelectItem::UnnamedExpr(Expr::Function(f))
+    | SelectItem::ExprWithAlias {
+        expr: Expr::Function(f),
+        ..
+    }) = item
+    else {
         return None;
     };
     let FunctionArguments::List(list) = &f.args else {

@@ -391,10 +391,12 @@ fn float_overflow(l: &ArrayRef, r: &ArrayRef, out: &ArrayRef) -> bool {
     let (Some(l), Some(r), Some(out)) = (f(&l), f(&r), f(&out)) else {
         return false;
     };
-    out.iter().zip(l.iter().zip(r.iter())).any(|(o, (a, b))| match (o, a, b) {
-        (Some(o), Some(a), Some(b)) => o.is_infinite() && a.is_finite() && b.is_finite(),
-        _ => false,
-    })
+    out.iter()
+        .zip(l.iter().zip(r.iter()))
+        .any(|(o, (a, b))| match (o, a, b) {
+            (Some(o), Some(a), Some(b)) => o.is_infinite() && a.is_finite() && b.is_finite(),
+            _ => false,
+        })
 }
 
 /// Whether a float divisor holds a zero (NULLs aside).

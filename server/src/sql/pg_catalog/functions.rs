@@ -81,14 +81,16 @@ impl ScalarUDFImpl for CatalogFunction {
         _: datafusion::logical_expr::ReturnFieldArgs,
     ) -> Result<datafusion::arrow::datatypes::FieldRef> {
         let field = Field::new(self.name, self.returns.clone(), true);
-        Ok(std::sync::Arc::new(match NAME_FUNCTIONS.contains(&self.name) {
-            true => field.with_metadata(
-                [(super::json::PG_TYPE.to_string(), "name".to_string())]
-                    .into_iter()
-                    .collect(),
-            ),
-            false => field,
-        }))
+        Ok(std::sync::Arc::new(
+            match NAME_FUNCTIONS.contains(&self.name) {
+                true => field.with_metadata(
+                    [(super::json::PG_TYPE.to_string(), "name".to_string())]
+                        .into_iter()
+                        .collect(),
+                ),
+                false => field,
+            },
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -39,8 +39,8 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    self, BinaryOperator, Expr as Ast, FunctionArg, FunctionArgExpr, FunctionArguments,
-    SelectItem, SetExpr, Statement, UnaryOperator, Value,
+    self, BinaryOperator, Expr as Ast, FunctionArg, FunctionArgExpr, FunctionArguments, SelectItem,
+    SetExpr, Statement, UnaryOperator, Value,
 };
 
 use eddy_planner::ErrorKind;
@@ -171,9 +171,9 @@ fn of_float(f: f64, digits: usize) -> Result<BigDecimal> {
 fn value(v: &ScalarValue) -> Result<Option<BigDecimal>> {
     Ok(Some(match v {
         v if v.is_null() => return Ok(None),
-        ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) | ScalarValue::LargeUtf8(Some(s)) => {
-            parse(s)?
-        }
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::Utf8View(Some(s))
+        | ScalarValue::LargeUtf8(Some(s)) => parse(s)?,
         ScalarValue::Float64(Some(f)) => of_float(*f, 15)?,
         ScalarValue::Float32(Some(f)) => of_float(*f as f64, 6)?,
         ScalarValue::Decimal128(Some(v), _, s) => BigDecimal::new((*v).into(), *s as i64),
@@ -209,8 +209,10 @@ enum Returns {
 
 type Eval = fn(&[BigDecimal]) -> Result<BigDecimal>;
 type Compare = fn(std::cmp::Ordering) -> bool;
-/// A function's float form, for a float argument: `None` where PostgreSQL has none.
-type FloatEval = Option<fn(f64) -> Result<f64>>;
+/// A function's float form, for a float argument.
+type Float = fn(f64) -> Result<f64>;
+/// `None` where PostgreSQL has no float form.
+type FloatEval = Option<Float>;
 
 #[derive(Clone, Copy)]
 enum Body {
@@ -264,7 +266,7 @@ impl NumericFunction {
     }
 
     /// The float form applies: a one-argument function of a float or an integer.
-    fn float_form(&self, args: &[FieldRef]) -> Result<Option<fn(f64) -> Result<f64>>> {
+    fn float_form(&self, args: &[FieldRef]) -> Result<Option<Float>> {
         let Body::Numeric(_, Some(float)) = self.body else {
             return Ok(None);
         };
@@ -307,11 +309,13 @@ impl ScalarUDFImpl for NumericFunction {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        Ok(Arc::new(match (self.returns(), self.float_form(args.arg_fields)?) {
-            (Returns::Bool, _) => Field::new(self.name, DataType::Boolean, true),
-            (Returns::Numeric, Some(_)) => Field::new(self.name, DataType::Float64, true),
-            (Returns::Numeric, None) => numeric_field(self.name),
-        }))
+        Ok(Arc::new(
+            match (self.returns(), self.float_form(args.arg_fields)?) {
+                (Returns::Bool, _) => Field::new(self.name, DataType::Boolean, true),
+                (Returns::Numeric, Some(_)) => Field::new(self.name, DataType::Float64, true),
+                (Returns::Numeric, None) => numeric_field(self.name),
+            },
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -390,7 +394,10 @@ fn functions() -> Vec<ScalarUDF> {
                 let r = round(&a[0], s);
                 let limit = BigDecimal::new(1.into(), s - p);
                 match r.abs() >= limit {
-                    true => Err(external(ErrorKind::NumericOutOfRange, "numeric field overflow")),
+                    true => Err(external(
+                        ErrorKind::NumericOutOfRange,
+                        "numeric field overflow",
+                    )),
                     false => Ok(r),
                 }
             }),
@@ -411,12 +418,36 @@ fn functions() -> Vec<ScalarUDF> {
                 false => Ok((&a[0] % &a[1]).with_scale(scale(&a[0]).max(scale(&a[1])))),
             }),
         ),
-        udf("pg_numeric_eq", &[2], Body::Compare(|o| o == Ordering::Equal)),
-        udf("pg_numeric_ne", &[2], Body::Compare(|o| o != Ordering::Equal)),
-        udf("pg_numeric_lt", &[2], Body::Compare(|o| o == Ordering::Less)),
-        udf("pg_numeric_le", &[2], Body::Compare(|o| o != Ordering::Greater)),
-        udf("pg_numeric_gt", &[2], Body::Compare(|o| o == Ordering::Greater)),
-        udf("pg_numeric_ge", &[2], Body::Compare(|o| o != Ordering::Less)),
+        udf(
+            "pg_numeric_eq",
+            &[2],
+            Body::Compare(|o| o == Ordering::Equal),
+        ),
+        udf(
+            "pg_numeric_ne",
+            &[2],
+            Body::Compare(|o| o != Ordering::Equal),
+        ),
+        udf(
+            "pg_numeric_lt",
+            &[2],
+            Body::Compare(|o| o == Ordering::Less),
+        ),
+        udf(
+            "pg_numeric_le",
+            &[2],
+            Body::Compare(|o| o != Ordering::Greater),
+        ),
+        udf(
+            "pg_numeric_gt",
+            &[2],
+            Body::Compare(|o| o == Ordering::Greater),
+        ),
+        udf(
+            "pg_numeric_ge",
+            &[2],
+            Body::Compare(|o| o != Ordering::Less),
+        ),
         udf(
             "pg_numeric_round",
             &[1, 2],
@@ -431,7 +462,9 @@ fn functions() -> Vec<ScalarUDF> {
             Body::Numeric(
                 |a| {
                     let s = scale_arg(a)?;
-                    Ok(a[0].with_scale_round(s, RoundingMode::Down).with_scale(s.max(0)))
+                    Ok(a[0]
+                        .with_scale_round(s, RoundingMode::Down)
+                        .with_scale(s.max(0)))
                 },
                 Some(|x| Ok(x.trunc())),
             ),
@@ -565,20 +598,25 @@ enum Input {
 
 fn input_of(field: &Field, name: &str) -> Result<Input> {
     let t = field.data_type();
-    Ok(if is_numeric(field) || matches!(t, DataType::Decimal128(..) | DataType::Null) {
-        Input::Exact
-    } else if is_float(t) {
-        Input::Float
-    } else if matches!(t, DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::UInt8 | DataType::UInt16) {
-        Input::SmallInt
-    } else if t.is_integer() {
-        Input::Exact
-    } else {
-        return Err(external(
-            ErrorKind::UndefinedFunction,
-            &format!("function {name}({}) does not exist", type_name(t)),
-        ));
-    })
+    Ok(
+        if is_numeric(field) || matches!(t, DataType::Decimal128(..) | DataType::Null) {
+            Input::Exact
+        } else if is_float(t) {
+            Input::Float
+        } else if matches!(
+            t,
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::UInt8 | DataType::UInt16
+        ) {
+            Input::SmallInt
+        } else if t.is_integer() {
+            Input::Exact
+        } else {
+            return Err(external(
+                ErrorKind::UndefinedFunction,
+                &format!("function {name}({}) does not exist", type_name(t)),
+            ));
+        },
+    )
 }
 
 impl AggregateUDFImpl for NumericAggregate {
@@ -610,7 +648,11 @@ impl AggregateUDFImpl for NumericAggregate {
             _ => DataType::Utf8,
         };
         Ok(vec![
-            Arc::new(Field::new(format!("{}_n", args.name), DataType::Int64, true)),
+            Arc::new(Field::new(
+                format!("{}_n", args.name),
+                DataType::Int64,
+                true,
+            )),
             Arc::new(Field::new(format!("{}_sx", args.name), t.clone(), true)),
             Arc::new(Field::new(format!("{}_sxx", args.name), t, true)),
         ])
@@ -740,7 +782,11 @@ impl Accumulator for Sums {
         match self.input {
             Input::Float => {
                 let f = datafusion::arrow::compute::cast(a, &DataType::Float64)?;
-                for x in f.as_primitive::<datafusion::arrow::datatypes::Float64Type>().iter().flatten() {
+                for x in f
+                    .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                    .iter()
+                    .flatten()
+                {
                     self.add_float(x);
                 }
             }
@@ -819,8 +865,12 @@ impl Accumulator for Sums {
             }
             match self.input {
                 Input::Float => {
-                    let sx2 = states[1].as_primitive::<datafusion::arrow::datatypes::Float64Type>().value(row);
-                    let sxx2 = states[2].as_primitive::<datafusion::arrow::datatypes::Float64Type>().value(row);
+                    let sx2 = states[1]
+                        .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                        .value(row);
+                    let sxx2 = states[2]
+                        .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                        .value(row);
                     // PostgreSQL's float8_combine.
                     if self.n == 0 {
                         (self.n, self.fx, self.fxx) = (n2, sx2, sxx2);
@@ -921,7 +971,10 @@ impl ExprPlanner for NumericPlanner {
                 let t = f.data_type();
                 is_numeric(f)
                     || t.is_integer()
-                    || matches!(t, DataType::Null | DataType::Decimal128(..) | DataType::Utf8)
+                    || matches!(
+                        t,
+                        DataType::Null | DataType::Decimal128(..) | DataType::Utf8
+                    )
             }
             None => false,
         };
@@ -964,10 +1017,7 @@ impl AnalyzerRule for NumericOrder {
                 .expr
                 .into_iter()
                 .map(|s| {
-                    let numeric = s
-                        .expr
-                        .to_field(&schema)
-                        .is_ok_and(|(_, f)| is_numeric(&f));
+                    let numeric = s.expr.to_field(&schema).is_ok_and(|(_, f)| is_numeric(&f));
                     if !numeric {
                         return s;
                     }
@@ -981,7 +1031,10 @@ impl AnalyzerRule for NumericOrder {
                     }
                 })
                 .collect();
-            Ok(Transformed::new_transformed(LogicalPlan::Sort(sort), changed))
+            Ok(Transformed::new_transformed(
+                LogicalPlan::Sort(sort),
+                changed,
+            ))
         })
         .map(|t| t.data)
     }
@@ -1036,9 +1089,18 @@ fn call(name: &str, args: Vec<Ast>) -> Ast {
     super::rewrite::call(name, args)
 }
 
-const FUNCTIONS: &[&str] = &["round", "trunc", "abs", "ceil", "ceiling", "floor", "sign", "sqrt", "exp"];
+const FUNCTIONS: &[&str] = &[
+    "round", "trunc", "abs", "ceil", "ceiling", "floor", "sign", "sqrt", "exp",
+];
 const AGGREGATES: &[&str] = &[
-    "sum", "avg", "variance", "var_samp", "var_pop", "stddev", "stddev_samp", "stddev_pop",
+    "sum",
+    "avg",
+    "variance",
+    "var_samp",
+    "var_pop",
+    "stddev",
+    "stddev_samp",
+    "stddev_pop",
 ];
 
 /// Makes the numerics of `statement`'s outermost SELECT items (see the module's text).
@@ -1064,7 +1126,9 @@ pub(super) fn literals(statement: &mut DFStatement) {
 
 fn function_args(f: &mut ast::Function) -> Option<&mut Vec<FunctionArg>> {
     match &mut f.args {
-        FunctionArguments::List(list) if list.duplicate_treatment.is_none() && list.clauses.is_empty() => {
+        FunctionArguments::List(list)
+            if list.duplicate_treatment.is_none() && list.clauses.is_empty() =>
+        {
             Some(&mut list.args)
         }
         _ => None,
@@ -1088,7 +1152,14 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
         Ast::UnaryOp {
             op: UnaryOperator::Minus,
             expr: inner,
-        } if matches!(inner.as_ref(), Ast::BinaryOp { op: BinaryOperator::PGExp, .. }) => {
+        } if matches!(
+            inner.as_ref(),
+            Ast::BinaryOp {
+                op: BinaryOperator::PGExp,
+                ..
+            }
+        ) =>
+        {
             let Ast::BinaryOp { left, op, right } = inner.as_ref().clone() else {
                 unreachable!("matched above");
             };
@@ -1141,16 +1212,18 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
         }
         Ast::Cast {
             expr: inner,
-            data_type: ast::DataType::Numeric(info) | ast::DataType::Decimal(info) | ast::DataType::Dec(info),
+            data_type:
+                ast::DataType::Numeric(info) | ast::DataType::Decimal(info) | ast::DataType::Dec(info),
             ..
         } if numeric => {
             visit(inner, true);
             let inner = inner.as_ref().clone();
             let number = |n: u64| Ast::value(Value::Number(n.to_string(), false));
             *e = match *info {
-                ast::ExactNumberInfo::PrecisionAndScale(p, s) => {
-                    call("pg_numeric_typmod", vec![inner, number(p), number(s as u64)])
-                }
+                ast::ExactNumberInfo::PrecisionAndScale(p, s) => call(
+                    "pg_numeric_typmod",
+                    vec![inner, number(p), number(s as u64)],
+                ),
                 ast::ExactNumberInfo::Precision(p) => {
                     call("pg_numeric_typmod", vec![inner, number(p), number(0)])
                 }
@@ -1171,7 +1244,8 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
                 n if AGGREGATES.contains(&n) => Some(format!("pg_{n}")),
                 _ => None,
             };
-            let arguments_numeric = renamed.is_some() || (numeric && matches!(name, "pg_text" | "pg_typeof"));
+            let arguments_numeric =
+                renamed.is_some() || (numeric && matches!(name, "pg_text" | "pg_typeof"));
             let Some(args) = function_args(f) else {
                 return false;
             };
