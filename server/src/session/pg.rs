@@ -270,6 +270,25 @@ impl Session {
     }
 
     /// Makes a checked (canonical) value the setting's.
+    /// `SELECT set_config(name, value, is_local)` (`settings::set_config_call`): `SET`
+    /// unless local (outside a transaction block, `SET LOCAL` changes nothing); answers
+    /// the value.
+    fn set_config(&self, (name, value, local): (String, String, bool)) -> Result<Executed, Error> {
+        match Setting::named(&name) {
+            Some(setting) => {
+                let canonical = setting.canonical(&value)?;
+                if !local {
+                    self.apply(setting, &canonical);
+                }
+            }
+            None => settings::check_other(&name)?,
+        }
+        Ok(Executed::rows(
+            vec![Column::text("set_config")],
+            vec![vec![Cell::text(value)]],
+        ))
+    }
+
     fn apply(&self, setting: Setting, value: &str) {
         match setting {
             Setting::SynchronousCommit => self
@@ -588,25 +607,8 @@ impl Session {
                 self.end_transaction().await;
                 self.db.execute_statement(stmt).await
             }
-            Statement::Query(sql) if settings::set_config_call(&sql).is_some() => {
-                let (name, value, local) = settings::set_config_call(&sql).expect("matched");
-                let shown = match Setting::named(&name) {
-                    Some(setting) => {
-                        let canonical = setting.canonical(&value)?;
-                        if !local {
-                            self.apply(setting, &canonical);
-                        }
-                        value
-                    }
-                    None => {
-                        settings::check_other(&name)?;
-                        value
-                    }
-                };
-                Ok(Executed::rows(
-                    vec![Column::text("set_config")],
-                    vec![vec![Cell::text(shown)]],
-                ))
+            Statement::Query(sql) if let Some(call) = settings::set_config_call(&sql) => {
+                self.set_config(call)
             }
             // A query applies nothing, so it is cancelled wherever its time runs out.
             query @ Statement::Query(_) => match self.deadline() {

@@ -181,7 +181,11 @@ pub fn set_config_call(sql: &str) -> Option<(String, String, bool)> {
     };
     use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
     use datafusion::sql::sqlparser::parser::Parser;
-    if !sql.to_ascii_lowercase().contains("set_config") {
+    let named = sql
+        .as_bytes()
+        .windows(b"set_config".len())
+        .any(|w| w.eq_ignore_ascii_case(b"set_config"));
+    if !named {
         return None;
     }
     let statements = Parser::parse_sql(&PostgreSqlDialect {}, sql).ok()?;

@@ -3,8 +3,7 @@
 //! allowed until roles exist). Functions about objects Eddy has none of (defaults, rules,
 //! indexes, triggers, comments) return NULL, as PostgreSQL does for an unknown oid.
 
-use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{new_empty_array, Array};
@@ -36,27 +35,7 @@ struct CatalogFunction {
     eval: Eval,
 }
 
-impl fmt::Debug for CatalogFunction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CatalogFunction")
-            .field("name", &self.name)
-            .finish()
-    }
-}
-
-impl PartialEq for CatalogFunction {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for CatalogFunction {}
-
-impl Hash for CatalogFunction {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.name.hash(state)
-    }
-}
+identified_by_name!(CatalogFunction);
 
 impl ScalarUDFImpl for CatalogFunction {
     fn name(&self) -> &str {

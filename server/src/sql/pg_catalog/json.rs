@@ -21,7 +21,7 @@
 //! - `json_each` and `json_each_text` are table functions of a constant.
 
 use std::fmt::Write as _;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, StringArray};
@@ -623,25 +623,7 @@ struct JsonFunction {
     eval: Eval,
 }
 
-impl std::fmt::Debug for JsonFunction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name)
-    }
-}
-
-impl PartialEq for JsonFunction {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for JsonFunction {}
-
-impl Hash for JsonFunction {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.name.hash(state)
-    }
-}
+identified_by_name!(JsonFunction);
 
 /// The PostgreSQL type of a result column: `json` or `jsonb` where the field is marked
 /// so, else its Arrow type's.

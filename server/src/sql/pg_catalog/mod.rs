@@ -10,6 +10,32 @@
 //!
 //! Invariant: built from the catalog snapshot of the query context, never stored.
 
+/// Debug, equality and hashing by `name` alone, for the function types whose other
+/// fields (closures, function pointers) cannot be compared.
+macro_rules! identified_by_name {
+    ($t:ty) => {
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name)
+            }
+        }
+
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                self.name == other.name
+            }
+        }
+
+        impl Eq for $t {}
+
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                std::hash::Hash::hash(&self.name, state)
+            }
+        }
+    };
+}
+
 mod arith;
 mod datetime;
 mod functions;

@@ -16,7 +16,7 @@
 //! numeric is exact, with a float it is a float; ORDER BY a numeric orders by its value
 //! (`NumericOrder`).
 
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -227,25 +227,7 @@ struct NumericFunction {
     body: Body,
 }
 
-impl std::fmt::Debug for NumericFunction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name)
-    }
-}
-
-impl PartialEq for NumericFunction {
-    fn eq(&self, other: &Self) -> bool {
-        self.name == other.name
-    }
-}
-
-impl Eq for NumericFunction {}
-
-impl Hash for NumericFunction {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.name.hash(state)
-    }
-}
+identified_by_name!(NumericFunction);
 
 /// The name `format_type` gives an Arrow type's PostgreSQL type.
 fn type_name(t: &DataType) -> &'static str {
@@ -382,7 +364,7 @@ fn negative_sqrt() -> DataFusionError {
 fn functions() -> Vec<ScalarUDF> {
     use std::cmp::Ordering;
     let numeric = |e: Eval| Body::Numeric(e, None);
-    vec![
+    let mut functions = vec![
         udf("pg_numeric", &[1], numeric(|a| Ok(a[0].clone()))),
         // numeric(p, s): rounded to s digits, at most p − s before the point.
         udf(
@@ -417,36 +399,6 @@ fn functions() -> Vec<ScalarUDF> {
                 true => Err(external(ErrorKind::DivisionByZero, "division by zero")),
                 false => Ok((&a[0] % &a[1]).with_scale(scale(&a[0]).max(scale(&a[1])))),
             }),
-        ),
-        udf(
-            "pg_numeric_eq",
-            &[2],
-            Body::Compare(|o| o == Ordering::Equal),
-        ),
-        udf(
-            "pg_numeric_ne",
-            &[2],
-            Body::Compare(|o| o != Ordering::Equal),
-        ),
-        udf(
-            "pg_numeric_lt",
-            &[2],
-            Body::Compare(|o| o == Ordering::Less),
-        ),
-        udf(
-            "pg_numeric_le",
-            &[2],
-            Body::Compare(|o| o != Ordering::Greater),
-        ),
-        udf(
-            "pg_numeric_gt",
-            &[2],
-            Body::Compare(|o| o == Ordering::Greater),
-        ),
-        udf(
-            "pg_numeric_ge",
-            &[2],
-            Body::Compare(|o| o != Ordering::Less),
         ),
         udf(
             "pg_numeric_round",
@@ -533,7 +485,17 @@ fn functions() -> Vec<ScalarUDF> {
                 }),
             ),
         ),
-    ]
+    ];
+    let comparisons: [(&'static str, Compare); 6] = [
+        ("pg_numeric_eq", |o| o == Ordering::Equal),
+        ("pg_numeric_ne", |o| o != Ordering::Equal),
+        ("pg_numeric_lt", |o| o == Ordering::Less),
+        ("pg_numeric_le", |o| o != Ordering::Greater),
+        ("pg_numeric_gt", |o| o == Ordering::Greater),
+        ("pg_numeric_ge", |o| o != Ordering::Less),
+    ];
+    functions.extend(comparisons.map(|(name, cmp)| udf(name, &[2], Body::Compare(cmp))));
+    functions
 }
 
 /// `pg_typeof(v)`: the PostgreSQL type of `v`'s field, as `format_type` names it.
