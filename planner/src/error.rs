@@ -27,6 +27,8 @@ pub enum ErrorKind {
     InvalidWidthBucket,
     /// An argument outside a power or root function's domain (`sqrt(-1)`).
     InvalidPowerArgument,
+    /// The logarithm of zero or of a negative number.
+    InvalidLogArgument,
     /// A parameter only the server sets (`SET shared_buffers`).
     CantChangeParameter,
     /// A function of another kind than the call needs (a window function without OVER).
@@ -96,6 +98,7 @@ impl ErrorKind {
             ErrorKind::CantChangeParameter => "55P02",
             ErrorKind::InvalidWidthBucket => "2201G",
             ErrorKind::InvalidPowerArgument => "2201F",
+            ErrorKind::InvalidLogArgument => "2201E",
             ErrorKind::InvalidSchemaName => "3F000",
             ErrorKind::Grouping => "42803",
             ErrorKind::DatatypeMismatch => "42804",

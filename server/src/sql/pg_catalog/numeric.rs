@@ -209,14 +209,23 @@ enum Returns {
 
 type Eval = fn(&[BigDecimal]) -> Result<BigDecimal>;
 type Compare = fn(std::cmp::Ordering) -> bool;
-/// A function's float form, for a float argument.
-type Float = fn(f64) -> Result<f64>;
-/// `None` where PostgreSQL has no float form.
-type FloatEval = Option<Float>;
+
+/// A function's float form, for float (or, where PostgreSQL prefers float8, integer)
+/// arguments.
+#[derive(Clone, Copy)]
+enum Float {
+    /// PostgreSQL has none: the arguments are read as numerics.
+    None,
+    /// Of the first argument alone. With more arguments there is none, and a float first
+    /// argument is an error (`round(x, 2)` needs a numeric).
+    Unary(fn(f64) -> Result<f64>),
+    /// Of two arguments (`power`).
+    Binary(fn(f64, f64) -> Result<f64>),
+}
 
 #[derive(Clone, Copy)]
 enum Body {
-    Numeric(Eval, FloatEval),
+    Numeric(Eval, Float),
     Compare(Compare),
 }
 
@@ -247,29 +256,32 @@ impl NumericFunction {
         }
     }
 
-    /// The float form applies: a one-argument function of a float or an integer.
-    fn float_form(&self, args: &[FieldRef]) -> Result<Option<Float>> {
-        let Body::Numeric(_, Some(float)) = self.body else {
-            return Ok(None);
+    /// The float form that applies to `args`: none where an argument is a numeric or
+    /// not a number.
+    fn float_form(&self, args: &[FieldRef]) -> Result<Float> {
+        let Body::Numeric(_, float) = self.body else {
+            return Ok(Float::None);
         };
-        let Some(first) = args.first() else {
-            return Ok(None);
-        };
-        let t = first.data_type();
-        if is_numeric(first) || !(is_float(t) || (t.is_integer() && args.len() == 1)) {
-            return Ok(None);
+        // PostgreSQL converts numerics to float8 where an argument is a float, and
+        // prefers float8 for integers alone.
+        let float_arg = |a: &FieldRef| !is_numeric(a) && is_float(a.data_type());
+        let number = |a: &FieldRef| is_numeric(a) || a.data_type().is_integer() || float_arg(a);
+        let floats = args.iter().any(float_arg) || !args.iter().any(|a| is_numeric(a));
+        if args.is_empty() || !args.iter().all(number) || !floats {
+            return Ok(Float::None);
         }
-        match args.len() {
-            1 => Ok(Some(float)),
-            _ => {
+        match (float, args.len()) {
+            (Float::Unary(_), 1) | (Float::Binary(_), 2) => Ok(float),
+            (Float::Unary(_), _) if is_float(args[0].data_type()) => {
                 let name = self.name.trim_start_matches("pg_numeric_");
                 let types: Vec<&str> = args.iter().map(|a| type_name(a.data_type())).collect();
                 let message = format!("function {name}({}) does not exist", types.join(", "));
-                let hint = format!("{name} with a scale takes a numeric: {name}(x::numeric, 2).");
+                let hint = format!("{name} of a float with more arguments takes a numeric: {name}(x::numeric, …).");
                 Err(DataFusionError::External(Box::new(
                     eddy_planner::Error::new(ErrorKind::UndefinedFunction, message).with_hint(hint),
                 )))
             }
+            _ => Ok(Float::None),
         }
     }
 }
@@ -294,8 +306,8 @@ impl ScalarUDFImpl for NumericFunction {
         Ok(Arc::new(
             match (self.returns(), self.float_form(args.arg_fields)?) {
                 (Returns::Bool, _) => Field::new(self.name, DataType::Boolean, true),
-                (Returns::Numeric, Some(_)) => Field::new(self.name, DataType::Float64, true),
-                (Returns::Numeric, None) => numeric_field(self.name),
+                (Returns::Numeric, Float::None) => numeric_field(self.name),
+                (Returns::Numeric, _) => Field::new(self.name, DataType::Float64, true),
             },
         ))
     }
@@ -305,11 +317,20 @@ impl ScalarUDFImpl for NumericFunction {
         let float = self.float_form(&args.arg_fields)?;
         let body = self.body;
         super::functions::row_by_row(&args, &returns, &|scalars| {
-            if let Some(f) = float {
-                return match scalars[0].cast_to(&DataType::Float64)? {
-                    ScalarValue::Float64(Some(x)) => Ok(ScalarValue::Float64(Some(f(x)?))),
-                    _ => Ok(ScalarValue::Float64(None)),
+            if !matches!(float, Float::None) {
+                let mut x = [0.0; 2];
+                for (x, s) in x.iter_mut().zip(scalars) {
+                    match s.cast_to(&DataType::Float64)? {
+                        ScalarValue::Float64(Some(v)) => *x = v,
+                        _ => return Ok(ScalarValue::Float64(None)),
+                    }
+                }
+                let r = match float {
+                    Float::Unary(f) => f(x[0])?,
+                    Float::Binary(f) => f(x[0], x[1])?,
+                    Float::None => unreachable!("checked above"),
                 };
+                return Ok(ScalarValue::Float64(Some(r)));
             }
             let mut values = Vec::with_capacity(scalars.len());
             for s in scalars {
@@ -361,9 +382,247 @@ fn negative_sqrt() -> DataFusionError {
     )
 }
 
+/// PostgreSQL's largest display scale (`NUMERIC_MAX_DISPLAY_SCALE`).
+const MAX_SCALE: i64 = 1000;
+
+/// A result scale as PostgreSQL chooses it for `ln`, `log` and `power`: 16 significant
+/// digits after `dweight` (the result's estimated decimal weight), and no fewer than any
+/// argument's scale.
+fn result_scale(dweight: i64, args: &[&BigDecimal]) -> i64 {
+    args.iter()
+        .fold(MIN_SIG_DIGITS - dweight, |s, a| s.max(scale(a)))
+        .clamp(0, MAX_SCALE)
+}
+
+/// `d` as a float, for estimates: a mantissa and a decimal exponent, so that numbers
+/// past a float's range still give their logarithm.
+fn log10_estimate(d: &BigDecimal) -> f64 {
+    let (int, sc) = d.as_bigint_and_exponent();
+    let digits = int.to_string();
+    let digits = digits.trim_start_matches('-');
+    let lead: f64 = format!("0.{}", &digits[..digits.len().min(17)])
+        .parse()
+        .unwrap_or(0.0);
+    lead.log10() + (digits.len() as i64 - sc) as f64
+}
+
+/// PostgreSQL's `estimate_ln_dweight`: the decimal weight of `ln(d)`, for `d > 0`.
+fn ln_dweight(d: &BigDecimal) -> i64 {
+    let one = BigDecimal::from(1);
+    let x = d - &one;
+    if x.abs() <= BigDecimal::new(1.into(), 1) {
+        if x.is_zero() {
+            return 0;
+        }
+        return log10_estimate(&x.abs()).floor() as i64;
+    }
+    let ln = log10_estimate(d) * std::f64::consts::LN_10;
+    ln.abs().log10() as i64
+}
+
+fn context(digits: i64) -> bigdecimal::Context {
+    bigdecimal::Context::default()
+        .with_prec(digits.clamp(20, 4 * MAX_SCALE))
+        .expect("a positive precision")
+}
+
+/// `ln(d)` for `d > 0`, correct to `scale` decimal places and a few more: square roots
+/// bring `d` within 10% of 1, then the series of `2·atanh((y − 1)/(y + 1))`.
+fn ln(d: &BigDecimal, scale: i64) -> BigDecimal {
+    let one = BigDecimal::from(1);
+    let (low, high) = (BigDecimal::new(9.into(), 1), BigDecimal::new(11.into(), 1));
+    // Each root doubles the error of the result; a root's count is about log2 of ln(d).
+    let roots = (log10_estimate(d).abs() * std::f64::consts::LN_10 * 10.0)
+        .max(1.0)
+        .log2()
+        .ceil() as i64;
+    let work = scale.max(0) + 10 + roots;
+    let ctx = context(work + log10_estimate(d).abs() as i64 + 10);
+    let mut y = d.clone();
+    let mut factor = 1i64;
+    while y < low || y > high {
+        y = y.sqrt_with_context(&ctx).expect("a positive number");
+        factor *= 2;
+    }
+    let z = ctx.multiply(&(&y - &one), &ctx.invert(&(&y + &one)));
+    let z2 = (&z * &z).with_scale_round(work, RoundingMode::HalfEven);
+    let mut power = z.with_scale_round(work, RoundingMode::HalfEven);
+    let mut sum = power.clone();
+    let epsilon = BigDecimal::new(1.into(), work);
+    let mut k = 1u64;
+    loop {
+        power = (&power * &z2).with_scale_round(work, RoundingMode::HalfEven);
+        if power.abs() < epsilon {
+            break;
+        }
+        k += 2;
+        let (int, sc) = power.as_bigint_and_exponent();
+        sum += BigDecimal::new(int / k, sc);
+    }
+    sum * BigDecimal::from(2 * factor)
+}
+
+fn log_argument(d: &BigDecimal) -> Result<()> {
+    match d.sign() {
+        bigdecimal::num_bigint::Sign::Plus => Ok(()),
+        bigdecimal::num_bigint::Sign::NoSign => Err(external(
+            ErrorKind::InvalidLogArgument,
+            "cannot take logarithm of zero",
+        )),
+        bigdecimal::num_bigint::Sign::Minus => Err(external(
+            ErrorKind::InvalidLogArgument,
+            "cannot take logarithm of a negative number",
+        )),
+    }
+}
+
+/// PostgreSQL's `numeric_ln`.
+fn numeric_ln(d: &BigDecimal) -> Result<BigDecimal> {
+    log_argument(d)?;
+    let rscale = result_scale(ln_dweight(d), &[d]);
+    Ok(round(&ln(d, rscale + 4), rscale))
+}
+
+/// PostgreSQL's `log(b, x)`: `ln(x) / ln(b)`.
+fn numeric_log(base: &BigDecimal, x: &BigDecimal) -> Result<BigDecimal> {
+    log_argument(base)?;
+    log_argument(x)?;
+    let rscale = result_scale(ln_dweight(x) - ln_dweight(base), &[base, x]);
+    let work = rscale + 10 + ln_dweight(base).abs();
+    let ln_base = ln(base, work);
+    if ln_base.with_scale_round(work, RoundingMode::HalfEven).is_zero() {
+        return Err(external(ErrorKind::DivisionByZero, "division by zero"));
+    }
+    let ctx = context(work + ln_dweight(x).abs() + 10);
+    Ok(round(&ctx.multiply(&ln(x, work), &ctx.invert(&ln_base)), rscale))
+}
+
+/// PostgreSQL's `numeric_power` (15's `power_var`): an integer exponent by repeated
+/// products, any other through `exp(y · ln(x))`.
+fn numeric_power(x: &BigDecimal, y: &BigDecimal) -> Result<BigDecimal> {
+    let power_error = |m: &str| external(ErrorKind::InvalidPowerArgument, m);
+    if x.is_zero() && y.is_negative() {
+        return Err(power_error("zero raised to a negative power is undefined"));
+    }
+    if x.is_negative() && !y.is_integer() {
+        return Err(power_error(
+            "a negative number raised to a non-integer power yields a complex result",
+        ));
+    }
+    if let Some(n) = y.is_integer().then(|| y.to_i32()).flatten() {
+        let rscale = MIN_SIG_DIGITS.max(scale(x)).clamp(0, MAX_SCALE);
+        if n == 0 {
+            return Ok(BigDecimal::from(1).with_scale(rscale));
+        }
+        let weight = match x.is_zero() {
+            true => 0.0,
+            false => n as f64 * log10_estimate(&x.abs()),
+        };
+        if weight > 131072.0 {
+            return Err(out_of_range());
+        }
+        if weight < -(MAX_SCALE as f64) - 2.0 {
+            return Ok(BigDecimal::zero().with_scale(rscale));
+        }
+        let ctx = context(rscale + weight.abs().ceil() as i64 + 20);
+        return Ok(round(&x.powi_with_context(n as i64, &ctx), rscale));
+    }
+    if x.is_zero() {
+        return Ok(BigDecimal::zero().with_scale(MIN_SIG_DIGITS));
+    }
+    let dweight = ln_dweight(x);
+    let estimate = to_f64(y) * log10_estimate(x) * std::f64::consts::LN_10;
+    if estimate.abs() > MAX_SCALE as f64 * 3.01 {
+        return Err(out_of_range());
+    }
+    let weight = estimate * std::f64::consts::LOG10_E;
+    let rscale = result_scale(weight as i64, &[x, y]);
+    let digits = (rscale + weight as i64).max(0);
+    let work = digits - dweight + 8 + scale(y);
+    let ctx = context(digits + 20 + weight.abs() as i64);
+    let exponent = ctx.multiply(&ln(x, work), y);
+    Ok(round(&exponent.exp_with_context(&ctx), rscale))
+}
+
+/// The cube root as glibc's `cbrt` computes it, which PostgreSQL's `dcbrt` calls: a
+/// polynomial first guess on the mantissa, one rational refinement, and the exponent's
+/// third. It is not correctly rounded (`cbrt(27)` is 3.0000000000000004), and Rust's
+/// own is, so PostgreSQL's answers need this one.
+fn c_cbrt(x: f64) -> f64 {
+    const CBRT2: f64 = 1.259_921_049_894_873_164_8;
+    const SQR_CBRT2: f64 = 1.587_401_051_968_199_474_8;
+    const FACTOR: [f64; 5] = [1.0 / SQR_CBRT2, 1.0 / CBRT2, 1.0, CBRT2, SQR_CBRT2];
+    if x == 0.0 || !x.is_finite() {
+        return x + x;
+    }
+    let (xm, xe) = frexp(x.abs());
+    let u = 0.354_895_765_043_919_860
+        + (1.508_191_937_815_848_96
+            + (-2.114_994_941_673_712_87
+                + (2.446_931_225_635_344_30
+                    + (-1.834_692_774_836_130_86
+                        + (0.784_932_344_976_639_262 - 0.145_263_899_385_486_377 * xm) * xm)
+                        * xm)
+                    * xm)
+                * xm)
+            * xm;
+    let t2 = u * u * u;
+    let ym = u * (t2 + 2.0 * xm) / (2.0 * t2 + xm) * FACTOR[(2 + xe % 3) as usize];
+    let ym = if x > 0.0 { ym } else { -ym };
+    ym * 2f64.powi(xe / 3)
+}
+
+/// C's `frexp` for a finite, non-zero `x`: `x = m · 2^e` with `0.5 <= |m| < 1`.
+fn frexp(x: f64) -> (f64, i32) {
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    if exp == 0 {
+        // Subnormal: scale into the normal range first.
+        let (m, e) = frexp(x * 2f64.powi(54));
+        return (m, e - 54);
+    }
+    let m = f64::from_bits((bits & !(0x7ff << 52)) | (1022 << 52));
+    (m, exp - 1022)
+}
+
+/// PostgreSQL's `dpow`: its errors, and 22003 where the result overflows.
+fn float_power(x: f64, y: f64) -> Result<f64> {
+    if x == 0.0 && y < 0.0 {
+        return Err(external(
+            ErrorKind::InvalidPowerArgument,
+            "zero raised to a negative power is undefined",
+        ));
+    }
+    if x < 0.0 && y.fract() != 0.0 {
+        return Err(external(
+            ErrorKind::InvalidPowerArgument,
+            "a negative number raised to a non-integer power yields a complex result",
+        ));
+    }
+    match x.powf(y) {
+        r if r.is_infinite() && x.is_finite() && y.is_finite() => Err(out_of_range()),
+        r => Ok(r),
+    }
+}
+
+/// PostgreSQL's `dlog1` and `dlog10`: 2201E for zero and negative numbers.
+fn float_log(x: f64, log: fn(f64) -> f64) -> Result<f64> {
+    match x {
+        0.0 => Err(external(
+            ErrorKind::InvalidLogArgument,
+            "cannot take logarithm of zero",
+        )),
+        x if x < 0.0 => Err(external(
+            ErrorKind::InvalidLogArgument,
+            "cannot take logarithm of a negative number",
+        )),
+        x => Ok(log(x)),
+    }
+}
+
 fn functions() -> Vec<ScalarUDF> {
     use std::cmp::Ordering;
-    let numeric = |e: Eval| Body::Numeric(e, None);
+    let numeric = |e: Eval| Body::Numeric(e, Float::None);
     let mut functions = vec![
         udf("pg_numeric", &[1], numeric(|a| Ok(a[0].clone()))),
         // numeric(p, s): rounded to s digits, at most p − s before the point.
@@ -405,7 +664,7 @@ fn functions() -> Vec<ScalarUDF> {
             &[1, 2],
             Body::Numeric(
                 |a| Ok(round(&a[0], scale_arg(a)?).with_scale(scale_arg(a)?.max(0))),
-                Some(|x| Ok(x.round_ties_even())),
+                Float::Unary(|x| Ok(x.round_ties_even())),
             ),
         ),
         udf(
@@ -418,20 +677,20 @@ fn functions() -> Vec<ScalarUDF> {
                         .with_scale_round(s, RoundingMode::Down)
                         .with_scale(s.max(0)))
                 },
-                Some(|x| Ok(x.trunc())),
+                Float::Unary(|x| Ok(x.trunc())),
             ),
         ),
         udf(
             "pg_numeric_abs",
             &[1],
-            Body::Numeric(|a| Ok(a[0].abs()), Some(|x| Ok(x.abs()))),
+            Body::Numeric(|a| Ok(a[0].abs()), Float::Unary(|x| Ok(x.abs()))),
         ),
         udf(
             "pg_numeric_ceil",
             &[1],
             Body::Numeric(
                 |a| Ok(a[0].with_scale_round(0, RoundingMode::Ceiling)),
-                Some(|x| Ok(x.ceil())),
+                Float::Unary(|x| Ok(x.ceil())),
             ),
         ),
         udf(
@@ -439,7 +698,7 @@ fn functions() -> Vec<ScalarUDF> {
             &[1],
             Body::Numeric(
                 |a| Ok(a[0].with_scale_round(0, RoundingMode::Floor)),
-                Some(|x| Ok(x.floor())),
+                Float::Unary(|x| Ok(x.floor())),
             ),
         ),
         udf(
@@ -447,7 +706,7 @@ fn functions() -> Vec<ScalarUDF> {
             &[1],
             Body::Numeric(
                 |a| Ok(BigDecimal::from(a[0].signum().to_i64().unwrap_or(0))),
-                Some(|x| Ok(if x == 0.0 { 0.0 } else { x.signum() })),
+                Float::Unary(|x| Ok(if x == 0.0 { 0.0 } else { x.signum() })),
             ),
         ),
         udf(
@@ -460,7 +719,7 @@ fn functions() -> Vec<ScalarUDF> {
                     let (w, _) = weight(&a[0]);
                     Ok(round(&r, sig_scale((w + 1) * 4 / 2 - 1, &a[0])))
                 },
-                Some(|x| match x < 0.0 {
+                Float::Unary(|x| match x < 0.0 {
                     true => Err(negative_sqrt()),
                     false => Ok(x.sqrt()),
                 }),
@@ -479,13 +738,42 @@ fn functions() -> Vec<ScalarUDF> {
                     let digits = (x.max(-2303.0) * std::f64::consts::LOG10_E) as i64;
                     Ok(round(&a[0].exp(), sig_scale(digits, &a[0])))
                 },
-                Some(|x| match x.exp() {
+                Float::Unary(|x| match x.exp() {
                     r if r.is_infinite() => Err(out_of_range()),
                     r => Ok(r),
                 }),
             ),
         ),
     ];
+    functions.extend([
+        udf(
+            "pg_numeric_power",
+            &[2],
+            Body::Numeric(
+                |a| numeric_power(&a[0], &a[1]),
+                Float::Binary(float_power),
+            ),
+        ),
+        // float8 only, and the C library's, as PostgreSQL's is: `cbrt(27)` is
+        // 3.0000000000000004 there, where Rust's own gives 3.
+        udf("cbrt", &[1], Body::Numeric(|a| Ok(a[0].cbrt()), Float::Unary(|x| Ok(c_cbrt(x))))),
+        udf(
+            "pg_numeric_ln",
+            &[1],
+            Body::Numeric(|a| numeric_ln(&a[0]), Float::Unary(|x| float_log(x, f64::ln))),
+        ),
+        udf(
+            "pg_numeric_log",
+            &[1, 2],
+            Body::Numeric(
+                |a| match a {
+                    [x] => numeric_log(&BigDecimal::from(10), x),
+                    _ => numeric_log(&a[0], &a[1]),
+                },
+                Float::Unary(|x| float_log(x, f64::log10)),
+            ),
+        ),
+    ]);
     let comparisons: [(&'static str, Compare); 6] = [
         ("pg_numeric_eq", |o| o == Ordering::Equal),
         ("pg_numeric_ne", |o| o != Ordering::Equal),
@@ -1052,7 +1340,7 @@ fn call(name: &str, args: Vec<Ast>) -> Ast {
 }
 
 const FUNCTIONS: &[&str] = &[
-    "round", "trunc", "abs", "ceil", "ceiling", "floor", "sign", "sqrt", "exp",
+    "round", "trunc", "abs", "ceil", "floor", "sign", "sqrt", "exp", "ln", "log", "power",
 ];
 const AGGREGATES: &[&str] = &[
     "sum",
@@ -1164,10 +1452,19 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
                     let r = visit(right, numeric);
                     l || r
                 }
-                Eq | NotEq | Lt | LtEq | Gt | GtEq | And | Or | PGExp => {
+                Eq | NotEq | Lt | LtEq | Gt | GtEq | And | Or => {
                     visit(left, numeric);
                     visit(right, numeric);
                     false
+                }
+                PGExp => {
+                    visit(left, numeric);
+                    visit(right, numeric);
+                    if numeric {
+                        let args = vec![left.as_ref().clone(), right.as_ref().clone()];
+                        *e = call("pg_numeric_power", args);
+                    }
+                    numeric
                 }
                 _ => false,
             }
@@ -1202,6 +1499,7 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
             let renamed = match name {
                 _ if !numeric => None,
                 "ceiling" => Some("pg_numeric_ceil".to_string()),
+                "pow" => Some("pg_numeric_power".to_string()),
                 n if FUNCTIONS.contains(&n) => Some(format!("pg_numeric_{n}")),
                 n if AGGREGATES.contains(&n) => Some(format!("pg_{n}")),
                 _ => None,
