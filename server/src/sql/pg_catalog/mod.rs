@@ -44,6 +44,7 @@ mod json;
 pub use json::pg_type as column_type;
 mod names;
 mod numeric;
+mod ordered_set;
 mod rewrite;
 pub(crate) use rewrite::DUPLICATE_MARK;
 mod tables;
@@ -423,6 +424,7 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     tables::register(ctx, &snapshot)?;
     functions::register(ctx, snapshot);
     json::register(ctx).map_err(|e| Error::internal(e.to_string()))?;
+    ordered_set::register(ctx);
     numeric::register(ctx).map_err(|e| Error::internal(e.to_string()))
 }
 
