@@ -16,6 +16,7 @@
 //! numeric is exact, with a float it is a float; ORDER BY a numeric orders by its value
 //! (`NumericOrder`).
 
+use std::collections::HashSet;
 use std::hash::Hash;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -892,6 +893,13 @@ impl AggregateUDFImpl for NumericAggregate {
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        if args.is_distinct {
+            return Ok(vec![Arc::new(Field::new_list(
+                format!("{}_distinct", args.name),
+                Field::new_list_field(args.input_fields[0].data_type().clone(), true),
+                true,
+            ))]);
+        }
         let input = input_of(&args.input_fields[0], self.name)?;
         let t = match input {
             Input::Float => DataType::Float64,
@@ -909,22 +917,76 @@ impl AggregateUDFImpl for NumericAggregate {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        if args.is_distinct {
-            return Err(external(
-                ErrorKind::Unsupported,
-                "DISTINCT is not supported here",
-            ));
-        }
-        let input = input_of(&args.expr_fields[0], self.name)?;
-        Ok(Box::new(Sums {
+        let sums = Sums {
             agg: self.agg,
-            input,
+            input: input_of(&args.expr_fields[0], self.name)?,
             n: 0,
             fx: 0.0,
             fxx: 0.0,
             sx: BigDecimal::zero(),
             sxx: BigDecimal::zero(),
-        }))
+        };
+        Ok(match args.is_distinct {
+            true => Box::new(Distinct {
+                sums,
+                data_type: args.expr_fields[0].data_type().clone(),
+                seen: HashSet::new(),
+            }),
+            false => Box::new(sums),
+        })
+    }
+}
+
+/// `agg(DISTINCT x)`: the distinct values, summed at the end.
+#[derive(Debug)]
+struct Distinct {
+    /// Empty until the end.
+    sums: Sums,
+    data_type: DataType,
+    seen: HashSet<ScalarValue>,
+}
+
+impl Accumulator for Distinct {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let a = &values[0];
+        for row in 0..a.len() {
+            if a.is_valid(row) {
+                self.seen.insert(ScalarValue::try_from_array(a, row)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        if !self.seen.is_empty() {
+            let values = ScalarValue::iter_to_array(self.seen.iter().cloned())?;
+            self.sums.update_batch(&[values])?;
+        }
+        self.sums.evaluate()
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self) + self.seen.iter().map(ScalarValue::size).sum::<usize>()
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        let values = match self.seen.is_empty() {
+            true => datafusion::arrow::array::new_empty_array(&self.data_type),
+            false => ScalarValue::iter_to_array(self.seen.iter().cloned())?,
+        };
+        Ok(vec![
+            datafusion::common::utils::SingleRowListArrayBuilder::new(values).build_list_scalar(),
+        ])
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let lists = states[0].as_list::<i32>();
+        for row in 0..lists.len() {
+            if lists.is_valid(row) {
+                self.update_batch(&[lists.value(row)])?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1374,10 +1436,11 @@ pub(super) fn literals(statement: &mut DFStatement) {
     }
 }
 
-fn function_args(f: &mut ast::Function) -> Option<&mut Vec<FunctionArg>> {
+/// A call's arguments, where it has no clauses; with DISTINCT only for an aggregate.
+fn function_args(f: &mut ast::Function, aggregate: bool) -> Option<&mut Vec<FunctionArg>> {
     match &mut f.args {
         FunctionArguments::List(list)
-            if list.duplicate_treatment.is_none() && list.clauses.is_empty() =>
+            if (aggregate || list.duplicate_treatment.is_none()) && list.clauses.is_empty() =>
         {
             Some(&mut list.args)
         }
@@ -1506,7 +1569,7 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
             };
             let arguments_numeric =
                 renamed.is_some() || (numeric && matches!(name, "pg_text" | "pg_typeof"));
-            let Some(args) = function_args(f) else {
+            let Some(args) = function_args(f, AGGREGATES.contains(&name)) else {
                 return false;
             };
             for arg in args.iter_mut() {
