@@ -596,6 +596,7 @@ impl Rewriter<'_> {
     }
 
     fn select(&self, select: &mut Select) {
+        using_columns_first(select);
         // A set-returning function in the select list gives one row per element.
         for item in select.projection.iter_mut() {
             if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
@@ -1131,6 +1132,80 @@ fn whole_row_argument(expr: &mut Expr, row: &dyn Fn(&Expr) -> Option<Expr>) {
             }
         }
     }
+}
+
+/// `SELECT *` over `a JOIN b USING (k)` shows `k` first, then the other columns of `a`
+/// and of `b`, as PostgreSQL does; DataFusion keeps `k` where `a` has it, and takes it
+/// from `a` whatever the join. `*` becomes `a.k AS k, a.* EXCLUDE (k), b.* EXCLUDE (k)`,
+/// with `b.k` for a RIGHT join and `COALESCE(a.k, b.k)` for a FULL one. Only for one
+/// join of two named relations; anything else keeps DataFusion's order.
+fn using_columns_first(select: &mut Select) {
+    use ast::{JoinConstraint, JoinOperator as J};
+    let [from] = select.from.as_slice() else {
+        return;
+    };
+    let [join] = from.joins.as_slice() else {
+        return;
+    };
+    let (side, c) = match &join.join_operator {
+        J::Join(c) | J::Inner(c) | J::Left(c) | J::LeftOuter(c) => (0, c),
+        J::Right(c) | J::RightOuter(c) => (1, c),
+        J::FullOuter(c) => (2, c),
+        _ => return,
+    };
+    let JoinConstraint::Using(names) = c else {
+        return;
+    };
+    let qualifier = |t: &TableFactor| match t {
+        TableFactor::Table { alias: Some(a), .. } | TableFactor::Derived { alias: Some(a), .. } => {
+            Some(a.name.clone())
+        }
+        TableFactor::Table {
+            name, alias: None, ..
+        } => name.0.last().and_then(|p| p.as_ident()).cloned(),
+        _ => None,
+    };
+    let (Some(left), Some(right)) = (qualifier(&from.relation), qualifier(&join.relation)) else {
+        return;
+    };
+    let keys: Option<Vec<Ident>> = names
+        .iter()
+        .map(|n| match n.0.as_slice() {
+            [part] => part.as_ident().cloned(),
+            _ => None,
+        })
+        .collect();
+    let Some(keys) = keys else { return };
+    let Some(i) = select.projection.iter().position(|item| {
+        matches!(item, SelectItem::Wildcard(o) if *o == ast::WildcardAdditionalOptions::default())
+    }) else {
+        return;
+    };
+    let column = |t: &Ident, k: &Ident| Expr::CompoundIdentifier(vec![t.clone(), k.clone()]);
+    let mut items: Vec<SelectItem> = keys
+        .iter()
+        .map(|k| SelectItem::ExprWithAlias {
+            expr: match side {
+                0 => column(&left, k),
+                1 => column(&right, k),
+                _ => call("coalesce", vec![column(&left, k), column(&right, k)]),
+            },
+            alias: k.clone(),
+        })
+        .collect();
+    let exclude = || ast::WildcardAdditionalOptions {
+        opt_exclude: Some(ast::ExcludeSelectItem::Multiple(
+            keys.iter().map(|k| ObjectName::from(vec![k.clone()])).collect(),
+        )),
+        ..Default::default()
+    };
+    for t in [left, right] {
+        items.push(SelectItem::QualifiedWildcard(
+            ast::SelectItemQualifiedWildcardKind::ObjectName(ObjectName::from(vec![t])),
+            exclude(),
+        ));
+    }
+    select.projection.splice(i..=i, items);
 }
 
 fn selects_mut(body: &mut SetExpr, f: &mut dyn FnMut(&mut Select)) {
