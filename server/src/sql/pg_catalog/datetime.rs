@@ -26,13 +26,13 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Cast, Expr, LogicalPlan, ScalarUDF, TypeSignature};
+use datafusion::logical_expr::{Cast, Expr, LogicalPlan, ScalarUDF};
 use datafusion::optimizer::AnalyzerRule;
 use eddy_planner::types::parse_timestamp;
 use eddy_planner::ErrorKind;
 
 use super::arith::{external, rewrite_expressions};
-use super::functions::{function, typed_function};
+use super::functions::function;
 
 /// Casts of text literals to timestamps and dates, read as PostgreSQL reads the text.
 /// Runs after DataFusion's type coercion, which adds the casts of comparisons.
@@ -284,8 +284,29 @@ fn wall_clock(v: &ScalarValue) -> Option<NaiveDateTime> {
     }
 }
 
-fn zoned(ty: &DataType) -> bool {
-    matches!(ty, DataType::Timestamp(_, Some(_)))
+/// A time zone's abbreviation and offset (`CET`, `+01`) at an instant.
+type ZoneText = (String, String);
+
+/// The wall-clock time of a timestamp or date where it is shown: a timestamp with a time
+/// zone in its zone (the session's), with that zone's abbreviation and offset then.
+fn local_time(v: &ScalarValue) -> Option<(NaiveDateTime, Option<ZoneText>)> {
+    use chrono::{Offset, TimeZone};
+    use chrono_tz::OffsetName;
+    let t = wall_clock(v)?;
+    let DataType::Timestamp(_, Some(zone)) = v.data_type() else {
+        return Some((t, None));
+    };
+    let tz = crate::session::cells::time_zone(&zone).unwrap_or(chrono_tz::UTC);
+    let offset = tz.offset_from_utc_datetime(&t);
+    let seconds = offset.fix().local_minus_utc();
+    let (sign, abs) = (if seconds < 0 { '-' } else { '+' }, seconds.abs());
+    let of = match abs % 3600 / 60 {
+        0 => format!("{sign}{:02}", abs / 3600),
+        m => format!("{sign}{:02}:{m:02}", abs / 3600),
+    };
+    let abbreviation = offset.abbreviation().map_or_else(|| of.clone(), str::to_string);
+    let local = t + chrono::Duration::seconds(seconds as i64);
+    Some((local, Some((abbreviation, of))))
 }
 
 /// The functions the rewrite calls in place of DataFusion's.
@@ -312,34 +333,26 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
         )
     })
     .collect();
-    // Timestamps and dates only: `to_char` of a number fails to plan, as it did.
-    let mut temporal: Vec<DataType> = [
-        TimeUnit::Second,
-        TimeUnit::Millisecond,
-        TimeUnit::Microsecond,
-        TimeUnit::Nanosecond,
-    ]
-    .into_iter()
-    .flat_map(|unit| {
-        [None, Some("+00:00"), Some("UTC")]
-            .map(|zone| DataType::Timestamp(unit, zone.map(Into::into)))
-    })
-    .collect();
-    temporal.extend([DataType::Date32, DataType::Date64]);
-    let signatures = temporal
-        .into_iter()
-        .map(|ty| TypeSignature::Exact(vec![ty, DataType::Utf8]))
-        .collect();
     udfs.push(ScalarUDF::new_from_impl(AtTimeZone::default()));
-    udfs.push(typed_function(
+    // Timestamps (in any zone: the session's) and dates; not numbers.
+    udfs.push(super::functions::fallible_function(
         "to_char",
-        signatures,
+        &[2],
         DataType::Utf8,
         |a| match a {
-            [v, ScalarValue::Utf8(Some(pattern))] => ScalarValue::Utf8(
-                wall_clock(v).map(|t| to_char(&t, pattern, zoned(&v.data_type()))),
-            ),
-            _ => ScalarValue::Utf8(None),
+            [v, ScalarValue::Utf8(Some(pattern))] if matches!(time_of(v), Some(Time::At(_))) => {
+                Ok(ScalarValue::Utf8(
+                    local_time(v).map(|(t, zone)| to_char(&t, pattern, zone.as_ref())),
+                ))
+            }
+            [v, _] if v.is_null() || matches!(time_of(v), Some(Time::At(_))) => {
+                Ok(ScalarValue::Utf8(None))
+            }
+            [v, _] => Err(super::arith::external(
+                ErrorKind::Unsupported,
+                &format!("to_char of {} is not supported", v.data_type()),
+            )),
+            _ => Ok(ScalarValue::Utf8(None)),
         },
     ));
     udfs
@@ -388,9 +401,9 @@ const DAYS: [&str; 7] = [
 
 /// `to_char(t, pattern)` as PostgreSQL formats a timestamp: the template patterns
 /// below, `FM` before one to drop its padding, `"…"` for literal text, `\` before a
-/// character to take it as it is; anything else is copied. `TZ` and `OF` are empty
-/// for a timestamp without a time zone, UTC's otherwise.
-fn to_char(t: &NaiveDateTime, pattern: &str, zoned: bool) -> String {
+/// character to take it as it is; anything else is copied. `TZ` and `OF` are the
+/// zone's abbreviation and offset; without a time zone, empty and `+00`.
+fn to_char(t: &NaiveDateTime, pattern: &str, zone: Option<&ZoneText>) -> String {
     let mut out = String::new();
     let mut rest = pattern;
     while !rest.is_empty() {
@@ -410,7 +423,7 @@ fn to_char(t: &NaiveDateTime, pattern: &str, zoned: bool) -> String {
             Some(b) => (false, b),
             None => (true, rest),
         };
-        match field(t, body, fill, zoned) {
+        match field(t, body, fill, zone) {
             Some((text, used)) => {
                 out.push_str(&text);
                 rest = &body[used..];
@@ -427,7 +440,7 @@ fn to_char(t: &NaiveDateTime, pattern: &str, zoned: bool) -> String {
 
 /// The template pattern at the start of `s`, formatted, and its length in bytes.
 /// `fill`: numbers zero-padded and names blank-padded to a fixed width.
-fn field(t: &NaiveDateTime, s: &str, fill: bool, zoned: bool) -> Option<(String, usize)> {
+fn field(t: &NaiveDateTime, s: &str, fill: bool, zone: Option<&ZoneText>) -> Option<(String, usize)> {
     let num = |v: u32, width: usize| {
         if fill {
             format!("{v:0width$}")
@@ -512,12 +525,13 @@ fn field(t: &NaiveDateTime, s: &str, fill: bool, zoned: bool) -> Option<(String,
     } else if exact("WW") {
         (num(t.ordinal0() / 7 + 1, 2), 2)
     } else if exact("TZ") || exact("OF") {
-        let zone = match (zoned, exact("TZ")) {
-            (false, _) => "",
-            (true, true) => "UTC",
-            (true, false) => "+00",
+        let text = match (zone, exact("TZ")) {
+            (None, true) => "",
+            (None, false) => "+00",
+            (Some((abbreviation, _)), true) => abbreviation,
+            (Some((_, offset)), false) => offset,
         };
-        (zone.to_string(), 2)
+        (text.to_string(), 2)
     } else {
         return None;
     };
@@ -536,25 +550,25 @@ mod tests {
     fn to_char_reads_postgresql_patterns() {
         let t = at("2026-11-01 12:34:56.789");
         assert_eq!(
-            to_char(&t, "YYYY-MM-DD HH24:MI:SS", false),
+            to_char(&t, "YYYY-MM-DD HH24:MI:SS", None),
             "2026-11-01 12:34:56"
         );
         assert_eq!(
-            to_char(&t, "Dy DD Mon YYYY HH12:MI AM", false),
+            to_char(&t, "Dy DD Mon YYYY HH12:MI AM", None),
             "Sun 01 Nov 2026 12:34 PM"
         );
         assert_eq!(
-            to_char(&t, "Day FMDD Month", false),
+            to_char(&t, "Day FMDD Month", None),
             "Sunday    1 November "
         );
         let t = at("2026-10-24 13:20:15.123456");
         assert_eq!(
-            to_char(&t, "YYYY-MM-DD\"T\"HH24:MI:SS.MS", false),
+            to_char(&t, "YYYY-MM-DD\"T\"HH24:MI:SS.MS", None),
             "2026-10-24T13:20:15.123"
         );
-        assert_eq!(to_char(&t, "US", false), "123456");
+        assert_eq!(to_char(&t, "US", None), "123456");
         assert_eq!(
-            to_char(&t, "MONTH-month FMHH12 pm Q", false),
+            to_char(&t, "MONTH-month FMHH12 pm Q", None),
             "OCTOBER  -october   1 pm 4"
         );
     }
