@@ -468,5 +468,6 @@ pub(super) fn analyzer_rules(
     rules.push(Arc::new(Checked));
     rules.push(Arc::new(super::datetime::TimeLiterals));
     rules.push(Arc::new(super::numeric::NumericOrder));
+    rules.push(Arc::new(super::correlated::InnerKeys));
     rules
 }

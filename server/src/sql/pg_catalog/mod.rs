@@ -37,6 +37,7 @@ macro_rules! identified_by_name {
 }
 
 mod arith;
+mod correlated;
 mod datetime;
 mod functions;
 mod json;
