@@ -13,6 +13,7 @@ SELECT column_name, is_nullable, ordinal_position FROM information_schema.column
 
 SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'card_totals' ORDER BY ordinal_position;
 
+-- by design: a metric's SUM of an integer column is NUMERIC, by the dialect's contract (docs/sql.md, result types), so it never overflows; PostgreSQL's sum(int4) is bigint
 SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'merchant_totals' ORDER BY ordinal_position;
 
 SELECT table_schema, table_name, table_type FROM information_schema.tables WHERE table_schema = 'public' ORDER BY table_name;
