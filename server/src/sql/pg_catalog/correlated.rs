@@ -14,9 +14,7 @@ use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
 use datafusion::error::Result;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
-use datafusion::logical_expr::{
-    BinaryExpr, Expr, Filter, LogicalPlan, Operator, Projection,
-};
+use datafusion::logical_expr::{BinaryExpr, Expr, Filter, LogicalPlan, Operator, Projection};
 use datafusion::optimizer::AnalyzerRule;
 
 /// The name of the `i`-th computed key.
@@ -69,7 +67,12 @@ impl AnalyzerRule for InnerKeys {
                 return Ok(Transformed::no(LogicalPlan::Filter(filter)));
             }
             let input = filter.input;
-            let columns: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
+            let columns: Vec<Expr> = input
+                .schema()
+                .columns()
+                .into_iter()
+                .map(Expr::Column)
+                .collect();
             let widened = columns.iter().cloned().chain(
                 keys.into_iter()
                     .enumerate()

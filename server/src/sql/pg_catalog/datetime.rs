@@ -304,7 +304,9 @@ fn local_time(v: &ScalarValue) -> Option<(NaiveDateTime, Option<ZoneText>)> {
         0 => format!("{sign}{:02}", abs / 3600),
         m => format!("{sign}{:02}:{m:02}", abs / 3600),
     };
-    let abbreviation = offset.abbreviation().map_or_else(|| of.clone(), str::to_string);
+    let abbreviation = offset
+        .abbreviation()
+        .map_or_else(|| of.clone(), str::to_string);
     let local = t + chrono::Duration::seconds(seconds as i64);
     Some((local, Some((abbreviation, of))))
 }
@@ -440,7 +442,12 @@ fn to_char(t: &NaiveDateTime, pattern: &str, zone: Option<&ZoneText>) -> String 
 
 /// The template pattern at the start of `s`, formatted, and its length in bytes.
 /// `fill`: numbers zero-padded and names blank-padded to a fixed width.
-fn field(t: &NaiveDateTime, s: &str, fill: bool, zone: Option<&ZoneText>) -> Option<(String, usize)> {
+fn field(
+    t: &NaiveDateTime,
+    s: &str,
+    fill: bool,
+    zone: Option<&ZoneText>,
+) -> Option<(String, usize)> {
     let num = |v: u32, width: usize| {
         if fill {
             format!("{v:0width$}")
@@ -557,10 +564,7 @@ mod tests {
             to_char(&t, "Dy DD Mon YYYY HH12:MI AM", None),
             "Sun 01 Nov 2026 12:34 PM"
         );
-        assert_eq!(
-            to_char(&t, "Day FMDD Month", None),
-            "Sunday    1 November "
-        );
+        assert_eq!(to_char(&t, "Day FMDD Month", None), "Sunday    1 November ");
         let t = at("2026-10-24 13:20:15.123456");
         assert_eq!(
             to_char(&t, "YYYY-MM-DD\"T\"HH24:MI:SS.MS", None),

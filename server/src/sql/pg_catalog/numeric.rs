@@ -277,7 +277,9 @@ impl NumericFunction {
                 let name = self.name.trim_start_matches("pg_numeric_");
                 let types: Vec<&str> = args.iter().map(|a| type_name(a.data_type())).collect();
                 let message = format!("function {name}({}) does not exist", types.join(", "));
-                let hint = format!("{name} of a float with more arguments takes a numeric: {name}(x::numeric, …).");
+                let hint = format!(
+                    "{name} of a float with more arguments takes a numeric: {name}(x::numeric, …)."
+                );
                 Err(DataFusionError::External(Box::new(
                     eddy_planner::Error::new(ErrorKind::UndefinedFunction, message).with_hint(hint),
                 )))
@@ -491,11 +493,17 @@ fn numeric_log(base: &BigDecimal, x: &BigDecimal) -> Result<BigDecimal> {
     let rscale = result_scale(ln_dweight(x) - ln_dweight(base), &[base, x]);
     let work = rscale + 10 + ln_dweight(base).abs();
     let ln_base = ln(base, work);
-    if ln_base.with_scale_round(work, RoundingMode::HalfEven).is_zero() {
+    if ln_base
+        .with_scale_round(work, RoundingMode::HalfEven)
+        .is_zero()
+    {
         return Err(external(ErrorKind::DivisionByZero, "division by zero"));
     }
     let ctx = context(work + ln_dweight(x).abs() + 10);
-    Ok(round(&ctx.multiply(&ln(x, work), &ctx.invert(&ln_base)), rscale))
+    Ok(round(
+        &ctx.multiply(&ln(x, work), &ctx.invert(&ln_base)),
+        rscale,
+    ))
 }
 
 /// PostgreSQL's `numeric_power` (15's `power_var`): an integer exponent by repeated
@@ -549,6 +557,8 @@ fn numeric_power(x: &BigDecimal, y: &BigDecimal) -> Result<BigDecimal> {
 /// polynomial first guess on the mantissa, one rational refinement, and the exponent's
 /// third. It is not correctly rounded (`cbrt(27)` is 3.0000000000000004), and Rust's
 /// own is, so PostgreSQL's answers need this one.
+// glibc's constants, digit for digit (`sysdeps/ieee754/dbl-64/s_cbrt.c`).
+#[allow(clippy::excessive_precision)]
 fn c_cbrt(x: f64) -> f64 {
     const CBRT2: f64 = 1.259_921_049_894_873_164_8;
     const SQR_CBRT2: f64 = 1.587_401_051_968_199_474_8;
@@ -750,18 +760,22 @@ fn functions() -> Vec<ScalarUDF> {
         udf(
             "pg_numeric_power",
             &[2],
-            Body::Numeric(
-                |a| numeric_power(&a[0], &a[1]),
-                Float::Binary(float_power),
-            ),
+            Body::Numeric(|a| numeric_power(&a[0], &a[1]), Float::Binary(float_power)),
         ),
         // float8 only, and the C library's, as PostgreSQL's is: `cbrt(27)` is
         // 3.0000000000000004 there, where Rust's own gives 3.
-        udf("cbrt", &[1], Body::Numeric(|a| Ok(a[0].cbrt()), Float::Unary(|x| Ok(c_cbrt(x))))),
+        udf(
+            "cbrt",
+            &[1],
+            Body::Numeric(|a| Ok(a[0].cbrt()), Float::Unary(|x| Ok(c_cbrt(x)))),
+        ),
         udf(
             "pg_numeric_ln",
             &[1],
-            Body::Numeric(|a| numeric_ln(&a[0]), Float::Unary(|x| float_log(x, f64::ln))),
+            Body::Numeric(
+                |a| numeric_ln(&a[0]),
+                Float::Unary(|x| float_log(x, f64::ln)),
+            ),
         ),
         udf(
             "pg_numeric_log",
@@ -1618,6 +1632,39 @@ mod tests {
         assert_eq!(q("2000000124", "41"), "48780490.829268292683");
         assert_eq!(q("31", "10"), "3.1000000000000000");
         assert!(div(&d("1"), &d("0")).is_err());
+    }
+
+    #[test]
+    fn cube_roots_are_glibcs() {
+        // The C library's answers on this machine, which PostgreSQL prints.
+        for (x, root) in [
+            (27.0, 3.0000000000000004),
+            (-27.0, -3.0000000000000004),
+            (2.0, 1.2599210498948734),
+            (1e-310, 4.641588833612775e-104),
+            (1e300, 1e100),
+            (0.001, 0.1),
+            (123456.789, 49.79338592181746),
+        ] {
+            assert_eq!(c_cbrt(x), root, "cbrt({x})");
+        }
+        assert_eq!(c_cbrt(0.0), 0.0);
+        assert!(c_cbrt(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn logarithms_and_powers_have_postgresqls_scales() {
+        let t = |d: Result<BigDecimal>| text(&d.unwrap());
+        assert_eq!(t(numeric_ln(&d("2.0"))), "0.6931471805599453");
+        assert_eq!(t(numeric_log(&d("2"), &d("8"))), "3.0000000000000000");
+        assert_eq!(t(numeric_power(&d("2.0"), &d("0.5"))), "1.4142135623730950");
+        assert_eq!(t(numeric_power(&d("2.0"), &d("3"))), "8.0000000000000000");
+        assert_eq!(
+            t(numeric_power(&d("1.0001"), &d("10000"))),
+            "2.7181459268252249"
+        );
+        assert!(numeric_ln(&d("0")).is_err());
+        assert!(numeric_power(&d("-8"), &d("0.5")).is_err());
     }
 
     #[test]

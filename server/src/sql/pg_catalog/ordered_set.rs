@@ -77,7 +77,11 @@ impl AggregateUDFImpl for OrderedSet {
         let value = match self.kind {
             Kind::Cont => Field::new(self.name, DataType::Float64, true),
             // The argument's field, so that a numeric stays one.
-            _ => args[0].as_ref().clone().with_name(self.name).with_nullable(true),
+            _ => args[0]
+                .as_ref()
+                .clone()
+                .with_name(self.name)
+                .with_nullable(true),
         };
         Ok(Arc::new(match fraction_is_array(args) {
             true => Field::new_list(self.name, value.with_name("item"), true),
@@ -102,10 +106,7 @@ impl AggregateUDFImpl for OrderedSet {
         Ok(Box::new(Values {
             kind: self.kind,
             data_type: self.value_type(args.expr_fields[0].data_type()),
-            descending: args
-                .order_bys
-                .first()
-                .is_some_and(|s| s.options.descending),
+            descending: args.order_bys.first().is_some_and(|s| s.options.descending),
             fractions,
             values: Vec::new(),
         }))

@@ -1195,7 +1195,9 @@ fn using_columns_first(select: &mut Select) {
         .collect();
     let exclude = || ast::WildcardAdditionalOptions {
         opt_exclude: Some(ast::ExcludeSelectItem::Multiple(
-            keys.iter().map(|k| ObjectName::from(vec![k.clone()])).collect(),
+            keys.iter()
+                .map(|k| ObjectName::from(vec![k.clone()]))
+                .collect(),
         )),
         ..Default::default()
     };
