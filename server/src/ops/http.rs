@@ -271,7 +271,7 @@ async fn run_sql(request: Request<Incoming>, context: &Context, role: &str) -> R
     };
     json_response(
         StatusCode::OK,
-        json!({"columns": columns, "rows": rows, "tag": tag, "notices": executed.notices}),
+        json!({"columns": columns, "rows": rows, "tag": tag, "notices": executed.notices.iter().map(ToString::to_string).collect::<Vec<_>>()}),
     )
 }
 

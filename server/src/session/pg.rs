@@ -52,7 +52,7 @@ use crate::session::deferred::Deferred;
 use crate::session::prepared::{Bound, Fast, Prepared};
 use crate::session::settings::{self, Setting};
 use crate::session::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
-use crate::sql::db::{Db, Executed, Output};
+use crate::sql::db::{Db, Executed, Notice, Output};
 use crate::sql::query;
 use eddy_planner::access::Need;
 
@@ -75,14 +75,19 @@ fn user_error(e: &Error) -> PgWireError {
     PgWireError::UserError(Box::new(error_info(e)))
 }
 
-async fn send_notices<C>(client: &mut C, notices: &[String]) -> PgWireResult<()>
+async fn send_notices<C>(client: &mut C, notices: &[Notice]) -> PgWireResult<()>
 where
     C: Sink<PgWireBackendMessage> + Unpin + Send,
     C::Error: Debug,
     PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
 {
     for n in notices {
-        let info = ErrorInfo::new(SEVERITY_NOTICE.to_string(), "00000".to_string(), n.clone());
+        let mut info = ErrorInfo::new(
+            SEVERITY_NOTICE.to_string(),
+            "00000".to_string(),
+            n.message.clone(),
+        );
+        info.hint = n.hint.clone();
         client
             .send(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
                 info,

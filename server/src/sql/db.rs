@@ -114,7 +114,34 @@ pub enum Output {
 /// A statement's output and the notices to send before it.
 pub struct Executed {
     pub output: Output,
-    pub notices: Vec<String>,
+    pub notices: Vec<Notice>,
+}
+
+/// A NOTICE a statement raises: its message and, where it suggests what to do, a hint
+/// (psql prints it on a `HINT:` line of its own).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl From<String> for Notice {
+    fn from(message: String) -> Notice {
+        Notice {
+            message,
+            hint: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        match &self.hint {
+            Some(hint) => write!(f, " (hint: {hint})"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Executed {
@@ -652,7 +679,7 @@ impl Db {
         }
         Ok(Executed {
             output: Output::Command { tag, rows: None },
-            notices: notice.into_iter().collect(),
+            notices: notice.into_iter().map(Notice::from).collect(),
         })
     }
 
@@ -1843,32 +1870,32 @@ impl Skipped {
     }
 
     /// The statement's notices of them.
-    fn notices(&self, stream: &StreamDef) -> Vec<String> {
+    fn notices(&self, stream: &StreamDef) -> Vec<Notice> {
         let (late, dup) = (self.late, self.dup);
         let mut out = Vec::new();
         if late > 0 {
-            out.push(format!(
-                "{late} late event{} not applied to stream \"{}\" (older than stream time \
-                 minus lateness {})",
-                if late == 1 { "" } else { "s" },
-                stream.name,
-                duration_text(stream.lateness_us)
-            ));
-            // The default lateness drops every out-of-order event: say how to keep them.
-            if stream.lateness_us == 0 {
-                let last = out.last_mut().expect("just pushed");
-                last.push_str(
-                    "; with lateness 0 every event older than one its task already applied is late: \
-                     a stream created WITH (lateness = '…') accepts events out of order by up to that much",
-                );
-            }
+            out.push(Notice {
+                message: format!(
+                    "{late} late event{} not applied to stream \"{}\" (older than stream time \
+                     minus lateness {})",
+                    if late == 1 { "" } else { "s" },
+                    stream.name,
+                    duration_text(stream.lateness_us)
+                ),
+                // The default lateness drops every out-of-order event: say how to keep them.
+                hint: (stream.lateness_us == 0).then(|| {
+                    "With lateness 0, every event older than one its task already applied is late. \
+                     A stream created WITH (lateness = '…') accepts events out of order by up to that much."
+                        .to_string()
+                }),
+            });
         }
         if dup > 0 {
-            out.push(format!(
+            out.push(Notice::from(format!(
                 "{dup} duplicate event{} not applied again to stream \"{}\"",
                 if dup == 1 { "" } else { "s" },
                 stream.name
-            ));
+            )));
         }
         out
     }

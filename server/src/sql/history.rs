@@ -27,16 +27,18 @@ use eddy_planner::filter::{result_arrow_type, rows_to_batch};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind};
 
+use crate::sql::db::Notice;
+
 tokio::task_local! {
     /// Where the running query's scans put their notices (`noticed`).
     static NOTICES: Notices;
 }
 
 /// Notices a query's scans raise, sent with its result.
-pub type Notices = Arc<std::sync::Mutex<Vec<String>>>;
+pub type Notices = Arc<std::sync::Mutex<Vec<Notice>>>;
 
 /// Runs `f` (a query's planning and execution) and returns the notices its scans raised.
-pub async fn noticed<T>(f: impl std::future::Future<Output = T>) -> (T, Vec<String>) {
+pub async fn noticed<T>(f: impl std::future::Future<Output = T>) -> (T, Vec<Notice>) {
     let sink = Notices::default();
     let out = NOTICES.scope(sink.clone(), f).await;
     let notices = std::mem::take(&mut *sink.lock().expect("notices"));
@@ -243,12 +245,15 @@ impl TableProvider for HistoryTable {
             ));
         }
         if let (Some(start), Some(notices)) = (bounds.starts, &self.notices) {
-            notices.lock().expect("notices").push(format!(
-                "the history of metric \"{}\" starts at {column} = {}: the events its \
+            notices.lock().expect("notices").push(
+                format!(
+                    "the history of metric \"{}\" starts at {column} = {}: the events its \
                  window needs before that have left the stream's retention",
-                self.metric.name,
-                Value::Timestamp(start)
-            ));
+                    self.metric.name,
+                    Value::Timestamp(start)
+                )
+                .into(),
+            );
         }
         let part = HistoryPart {
             engine: self.engine.clone(),
