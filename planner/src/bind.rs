@@ -40,18 +40,44 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
                 "Use BOOLEAN, INTEGER, BIGINT, REAL, DOUBLE PRECISION, TEXT or TIMESTAMP.",
             )
         })?;
-        let not_null = c
-            .options
-            .iter()
-            .any(|o| matches!(o.option, ColumnOption::NotNull));
-        columns.push(ColumnDef {
+        let mut column = ColumnDef {
             name: col_name,
             ty,
-            not_null,
-        });
+            not_null: false,
+            default: None,
+        };
+        for o in &c.options {
+            match &o.option {
+                ColumnOption::NotNull => column.not_null = true,
+                ColumnOption::Null => column.not_null = false,
+                ColumnOption::Default(expr) => {
+                    column.default = Some(column_default(&column, expr)?)
+                }
+                ColumnOption::PrimaryKey(_) => return Err(unsupported_constraint("PRIMARY KEY")),
+                ColumnOption::Unique(_) => return Err(unsupported_constraint("UNIQUE")),
+                ColumnOption::ForeignKey(_) => return Err(unsupported_constraint("REFERENCES")),
+                ColumnOption::Check(_) => return Err(unsupported_constraint("CHECK")),
+                other => {
+                    return Err(Error::unsupported(format!(
+                        "column option {other} is not supported on a stream"
+                    ))
+                    .with_hint("A stream column takes NOT NULL, NULL and DEFAULT."))
+                }
+            }
+        }
+        columns.push(column);
     }
     if columns.is_empty() {
         return Err(Error::syntax("a stream needs at least one column"));
+    }
+    if let Some(c) = create.constraints.first() {
+        return Err(unsupported_constraint(match c {
+            ast::TableConstraint::PrimaryKey(_) => "PRIMARY KEY",
+            ast::TableConstraint::Unique(_) => "UNIQUE",
+            ast::TableConstraint::ForeignKey(_) => "FOREIGN KEY",
+            ast::TableConstraint::Check(_) => "CHECK",
+            _ => "this table constraint",
+        }));
     }
     let options = match &create.table_options {
         CreateTableOptions::With(opts) => opts.clone(),
@@ -72,18 +98,15 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
     let mut format = None;
     let mut millis = false;
     let column_of = |text: &str, option: &str| -> Result<usize> {
-        let wanted = text.trim().to_lowercase();
-        columns
-            .iter()
-            .position(|c| c.name == wanted)
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::UndefinedColumn,
-                    format!(
-                        "column \"{wanted}\" named by {option} does not exist in stream \"{name}\""
-                    ),
-                )
-            })
+        named_column(&columns, text).ok_or_else(|| {
+            Error::new(
+                ErrorKind::UndefinedColumn,
+                format!(
+                    "column \"{}\" named by {option} does not exist in stream \"{name}\"",
+                    text.trim()
+                ),
+            )
+        })
     };
     for opt in options {
         let SqlOption::KeyValue { key, value } = opt else {
@@ -99,7 +122,7 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
                 _ => return Err(invalid_option("event_time_unit", &text, "'ms' (a BIGINT of milliseconds since 1970-01-01 UTC)")),
             },
             "partition_by" => {
-                for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+                for part in name_list(&text).iter().filter(|p| !p.trim().is_empty()) {
                     let idx = column_of(part, "partition_by")?;
                     if !partition_by.contains(&idx) {
                         partition_by.push(idx);
@@ -219,6 +242,62 @@ pub fn bind_create_stream(create: &ast::CreateTable, sql: &str) -> Result<Stream
         retention_us,
         sql: sql.to_string(),
     })
+}
+
+/// The column an option's text names. A name in double quotes is taken as written;
+/// another is the column of that exact name if there is one, else of its lower-cased
+/// form: `event_time = 'Ts'`, `= '"Ts"'` and `= "Ts"` all name a column `"Ts"`, and
+/// `'TS'` names `ts`.
+fn named_column(columns: &[ColumnDef], text: &str) -> Option<usize> {
+    let text = text.trim();
+    let quoted = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .filter(|t| !t.is_empty());
+    let find = |name: &str| columns.iter().position(|c| c.name == name);
+    match quoted {
+        Some(inner) => find(&inner.replace("\"\"", "\"")),
+        None => find(text).or_else(|| find(&text.to_lowercase())),
+    }
+}
+
+/// A comma-separated list of names, split outside double quotes.
+fn name_list(text: &str) -> Vec<String> {
+    let (mut out, mut current, mut quoted) = (Vec::new(), String::new(), false);
+    for ch in text.chars() {
+        match ch {
+            '"' => {
+                quoted = !quoted;
+                current.push(ch);
+            }
+            ',' if !quoted => out.push(std::mem::take(&mut current)),
+            _ => current.push(ch),
+        }
+    }
+    out.push(current);
+    out
+}
+
+/// 0A000 for a constraint a stream cannot keep: events are appended, never checked
+/// against each other or other relations.
+fn unsupported_constraint(what: &str) -> Error {
+    Error::unsupported(format!("{what} constraints are not supported on streams")).with_hint(
+        "Streams are append-only. To apply each event once, name its unique id column \
+             WITH (event_id = 'column'); a metric's WHERE keeps the events it counts.",
+    )
+}
+
+/// A column's `DEFAULT`, a constant of the column's type (22P02 and the like when it
+/// is not one), fixed when the stream is created.
+fn column_default(column: &ColumnDef, expr: &Expr) -> Result<Value> {
+    if !is_constant(expr) {
+        return Err(Error::unsupported(format!(
+            "DEFAULT of stream column \"{}\" must be a constant",
+            column.name
+        ))
+        .with_hint("Give the value in the INSERT instead, for example now()."));
+    }
+    value_from_expr(expr, column)
 }
 
 fn option_text(value: &Expr) -> String {
@@ -634,6 +713,11 @@ pub struct InsertTemplate {
 
 /// Whether a VALUES cell is a constant `value_from_expr` reads (a literal, maybe signed,
 /// cast or parenthesised), rather than an expression to evaluate.
+/// The keyword `DEFAULT` standing for a value.
+fn is_default_keyword(expr: &Expr) -> bool {
+    matches!(expr, Expr::Identifier(i) if i.quote_style.is_none() && i.value.eq_ignore_ascii_case("default"))
+}
+
 fn is_constant(expr: &Expr) -> bool {
     match expr {
         Expr::Nested(e) | Expr::Cast { expr: e, .. } => is_constant(e),
@@ -722,6 +806,10 @@ impl InsertTemplate {
             for (expr, &col) in exprs.iter().zip(&targets) {
                 let def = &stream.columns[col];
                 let slot = match placeholder(expr) {
+                    // `DEFAULT` in VALUES: the column's default, as if it were left out.
+                    None if is_default_keyword(expr) => {
+                        Slot::Const(def.default.clone().unwrap_or(Value::Null))
+                    }
                     Some(i) => {
                         *param_slot(&mut params, i) = Some(def.clone());
                         Slot::Param(i)
@@ -771,10 +859,11 @@ impl InsertTemplate {
     ) -> Result<InsertPlan> {
         // Every row in one block of values, row after row.
         let width = self.stream.columns.len();
+        let blank = self.stream.blank_row();
         let mut values = Vec::with_capacity(self.rows.len() * width);
         for slots in &self.rows {
             let start = values.len();
-            values.resize(start + width, Value::Null);
+            values.extend_from_slice(&blank);
             let out = &mut values[start..];
             for (col, slot) in slots {
                 out[*col] = match slot {
@@ -1070,7 +1159,8 @@ pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
     let mut row = Vec::with_capacity(stream.columns.len());
     for col in &stream.columns {
         let value = match object.get(&col.name) {
-            None | Some(serde_json::Value::Null) => Value::Null,
+            None => col.default.clone().unwrap_or(Value::Null),
+            Some(serde_json::Value::Null) => Value::Null,
             Some(serde_json::Value::String(s)) => value_from_text(s, col)?,
             Some(serde_json::Value::Number(n)) => match col.ty {
                 ColumnType::Timestamp | ColumnType::TimestampTz => n

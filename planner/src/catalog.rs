@@ -15,6 +15,8 @@ pub struct ColumnDef {
     pub name: String,
     pub ty: ColumnType,
     pub not_null: bool,
+    /// `DEFAULT`: what an INSERT or COPY that leaves the column out stores (else NULL).
+    pub default: Option<crate::types::Value>,
 }
 
 /// How the event-time column is read.
@@ -58,6 +60,15 @@ pub enum SourceFormat {
 }
 
 impl StreamDef {
+    /// A row with every column at its `DEFAULT` (NULL without one): what an INSERT or a
+    /// COPY starts from before it sets the columns it names.
+    pub fn blank_row(&self) -> Vec<crate::types::Value> {
+        self.columns
+            .iter()
+            .map(|c| c.default.clone().unwrap_or(crate::types::Value::Null))
+            .collect()
+    }
+
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
     }

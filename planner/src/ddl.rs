@@ -242,6 +242,7 @@ fn add_column(old: &StreamDef, column: &str, ty: &str) -> Result<StreamDef> {
         name: column.to_string(),
         ty: parsed,
         not_null: false,
+        default: None,
     });
     Ok(next)
 }

@@ -61,6 +61,8 @@ pub enum ErrorKind {
     NoActiveTransaction,
     DuplicateCursor,
     UndefinedCursor,
+    DuplicatePreparedStatement,
+    UndefinedPreparedStatement,
     /// A node that runs part of the statement cannot be reached now (retry).
     Unavailable,
     /// 55000: the object is not in a state that allows the operation.
@@ -126,6 +128,8 @@ impl ErrorKind {
             ErrorKind::NoActiveTransaction => "25P01",
             ErrorKind::DuplicateCursor => "42P03",
             ErrorKind::UndefinedCursor => "34000",
+            ErrorKind::DuplicatePreparedStatement => "42P05",
+            ErrorKind::UndefinedPreparedStatement => "26000",
             ErrorKind::Unavailable => "57P03",
             ErrorKind::NotInPrerequisiteState => "55000",
             ErrorKind::DiskFull => "53100",

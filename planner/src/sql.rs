@@ -95,6 +95,20 @@ pub enum Statement {
     },
     /// Roles and privileges: `CREATE|ALTER|DROP ROLE`, `GRANT`, `REVOKE`, `ALTER … OWNER TO`.
     Access(crate::access::AccessStatement),
+    /// `PREPARE name [(type, …)] AS statement`: the types as written, the statement as
+    /// text with its `$n`.
+    Prepare {
+        name: String,
+        types: Vec<String>,
+        body: String,
+    },
+    /// `EXECUTE name [(value, …)]`: each value as SQL text.
+    Execute {
+        name: String,
+        args: Vec<String>,
+    },
+    /// `DEALLOCATE [PREPARE] name`, or `DEALLOCATE [PREPARE] ALL` (`None`).
+    Deallocate(Option<String>),
     Begin,
     Commit,
     Rollback,
@@ -310,7 +324,10 @@ pub fn parse_statement(sql: &str) -> Result<Statement> {
         ["SET", ..] => Ok(parse_set(&tokens)),
         ["RESET", "ALL"] => Ok(Statement::Reset(None)),
         ["RESET", name] => Ok(Statement::Reset(Some(name.to_ascii_lowercase()))),
-        ["RESET", ..] | ["DISCARD", ..] | ["DEALLOCATE", ..] => Ok(Statement::Set),
+        ["RESET", ..] | ["DISCARD", ..] => Ok(Statement::Set),
+        ["PREPARE", ..] => parse_prepare(&tokens),
+        ["EXECUTE", ..] => parse_execute(&tokens),
+        ["DEALLOCATE", ..] => parse_deallocate(&tokens),
         // PostgreSQL's spellings of three parameters, as pgjdbc and psql send them.
         ["SHOW", "TRANSACTION", "ISOLATION"] => {
             Ok(Statement::ShowVariable("transaction_isolation".into()))
@@ -808,6 +825,20 @@ fn parse_standard(sql: &str) -> Result<Statement> {
         }
         ast::Statement::CreateTable(_) => Err(Error::unsupported("CREATE TABLE is not supported")
             .with_hint("Eddy stores events in streams: use CREATE STREAM.")),
+        ast::Statement::Update { .. }
+        | ast::Statement::Delete(_)
+        | ast::Statement::Truncate { .. } => {
+            let verb = sql
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_uppercase();
+            Err(Error::unsupported(format!("{verb} is not supported: streams are append-only"))
+                .with_hint(
+                    "Events leave a stream after its retention (CREATE STREAM … WITH (retention = '30 days')), \
+                     and a metric's window decides which events it counts. DROP STREAM removes a stream.",
+                ))
+        }
         other => Err(Error::unsupported(format!(
             "statement not supported: {}",
             other
@@ -1200,6 +1231,110 @@ fn single_name(tokens: &[Token], at: usize) -> Result<String> {
     }
 }
 
+/// `PREPARE name [(type, …)] AS statement`. The statement is parsed now, as
+/// PostgreSQL checks it at PREPARE; one that belongs to the session (a cursor, a
+/// continuous query, another PREPARE) is refused.
+fn parse_prepare(tokens: &[Token]) -> Result<Statement> {
+    let at: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let Some(Token::Word(name)) = at.get(1).map(|&i| &tokens[i]) else {
+        return Err(Error::syntax("syntax error: PREPARE needs a name"));
+    };
+    let (types, next) = parenthesized(tokens, &at, 2)?;
+    if !at.get(next).is_some_and(|&i| is_word(&tokens[i], "AS")) {
+        return Err(Error::syntax(
+            "syntax error: expected AS after PREPARE name",
+        ));
+    }
+    let body = tokens_to_sql(&tokens[at[next] + 1..]).trim().to_string();
+    match parse_statement(&body)? {
+        Statement::Query(_)
+        | Statement::Insert(_)
+        | Statement::ShowVariable(_)
+        | Statement::ShowStreams
+        | Statement::ShowMetrics => {}
+        _ => {
+            return Err(Error::unsupported(
+                "PREPARE takes a SELECT, an INSERT or a SHOW",
+            ))
+        }
+    }
+    Ok(Statement::Prepare {
+        name: word_name(name),
+        types,
+        body,
+    })
+}
+
+/// `EXECUTE name [(value, …)]`.
+fn parse_execute(tokens: &[Token]) -> Result<Statement> {
+    let at: Vec<usize> = (0..tokens.len()).filter(|&i| !is_ws(&tokens[i])).collect();
+    let Some(Token::Word(name)) = at.get(1).map(|&i| &tokens[i]) else {
+        return Err(Error::syntax("syntax error: EXECUTE needs a name"));
+    };
+    let (args, next) = parenthesized(tokens, &at, 2)?;
+    if next < at.len() {
+        return Err(Error::syntax(format!(
+            "syntax error at or near \"{}\"",
+            tokens[at[next]]
+        )));
+    }
+    Ok(Statement::Execute {
+        name: word_name(name),
+        args,
+    })
+}
+
+/// `DEALLOCATE [PREPARE] {name | ALL}`.
+fn parse_deallocate(tokens: &[Token]) -> Result<Statement> {
+    let words: Vec<&Token> = tokens.iter().filter(|t| !is_ws(t)).collect();
+    let skip = if words.get(1).is_some_and(|t| is_word(t, "PREPARE")) {
+        2
+    } else {
+        1
+    };
+    match &words[skip..] {
+        [t] if is_word(t, "ALL") => Ok(Statement::Deallocate(None)),
+        [Token::Word(w)] => Ok(Statement::Deallocate(Some(word_name(w)))),
+        _ => Err(Error::syntax(
+            "syntax error: expected DEALLOCATE name or DEALLOCATE ALL",
+        )),
+    }
+}
+
+/// A parenthesized list at significant token `from` (`at` indexes the significant
+/// tokens): each item's SQL text, and the significant index after the list. No list
+/// gives an empty one.
+fn parenthesized(tokens: &[Token], at: &[usize], from: usize) -> Result<(Vec<String>, usize)> {
+    if at.get(from).is_none_or(|&i| tokens[i] != Token::LParen) {
+        return Ok((Vec::new(), from));
+    }
+    let (mut items, mut depth, mut start) = (Vec::new(), 0usize, at[from] + 1);
+    for (k, &i) in at.iter().enumerate().skip(from) {
+        match &tokens[i] {
+            Token::LParen | Token::LBracket => depth += 1,
+            Token::RParen | Token::RBracket => {
+                depth -= 1;
+                if depth == 0 {
+                    let last = tokens_to_sql(&tokens[start..i]).trim().to_string();
+                    if !last.is_empty() || !items.is_empty() {
+                        items.push(last);
+                    }
+                    if items.iter().any(|x: &String| x.is_empty()) {
+                        return Err(Error::syntax("syntax error: an empty item in a list"));
+                    }
+                    return Ok((items, k + 1));
+                }
+            }
+            Token::Comma if depth == 1 => {
+                items.push(tokens_to_sql(&tokens[start..i]).trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    Err(Error::syntax("syntax error: unbalanced parentheses"))
+}
+
 /// Replaces `$1`, `$2`, … by SQL literals (already quoted by the caller, or `NULL`).
 pub fn substitute_params(sql: &str, literals: &[String]) -> Result<String> {
     let tokens = tokenize(sql)?;
@@ -1218,7 +1353,7 @@ pub fn substitute_params(sql: &str, literals: &[String]) -> Result<String> {
                 })?;
                 out.push_str(lit);
             }
-            other => out.push_str(&other.to_string()),
+            other => out.push_str(&token_sql(other)),
         }
     }
     Ok(out)
@@ -1505,6 +1640,48 @@ impl Words<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepare_execute_and_deallocate_parse_as_postgresql_writes_them() {
+        let Ok(Statement::Prepare { name, types, body }) =
+            parse_statement("PREPARE P (int, text) AS SELECT $1 + 1, f($2, (1, 2))")
+        else {
+            panic!("PREPARE");
+        };
+        assert_eq!(
+            (name.as_str(), types),
+            ("p", vec!["int".to_string(), "text".into()])
+        );
+        assert_eq!(body, "SELECT $1 + 1, f($2, (1, 2))");
+        let Ok(Statement::Execute { name, args }) = parse_statement("EXECUTE p (f(1, 2), 'a,b')")
+        else {
+            panic!("EXECUTE");
+        };
+        assert_eq!(
+            (name.as_str(), args),
+            ("p", vec!["f(1, 2)".to_string(), "'a,b'".into()])
+        );
+        assert!(matches!(
+            parse_statement("EXECUTE p"),
+            Ok(Statement::Execute { args, .. }) if args.is_empty()
+        ));
+        assert!(matches!(
+            parse_statement("DEALLOCATE PREPARE ALL"),
+            Ok(Statement::Deallocate(None))
+        ));
+        assert!(
+            matches!(parse_statement("DEALLOCATE \"Q\""), Ok(Statement::Deallocate(Some(n))) if n == "Q")
+        );
+        assert!(parse_statement("PREPARE p AS DECLARE c CURSOR FOR SELECT 1").is_err());
+        assert!(parse_statement("EXECUTE p (1,)").is_err());
+    }
+
+    /// A string with a quote in it survives the substitution of parameters.
+    #[test]
+    fn substituted_parameters_keep_quoted_strings() {
+        let sql = substitute_params("SELECT 'it''s', $1", &["'x'".into()]).unwrap();
+        assert_eq!(sql, "SELECT 'it''s', 'x'");
+    }
 
     #[test]
     fn split_statements_keep_quotes_inside_strings_and_names() {

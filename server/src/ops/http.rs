@@ -226,6 +226,9 @@ async fn run_sql(request: Request<Incoming>, context: &Context, role: &str) -> R
             | Statement::Declare { .. }
             | Statement::Fetch(_)
             | Statement::Close(_)
+            | Statement::Prepare { .. }
+            | Statement::Execute { .. }
+            | Statement::Deallocate(_)
     ) {
         return failed(
             &Error::unsupported("this statement needs a session")

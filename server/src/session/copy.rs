@@ -562,7 +562,7 @@ impl<'p> Stager<'p> {
                 bytes: 0,
             },
             batch: BatchBuilder::new(&parser.stream, COPY_BATCH_ROWS),
-            row: vec![Value::Null; parser.stream.columns.len()],
+            row: parser.stream.blank_row(),
             text: Value::Text("".into()),
             before,
             header,
@@ -587,7 +587,10 @@ impl<'p> Stager<'p> {
                 ),
             ));
         }
-        self.row.fill(Value::Null);
+        // The columns the COPY leaves out keep their defaults; those it names are set.
+        for &c in targets {
+            self.row[c] = Value::Null;
+        }
         for (f, &c) in fields.iter().zip(targets) {
             let (Some(text), col) = (f, &stream.columns[c]) else {
                 continue;

@@ -155,6 +155,9 @@ pub struct Session {
     copy: Mutex<Option<(CopyIn, Option<Instant>)>>,
     parser: Arc<EddyParser>,
     cursors: Mutex<HashMap<String, Cursor>>,
+    /// `PREPARE name AS …`: each statement's parameter types as written and its text.
+    /// (The extended protocol's statements are pgwire's, a namespace of their own.)
+    sql_prepared: Mutex<HashMap<String, (Vec<String>, String)>>,
     live_portals: Mutex<HashMap<String, LivePortal>>,
     /// The session's settings (`session::settings`), the ones statements read in
     /// atomics. `SET subscription_rows_max`:
@@ -199,6 +202,7 @@ impl Session {
             copy: Mutex::new(None),
             parser: Arc::new(EddyParser(limits)),
             cursors: Mutex::new(HashMap::new()),
+            sql_prepared: Mutex::new(HashMap::new()),
             live_portals: Mutex::new(HashMap::new()),
             rows_max: AtomicUsize::new(SUBSCRIPTION_ROWS_MAX),
             in_block: std::sync::atomic::AtomicBool::new(false),
@@ -578,6 +582,37 @@ impl Session {
                 }
                 Ok(Executed::command("CLOSE CURSOR"))
             }
+            Statement::Prepare { name, types, body } => {
+                let mut prepared = self.sql_prepared.lock().expect("prepared lock");
+                if prepared.contains_key(&name) {
+                    return Err(Error::new(
+                        ErrorKind::DuplicatePreparedStatement,
+                        format!("prepared statement \"{name}\" already exists"),
+                    )
+                    .with_hint("DEALLOCATE it first."));
+                }
+                prepared.insert(name, (types, body));
+                Ok(Executed::command("PREPARE"))
+            }
+            Statement::Execute { name, args } => {
+                let stmt = self.sql_prepared_with(&name, &args)?;
+                Box::pin(self.run(client, stmt)).await
+            }
+            Statement::Deallocate(name) => {
+                let mut prepared = self.sql_prepared.lock().expect("prepared lock");
+                // A name PREPARE did not make may be a driver's protocol-level statement
+                // (psycopg deallocates its own by name): nothing to do here.
+                Ok(match name {
+                    Some(name) => {
+                        prepared.remove(&name);
+                        Executed::command("DEALLOCATE")
+                    }
+                    None => {
+                        prepared.clear();
+                        Executed::command("DEALLOCATE ALL")
+                    }
+                })
+            }
             Statement::SetVariable { name, value } if Setting::named(&name).is_some() => {
                 let setting = Setting::named(&name).expect("named");
                 self.apply(setting, &setting.canonical(&value)?);
@@ -626,6 +661,39 @@ impl Session {
             },
             other => self.db.execute_by(&role, other).await,
         }
+    }
+
+    /// The statement `EXECUTE name (args)` runs: the prepared text with each `$n` the
+    /// n-th value, cast to its declared type. 26000 for an unknown name, 42601 for a
+    /// wrong count, as PostgreSQL.
+    fn sql_prepared_with(&self, name: &str, args: &[String]) -> eddy_planner::Result<Statement> {
+        let prepared = self.sql_prepared.lock().expect("prepared lock");
+        let (types, body) = prepared.get(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::UndefinedPreparedStatement,
+                format!("prepared statement \"{name}\" does not exist"),
+            )
+        })?;
+        let expected = types.len().max(sql::count_params(body));
+        if args.len() != expected {
+            let mut e = Error::syntax(format!(
+                "wrong number of parameters for prepared statement \"{name}\""
+            ));
+            e.detail = Some(format!(
+                "Expected {expected} parameters but got {}.",
+                args.len()
+            ));
+            return Err(e);
+        }
+        let values: Vec<String> = args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match types.get(i) {
+                Some(ty) => format!("({a})::{ty}"),
+                None => format!("({a})"),
+            })
+            .collect();
+        sql::parse_statement(&sql::substitute_params(body, &values)?)
     }
 
     /// Whether this session's statements wait for their events' fsync
@@ -1875,6 +1943,7 @@ mod tests {
             name: "c".into(),
             ty,
             not_null: false,
+            default: None,
         };
         let pg_2000 = |unix_us: i64| (unix_us - timestamp_from_pg_binary(0)).to_be_bytes();
         let cases: Vec<(Type, Vec<u8>, ColumnType, bool)> = vec![

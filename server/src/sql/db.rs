@@ -559,8 +559,11 @@ impl Db {
             | Statement::CopyOut(_)
             | Statement::Declare { .. }
             | Statement::Fetch(_)
-            | Statement::Close(_) => Err(Error::internal(
-                "cursors and continuous queries run in a session",
+            | Statement::Close(_)
+            | Statement::Prepare { .. }
+            | Statement::Execute { .. }
+            | Statement::Deallocate(_) => Err(Error::internal(
+                "cursors, prepared statements and continuous queries run in a session",
             )),
             // A PostgreSQL parameter Eddy has no use for is accepted, as drivers set many.
             Statement::SetVariable { name, .. } if Setting::named(&name).is_none() => {
