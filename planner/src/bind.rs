@@ -1079,7 +1079,9 @@ pub fn value_from_expr(expr: &Expr, col: &ColumnDef) -> Result<Value> {
     }
 }
 
-fn value_from_number(text: &str, col: &ColumnDef) -> Result<Value> {
+/// A number (an unquoted literal, a typed numeric value) into the column's type: into
+/// an integer it is rounded, as PostgreSQL's assignment cast rounds.
+pub fn value_from_number(text: &str, col: &ColumnDef) -> Result<Value> {
     match col.ty {
         ColumnType::Int32 | ColumnType::Int64 => parse_int(text, col),
         ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
@@ -1136,7 +1138,29 @@ fn parse_float(text: &str, col: &ColumnDef) -> Result<Value> {
         Some("nan") => f64::NAN,
         Some("infinity" | "inf" | "+infinity") => f64::INFINITY,
         Some("-infinity" | "-inf") => f64::NEG_INFINITY,
-        _ => t.parse::<f64>().map_err(|_| invalid_text(col.ty, text))?,
+        _ => {
+            let v = t.parse::<f64>().map_err(|_| invalid_text(col.ty, text))?;
+            // A number too large or too small for the type is 22003, as in PostgreSQL,
+            // not an infinity or a zero.
+            let narrow = if col.ty == ColumnType::Float32 {
+                v as f32 as f64
+            } else {
+                v
+            };
+            let mantissa = t.split(['e', 'E']).next().unwrap_or("");
+            if narrow.is_infinite()
+                || (narrow == 0.0 && mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b)))
+            {
+                return Err(Error::new(
+                    ErrorKind::NumericOutOfRange,
+                    format!(
+                        "\"{t}\" is out of range for type {}",
+                        col.ty.sql_name().to_lowercase()
+                    ),
+                ));
+            }
+            v
+        }
     };
     Ok(Value::Float(if col.ty == ColumnType::Float32 {
         v as f32 as f64
@@ -1173,7 +1197,7 @@ pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
                             col.name
                         ))
                     })?,
-                _ => value_from_text(&n.to_string(), col)?,
+                _ => value_from_number(&n.to_string(), col)?,
             },
             Some(serde_json::Value::Bool(b)) => value_from_text(&b.to_string(), col)?,
             Some(other) => {
@@ -1194,7 +1218,11 @@ pub fn row_from_json(stream: &StreamDef, bytes: &[u8]) -> Result<Vec<Value>> {
 pub fn value_from_text(text: &str, col: &ColumnDef) -> Result<Value> {
     match col.ty {
         ColumnType::Text => Ok(Value::Text(text.into())),
-        ColumnType::Int32 | ColumnType::Int64 => parse_int(text, col),
+        // Text is an integer's input, which takes no fraction ('1.5' is 22P02).
+        ColumnType::Int32 | ColumnType::Int64 => match text.trim().parse::<i64>() {
+            Ok(_) => parse_int(text, col),
+            Err(_) => Err(invalid_text(col.ty, text)),
+        },
         ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
         ColumnType::Boolean => match text.trim().to_ascii_lowercase().as_str() {
             "t" | "true" | "yes" | "on" | "1" | "y" => Ok(Value::Bool(true)),

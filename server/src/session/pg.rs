@@ -1406,7 +1406,15 @@ fn param_into(
     }
     match param_value(ty, bytes, col) {
         Some(value) => Ok(value),
-        None => eddy_planner::bind::value_from_text(&param_text(ty, bytes, true)?.0, col),
+        None => {
+            let text = param_text(ty, bytes, true)?.0;
+            // A typed number is assigned, as in SQL: into an integer it rounds.
+            if matches!(*ty, Type::FLOAT4 | Type::FLOAT8 | Type::NUMERIC) {
+                eddy_planner::bind::value_from_number(&text, col)
+            } else {
+                eddy_planner::bind::value_from_text(&text, col)
+            }
+        }
     }
 }
 
