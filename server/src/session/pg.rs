@@ -52,7 +52,8 @@ use crate::session::deferred::Deferred;
 use crate::session::prepared::{Bound, Fast, Prepared};
 use crate::session::settings::{self, Setting};
 use crate::session::subscribe::{Client, Opening, SubscriptionHandle, SUBSCRIPTION_ROWS_MAX};
-use crate::sql::db::{Db, Executed, Notice, Output};
+use crate::sql::db::{Db, Executed, Output};
+use crate::sql::history::Notice;
 use crate::sql::query;
 use eddy_planner::access::Need;
 

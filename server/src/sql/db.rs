@@ -33,6 +33,7 @@ use crate::session::settings::{ServerDefaults, Setting};
 use crate::session::subscribe::{
     self, ContinuousQuery, Opening, Registry, Subscription, SubscriptionHandle,
 };
+use crate::sql::history::Notice;
 use crate::sql::query;
 
 /// The catalog's CREATE statements, in the data directory.
@@ -115,33 +116,6 @@ pub enum Output {
 pub struct Executed {
     pub output: Output,
     pub notices: Vec<Notice>,
-}
-
-/// A NOTICE a statement raises: its message and, where it suggests what to do, a hint
-/// (psql prints it on a `HINT:` line of its own).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Notice {
-    pub message: String,
-    pub hint: Option<String>,
-}
-
-impl From<String> for Notice {
-    fn from(message: String) -> Notice {
-        Notice {
-            message,
-            hint: None,
-        }
-    }
-}
-
-impl std::fmt::Display for Notice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)?;
-        match &self.hint {
-            Some(hint) => write!(f, " (hint: {hint})"),
-            None => Ok(()),
-        }
-    }
 }
 
 impl Executed {

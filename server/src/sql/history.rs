@@ -27,7 +27,32 @@ use eddy_planner::filter::{result_arrow_type, rows_to_batch};
 use eddy_planner::types::Value;
 use eddy_planner::{Error, ErrorKind};
 
-use crate::sql::db::Notice;
+/// A NOTICE a statement raises: its message and, where it suggests what to do, a hint
+/// (psql prints it on a `HINT:` line of its own).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl From<String> for Notice {
+    fn from(message: String) -> Notice {
+        Notice {
+            message,
+            hint: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        match &self.hint {
+            Some(hint) => write!(f, " (hint: {hint})"),
+            None => Ok(()),
+        }
+    }
+}
 
 tokio::task_local! {
     /// Where the running query's scans put their notices (`noticed`).
