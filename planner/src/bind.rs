@@ -709,6 +709,9 @@ pub struct InsertTemplate {
     /// the column it fills, in row order: the caller evaluates them per execution.
     pub exprs: Vec<(Expr, ColumnDef)>,
     pub returning: Option<Vec<ReturningColumn>>,
+    /// The row each VALUES row starts from (`StreamDef::blank_row`), made once here
+    /// rather than per execution.
+    blank: Vec<Value>,
 }
 
 /// Whether a VALUES cell is a constant `value_from_expr` reads (a literal, maybe signed,
@@ -833,6 +836,7 @@ impl InsertTemplate {
             .map(|items| bind_returning(catalog, &stream, items))
             .transpose()?;
         Ok(InsertTemplate {
+            blank: stream.blank_row(),
             stream,
             rows,
             params,
@@ -859,11 +863,10 @@ impl InsertTemplate {
     ) -> Result<InsertPlan> {
         // Every row in one block of values, row after row.
         let width = self.stream.columns.len();
-        let blank = self.stream.blank_row();
         let mut values = Vec::with_capacity(self.rows.len() * width);
         for slots in &self.rows {
             let start = values.len();
-            values.extend_from_slice(&blank);
+            values.extend_from_slice(&self.blank);
             let out = &mut values[start..];
             for (col, slot) in slots {
                 out[*col] = match slot {
@@ -1219,10 +1222,22 @@ pub fn value_from_text(text: &str, col: &ColumnDef) -> Result<Value> {
     match col.ty {
         ColumnType::Text => Ok(Value::Text(text.into())),
         // Text is an integer's input, which takes no fraction ('1.5' is 22P02).
-        ColumnType::Int32 | ColumnType::Int64 => match text.trim().parse::<i64>() {
-            Ok(_) => parse_int(text, col),
-            Err(_) => Err(invalid_text(col.ty, text)),
-        },
+        ColumnType::Int32 | ColumnType::Int64 => {
+            let t = text.trim();
+            let v: i64 = t.parse().map_err(|_| {
+                // All digits but too many of them is out of range, not invalid.
+                let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
+                if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                    out_of_range(col.ty)
+                } else {
+                    invalid_text(col.ty, text)
+                }
+            })?;
+            if col.ty == ColumnType::Int32 && i32::try_from(v).is_err() {
+                return Err(out_of_range(col.ty));
+            }
+            Ok(Value::Int(v))
+        }
         ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
         ColumnType::Boolean => match text.trim().to_ascii_lowercase().as_str() {
             "t" | "true" | "yes" | "on" | "1" | "y" => Ok(Value::Bool(true)),
