@@ -6,6 +6,10 @@
 //! be sent (not when it was sent), so a stalled pipeline cannot hide its queueing delay
 //! (coordinated omission); histograms are HdrHistogram.
 //!
+//! Before Eddy, each rate runs the bare Kafka round trip: the same events to a topic of
+//! its own, answered at once by an echo in this process. Its latency is the floor of
+//! Eddy's, and each line gives Eddy's p99.9 as a multiple of that floor's in the same run.
+//!
 //! Usage (a broker and an `eddy serve --kafka` running; `bench/kafka-latency.sh` starts
 //! both):
 //!   cargo run --release -p eddy-bench --bin kafka_latency -- \
@@ -26,7 +30,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_bench::XorShift;
-use eddy_cluster::log::kafka::reply_headers;
+use eddy_cluster::log::kafka::{reply_headers, reply_to};
 use eddy_cluster::route::partition_for;
 use eddy_planner::codec::encode_row;
 use eddy_planner::types::Value;
@@ -104,14 +108,16 @@ async fn main() -> anyhow::Result<()> {
         };
         run(&pg, &a, &prewarm, a.rates.len(), rate).await?;
     }
-    println!("rate_per_s,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors");
+    println!("rate_per_s,path,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors,p99_9_vs_kafka");
     let measured = Phase {
         seconds: a.seconds,
         warmup_seconds: a.warmup_seconds,
         timeline: a.timeline,
     };
     for (n, &rate) in a.rates.iter().enumerate() {
-        println!("{}", run(&pg, &a, &measured, n, rate).await?);
+        let (kafka, eddy) = run(&pg, &a, &measured, n, rate).await?;
+        println!("{}", kafka.line("kafka", &kafka));
+        println!("{}", eddy.line("eddy", &kafka));
     }
     Ok(())
 }
@@ -123,14 +129,16 @@ struct Phase {
     timeline: bool,
 }
 
-/// Run number `run` at `rate` events/s on a stream of its own; returns its CSV line.
+/// Run number `run` at `rate` events/s: first the bare Kafka round trip (`bare`), then
+/// Eddy on a stream of its own.
 async fn run(
     pg: &tokio_postgres::Client,
     a: &Args,
     phase: &Phase,
     run: usize,
     rate: u64,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(Latency, Latency)> {
+    let kafka = bare(a, phase, run, rate).await?;
     let stream = format!("lat{}_{run}", std::process::id());
     pg.batch_execute(&format!(
         "CREATE STREAM {stream} (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, \
@@ -142,38 +150,149 @@ async fn run(
     .await
     .context("creating the stream")?;
     let topic = format!("{}.{stream}.card", a.cluster);
-    let line = measure(a, phase, &topic, run, rate).await?;
+    let eddy = measure(a, phase, &topic, &format!("{run}"), rate).await?;
     pg.batch_execute(&format!("DROP STREAM {stream} CASCADE"))
         .await?;
-    Ok(line)
+    Ok((kafka, eddy))
 }
 
-/// Run number `run`, at `rate` events/s; returns its CSV line.
+/// The bare Kafka round trip at `rate`, the floor under Eddy's: the same events, sent
+/// the same way to a topic of as many partitions, where an echo (`echo`) consumes each
+/// one and answers at once on the reply topic. Two hops through the broker, as Eddy's
+/// path has, with no work between them.
+async fn bare(a: &Args, phase: &Phase, run: usize, rate: u64) -> anyhow::Result<Latency> {
+    let topic = format!("bare-{}-{run}", std::process::id());
+    create_topic(a, &topic, PARTITIONS as i32).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = echo(a, &topic, stop.clone())?;
+    let latency = measure(a, phase, &topic, &format!("bare-{run}"), rate).await;
+    stop.store(true, Ordering::Release);
+    let _ = echo.join();
+    latency
+}
+
+/// Consumes `topic` and answers each record on the reply topic its headers name, with
+/// the settings Eddy's own consumer and reply producer use (`KafkaConfig::consumer`,
+/// `KafkaConfig::producer`), until `stop`.
+fn echo(
+    a: &Args,
+    topic: &str,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let consumer: BaseConsumer = client(a)
+        .set("group.id", topic)
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for partition in 0..PARTITIONS as i32 {
+        tpl.add_partition_offset(topic, partition, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let producer = producer(a)?;
+    Ok(std::thread::spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                continue;
+            };
+            let Some(to) = reply_to(&m) else { continue };
+            let key = to.request().to_le_bytes();
+            send(
+                &producer,
+                BaseRecord::to(to.topic()).key(&key[..]).payload(&[0u8][..]),
+            );
+        }
+    }))
+}
+
+fn client(a: &Args) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &a.kafka);
+    c
+}
+
+/// A producer with the settings of Eddy's (`KafkaConfig::producer`).
+fn producer(a: &Args) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
+    Ok(client(a)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .create()?)
+}
+
+/// Sends `record`, waiting while the producer's queue is full.
+fn send<K, P>(producer: &ThreadedProducer<DefaultProducerContext>, mut record: BaseRecord<K, P>)
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((_, r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+async fn create_topic(a: &Args, topic: &str, partitions: i32) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client(a).create()?;
+    for created in admin
+        .create_topics(
+            [&NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        created.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// One run's answers and latencies.
+struct Latency {
+    rate: u64,
+    events: u64,
+    answered: u64,
+    errors: u64,
+    /// p50, p99, p99.9 and max, in ms.
+    ms: [f64; 4],
+}
+
+impl Latency {
+    /// The CSV line, with p99.9 as a multiple of the bare round trip's in `kafka`.
+    fn line(&self, path: &str, kafka: &Latency) -> String {
+        let [p50, p99, p999, max] = self.ms;
+        format!(
+            "{},{path},{},{},{p50:.2},{p99:.2},{p999:.2},{max:.2},{},{:.2}",
+            self.rate,
+            self.events,
+            self.answered,
+            self.errors,
+            p999 / kafka.ms[2]
+        )
+    }
+}
+
+/// One run at `rate` events/s into `topic`, answered on a reply topic named after
+/// `name`.
 async fn measure(
     a: &Args,
     phase: &Phase,
     topic: &str,
-    run: usize,
+    name: &str,
     rate: u64,
-) -> anyhow::Result<String> {
-    let reply_topic = format!("latency-replies-{}-{run}", std::process::id());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &a.kafka)
-        .create()?;
-    admin
-        .create_topics(
-            [&NewTopic::new(&reply_topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await?;
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &a.kafka)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "1")
-        .create()?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &a.kafka)
+) -> anyhow::Result<Latency> {
+    let reply_topic = format!("latency-replies-{}-{name}", std::process::id());
+    create_topic(a, &reply_topic, 1).await?;
+    let producer = producer(a)?;
+    let consumer: BaseConsumer = client(a)
         .set("group.id", &reply_topic)
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "5")
@@ -266,20 +385,12 @@ async fn measure(
             &mut payload,
         );
         let partition = partition_for(&Value::Text(card.as_str().into()), PARTITIONS) as i32;
-        let mut record = BaseRecord::to(topic)
+        let record = BaseRecord::to(topic)
             .partition(partition)
             .key(card.as_bytes())
             .payload(&payload)
             .headers(reply_headers(&reply_topic, seq, 0, true));
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-        }
+        send(&producer, record);
     }
     producer.flush(Duration::from_secs(30))?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -302,13 +413,11 @@ async fn measure(
     }
     let h = histogram.lock().unwrap();
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    Ok(format!(
-        "{rate},{total},{},{:.2},{:.2},{:.2},{:.2},{}",
-        answered.load(Ordering::Relaxed),
-        ms(0.5),
-        ms(0.99),
-        ms(0.999),
-        h.max() as f64 / 1000.0,
-        errors.load(Ordering::Relaxed)
-    ))
+    Ok(Latency {
+        rate,
+        events: total,
+        answered: answered.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        ms: [ms(0.5), ms(0.99), ms(0.999), h.max() as f64 / 1000.0],
+    })
 }

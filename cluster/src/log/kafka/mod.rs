@@ -57,7 +57,7 @@ use sources::Sources;
 
 pub use config::KafkaConfig;
 pub use consume::Recover;
-pub use produce::reply_headers;
+pub use produce::{reply_headers, reply_to, ReplyTo};
 
 /// Records dispatched to tasks per consumer round.
 const POLL_BATCH_MAX: usize = 4096;

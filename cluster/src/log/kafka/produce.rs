@@ -112,11 +112,23 @@ struct Gather {
 }
 
 /// Where to answer an event: the reply topic, the statement and the slot in it.
-pub(super) struct ReplyTo {
+pub struct ReplyTo {
     topic: String,
     request: u64,
     slot: u32,
     pub(super) values: bool,
+}
+
+impl ReplyTo {
+    /// The asker's reply topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The asker's number for the statement (`reply_headers`' `request`).
+    pub fn request(&self) -> u64 {
+        self.request
+    }
 }
 
 /// The reply producer's context: delivery reports arrive on its own polling thread, and
@@ -447,7 +459,8 @@ async fn taken(deliveries: Vec<DeliveryFuture>) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn reply_to(m: &rdkafka::message::OwnedMessage) -> Option<ReplyTo> {
+/// Where `m` asks to be answered, from the headers `reply_headers` gave it.
+pub fn reply_to(m: &impl Message) -> Option<ReplyTo> {
     let headers = m.headers()?;
     let mut topic = None;
     let mut tag = None;
