@@ -242,6 +242,9 @@ struct Cached<E> {
     events: Arc<Vec<E>>,
     bytes: usize,
     used: u64,
+    /// Read ahead and not used yet: evicted last. Newly written chunks would otherwise
+    /// push a long window's read-ahead chunks out before its tail reaches them.
+    ahead: bool,
 }
 
 type Loaded<E> = (u64, u64, Result<(Arc<Vec<E>>, usize), String>);
@@ -352,6 +355,11 @@ const SEAL_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Scan hints kept: the tail edges of a few windows.
 const SCAN_HINTS: usize = 4;
+
+/// Chunks past the one a scan enters that the IO thread reads ahead. One was too few:
+/// queued behind chunk writes on a busy machine, the next chunk's read often came after
+/// the tail reached it.
+const PREFETCH_CHUNKS: usize = 2;
 
 /// A scan's stopping place: the first event above `bound`, at `index` of chunk `number`
 /// (whose events it holds: chunks never change, and a hint is used only after checking
@@ -671,18 +679,43 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
 
     /// Takes the decodes the IO thread finished.
     fn collect_loaded(&mut self) {
-        while let Ok((number, generation, result)) = self.loaded_rx.try_recv() {
-            self.inflight.remove(&number);
-            let live = self.chunks.front().is_some_and(|c| c.number <= number);
-            if let (true, true, Ok((events, bytes))) = (generation == self.generation, live, result)
-            {
-                self.prefetched += 1;
-                self.cache_insert(number, events, bytes);
+        while let Ok(loaded) = self.loaded_rx.try_recv() {
+            self.take_loaded(loaded);
+        }
+    }
+
+    /// Caches a decode the IO thread finished, if its chunk is still live and read by the
+    /// same codec. Returns the chunk's number.
+    fn take_loaded(&mut self, (number, generation, result): Loaded<E>) -> u64 {
+        self.inflight.remove(&number);
+        let live = self.chunks.front().is_some_and(|c| c.number <= number);
+        if let (true, true, Ok((events, bytes))) = (generation == self.generation, live, result) {
+            self.prefetched += 1;
+            self.cache_insert(number, events, bytes, true);
+        }
+        number
+    }
+
+    /// Waits for the IO thread's read of chunk `number`, asked for earlier, rather than
+    /// decoding it a second time on this thread: on a machine with few cores the decode
+    /// it would repeat is the CPU the task needs. Returns once it arrived (cached, unless
+    /// it failed or went stale meanwhile).
+    fn await_loaded(&mut self, number: u64) {
+        while self.inflight.contains(&number) {
+            match self.loaded_rx.recv() {
+                Ok(loaded) => {
+                    self.take_loaded(loaded);
+                }
+                // The IO thread is gone: the caller reads the chunk itself.
+                Err(_) => {
+                    self.inflight.clear();
+                    return;
+                }
             }
         }
     }
 
-    fn cache_insert(&mut self, number: u64, events: Arc<Vec<E>>, bytes: usize) {
+    fn cache_insert(&mut self, number: u64, events: Arc<Vec<E>>, bytes: usize, ahead: bool) {
         self.tick += 1;
         if let Some(old) = self.cache.insert(
             number,
@@ -690,6 +723,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 events,
                 bytes,
                 used: self.tick,
+                ahead,
             },
         ) {
             self.cache_bytes -= old.bytes;
@@ -700,7 +734,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 .cache
                 .iter()
                 .filter(|(n, _)| **n != number)
-                .min_by_key(|(_, c)| c.used)
+                .min_by_key(|(_, c)| (c.ahead, c.used))
                 .map(|(n, _)| *n)
                 .expect("another cached chunk");
             let c = self.cache.remove(&victim).expect("cached");
@@ -724,9 +758,13 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 .expect("an unwritten chunk keeps its events");
             return Ok(u.events.clone());
         };
+        if self.inflight.contains(&chunk.number) {
+            self.await_loaded(chunk.number);
+        }
         let events = match self.cache.get_mut(&chunk.number) {
             Some(c) => {
                 c.used = self.tick;
+                c.ahead = false;
                 self.hits += 1;
                 c.events.clone()
             }
@@ -735,31 +773,39 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 let path = segment_path(&self.dir, placed.segment);
                 let (events, bytes) =
                     read_chunk(&path, chunk.number, &placed, self.codec.as_ref()).map_err(err)?;
-                self.cache_insert(chunk.number, events.clone(), bytes);
+                self.cache_insert(chunk.number, events.clone(), bytes, false);
                 events
             }
         };
-        let next = self
-            .chunks
-            .get(i + 1)
-            .and_then(|c| Some((c.number, c.placed?)));
-        if let (Some((number, next)), Some(io)) = (next, &self.io) {
-            if !self.cache.contains_key(&number) && !self.inflight.contains(&number) {
-                let path = segment_path(&self.dir, next.segment);
-                let codec = self.codec.clone();
-                let tx = self.loaded_tx.clone();
-                let generation = self.generation;
-                self.inflight.insert(number);
-                let queued = io.run(Box::new(move || {
-                    let result = read_chunk(&path, number, &next, codec.as_ref());
-                    let _ = tx.send((number, generation, result));
-                }));
-                if queued.is_err() {
-                    self.inflight.remove(&number);
-                }
-            }
+        for next in i + 1..=i + PREFETCH_CHUNKS {
+            self.prefetch(next);
         }
         Ok(events)
+    }
+
+    /// Asks the IO thread to read and decode the chunk at index `i` into the cache, if
+    /// it is on disk and neither cached nor asked for already.
+    fn prefetch(&mut self, i: usize) {
+        let Some((number, placed)) = self.chunks.get(i).and_then(|c| Some((c.number, c.placed?)))
+        else {
+            return;
+        };
+        let Some(io) = &self.io else { return };
+        if self.cache.contains_key(&number) || self.inflight.contains(&number) {
+            return;
+        }
+        let path = segment_path(&self.dir, placed.segment);
+        let codec = self.codec.clone();
+        let tx = self.loaded_tx.clone();
+        let generation = self.generation;
+        self.inflight.insert(number);
+        let queued = io.run(Box::new(move || {
+            let result = read_chunk(&path, number, &placed, codec.as_ref());
+            let _ = tx.send((number, generation, result));
+        }));
+        if queued.is_err() {
+            self.inflight.remove(&number);
+        }
     }
 
     /// Makes `events` (in key order, all below the open region, `size` by the codec's
@@ -885,7 +931,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         self.raw_bytes += w.header.raw_bytes;
         self.chunk_bytes += w.len();
         // Short windows read the newest chunk soon: keep it decoded.
-        self.cache_insert(number, u.events, u.bytes);
+        self.cache_insert(number, u.events, u.bytes, false);
     }
 
     /// Waits until every queued write has come back (for tests, and before dropping).
@@ -1252,6 +1298,82 @@ mod tests {
         let mut out = Vec::new();
         r.for_range(a, b, &mut |e| out.push(e.clone())).unwrap();
         out
+    }
+
+    /// `EvCodec`, counting its decodes.
+    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl ChunkCodec<Ev> for Counting {
+        fn schema_id(&self) -> u32 {
+            EvCodec.schema_id()
+        }
+        fn encode(&self, events: &[&Ev]) -> Result<RecordBatch, String> {
+            EvCodec.encode(events)
+        }
+        fn decode(&self, batch: &RecordBatch) -> Result<Vec<Ev>, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            EvCodec.decode(batch)
+        }
+        fn size_of(&self, e: &Ev) -> usize {
+            EvCodec.size_of(e)
+        }
+    }
+
+    /// A long window's tail reads chunks sealed long before. (a) When it reaches a chunk
+    /// whose read ahead is still held up on the IO thread, it waits for that read rather
+    /// than reading the chunk again on the task's thread. (b) While new chunks are sealed
+    /// faster than it reads (five per chunk it reads) and go into the cache, the chunks
+    /// read ahead stay cached until it reaches them. Either way, only its first chunk is
+    /// a cache miss.
+    #[test]
+    fn a_long_windows_tail_finds_its_chunks_read_ahead() {
+        let dir = temp_dir("ahead");
+        let io = IoThread::start("test-io");
+        let decodes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let codec = Arc::new(Counting(decodes.clone()));
+        let mut r = DiskReservoir::open(&dir, config(), codec, Some(io.clone()), None).unwrap();
+        let ev = |t: i64| Ev(t, t as u64, t);
+        // 40 chunks of 50 events, on disk.
+        let mut t = 0;
+        while t < 2000 {
+            r.insert(ev(t));
+            t += 1;
+        }
+        r.seal_through(t - 1).unwrap();
+        r.settle();
+        // (a) The IO thread is held while the tail enters chunk 0 (read here, a miss) and
+        // asks for the chunks after it, then for 50 ms more.
+        let (release, gate) = mpsc::channel::<()>();
+        assert!(io
+            .run(Box::new(move || {
+                let _ = gate.recv();
+            }))
+            .is_ok());
+        let mut seen = collect(&mut r, -1, 0);
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let _ = release.send(());
+        });
+        seen.extend(collect(&mut r, 0, 50));
+        releaser.join().unwrap();
+        assert_eq!(r.stats().cache_misses, 1, "{:?}", r.stats());
+        // (b) The tail goes on, one event at a time, behind chunks sealed five times as fast.
+        for tail in 51..500 {
+            for _ in 0..5 {
+                r.insert(ev(t));
+                t += 1;
+            }
+            r.seal_through(t - 1).unwrap();
+            seen.extend(collect(&mut r, tail - 1, tail));
+        }
+        assert_eq!(seen, (0..500).map(ev).collect::<Vec<_>>());
+        let stats = r.stats();
+        assert_eq!(stats.cache_misses, 1, "{stats:?}");
+        // Ten chunks read, and at most the read-ahead past the last one: none twice.
+        let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(decodes <= 10 + PREFETCH_CHUNKS, "{decodes} decodes");
+        drop(r);
+        let _ = fs::remove_dir_all(&dir);
     }
 
     /// Random inserts within a lateness, sealing, retention, range reads, checkpoints and
