@@ -1116,8 +1116,13 @@ fn parse_int(text: &str, col: &ColumnDef) -> Result<Value> {
             f.round() as i64
         }
     };
-    if col.ty == ColumnType::Int32 && i32::try_from(v).is_err() {
-        return Err(out_of_range(col.ty));
+    int_value(v, col.ty)
+}
+
+/// `v` as a value of integer type `ty`: an INTEGER holds 32 bits (22003 past them).
+fn int_value(v: i64, ty: ColumnType) -> Result<Value> {
+    if ty == ColumnType::Int32 && i32::try_from(v).is_err() {
+        return Err(out_of_range(ty));
     }
     Ok(Value::Int(v))
 }
@@ -1233,10 +1238,7 @@ pub fn value_from_text(text: &str, col: &ColumnDef) -> Result<Value> {
                     invalid_text(col.ty, text)
                 }
             })?;
-            if col.ty == ColumnType::Int32 && i32::try_from(v).is_err() {
-                return Err(out_of_range(col.ty));
-            }
-            Ok(Value::Int(v))
+            int_value(v, col.ty)
         }
         ColumnType::Float32 | ColumnType::Float64 => parse_float(text, col),
         ColumnType::Boolean => match text.trim().to_ascii_lowercase().as_str() {

@@ -685,27 +685,24 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     }
 
     /// Caches a decode the IO thread finished, if its chunk is still live and read by the
-    /// same codec. Returns the chunk's number.
-    fn take_loaded(&mut self, (number, generation, result): Loaded<E>) -> u64 {
+    /// same codec.
+    fn take_loaded(&mut self, (number, generation, result): Loaded<E>) {
         self.inflight.remove(&number);
         let live = self.chunks.front().is_some_and(|c| c.number <= number);
         if let (true, true, Ok((events, bytes))) = (generation == self.generation, live, result) {
             self.prefetched += 1;
             self.cache_insert(number, events, bytes, true);
         }
-        number
     }
 
-    /// Waits for the IO thread's read of chunk `number`, asked for earlier, rather than
+    /// Waits for the IO thread's read of chunk `number`, if one was asked for, rather than
     /// decoding it a second time on this thread: on a machine with few cores the decode
     /// it would repeat is the CPU the task needs. Returns once it arrived (cached, unless
     /// it failed or went stale meanwhile).
     fn await_loaded(&mut self, number: u64) {
         while self.inflight.contains(&number) {
             match self.loaded_rx.recv() {
-                Ok(loaded) => {
-                    self.take_loaded(loaded);
-                }
+                Ok(loaded) => self.take_loaded(loaded),
                 // The IO thread is gone: the caller reads the chunk itself.
                 Err(_) => {
                     self.inflight.clear();
@@ -743,7 +740,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     }
 
     /// The events of the chunk at index `i`: from memory while its write is on the way,
-    /// else from the cache or the disk; asks the IO thread for the next chunk.
+    /// else from the cache or the disk; asks the IO thread for the next `PREFETCH_CHUNKS`.
     fn chunk_events(&mut self, i: usize) -> Result<Arc<Vec<E>>, ReservoirError> {
         self.collect_loaded();
         self.collect_written();
@@ -758,9 +755,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 .expect("an unwritten chunk keeps its events");
             return Ok(u.events.clone());
         };
-        if self.inflight.contains(&chunk.number) {
-            self.await_loaded(chunk.number);
-        }
+        self.await_loaded(chunk.number);
         let events = match self.cache.get_mut(&chunk.number) {
             Some(c) => {
                 c.used = self.tick;

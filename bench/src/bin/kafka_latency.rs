@@ -179,16 +179,7 @@ fn echo(
     topic: &str,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    let consumer: BaseConsumer = client(a)
-        .set("group.id", topic)
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for partition in 0..PARTITIONS as i32 {
-        tpl.add_partition_offset(topic, partition, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
+    let consumer = consumer(a, topic, PARTITIONS as i32)?;
     let producer = producer(a)?;
     Ok(std::thread::spawn(move || {
         while !stop.load(Ordering::Acquire) {
@@ -209,6 +200,22 @@ fn client(a: &Args) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &a.kafka);
     c
+}
+
+/// A consumer of every partition of `topic` from its start, with the settings of Eddy's
+/// (`KafkaConfig::consumer`).
+fn consumer(a: &Args, topic: &str, partitions: i32) -> anyhow::Result<BaseConsumer> {
+    let consumer: BaseConsumer = client(a)
+        .set("group.id", topic)
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "5")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for partition in 0..partitions {
+        tpl.add_partition_offset(topic, partition, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
 }
 
 /// A producer with the settings of Eddy's (`KafkaConfig::producer`).
@@ -292,14 +299,7 @@ async fn measure(
     let reply_topic = format!("latency-replies-{}-{name}", std::process::id());
     create_topic(a, &reply_topic, 1).await?;
     let producer = producer(a)?;
-    let consumer: BaseConsumer = client(a)
-        .set("group.id", &reply_topic)
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "5")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&reply_topic, 0, Offset::Beginning)?;
-    consumer.assign(&tpl)?;
+    let consumer = consumer(a, &reply_topic, 1)?;
 
     let total = rate * phase.seconds;
     let warmup = rate * phase.warmup_seconds;
