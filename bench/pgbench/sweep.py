@@ -10,9 +10,12 @@
         percentiles from its per-transaction logs (the third field, microseconds), CPU per
         event from the two `cpu` readings. Prints the point as one JSON line on stdout and
         a summary on stderr.
-    python3 sweep.py report POINTS.jsonl OUT_DIR
+    python3 sweep.py report POINTS.jsonl OUT_DIR [--floor FLOOR.json]
         sweep.json, sweep.md, and per synchronous_commit mode throughput_MODE.svg and
-        p99_MODE.svg (both systems against the number of clients, log-2 x axis).
+        p99_MODE.svg (both systems against the number of clients, log-2 x axis). With
+        --floor (the output of bench's `floor`, run in the same sweep), the machine's floor
+        too: the loopback echo, and the durable echo that bounds what any server can do
+        for one durable client, read against PostgreSQL's point at 1 client.
 """
 
 import argparse
@@ -151,6 +154,10 @@ def report(args):
         "clients": clients,
         "points": points,
     }
+    floor = {}
+    if args.floor:
+        floor = {p["probe"]: p for p in json.load(open(args.floor))["floor"]}
+        doc["floor"] = list(floor.values())
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
@@ -218,11 +225,35 @@ def report(args):
             with open(os.path.join(args.out, f"{name}_{mode}.svg"), "w") as f:
                 f.write(svg)
         md += ["", f"![throughput](throughput_{mode}.svg) ![p99](p99_{mode}.svg)"]
+    md += floor_lines(floor, at("postgres", "on", 1))
     with open(os.path.join(args.out, "sweep.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
     print(f"\nwritten to {args.out}: sweep.json, sweep.md, "
           + ", ".join(f"throughput_{m}.svg, p99_{m}.svg" for m in modes))
+
+
+def floor_lines(floor, pg_durable_1):
+    """The machine's floor, measured in the same sweep, as sweep.md's last section."""
+    if not floor:
+        return []
+    md = ["", "## The machine's floor (bench `floor`, same run, servers idle)", ""]
+    for probe, what in (
+        ("echo_blocking", "loopback echo, one client, both sides blocking"),
+        ("echo_polling", "loopback echo, one client, both sides polling"),
+        ("echo_durable", "loopback echo that writes and fdatasyncs each message first"),
+    ):
+        p = floor.get(probe)
+        if p:
+            md.append(f"- {what}: {fmt(p['round_trips_per_sec'], 6)} round trips/s, "
+                      f"p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms")
+    durable = floor.get("echo_durable")
+    if durable and pg_durable_1 and pg_durable_1["tps"]:
+        best = durable["round_trips_per_sec"] / pg_durable_1["tps"]
+        md.append(f"- no server answers one durable client faster than the durable echo: "
+                  f"at most {best:.2f}× PostgreSQL's {fmt(pg_durable_1['tps'], 6)} tps at 1 client, "
+                  "synchronous_commit = on")
+    return md
 
 
 def nice_ticks(lo, hi, count=6):
@@ -323,6 +354,7 @@ def main():
     r = sub.add_parser("report")
     r.add_argument("points")
     r.add_argument("out")
+    r.add_argument("--floor")
     args = parser.parse_args()
     if args.what == "cpu":
         seconds, children = settled_cpu(args.pid, args.children)

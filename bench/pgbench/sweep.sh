@@ -35,7 +35,9 @@
 # postmaster and all its processes for PostgreSQL) per event; it writes OUT_DIR/sweep.json,
 # OUT_DIR/sweep.md, OUT_DIR/throughput_{off,on}.svg and OUT_DIR/p99_{off,on}.svg
 # (bench/pgbench/sweep.py), pgbench's output per point in OUT_DIR/runs/ and the two
-# pgbench scripts in OUT_DIR.
+# pgbench scripts in OUT_DIR. When bench's `floor` is built, it runs first and sweep.md
+# ends with the machine's floor (OUT_DIR/floor.json): its durable echo bounds what any
+# server can do for one durable client here.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-10}
@@ -131,6 +133,15 @@ printf '%s\n%s\n' "$vars" 'INSERT INTO payments VALUES (:id, :ts, :card, :amount
   >"$out/eddy.pgbench"
 printf '%s\n%s\n' "$vars" 'SELECT * FROM score(:id, :ts, :card, :amount);' >"$out/postgres.pgbench"
 
+# The machine's floor in the same run, servers idle: bench's `floor`, when built
+# (${FLOOR_BIN:-$CARGO_TARGET_DIR/release/floor}), its durable echo on the servers' disk.
+floor_bin=$(realpath -m "${FLOOR_BIN:-$CARGO_TARGET_DIR/release/floor}")
+floor_args=()
+if [ -x "$floor_bin" ]; then
+  "$floor_bin" --seconds 3 --dir "$work" >"$out/floor.json"
+  floor_args=(--floor "$out/floor.json")
+fi
+
 points="$work/points.jsonl"
 : >"$points"
 run=0
@@ -165,7 +176,7 @@ for mode in ${MODES:-off on}; do
     done
   done
 done
-python3 "$py" report "$points" "$out"
+python3 "$py" report "$points" "$out" "${floor_args[@]+"${floor_args[@]}"}"
 # Every point must have run in the mode it asked for at startup, and without failures.
 python3 - "$points" <<'PY'
 import json, sys

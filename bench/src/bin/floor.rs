@@ -9,6 +9,12 @@
 //!   trips a second and their percentiles when the server does no work at all. Blocking:
 //!   both sides sleep in `read`, as a blocking driver (psycopg, JDBC) and a server woken by
 //!   its socket do. Polling: both spin on non-blocking reads, each holding a core.
+//! - `echo_durable`: the blocking echo, but before each answer the echo thread writes the
+//!   message into a file and `fdatasync`s it: one durable single-client statement with
+//!   nothing else to do. The file is written full of zeros and synced first, and the
+//!   messages then go over the zeros, as PostgreSQL's WAL and Eddy's journal do, so each
+//!   fdatasync writes data alone, never the inode. A durable server answering one client
+//!   on this host can at best reach this rate (`--dir`: on the servers' disk).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -27,6 +33,10 @@ struct Args {
     /// `INSERT … RETURNING`'s Bind, Execute and Sync.
     #[arg(long, default_value_t = 96)]
     size: usize,
+    /// Where `echo_durable` writes its file (deleted at the end): the directory the
+    /// servers compared with it keep their logs on. Default: the system's temporary one.
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
 }
 
 /// The clock probe: the longest gap between two reads, and how many gaps passed 1 ms.
@@ -68,10 +78,67 @@ fn read_all(s: &mut TcpStream, buf: &mut [u8], polling: bool) -> std::io::Result
     Ok(())
 }
 
+/// Bytes of `echo_durable`'s file: written over from the start again when full.
+const LOG_BYTES: u64 = 16 << 20;
+
+/// A file of `LOG_BYTES` zeros, synced, that `write` fills with messages and fdatasyncs.
+struct ZeroedLog {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    at: u64,
+}
+
+impl ZeroedLog {
+    fn create(dir: &std::path::Path) -> std::io::Result<ZeroedLog> {
+        let path = dir.join(format!("floor-echo-durable-{}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..LOG_BYTES >> 20 {
+            file.write_all(&zeros)?;
+        }
+        file.sync_all()?;
+        Ok(ZeroedLog { file, path, at: 0 })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.at + bytes.len() as u64 > LOG_BYTES {
+            self.at = 0;
+        }
+        self.file.write_all_at(bytes, self.at)?;
+        self.at += bytes.len() as u64;
+        self.file.sync_data()
+    }
+}
+
+impl Drop for ZeroedLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How the echo thread answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Echo {
+    Blocking,
+    Polling,
+    /// Blocking, with the message made durable first.
+    Durable,
+}
+
 /// One echo probe: a client and an echo thread on loopback, one message in flight.
-fn echo(seconds: f64, size: usize, polling: bool) -> Result<serde_json::Value> {
+fn echo(seconds: f64, size: usize, how: Echo, dir: &std::path::Path) -> Result<serde_json::Value> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
+    let polling = how == Echo::Polling;
+    let mut log = match how {
+        Echo::Durable => Some(ZeroedLog::create(dir).context("echo_durable's file")?),
+        _ => None,
+    };
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
         s.set_nodelay(true)?;
@@ -81,6 +148,9 @@ fn echo(seconds: f64, size: usize, polling: bool) -> Result<serde_json::Value> {
             match read_all(&mut s, &mut buf, polling) {
                 Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
                 r => r?,
+            }
+            if let Some(log) = &mut log {
+                log.write(&buf)?;
             }
             s.write_all(&buf)?;
         }
@@ -106,7 +176,11 @@ fn echo(seconds: f64, size: usize, polling: bool) -> Result<serde_json::Value> {
         .context("echo thread")?;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(json!({
-        "probe": if polling { "echo_polling" } else { "echo_blocking" },
+        "probe": match how {
+            Echo::Blocking => "echo_blocking",
+            Echo::Polling => "echo_polling",
+            Echo::Durable => "echo_durable",
+        },
         "message_bytes": size,
         "seconds": (elapsed * 100.0).round() / 100.0,
         "round_trips": trips,
@@ -120,10 +194,12 @@ fn echo(seconds: f64, size: usize, polling: bool) -> Result<serde_json::Value> {
 
 fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
+    let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let probes = vec![
         clock(a.seconds),
-        echo(a.seconds, a.size, false)?,
-        echo(a.seconds, a.size, true)?,
+        echo(a.seconds, a.size, Echo::Blocking, &dir)?,
+        echo(a.seconds, a.size, Echo::Polling, &dir)?,
+        echo(a.seconds, a.size, Echo::Durable, &dir)?,
     ];
     println!(
         "{}",
