@@ -360,7 +360,8 @@ fn floor_section(s: &mut String, f: &serde_json::Value) {
         s,
         "## The machine's floor\n\nWhat no server on this host can beat, whatever its code: \
          a loop that only reads the clock, and one message in flight between two threads over \
-         loopback TCP with no work on either side.\n"
+         loopback TCP with no work on either side (`echo_durable`: the answer waits for the \
+         message's write and fdatasync into a zero-filled file).\n"
     );
     for p in probes.iter().filter(|p| p["probe"] == "clock") {
         let _ = writeln!(
