@@ -27,9 +27,12 @@ import re
 import sys
 import time
 
-NAMES = {"postgres": "PostgreSQL 15", "eddy": "Eddy"}
-# The suite's colours (bench/src/bin/suite/plots.rs): Eddy blue, PostgreSQL red.
-COLORS = {"eddy": "rgb(31,119,180)", "postgres": "rgb(214,39,40)"}
+NAMES = {"postgres": "PostgreSQL 15", "eddy": "Eddy", "floor": "floor"}
+# The suite's colours (bench/src/bin/suite/plots.rs): Eddy blue, PostgreSQL red; the floor
+# (pgfloor, a server that does no work) grey.
+COLORS = {"eddy": "rgb(31,119,180)", "postgres": "rgb(214,39,40)", "floor": "rgb(127,127,127)"}
+# The targets of the sweep (issue 56), Eddy against PostgreSQL, per mode and clients.
+TARGETS = {"off": {1: 1.5, 16: 3.0, 64: 3.0}, "on": {}}
 
 
 def stat_ticks(pid):
@@ -184,19 +187,23 @@ def report(args):
             "",
             f"## synchronous_commit = {mode}",
             "",
-            "| clients | PostgreSQL tps | Eddy tps | Eddy/PG | p99 ms (PG / Eddy) | p99.9 ms (PG / Eddy) "
+            "| clients | PostgreSQL tps | Eddy tps | Eddy/PG | floor tps | floor/PG "
+            "| p99 ms (PG / Eddy) | p99.9 ms (PG / Eddy) "
             "| CPU µs/event (PG / Eddy) | failed (PG / Eddy) |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for n in clients:
-            pg, ed = at("postgres", mode, n), at("eddy", mode, n)
-            ratio = f"{ed['tps'] / pg['tps']:.2f}" if pg and ed and pg["tps"] else "-"
+            pg, ed, fl = at("postgres", mode, n), at("eddy", mode, n), at("floor", mode, n)
+
+            def over_pg(p):
+                return f"{p['tps'] / pg['tps']:.2f}" if pg and p and pg["tps"] else "-"
 
             def fails(p):
                 return str(p["failed"] + p["aborted_clients"]) if p else "-"
 
             md.append(
-                f"| {n} | {get(pg, 'tps', 6)} | {get(ed, 'tps', 6)} | {ratio} "
+                f"| {n} | {get(pg, 'tps', 6)} | {get(ed, 'tps', 6)} | {over_pg(ed)} "
+                f"| {get(fl, 'tps', 6)} | {over_pg(fl)} "
                 f"| {get(pg, 'p99_ms')} / {get(ed, 'p99_ms')} | {get(pg, 'p999_ms')} / {get(ed, 'p999_ms')} "
                 f"| {get(pg, 'cpu_us_per_event')} / {get(ed, 'cpu_us_per_event')} | {fails(pg)} / {fails(ed)} |"
             )
@@ -204,6 +211,7 @@ def report(args):
             NAMES[s]: sorted({p["synchronous_commit_seen"] for p in points if p["system"] == s and p["synchronous_commit"] == mode})
             for s in ("postgres", "eddy")
         }
+        md += target_lines(mode, clients, at)
         md += ["", "`SHOW synchronous_commit` under the same PGOPTIONS after each run: "
                + "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items() if v) + "."]
         for key, name, title, unit, log in (
@@ -213,7 +221,7 @@ def report(args):
             series = [
                 (NAMES[s], COLORS[s], [(p["clients"], p[key]) for p in points
                                        if p["system"] == s and p["synchronous_commit"] == mode and p[key]])
-                for s in ("postgres", "eddy")
+                for s in ("postgres", "eddy", "floor")
             ]
             svg = plot(
                 f"Per-event scoring, synchronous_commit = {mode}: {title}",
@@ -233,6 +241,24 @@ def report(args):
           + ", ".join(f"throughput_{m}.svg, p99_{m}.svg" for m in modes))
 
 
+def target_lines(mode, clients, at):
+    """Each target of the mode (at least 1.5× PostgreSQL durable, the ratios of TARGETS
+    with commit off) read against the floor of the same run: a target past floor/PG is
+    beyond what any server scores here with pgbench."""
+    md = []
+    for n in clients:
+        want = TARGETS[mode].get(n, 1.5 if mode == "on" else None)
+        pg, ed, fl = at("postgres", mode, n), at("eddy", mode, n), at("floor", mode, n)
+        if not want or not pg or not pg["tps"] or not fl or not fl["tps"]:
+            continue
+        ceiling = fl["tps"] / pg["tps"]
+        have = f"{ed['tps'] / pg['tps']:.2f}×" if ed else "-"
+        verdict = "within the floor" if ceiling >= want else "beyond the floor: no server reaches it here"
+        md.append(f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {have}, "
+                  f"floor {ceiling:.2f}×: {verdict}")
+    return ["", "Targets against the floor of this run:", ""] + md if md else []
+
+
 def floor_lines(floor, pg_durable_1):
     """The machine's floor, measured in the same sweep, as sweep.md's last section."""
     if not floor:
@@ -250,9 +276,9 @@ def floor_lines(floor, pg_durable_1):
     durable = floor.get("echo_durable")
     if durable and pg_durable_1 and pg_durable_1["tps"]:
         best = durable["round_trips_per_sec"] / pg_durable_1["tps"]
-        md.append(f"- no server answers one durable client faster than the durable echo: "
-                  f"at most {best:.2f}× PostgreSQL's {fmt(pg_durable_1['tps'], 6)} tps at 1 client, "
-                  "synchronous_commit = on")
+        md.append(f"- with a client that does nothing else, no server answers one durable client "
+                  f"faster than the durable echo: {best:.2f}× PostgreSQL's "
+                  f"{fmt(pg_durable_1['tps'], 6)} tps at 1 client, synchronous_commit = on")
     return md
 
 

@@ -35,16 +35,27 @@
 # postmaster and all its processes for PostgreSQL) per event; it writes OUT_DIR/sweep.json,
 # OUT_DIR/sweep.md, OUT_DIR/throughput_{off,on}.svg and OUT_DIR/p99_{off,on}.svg
 # (bench/pgbench/sweep.py), pgbench's output per point in OUT_DIR/runs/ and the two
-# pgbench scripts in OUT_DIR. When bench's `floor` is built, it runs first and sweep.md
-# ends with the machine's floor (OUT_DIR/floor.json): its durable echo bounds what any
-# server can do for one durable client here.
+# pgbench scripts in OUT_DIR.
+#
+# The floor, in the same run, when bench's binaries are built (FLOOR_BIN, PGFLOOR_BIN,
+# default $CARGO_TARGET_DIR/release/{floor,pgfloor}):
+# - `pgfloor`, a PostgreSQL-protocol server that does no work (one row per statement), is
+#   a third system: pgbench runs Eddy's script against it at every point with commit off,
+#   and at 1 client durable (`pgfloor --durable`: write and fdatasync before each answer;
+#   it has no group commit, so it bounds one durable client only). No server scores more
+#   than it with pgbench on this machine. SYSTEMS names it `floor`.
+# - `floor` runs first: its loopback echoes, plain and durable, with a minimal client.
+# sweep.md then reads each target against the floor (OUT_DIR/floor.json).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-10}
 clients_list=${2:-1 4 16 64 256}
 cards=${3:-100000}
 out=$(realpath -m "${4:-$root/bench/results/sweep}")
-systems=${SYSTEMS:-eddy postgres}
+pgfloor_bin=$(realpath -m "${PGFLOOR_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}/release/pgfloor}")
+default_systems="eddy postgres"
+if [ -x "$pgfloor_bin" ]; then default_systems+=" floor"; fi
+systems=${SYSTEMS:-$default_systems}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
 eddy_bin=$(realpath -m "${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}")
 cd "$root"
@@ -73,8 +84,10 @@ eport=$(free_port)
 pport=$(free_port)
 eddy_pid=""
 pg_pid=""
+floor_pids=()
 cleanup() {
   if [ -n "$eddy_pid" ] && kill -TERM "$eddy_pid" 2>/dev/null; then wait "$eddy_pid" 2>/dev/null || true; fi
+  for p in "${floor_pids[@]+"${floor_pids[@]}"}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
   if [ -f "$work/pg/postmaster.pid" ]; then
     kill -INT "$(head -1 "$work/pg/postmaster.pid")" 2>/dev/null || true
     sleep 1
@@ -124,6 +137,25 @@ END $$;
 SQL
 fi
 
+if [[ " $systems " == *" floor "* ]]; then
+  if [ ! -x "$pgfloor_bin" ]; then
+    echo "sweep.sh: no pgfloor at $pgfloor_bin (cargo build --release -p eddy-bench --bin pgfloor)" >&2
+    exit 1
+  fi
+  fport_off=$(free_port)
+  fport_on=$(free_port)
+  "$pgfloor_bin" --port "$fport_off" >/dev/null &
+  floor_pids+=($!)
+  "$pgfloor_bin" --port "$fport_on" --durable --dir "$work" >/dev/null &
+  floor_pids+=($!)
+  for port in "$fport_off" "$fport_on"; do
+    for _ in $(seq 1 100); do
+      psql -X -h 127.0.0.1 -p "$port" -U floor -d floor -Atc 'SELECT 1' >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  done
+fi
+
 # The pgbench scripts, kept with the results.
 vars='\set seq :seq + 1
 \set id :base + :client_id * 1000000000 + :seq
@@ -148,12 +180,19 @@ run=0
 # One pgbench run: SYSTEM MODE CLIENTS. Appends the point to $points and prints it.
 point() {
   local system=$1 mode=$2 n=$3 port user pid
-  if [ "$system" = eddy ]; then port=$eport user=eddy pid=$eddy_pid; else port=$pport user=postgres pid=$pg_pid; fi
+  local script=$system
+  case $system in
+    eddy) port=$eport user=eddy pid=$eddy_pid ;;
+    postgres) port=$pport user=postgres pid=$pg_pid ;;
+    floor)
+      script=eddy user=floor
+      if [ "$mode" = on ]; then port=$fport_on pid=${floor_pids[1]}; else port=$fport_off pid=${floor_pids[0]}; fi ;;
+  esac
   local j=$((n < 2 ? n : 2)) tag="${system}_${mode}_$n" rc=0
   run=$((run + 1))
   local cmd=(pgbench -n -M prepared -T "$seconds" -c "$n" -j "$j" --log "--log-prefix=$logs/$tag"
     -D "base=$((run * 1000000000000))" -D seq=0 -D "cards=$cards" -D "ts=$(date -u '+%Y-%m-%d %H:%M:%S')"
-    -f "$out/$system.pgbench" -h 127.0.0.1 -p "$port" -U "$user" "$user")
+    -f "$out/$script.pgbench" -h 127.0.0.1 -p "$port" -U "$user" "$user")
   local cpu0 cpu1 children seen command
   command="PGOPTIONS='-c synchronous_commit=$mode' $(printf '%q ' "${cmd[@]}")"
   read -r cpu0 children < <(python3 "$py" cpu "$pid")
@@ -171,7 +210,9 @@ point() {
 
 for mode in ${MODES:-off on}; do
   for n in $clients_list; do
-    for system in eddy postgres; do
+    for system in eddy postgres floor; do
+      # The durable floor has no group commit: it bounds one client only.
+      if [ "$system" = floor ] && [ "$mode" = on ] && [ "$n" != 1 ]; then continue; fi
       if [[ " $systems " == *" $system "* ]]; then point "$system" "$mode" "$n"; fi
     done
   done
@@ -183,7 +224,7 @@ import json, sys
 bad = []
 for line in open(sys.argv[1]):
     p = json.loads(line)
-    if p["synchronous_commit_seen"] != p["synchronous_commit"]:
+    if p["system"] != "floor" and p["synchronous_commit_seen"] != p["synchronous_commit"]:
         bad.append(f'{p["system"]} {p["clients"]} clients ran with synchronous_commit {p["synchronous_commit_seen"]!r}, not {p["synchronous_commit"]}')
     if p.get("failed") or not p.get("tps"):
         bad.append(f'{p["system"]} {p["synchronous_commit"]} {p["clients"]} clients: {p.get("failed")} failed, {p.get("tps")} tps')

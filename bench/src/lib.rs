@@ -27,3 +27,54 @@ pub async fn connect(
     tokio::spawn(conn);
     Ok(client)
 }
+
+/// Bytes of a `ZeroedLog`: written over from the start again when full.
+const ZEROED_LOG_BYTES: u64 = 16 << 20;
+
+/// A file of zeros, synced, that `write` fills with records and fdatasyncs, as
+/// PostgreSQL's WAL segments and Eddy's journal are written: the file's size never
+/// changes, so each fdatasync writes data alone, never the inode. The floors' durable
+/// answers (`floor`'s `echo_durable`, `pgfloor --durable`) wait for it. Deleted on drop.
+pub struct ZeroedLog {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    at: u64,
+}
+
+impl ZeroedLog {
+    /// A new file `NAME-PID-N` in `dir`.
+    pub fn create(dir: &std::path::Path, name: &str) -> std::io::Result<ZeroedLog> {
+        use std::io::Write;
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{name}-{}-{n}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..ZEROED_LOG_BYTES >> 20 {
+            file.write_all(&zeros)?;
+        }
+        file.sync_all()?;
+        Ok(ZeroedLog { file, path, at: 0 })
+    }
+
+    /// Writes `bytes` after the last write (from the start when full) and fdatasyncs.
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.at + bytes.len() as u64 > ZEROED_LOG_BYTES {
+            self.at = 0;
+        }
+        self.file.write_all_at(bytes, self.at)?;
+        self.at += bytes.len() as u64;
+        self.file.sync_data()
+    }
+}
+
+impl Drop for ZeroedLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -24,6 +24,8 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
+use eddy_bench::ZeroedLog;
+
 #[derive(clap::Parser)]
 struct Args {
     /// Seconds each probe runs.
@@ -78,49 +80,6 @@ fn read_all(s: &mut TcpStream, buf: &mut [u8], polling: bool) -> std::io::Result
     Ok(())
 }
 
-/// Bytes of `echo_durable`'s file: written over from the start again when full.
-const LOG_BYTES: u64 = 16 << 20;
-
-/// A file of `LOG_BYTES` zeros, synced, that `write` fills with messages and fdatasyncs.
-struct ZeroedLog {
-    file: std::fs::File,
-    path: std::path::PathBuf,
-    at: u64,
-}
-
-impl ZeroedLog {
-    fn create(dir: &std::path::Path) -> std::io::Result<ZeroedLog> {
-        let path = dir.join(format!("floor-echo-durable-{}", std::process::id()));
-        let mut file = std::fs::OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(&path)?;
-        let zeros = vec![0u8; 1 << 20];
-        for _ in 0..LOG_BYTES >> 20 {
-            file.write_all(&zeros)?;
-        }
-        file.sync_all()?;
-        Ok(ZeroedLog { file, path, at: 0 })
-    }
-
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        if self.at + bytes.len() as u64 > LOG_BYTES {
-            self.at = 0;
-        }
-        self.file.write_all_at(bytes, self.at)?;
-        self.at += bytes.len() as u64;
-        self.file.sync_data()
-    }
-}
-
-impl Drop for ZeroedLog {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// How the echo thread answers.
 #[derive(Clone, Copy, PartialEq)]
 enum Echo {
@@ -136,7 +95,9 @@ fn echo(seconds: f64, size: usize, how: Echo, dir: &std::path::Path) -> Result<s
     let addr = listener.local_addr()?;
     let polling = how == Echo::Polling;
     let mut log = match how {
-        Echo::Durable => Some(ZeroedLog::create(dir).context("echo_durable's file")?),
+        Echo::Durable => {
+            Some(ZeroedLog::create(dir, "floor-echo-durable").context("echo_durable's file")?)
+        }
         _ => None,
     };
     let echo = std::thread::spawn(move || -> std::io::Result<()> {

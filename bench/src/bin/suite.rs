@@ -20,7 +20,7 @@
 //!    reference computed here.
 //! 4. Runs `floor`: the machine's own floor, a clock-reading loop's longest gap and a
 //!    loopback echo's round trips (blocking, polling, and with an fdatasync per message),
-//!    server on this host can beat.
+//!    so the figures above can be read against what no server on this host can beat.
 //! 5. Writes `results.json`, `results.md` and SVG plots to `--out` (default
 //!    `bench/results/`).
 //!
