@@ -44,20 +44,22 @@
 #   and at 1 client durable (`pgfloor --durable`: write and fdatasync before each answer;
 #   it has no group commit, so it bounds one durable client only). No server scores more
 #   than it with pgbench on this machine. SYSTEMS names it `floor`.
-# - `floor` runs first: its loopback echoes, plain and durable, with a minimal client.
-# sweep.md then reads each target against the floor (OUT_DIR/floor.json).
+# - `floor` runs first: its loopback echoes, plain and durable, with a minimal client
+#   (OUT_DIR/floor.json), reported as context at the end of sweep.md.
+# sweep.md reads each target against pgfloor's point of the same clients and mode.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-10}
 clients_list=${2:-1 4 16 64 256}
 cards=${3:-100000}
 out=$(realpath -m "${4:-$root/bench/results/sweep}")
-pgfloor_bin=$(realpath -m "${PGFLOOR_BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}/release/pgfloor}")
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
+eddy_bin=$(realpath -m "${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}")
+pgfloor_bin=$(realpath -m "${PGFLOOR_BIN:-$CARGO_TARGET_DIR/release/pgfloor}")
+floor_bin=$(realpath -m "${FLOOR_BIN:-$CARGO_TARGET_DIR/release/floor}")
 default_systems="eddy postgres"
 if [ -x "$pgfloor_bin" ]; then default_systems+=" floor"; fi
 systems=${SYSTEMS:-$default_systems}
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
-eddy_bin=$(realpath -m "${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}")
 cd "$root"
 py=bench/pgbench/sweep.py
 
@@ -165,9 +167,8 @@ printf '%s\n%s\n' "$vars" 'INSERT INTO payments VALUES (:id, :ts, :card, :amount
   >"$out/eddy.pgbench"
 printf '%s\n%s\n' "$vars" 'SELECT * FROM score(:id, :ts, :card, :amount);' >"$out/postgres.pgbench"
 
-# The machine's floor in the same run, servers idle: bench's `floor`, when built
-# (${FLOOR_BIN:-$CARGO_TARGET_DIR/release/floor}), its durable echo on the servers' disk.
-floor_bin=$(realpath -m "${FLOOR_BIN:-$CARGO_TARGET_DIR/release/floor}")
+# The machine's floor in the same run, servers idle: bench's `floor`, when built, its
+# durable echo on the servers' disk.
 floor_args=()
 if [ -x "$floor_bin" ]; then
   "$floor_bin" --seconds 3 --dir "$work" >"$out/floor.json"

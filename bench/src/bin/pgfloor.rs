@@ -158,7 +158,7 @@ fn serve(stream: TcpStream, mut log: Option<ZeroedLog>) -> std::io::Result<()> {
     out.clear();
 
     let mut statements: HashMap<Vec<u8>, i16> = HashMap::new();
-    // The bytes received since the last Sync that did work: what a durable Sync writes.
+    // With a log, the bytes received since the last Sync: what a durable Sync writes.
     let mut received = Vec::with_capacity(64 << 10);
     let mut worked = false;
     loop {
@@ -170,15 +170,10 @@ fn serve(stream: TcpStream, mut log: Option<ZeroedLog>) -> std::io::Result<()> {
         let len = read_i32(&mut r)?;
         let mut body = vec![0u8; (len.max(4) - 4) as usize];
         r.read_exact(&mut body)?;
-        received.push(kind[0]);
-        received.extend_from_slice(&body);
-        let answer = |out: &mut Vec<u8>, log: &mut Option<ZeroedLog>, worked: bool| {
-            if let (Some(log), true) = (log.as_mut(), worked) {
-                log.write(&received)?;
-            }
-            ready(out);
-            std::io::Result::Ok(())
-        };
+        if log.is_some() {
+            received.push(kind[0]);
+            received.extend_from_slice(&body);
+        }
         match kind[0] {
             b'P' => {
                 let (name, rest) = cstr(&body);
@@ -208,24 +203,25 @@ fn serve(stream: TcpStream, mut log: Option<ZeroedLog>) -> std::io::Result<()> {
                 out_stream.write_all(&out)?;
                 out.clear();
             }
-            b'S' => {
-                answer(&mut out, &mut log, worked)?;
-                out_stream.write_all(&out)?;
-                out.clear();
-                received.clear();
-                worked = false;
-            }
+            b'S' => {}
             b'Q' => {
                 row_description(&mut out);
                 data_row(&mut out);
-                answer(&mut out, &mut log, true)?;
-                out_stream.write_all(&out)?;
-                out.clear();
-                received.clear();
-                worked = false;
+                worked = true;
             }
             b'X' => return Ok(()),
             _ => {}
+        }
+        // Sync, or the end of a simple query: durable first, then ready, in one write.
+        if matches!(kind[0], b'S' | b'Q') {
+            if let (Some(log), true) = (log.as_mut(), worked) {
+                log.write(&received)?;
+            }
+            ready(&mut out);
+            out_stream.write_all(&out)?;
+            out.clear();
+            received.clear();
+            worked = false;
         }
     }
 }
