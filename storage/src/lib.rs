@@ -8,6 +8,7 @@
 pub mod chunk;
 pub mod disk;
 pub mod log;
+mod mapped;
 pub mod reservoir;
 pub mod state;
 

@@ -5,6 +5,11 @@
 //! (`00000000000000000000.log`), each a sequence of records `[len u32][crc32 u32][bytes]`
 //! (little endian, CRC over the bytes). A segment rolls over at `segment_bytes_max`.
 //!
+//! A task's log (`TaskLog::open`) copies its records into its segment through a shared
+//! mapping (`mapped.rs`): an append makes no system call, and what it wrote is in the
+//! page cache, where a crash of the process leaves it, as with write(2). Its segments
+//! grow by allocated steps, so the bytes past its records are zeros, which end them.
+//!
 //! A preallocated log (`TaskLog::open_preallocated`, for a log fsynced on every commit)
 //! writes each new segment full of zeros first and then writes its records over them,
 //! as PostgreSQL does with its WAL segments: the file's size never changes while records
@@ -27,6 +32,8 @@ use std::io::{self, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use crate::mapped::MappedFile;
 
 /// Where a log ended at one moment (`TaskLog::end`), to go back to (`TaskLog::rewind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,8 +160,9 @@ struct Segment {
 pub struct TaskLog {
     dir: PathBuf,
     segments: Vec<Segment>,
-    /// Shared with `Unsynced` handles, which fsync it outside the writer's lock.
-    active: Arc<File>,
+    /// Records are copied into it (its file is shared with `Unsynced` handles, which
+    /// fsync it outside the writer's lock).
+    active: MappedFile,
     active_bytes: u64,
     next: u64,
     segment_bytes_max: u64,
@@ -177,11 +185,10 @@ struct SegmentScan {
     bad: Option<String>,
 }
 
-/// Reads a segment's records; with `zero_ends`, an all-zero header ends them (the rest
-/// of a preallocated segment).
+/// Reads a segment's records; an all-zero header ends them (the rest of a segment
+/// allocated ahead of its records).
 fn scan(
     path: &Path,
-    zero_ends: bool,
     mut each: impl FnMut(Vec<u8>),
 ) -> Result<SegmentScan, LogError> {
     let file = File::open(path).map_err(io_err(path))?;
@@ -200,7 +207,7 @@ fn scan(
             });
         }
         r.read_exact(&mut header).map_err(io_err(path))?;
-        if zero_ends && header == [0; HEADER_BYTES] {
+        if header == [0; HEADER_BYTES] {
             break;
         }
         let n = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
@@ -290,7 +297,7 @@ impl TaskLog {
                 });
             }
             let last = i + 1 == bases.len();
-            let s = scan(&path, preallocated, |_| {})?;
+            let s = scan(&path, |_| {})?;
             if let (Some(why), false) = (&s.bad, last) {
                 return Err(LogError::Corrupt {
                     path,
@@ -305,10 +312,7 @@ impl TaskLog {
                 if preallocated && s.records == 0 {
                     create_segment(&path, Some(segment_bytes_max))?;
                 } else {
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .map_err(io_err(&path))?;
+                    let f = open_segment(&path)?;
                     f.set_len(s.valid_bytes).map_err(io_err(&path))?;
                     f.sync_all().map_err(io_err(&path))?;
                 }
@@ -324,14 +328,11 @@ impl TaskLog {
             segments.push(Segment { base: 0, path });
         }
         let path = &segments.last().expect("one segment").path;
-        let active = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(io_err(path))?;
+        let active = segment_file(path, open_segment(path)?, preallocated)?;
         Ok(TaskLog {
             dir: dir.to_path_buf(),
             segments,
-            active: Arc::new(active),
+            active,
             active_bytes,
             next,
             segment_bytes_max,
@@ -379,17 +380,13 @@ impl TaskLog {
                 }
             }
             let path = &self.segments.last().expect("one segment").path;
-            self.active = Arc::new(
-                OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io_err(path))?,
-            );
+            self.active = segment_file(path, open_segment(path)?, self.preallocated)?;
         }
         self.next = end.next;
         let path = self.segments.last().expect("one segment").path.clone();
+        let file = self.active.file().clone();
+        let len = file.metadata().map_err(io_err(&path))?.len();
         if self.preallocated {
-            let len = self.active.metadata().map_err(io_err(&path))?.len();
             let zeros = vec![0u8; (len.saturating_sub(end.active_bytes)).min(1 << 20) as usize];
             let mut at = end.active_bytes;
             while at < len {
@@ -397,12 +394,11 @@ impl TaskLog {
                 if n == 0 {
                     break;
                 }
-                self.active
-                    .write_all_at(&zeros[..n], at)
-                    .map_err(io_err(&path))?;
+                file.write_all_at(&zeros[..n], at).map_err(io_err(&path))?;
                 at += n as u64;
             }
         } else {
+            // Cut where it ended (the next write allocates again).
             self.active
                 .set_len(end.active_bytes)
                 .map_err(io_err(&path))?;
@@ -444,7 +440,7 @@ impl TaskLog {
         }
         let path = &self.segments.last().expect("one segment").path;
         self.active
-            .write_all_at(buf, self.active_bytes)
+            .write_at(buf, self.active_bytes)
             .map_err(io_err(path))?;
         self.active_bytes += buf.len() as u64;
         self.dirty = true;
@@ -456,7 +452,7 @@ impl TaskLog {
         self.sync()?;
         let path = self.dir.join(segment_name(self.next));
         let size = self.preallocated.then_some(self.segment_bytes_max);
-        self.active = Arc::new(create_segment(&path, size)?);
+        self.active = segment_file(&path, create_segment(&path, size)?, self.preallocated)?;
         sync_dir(&self.dir)?;
         self.segments.push(Segment {
             base: self.next,
@@ -483,7 +479,7 @@ impl TaskLog {
         }
         self.dirty = false;
         Some(Unsynced {
-            file: self.active.clone(),
+            file: self.active.file().clone(),
             path: self.segments.last().expect("one segment").path.clone(),
         })
     }
@@ -496,7 +492,7 @@ impl TaskLog {
                 continue;
             }
             let mut at = seg.base;
-            let s = scan(&seg.path, self.preallocated, |bytes| {
+            let s = scan(&seg.path, |bytes| {
                 if at >= offset {
                     f(at, bytes);
                 }
@@ -542,6 +538,7 @@ fn create_segment(path: &Path, preallocate: Option<u64>) -> Result<File, LogErro
     let file = OpenOptions::new()
         .create(true)
         .truncate(true)
+        .read(true)
         .write(true)
         .open(path)
         .map_err(io_err(path))?;
@@ -556,6 +553,24 @@ fn create_segment(path: &Path, preallocate: Option<u64>) -> Result<File, LogErro
         file.sync_all().map_err(io_err(path))?;
     }
     Ok(file)
+}
+
+/// The active segment's file, written through a mapping unless it was preallocated (see
+/// `mapped`).
+fn segment_file(path: &Path, file: File, preallocated: bool) -> Result<MappedFile, LogError> {
+    if preallocated {
+        return Ok(MappedFile::written(file));
+    }
+    MappedFile::new(file).map_err(io_err(path))
+}
+
+/// Opens a segment to write its records (read too: a mapping needs both).
+fn open_segment(path: &Path) -> Result<File, LogError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))
 }
 
 /// Makes a directory's entries (new or removed files) durable.
@@ -672,7 +687,7 @@ mod tests {
         drop(log);
         // A crash left a torn write's later page past the zeros after the last record:
         // reopening cuts the segment at its records, so new records never run into it.
-        let valid = scan(&last, true, |_| {}).unwrap().valid_bytes;
+        let valid = scan(&last, |_| {}).unwrap().valid_bytes;
         let f = OpenOptions::new().write(true).open(&last).unwrap();
         f.write_all_at(&[7; 8], valid + HEADER_BYTES as u64)
             .unwrap();
