@@ -187,10 +187,7 @@ struct SegmentScan {
 
 /// Reads a segment's records; an all-zero header ends them (the rest of a segment
 /// allocated ahead of its records).
-fn scan(
-    path: &Path,
-    mut each: impl FnMut(Vec<u8>),
-) -> Result<SegmentScan, LogError> {
+fn scan(path: &Path, mut each: impl FnMut(Vec<u8>)) -> Result<SegmentScan, LogError> {
     let file = File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
     let mut r = BufReader::with_capacity(1 << 20, file);

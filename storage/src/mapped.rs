@@ -218,10 +218,16 @@ mod tests {
         mapped.write_at(&big, want.len() as u64).unwrap();
         want.extend_from_slice(&big);
         let len = std::fs::metadata(&path).unwrap().len();
-        assert_eq!(len, (want.len() as u64).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES);
+        assert_eq!(
+            len,
+            (want.len() as u64).div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES
+        );
         let got = std::fs::read(&path).unwrap();
         assert_eq!(&got[..want.len()], &want[..]);
-        assert!(got[want.len()..].iter().all(|b| *b == 0), "allocated ahead as zeros");
+        assert!(
+            got[want.len()..].iter().all(|b| *b == 0),
+            "allocated ahead as zeros"
+        );
         // Cut back, then written again over the cut.
         mapped.set_len(1500).unwrap();
         mapped.write_at(b"again", 1500).unwrap();
