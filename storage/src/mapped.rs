@@ -13,8 +13,9 @@
 //!
 //! A file written full of zeros first (a preallocated log's segment, see `log.rs`) is
 //! written with write(2) instead (`MappedFile::written`): here an fdatasync after a write
-//! through a mapping of such a file took 2.9–3.2 ms, against 0.26–0.29 ms after a
-//! write(2), and 0.25–0.27 ms after a write through a mapping of allocated blocks.
+//! through a mapping of such a file took 2.9–3.6 ms, against 0.2–0.3 ms after a
+//! write(2), and the same 0.2–0.3 ms after a write through a mapping of allocated
+//! blocks (`bench/fsync-mapped.py`).
 //!
 //! The unsafe code of the mapping is in this module alone.
 #![allow(unsafe_code)]
