@@ -381,9 +381,9 @@ impl TaskLog {
         }
         self.next = end.next;
         let path = self.segments.last().expect("one segment").path.clone();
-        let file = self.active.file().clone();
-        let len = file.metadata().map_err(io_err(&path))?.len();
         if self.preallocated {
+            let file = self.active.file();
+            let len = file.metadata().map_err(io_err(&path))?.len();
             let zeros = vec![0u8; (len.saturating_sub(end.active_bytes)).min(1 << 20) as usize];
             let mut at = end.active_bytes;
             while at < len {

@@ -33,13 +33,17 @@ const WINDOW_BYTES: u64 = 1 << 20;
 /// near a full disk does not claim much more than it writes.
 const ALLOCATE_BYTES: u64 = 64 << 10;
 
-/// A file written through a moving mapping, or with write(2).
+/// A file written through a moving mapping, or with write(2) (`mapping` is `None`).
 pub(crate) struct MappedFile {
     file: Arc<File>,
+    mapping: Option<Mapping>,
+}
+
+/// What a file written through a mapping has allocated, and its window.
+struct Mapping {
     /// Bytes the file has blocks for (its length: allocation extends it).
     allocated: u64,
     window: Option<Window>,
-    mapped: bool,
 }
 
 impl MappedFile {
@@ -49,9 +53,10 @@ impl MappedFile {
         let allocated = file.metadata()?.len();
         Ok(MappedFile {
             file: Arc::new(file),
-            allocated,
-            window: None,
-            mapped: true,
+            mapping: Some(Mapping {
+                allocated,
+                window: None,
+            }),
         })
     }
 
@@ -59,9 +64,7 @@ impl MappedFile {
     pub(crate) fn written(file: File) -> MappedFile {
         MappedFile {
             file: Arc::new(file),
-            allocated: 0,
-            window: None,
-            mapped: false,
+            mapping: None,
         }
     }
 
@@ -75,16 +78,16 @@ impl MappedFile {
         if buf.is_empty() {
             return Ok(());
         }
-        if !self.mapped {
+        let Some(mapping) = &mut self.mapping else {
             return self.file.write_all_at(buf, at);
-        }
+        };
         let end = at + buf.len() as u64;
-        if end > self.allocated {
+        if end > mapping.allocated {
             let to = end.div_ceil(ALLOCATE_BYTES) * ALLOCATE_BYTES;
-            allocate(&self.file, self.allocated, to - self.allocated)?;
-            self.allocated = to;
+            allocate(&self.file, mapping.allocated, to - mapping.allocated)?;
+            mapping.allocated = to;
         }
-        let window = match self.window.take() {
+        let window = match mapping.window.take() {
             Some(w) if w.covers(at, buf.len()) => w,
             old => {
                 drop(old);
@@ -93,16 +96,18 @@ impl MappedFile {
         };
         // Within the window (checked above) and below `allocated`.
         window.copy_in(at, buf);
-        self.window = Some(window);
+        mapping.window = Some(window);
         Ok(())
     }
 
     /// Cuts the file to `len` bytes.
     pub(crate) fn set_len(&mut self, len: u64) -> io::Result<()> {
-        self.window = None;
-        self.file.set_len(len)?;
-        self.allocated = len;
-        Ok(())
+        if let Some(mapping) = &mut self.mapping {
+            // Unmapped first: no window may cover bytes the cut takes away.
+            mapping.window = None;
+            mapping.allocated = len;
+        }
+        self.file.set_len(len)
     }
 }
 
