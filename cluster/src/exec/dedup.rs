@@ -2,18 +2,16 @@
 //! their event times (to forget the old ones), and a hash table of their arrival numbers
 //! (one hash per event: the lookup's hash records the id if the event is accepted).
 
-use std::alloc::Layout;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::HashTable;
 use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::prefetch;
 use eddy_planner::types::Value;
+
+use crate::exec::split::{ctrl, LineAligned, GROUP_WIDTH};
 
 /// A table entry: the high 32 bits of the id's hash, then the low 32 bits of its arrival
 /// number. The table places an entry by a hash spread from its tag, so growing it never
@@ -38,53 +36,6 @@ fn tag_of(e: Entry) -> u32 {
     (e >> 32) as u32
 }
 
-/// The table's allocator: `Global`, remembering the block it gave last, which is the
-/// table's (a table allocates its new block before it frees the old one), so the lines a
-/// lookup reads first can be asked for before it (`SeenIds::prefetch`).
-#[derive(Debug, Default)]
-struct Tracked {
-    block: AtomicUsize,
-    size: AtomicUsize,
-}
-
-impl Clone for Tracked {
-    /// A new table's allocator: it has given no block yet.
-    fn clone(&self) -> Self {
-        Tracked::default()
-    }
-}
-
-// SAFETY: every block comes from `Global` and goes back to it with the same layout.
-#[allow(unsafe_code)]
-unsafe impl Allocator for Tracked {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let block = Global.allocate(layout)?;
-        self.block
-            .store(block.as_ptr() as *mut u8 as usize, Relaxed);
-        self.size.store(layout.size(), Relaxed);
-        Ok(block)
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `allocate` above, from `Global` with `layout`.
-        unsafe { Global.deallocate(ptr, layout) }
-    }
-}
-
-/// Control bytes after the last bucket's (hashbrown's `Group::WIDTH` with SSE2): a
-/// probe reads a group of this many from its start.
-const GROUP_WIDTH: usize = 16;
-
-/// Where the control bytes of `table` start: they end its block, followed by
-/// `GROUP_WIDTH` more, and its buckets end where they start, bucket `i` the `i + 1`th
-/// before them (hashbrown's layout). `None` before any block.
-fn ctrl(table: &HashTable<Entry, Tracked>) -> Option<usize> {
-    let a = table.allocator();
-    let (block, size) = (a.block.load(Relaxed), a.size.load(Relaxed));
-    let buckets = table.num_buckets();
-    (block != 0 && size > buckets + GROUP_WIDTH).then(|| block + size - GROUP_WIDTH - buckets)
-}
-
 /// Ids remembered at most; past it the oldest is forgotten (about 170 GB of ids, so
 /// memory runs out first).
 const IDS_MAX: usize = u32::MAX as usize;
@@ -92,8 +43,8 @@ const IDS_MAX: usize = u32::MAX as usize;
 #[derive(Default)]
 pub(crate) struct SeenIds {
     /// Arrival numbers by tag (`Entry`): 8 bytes a bucket, so the table a new id probes
-    /// stays small in cache. Its allocator knows its block (`prefetch`).
-    table: HashTable<Entry, Tracked>,
+    /// stays small in cache. Its allocator knows its block (`prefetch`, `split::ctrl`).
+    table: HashTable<Entry, LineAligned>,
     hasher: DefaultHashBuilder,
     /// The ids in arrival order with their event times; the first arrived as `first`.
     /// At most `IDS_MAX` are remembered, so an entry's low 32 bits name one.

@@ -587,6 +587,12 @@ impl GroupTable {
         self.hot_bytes = hot_bytes(states);
     }
 
+    /// Asks for the control bytes a lookup of `key` in L1 reads first
+    /// (`SplitMap::prefetch_probe`): the first of two stages, `prefetch` the second.
+    pub fn prefetch_probe(&self, key: KeyRef<'_>) {
+        self.l1.prefetch_probe(self.l1.hash(key));
+    }
+
     /// Asks for the cache lines of `key`'s L1 entry an event reads (see
     /// `SplitMap::prefetch`).
     pub fn prefetch(&self, key: KeyRef<'_>) {

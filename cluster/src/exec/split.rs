@@ -8,6 +8,7 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::{Entry, HashTable};
@@ -30,12 +31,26 @@ pub type Pos = (usize, usize);
 /// Bytes of a cache line.
 pub const LINE: usize = 64;
 
-/// Allocates a table's memory at the start of a cache line. A hashbrown table lays its
-/// buckets out back to back, ending where the control bytes start, which is at a multiple
-/// of the bucket size from the allocation's start: a bucket of a multiple of 64 bytes
-/// then fills whole lines, and a lookup never pays for one more line than its entry has.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LineAligned;
+/// Allocates a table's memory at the start of a cache line, and remembers the block it
+/// gave last, which is the table's (a table allocates its new block before it frees the
+/// old one), so a probe's control bytes can be asked for before the probe (`ctrl`).
+///
+/// A hashbrown table lays its buckets out back to back, ending where the control bytes
+/// start, which is at a multiple of the bucket size from the allocation's start: a
+/// bucket of a multiple of 64 bytes then fills whole lines, and a lookup never pays for
+/// one more line than its entry has.
+#[derive(Debug, Default)]
+pub struct LineAligned {
+    block: AtomicUsize,
+    size: AtomicUsize,
+}
+
+impl Clone for LineAligned {
+    /// A new table's allocator: it has given no block yet.
+    fn clone(&self) -> Self {
+        LineAligned::default()
+    }
+}
 
 fn line_aligned(layout: Layout) -> Result<Layout, AllocError> {
     layout.align_to(LINE).map_err(|_| AllocError)
@@ -46,7 +61,11 @@ fn line_aligned(layout: Layout) -> Result<Layout, AllocError> {
 #[allow(unsafe_code)]
 unsafe impl Allocator for LineAligned {
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        Global.allocate(line_aligned(layout)?)
+        let block = Global.allocate(line_aligned(layout)?)?;
+        self.block
+            .store(block.as_ptr() as *mut u8 as usize, Relaxed);
+        self.size.store(layout.size(), Relaxed);
+        Ok(block)
     }
 
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
@@ -54,6 +73,20 @@ unsafe impl Allocator for LineAligned {
         // SAFETY: `ptr` was allocated by `allocate` above, from `Global` with this layout.
         unsafe { Global.deallocate(ptr, layout) }
     }
+}
+
+/// Control bytes after the last bucket's (hashbrown's `Group::WIDTH` with SSE2): a
+/// probe reads a group of this many from its start.
+pub const GROUP_WIDTH: usize = 16;
+
+/// Where the control bytes of `table` start: they end its block, followed by
+/// `GROUP_WIDTH` more (hashbrown's layout). `None` before any block. Only prefetches
+/// use it: a hint at a wrong address costs time, never a result.
+pub fn ctrl<T>(table: &HashTable<T, LineAligned>) -> Option<usize> {
+    let a = table.allocator();
+    let (block, size) = (a.block.load(Relaxed), a.size.load(Relaxed));
+    let buckets = table.num_buckets();
+    (block != 0 && size > buckets + GROUP_WIDTH).then(|| block + size - GROUP_WIDTH - buckets)
 }
 
 type Part<V> = HashTable<(PackedKey, V), LineAligned>;
@@ -67,7 +100,9 @@ pub struct SplitMap<V> {
 impl<V> Default for SplitMap<V> {
     fn default() -> Self {
         SplitMap {
-            parts: (0..PARTS).map(|_| HashTable::new_in(LineAligned)).collect(),
+            parts: (0..PARTS)
+                .map(|_| HashTable::new_in(LineAligned::default()))
+                .collect(),
             hasher: DefaultHashBuilder::default(),
             len: 0,
         }
@@ -110,10 +145,22 @@ impl<V> SplitMap<V> {
             .map(|bucket| (part, bucket))
     }
 
+    /// Asks for the control bytes a probe for hash `h` reads first, without reading
+    /// anything: the first of a lookup's two dependent misses. A `prefetch` of the same
+    /// hash once they arrived then finds the entry without waiting.
+    #[inline]
+    pub fn prefetch_probe(&self, h: u64) {
+        let part = &self.parts[Self::part(h)];
+        if let Some(ctrl) = ctrl(part) {
+            prefetch::address(ctrl + (h as usize & (part.num_buckets() - 1)), GROUP_WIDTH);
+        }
+    }
+
     /// Asks for the cache lines of the first `bytes` bytes of the entry `key` (hash
-    /// `h`) would occupy, without comparing keys: the control bytes are read, and the
-    /// first bucket whose tag matches is prefetched. The caller goes on with other work
-    /// while it arrives; a later `find` or `get_mut` of the key then meets it in cache.
+    /// `h`) would occupy, without comparing keys: the control bytes are read (best
+    /// asked for earlier, `prefetch_probe`), and the first bucket whose tag matches is
+    /// prefetched. The caller goes on with other work while it arrives; a later `find`
+    /// or `get_mut` of the key then meets it in cache.
     pub fn prefetch(&self, h: u64, bytes: usize) {
         let part = &self.parts[Self::part(h)];
         if let Some(entry) = part
@@ -227,7 +274,7 @@ impl<V> SplitMap<V> {
 
     pub fn clear(&mut self) {
         for part in self.parts.iter_mut() {
-            *part = HashTable::new_in(LineAligned);
+            *part = HashTable::new_in(LineAligned::default());
         }
         self.len = 0;
     }
@@ -255,6 +302,24 @@ mod tests {
         let key_at = std::mem::offset_of!((PackedKey, [u8; 40]), 0);
         for (k, _) in m.iter() {
             assert_eq!((k as *const PackedKey as usize - key_at) % LINE, 0);
+        }
+    }
+
+    /// `ctrl` follows hashbrown's layout: bucket `i` of a part ends where bucket `i - 1`
+    /// starts, the first ending at the control bytes, so the addresses a probe's
+    /// prefetch asks for are the ones its lookup reads.
+    #[test]
+    fn ctrl_addresses_a_part_as_hashbrown_lays_it_out() {
+        let mut m: SplitMap<[u8; 40]> = SplitMap::default();
+        assert!(m.parts.iter().all(|p| ctrl(p).is_none()));
+        for i in 0..20_000u32 {
+            let key = PackedKey::new(&i.to_le_bytes());
+            let h = m.hash(key.as_bytes().into());
+            m.insert(key.clone(), [1; 40]);
+            let (part, bucket) = m.find(h, key.as_bytes().into()).expect("inserted");
+            let ctrl = ctrl(&m.parts[part]).expect("allocated");
+            let at = m.parts[part].get_bucket(bucket).expect("full") as *const _ as usize;
+            assert_eq!(at, ctrl - (bucket + 1) * LINE);
         }
     }
 

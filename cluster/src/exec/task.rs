@@ -1086,11 +1086,16 @@ impl Task {
         }
         self.settle()?;
         if let Some(first) = rows.first() {
+            self.prefetch_probes(first, mask(0));
             self.prefetch_groups(first, mask(0));
         }
         for (i, row) in rows.iter().enumerate() {
             // The next event's groups arrive in cache while this one is applied (and
-            // this one's while its window's leaving events are removed).
+            // this one's while its window's leaving events are removed), found through
+            // control bytes asked for an event earlier.
+            if let Some(later) = rows.get(i + 2) {
+                self.prefetch_probes(later, mask(i + 2));
+            }
             if let Some(next) = rows.get(i + 1) {
                 self.prefetch_groups(next, mask(i + 1));
             }
@@ -1136,6 +1141,14 @@ impl Task {
     fn prefetch_id(&self, ids: Option<usize>, row: Option<&Row>) {
         if let (Some(c), Some(row)) = (ids, row) {
             self.seen_ids.prefetch(&row[c]);
+        }
+    }
+
+    /// Asks for the control bytes the lookups of the groups `row` will enter read first
+    /// (`prefetch_probes`).
+    fn prefetch_probes(&mut self, row: &Row, mask: u64) {
+        for w in &self.windows {
+            prefetch_probes(&w.filters, row, mask, &mut self.key_buf);
         }
     }
 
@@ -1327,15 +1340,16 @@ impl Task {
 
     /// Stores an admitted event without moving the windows (`catch_up` moves them): it
     /// enters at once the windows whose edges it sits between, as the events they hold
-    /// did; the others take it when their head passes it. Its groups' lines are asked
-    /// for now, so the batch's misses overlap.
+    /// did; the others take it when their head passes it. The control bytes of its
+    /// groups' lookups are asked for now, their entries when the windows move
+    /// (`prefetch_entering_batch`), so the batch's misses overlap.
     fn place(&mut self, event: Event) {
         self.lagging += 1;
         for w in &mut self.windows {
             if event.ts <= w.head && event.ts > w.tail {
                 apply_event(w, &event, &mut self.key_buf, true);
             } else if event.ts > w.head {
-                prefetch_groups(&w.filters, &event.row, event.mask, &mut self.key_buf);
+                prefetch_probes(&w.filters, &event.row, event.mask, &mut self.key_buf);
             }
         }
         self.reservoir.insert(event);
@@ -1347,6 +1361,7 @@ impl Task {
         let Some(t) = self.time else { return Ok(()) };
         let mut read = Ok(());
         for w in &mut self.windows {
+            prefetch_entering_batch(w, t, self.reservoir.as_mut(), &mut self.key_buf);
             prefetch_leaving_batch(w, t, self.reservoir.as_mut(), &mut self.key_buf);
             read = advance(w, t, self.reservoir.as_mut(), &mut self.key_buf, None);
             if read.is_err() {
@@ -1605,9 +1620,10 @@ fn advance(
 /// Events past a sliding window's tail edge whose cache lines are asked for ahead, in
 /// stages, each reading what the one after it asked for at an earlier event: the next
 /// event to leave has what its groups' states keep on the heap asked for (a multiset's
-/// values), the second its group entries (its key is read from its row and text), the
-/// third the text its values point to, and the fourth its row.
-const LEAVING_AHEAD: usize = 4;
+/// values), the second its group entries, the third the control bytes their lookups
+/// read first (its key is read from its row and text), the fourth the text its values
+/// point to, and the fifth its row.
+const LEAVING_AHEAD: usize = 5;
 
 /// Asks for the lines of the events that leave `w` next, one stage each
 /// (`LEAVING_AHEAD`). An event leaving every so often then finds its row, its text,
@@ -1617,7 +1633,8 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
         match stage {
             0 => prefetch_states(&w.filters, &e.row, e.mask, key_buf),
             1 => prefetch_groups(&w.filters, &e.row, e.mask, key_buf),
-            2 => prefetch::texts(&e.row),
+            2 => prefetch_probes(&w.filters, &e.row, e.mask, key_buf),
+            3 => prefetch::texts(&e.row),
             _ => prefetch::lines(&e.row[..]),
         }
     }
@@ -1634,10 +1651,29 @@ const LEAVING_BATCH: usize = 128;
 /// is exact. 64 events of catching up cost tens of microseconds.
 const LAG_EVENTS_MAX: usize = 64;
 
+/// Asks for the entries of the groups the events placed since `w` last moved enter when
+/// it moves to `t` (their lookups' control bytes were asked for as they were placed).
+fn prefetch_entering_batch(
+    w: &WindowExec,
+    t: i64,
+    reservoir: &mut dyn Reservoir<Event>,
+    key_buf: &mut Vec<u8>,
+) {
+    let upto = w.key.spec.head_bound(t);
+    if upto <= w.head {
+        return;
+    }
+    let events = reservoir.upcoming(w.head.max(w.tail), LAG_EVENTS_MAX);
+    for e in &events[..events.partition_point(|e| e.ts <= upto)] {
+        prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
+    }
+}
+
 /// Asks for the lines of the events that leave a sliding window when it moves to `t`
 /// (the first `LEAVING_BATCH`), in passes over them: their rows, then their text, then
-/// their group entries, then the multisets those entries point to. A batch's leaving
-/// events then miss in cache together rather than one after another.
+/// their lookups' control bytes, then their group entries, then the multisets those
+/// entries point to. A batch's leaving events then miss in cache together rather than
+/// one after another.
 fn prefetch_leaving_batch(
     w: &WindowExec,
     t: i64,
@@ -1656,6 +1692,9 @@ fn prefetch_leaving_batch(
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
     for e in events {
+        prefetch_probes(&w.filters, &e.row, e.mask, key_buf);
+    }
+    for e in events {
         prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
     }
     // A multiset is found through its group's entry, asked for by the pass above.
@@ -1672,6 +1711,15 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
             g.table
                 .prefetch_states(KeyRef::of(key_buf, &g.key.columns, row));
         }
+    });
+}
+
+/// Asks for the control bytes the lookups of the groups `row` is in read first, under
+/// the filters `mask` passes: the first stage of `prefetch_groups`, which reads them.
+fn prefetch_probes(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
+    each_group(filters, mask, |g| {
+        g.table
+            .prefetch_probe(KeyRef::of(key_buf, &g.key.columns, row))
     });
 }
 
