@@ -1304,7 +1304,14 @@ impl Task {
             Some(stored) => {
                 for w in &mut self.windows {
                     let fresh = Some((&event, stored));
-                    read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf, fresh);
+                    read = advance(
+                        w,
+                        new_t,
+                        self.reservoir.as_mut(),
+                        &mut self.key_buf,
+                        fresh,
+                        false,
+                    );
                     if read.is_err() {
                         break;
                     }
@@ -1323,7 +1330,14 @@ impl Task {
                 self.reservoir.insert(event);
                 for w in &mut self.windows {
                     let old_head = w.head;
-                    read = advance(w, new_t, self.reservoir.as_mut(), &mut self.key_buf, None);
+                    read = advance(
+                        w,
+                        new_t,
+                        self.reservoir.as_mut(),
+                        &mut self.key_buf,
+                        None,
+                        false,
+                    );
                     if read.is_err() {
                         break;
                     }
@@ -1340,16 +1354,12 @@ impl Task {
 
     /// Stores an admitted event without moving the windows (`catch_up` moves them): it
     /// enters at once the windows whose edges it sits between, as the events they hold
-    /// did; the others take it when their head passes it. The control bytes of its
-    /// groups' lookups are asked for now, their entries when the windows move
-    /// (`prefetch_entering_batch`), so the batch's misses overlap.
+    /// did; the others take it when their head passes it (`for_range_ahead`).
     fn place(&mut self, event: Event) {
         self.lagging += 1;
         for w in &mut self.windows {
             if event.ts <= w.head && event.ts > w.tail {
                 apply_event(w, &event, &mut self.key_buf, true);
-            } else if event.ts > w.head {
-                prefetch_probes(&w.filters, &event.row, event.mask, &mut self.key_buf);
             }
         }
         self.reservoir.insert(event);
@@ -1361,9 +1371,7 @@ impl Task {
         let Some(t) = self.time else { return Ok(()) };
         let mut read = Ok(());
         for w in &mut self.windows {
-            prefetch_entering_batch(w, t, self.reservoir.as_mut(), &mut self.key_buf);
-            prefetch_leaving_batch(w, t, self.reservoir.as_mut(), &mut self.key_buf);
-            read = advance(w, t, self.reservoir.as_mut(), &mut self.key_buf, None);
+            read = advance(w, t, self.reservoir.as_mut(), &mut self.key_buf, None, true);
             if read.is_err() {
                 break;
             }
@@ -1560,13 +1568,16 @@ fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
 }
 
 /// Moves a window's edges to stream time `t`: events past the tail leave, then events
-/// that reached the head enter, both in event-time order.
+/// that reached the head enter, both in event-time order. `ahead`: many events move (a
+/// task catching up), a batch of them at a time with their lines asked for first
+/// (`for_range_ahead`); else few do, one event's worth (`prefetch_leaving`).
 fn advance(
     w: &mut WindowExec,
     t: i64,
     reservoir: &mut dyn Reservoir<Event>,
     key_buf: &mut Vec<u8>,
     fresh: Option<(&Event, i64)>,
+    ahead: bool,
 ) -> std::result::Result<(), ReservoirError> {
     let spec = w.key.spec;
     let new_head = spec.head_bound(t);
@@ -1593,13 +1604,17 @@ fn advance(
         }
         WindowSpec::Sliding { .. } | WindowSpec::Hopping { .. } if new_tail > old_tail => {
             let upto = new_tail.min(old_head);
-            reservoir.for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false))?;
+            match ahead {
+                true => for_range_ahead(w, reservoir, key_buf, old_tail, upto, false)?,
+                false => reservoir
+                    .for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false))?,
+            }
         }
         _ => {}
     }
     w.tail = new_tail.max(old_tail);
     // A tail that did not move has the same events ahead, asked for already.
-    if matches!(spec, WindowSpec::Sliding { .. }) && w.tail > old_tail {
+    if !ahead && matches!(spec, WindowSpec::Sliding { .. }) && w.tail > old_tail {
         prefetch_leaving(w, reservoir, key_buf);
     }
     if new_head > old_head {
@@ -1607,7 +1622,11 @@ fn advance(
         // `fresh` is an event the reservoir does not hold yet, newer than every event it
         // does (`stored` and before); it enters after them, in key order.
         if fresh.is_none_or(|(_, stored)| stored > from) {
-            reservoir.for_range(from, new_head, &mut |e| apply_event(w, e, key_buf, true))?;
+            match ahead {
+                true => for_range_ahead(w, reservoir, key_buf, from, new_head, true)?,
+                false => reservoir
+                    .for_range(from, new_head, &mut |e| apply_event(w, e, key_buf, true))?,
+            }
         }
         if let Some((e, _)) = fresh.filter(|(e, _)| e.ts > from && e.ts <= new_head) {
             apply_event(w, e, key_buf, true);
@@ -1640,66 +1659,61 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
     }
 }
 
-/// Leaving events asked for at once when a batch moves a window (`prefetch_leaving_batch`).
-const LEAVING_BATCH: usize = 128;
-
 /// Events a task places (stores, its windows not moved) before it moves its windows,
 /// while nothing reads its state between events: no RETURNING and no subscriber. The
-/// windows then move once for many events, whose leaving events' lines are asked for
-/// together (`prefetch_leaving_batch`), as for one statement's many rows. A read, a
+/// windows then move once for many events (a statement's rows, however many), whose
+/// lines are asked for together (`for_range_ahead`). A read, a
 /// checkpoint or a metric change first moves them (`Task::settle`), so what anyone sees
 /// is exact. 64 events of catching up cost tens of microseconds.
 const LAG_EVENTS_MAX: usize = 64;
 
-/// Asks for the entries of the groups the events placed since `w` last moved enter when
-/// it moves to `t` (their lookups' control bytes were asked for as they were placed).
-fn prefetch_entering_batch(
-    w: &WindowExec,
-    t: i64,
+/// Events moved at a time when a window catches up (`for_range_ahead`): enough for their
+/// misses to overlap, few enough that their lines are still in cache when they move.
+const AHEAD_BATCH: usize = 64;
+
+/// Enters (`enter`) or removes the events with `after < ts <= upto` into `w`, in key
+/// order, `AHEAD_BATCH` at a time: each batch's lines are asked for first, in passes
+/// (`prefetch_batch`), so its events miss in cache together rather than one after
+/// another. Where the reservoir offers no events ahead (`Reservoir::upcoming` is only
+/// a hint), the rest moves without.
+fn for_range_ahead(
+    w: &mut WindowExec,
     reservoir: &mut dyn Reservoir<Event>,
     key_buf: &mut Vec<u8>,
-) {
-    let upto = w.key.spec.head_bound(t);
-    if upto <= w.head {
-        return;
+    mut after: i64,
+    upto: i64,
+    enter: bool,
+) -> std::result::Result<(), ReservoirError> {
+    while after < upto {
+        let events = reservoir.upcoming(after, AHEAD_BATCH);
+        let n = events.partition_point(|e| e.ts <= upto);
+        let Some(last) = events[..n].last() else {
+            break;
+        };
+        // An event past `upto` among them: they are all the range holds.
+        let step = if n < events.len() { upto } else { last.ts };
+        prefetch_batch(&w.filters, &events[..n], key_buf);
+        reservoir.for_range(after, step, &mut |e| apply_event(w, e, key_buf, enter))?;
+        after = step;
     }
-    let events = reservoir.upcoming(w.head.max(w.tail), LAG_EVENTS_MAX);
-    for e in &events[..events.partition_point(|e| e.ts <= upto)] {
-        prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
-    }
+    reservoir.for_range(after, upto, &mut |e| apply_event(w, e, key_buf, enter))
 }
 
-/// Asks for the lines of the events that leave a sliding window when it moves to `t`
-/// (the first `LEAVING_BATCH`), in passes over them: their rows, then their text, then
-/// their lookups' control bytes, then their group entries, then the multisets those
-/// entries point to. A batch's leaving events then miss in cache together rather than
-/// one after another.
-fn prefetch_leaving_batch(
-    w: &WindowExec,
-    t: i64,
-    reservoir: &mut dyn Reservoir<Event>,
-    key_buf: &mut Vec<u8>,
-) {
-    if !matches!(w.key.spec, WindowSpec::Sliding { .. }) {
-        return;
-    }
-    let upto = w.key.spec.tail_bound(t).unwrap_or(i64::MIN).min(w.head);
-    if upto <= w.tail {
-        return;
-    }
-    let events = reservoir.upcoming(w.tail, LEAVING_BATCH);
-    let events = &events[..events.partition_point(|e| e.ts <= upto)];
+/// Asks for the lines a batch of events reads as it moves, in passes over them, each
+/// reading what the one before asked for: their rows, then their text, then their
+/// groups' control bytes, then their group entries, then the multisets those entries
+/// point to.
+fn prefetch_batch(filters: &[FilterExec], events: &[Event], key_buf: &mut Vec<u8>) {
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
     for e in events {
-        prefetch_probes(&w.filters, &e.row, e.mask, key_buf);
+        prefetch_probes(filters, &e.row, e.mask, key_buf);
     }
     for e in events {
-        prefetch_groups(&w.filters, &e.row, e.mask, key_buf);
+        prefetch_groups(filters, &e.row, e.mask, key_buf);
     }
-    // A multiset is found through its group's entry, asked for by the pass above.
     for e in events {
-        prefetch_states(&w.filters, &e.row, e.mask, key_buf);
+        prefetch_states(filters, &e.row, e.mask, key_buf);
     }
 }
 
@@ -1883,6 +1897,54 @@ mod tests {
         let mut rows = task.metric_rows("m", None);
         rows.sort_by_key(|r| format!("{r:?}"));
         rows
+    }
+
+    /// A statement's many rows move the windows once, `AHEAD_BATCH` events at a time
+    /// (`for_range_ahead`): every event enters and leaves once, even where events of
+    /// one time straddle two batches, and where a statement spans more than a window.
+    #[test]
+    fn a_large_batch_moves_every_event_once_in_steps() {
+        let mut task = task();
+        // Event `j`: second `j / 7` (seven a second, so batches of 64 split ties),
+        // card `c{j % 3}`, amount `j`.
+        let event = |j: i64| {
+            Row::from(vec![
+                Value::Timestamp(1_000_000 * (j / 7)),
+                Value::Text(format!("c{}", j % 3).into()),
+                Value::Int(j),
+            ])
+        };
+        let expected = |last: i64| {
+            let second = last / 7;
+            let mut rows: Vec<Vec<Value>> = (0..3)
+                .map(|c| {
+                    let live: Vec<i64> = (0..=last)
+                        .filter(|j| j % 3 == c && j / 7 > second - 10)
+                        .collect();
+                    vec![
+                        Value::Text(format!("c{c}").into()),
+                        Value::Int(live.len() as i64),
+                        Value::Numeric((live.iter().sum::<i64>() as i128).into()),
+                    ]
+                })
+                .collect();
+            rows.sort_by_key(|r| format!("{r:?}"));
+            rows
+        };
+        let mut next = 0;
+        // 1,000 rows span 143 seconds: most enter and leave within one statement;
+        // 300 rows, 43 seconds; 50, fewer than a step.
+        for size in [1_000, 300, 50, 1_000, 377] {
+            let batch: Vec<Row> = (next..next + size).map(event).collect();
+            task.ingest(&batch, false).unwrap();
+            next += size;
+            assert_eq!(
+                rows(&mut task),
+                expected(next - 1),
+                "after event {}",
+                next - 1
+            );
+        }
     }
 
     #[test]
