@@ -1662,9 +1662,9 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
 /// Events a task places (stores, its windows not moved) before it moves its windows,
 /// while nothing reads its state between events: no RETURNING and no subscriber. The
 /// windows then move once for many events (a statement's rows, however many), whose
-/// lines are asked for together (`for_range_ahead`). A read, a
-/// checkpoint or a metric change first moves them (`Task::settle`), so what anyone sees
-/// is exact. 64 events of catching up cost tens of microseconds.
+/// lines are asked for together (`for_range_ahead`). A read, a checkpoint or a metric
+/// change first moves them (`Task::settle`), so what anyone sees is exact. 64 events of
+/// catching up cost tens of microseconds.
 const LAG_EVENTS_MAX: usize = 64;
 
 /// Events moved at a time when a window catches up (`for_range_ahead`): enough for their
@@ -1866,19 +1866,31 @@ mod tests {
 
     /// Event `i`: second `i`, card `c{i % 3}`, amount `i`.
     fn event(i: i64) -> Row {
+        event_of(i, 1)
+    }
+
+    /// Event `i` of `per_second` a second: second `i / per_second`, card `c{i % 3}`,
+    /// amount `i`.
+    fn event_of(i: i64, per_second: i64) -> Row {
         Row::from(vec![
-            Value::Timestamp(1_000_000 * i),
+            Value::Timestamp(1_000_000 * (i / per_second)),
             Value::Text(format!("c{}", i % 3).into()),
             Value::Int(i),
         ])
     }
 
-    /// (card, COUNT, SUM) of the 10-second window at second `last`, by counting.
+    /// (card, COUNT, SUM) of the 10-second window at event `last` (`event`), by counting.
     fn expected(last: i64) -> Vec<Vec<Value>> {
+        expected_of(last, 1)
+    }
+
+    /// The same, of `per_second` events a second (`event_of`).
+    fn expected_of(last: i64, per_second: i64) -> Vec<Vec<Value>> {
+        let second = last / per_second;
         let mut rows: Vec<Vec<Value>> = (0..3)
             .filter_map(|c| {
                 let live: Vec<i64> = (0..=last)
-                    .filter(|i| i % 3 == c && *i > last - 10)
+                    .filter(|i| i % 3 == c && i / per_second > second - 10)
                     .collect();
                 (!live.is_empty()).then(|| {
                     vec![
@@ -1905,42 +1917,17 @@ mod tests {
     #[test]
     fn a_large_batch_moves_every_event_once_in_steps() {
         let mut task = task();
-        // Event `j`: second `j / 7` (seven a second, so batches of 64 split ties),
-        // card `c{j % 3}`, amount `j`.
-        let event = |j: i64| {
-            Row::from(vec![
-                Value::Timestamp(1_000_000 * (j / 7)),
-                Value::Text(format!("c{}", j % 3).into()),
-                Value::Int(j),
-            ])
-        };
-        let expected = |last: i64| {
-            let second = last / 7;
-            let mut rows: Vec<Vec<Value>> = (0..3)
-                .map(|c| {
-                    let live: Vec<i64> = (0..=last)
-                        .filter(|j| j % 3 == c && j / 7 > second - 10)
-                        .collect();
-                    vec![
-                        Value::Text(format!("c{c}").into()),
-                        Value::Int(live.len() as i64),
-                        Value::Numeric((live.iter().sum::<i64>() as i128).into()),
-                    ]
-                })
-                .collect();
-            rows.sort_by_key(|r| format!("{r:?}"));
-            rows
-        };
+        // Seven events a second, so batches of 64 split the events of one second.
         let mut next = 0;
         // 1,000 rows span 143 seconds: most enter and leave within one statement;
         // 300 rows, 43 seconds; 50, fewer than a step.
         for size in [1_000, 300, 50, 1_000, 377] {
-            let batch: Vec<Row> = (next..next + size).map(event).collect();
+            let batch: Vec<Row> = (next..next + size).map(|i| event_of(i, 7)).collect();
             task.ingest(&batch, false).unwrap();
             next += size;
             assert_eq!(
                 rows(&mut task),
-                expected(next - 1),
+                expected_of(next - 1, 7),
                 "after event {}",
                 next - 1
             );
