@@ -241,7 +241,7 @@ struct ServeArgs {
     #[arg(long, env = "EDDY_SEGMENT_BYTES_MAX", default_value = "64MB", value_parser = bytes)]
     segment_bytes_max: usize,
     /// Bytes of decoded chunks each task keeps in memory.
-    #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "2MB", value_parser = bytes)]
+    #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "4MB", value_parser = bytes)]
     chunk_cache_bytes: usize,
     /// Group states in the write-back cache (L1), per GroupBy node of a task.
     #[arg(long, env = "EDDY_L1_ENTRIES", default_value_t = CacheConfig::default().l1_entries as u64,

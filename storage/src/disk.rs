@@ -40,7 +40,11 @@ pub struct ReservoirConfig {
     /// Approximate in-memory bytes of the events sealed into one chunk.
     pub chunk_bytes_max: usize,
     pub segment_bytes_max: u64,
-    /// Bytes of decoded chunks kept in memory.
+    /// Bytes of decoded chunks kept in memory. A delayed window reads with two scans,
+    /// its head and its tail, each in its chunk and `PREFETCH_CHUNKS` ahead, while the
+    /// newest written chunk is cached too: the default holds eight chunks. At four, the
+    /// read-ahead pushed out the chunk both scans were in, and the tail missed nearly
+    /// every chunk (`a_delayed_windows_scans_find_their_chunks`).
     pub cache_bytes_max: usize,
 }
 
@@ -49,7 +53,7 @@ impl Default for ReservoirConfig {
         ReservoirConfig {
             chunk_bytes_max: 512 << 10,
             segment_bytes_max: 64 << 20,
-            cache_bytes_max: 2 << 20,
+            cache_bytes_max: 8 * (512 << 10),
         }
     }
 }
@@ -1367,6 +1371,48 @@ mod tests {
         // Ten chunks read, and at most the read-ahead past the last one: none twice.
         let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
         assert!(decodes <= 10 + PREFETCH_CHUNKS, "{decodes} decodes");
+        drop(r);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A delayed window's head and tail, 30 events apart, scan old chunks one event at a
+    /// time while new events are sealed behind them at the same pace (each new chunk is
+    /// cached as it is written). With the default cache for the default chunk, scaled to
+    /// these chunks, only the first chunk read is a miss.
+    #[test]
+    fn a_delayed_windows_scans_find_their_chunks() {
+        let dir = temp_dir("delayed");
+        let io = IoThread::start("test-io");
+        let defaults = ReservoirConfig::default();
+        // 50 events of 24 bytes: a chunk just over its limit, as real chunks are.
+        let chunk_bytes_max = 24 * 50 - 1;
+        let config = ReservoirConfig {
+            chunk_bytes_max,
+            segment_bytes_max: 4096,
+            cache_bytes_max: defaults.cache_bytes_max / defaults.chunk_bytes_max * chunk_bytes_max,
+        };
+        let mut r =
+            DiskReservoir::open(&dir, config, Arc::new(EvCodec), Some(io.clone()), None).unwrap();
+        let ev = |t: i64| Ev(t, t as u64, t);
+        // 40 chunks of 50 events, on disk.
+        let mut t = 0;
+        while t < 2000 {
+            r.insert(ev(t));
+            t += 1;
+        }
+        r.seal_through(t - 1).unwrap();
+        r.settle();
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for edge in 0..1900 {
+            head.extend(collect(&mut r, edge + 29, edge + 30));
+            tail.extend(collect(&mut r, edge - 1, edge));
+            r.insert(ev(t));
+            t += 1;
+            r.seal_through(t - 1).unwrap();
+        }
+        assert_eq!(head, (30..1930).map(ev).collect::<Vec<_>>());
+        assert_eq!(tail, (0..1900).map(ev).collect::<Vec<_>>());
+        assert_eq!(r.stats().cache_misses, 1, "{:?}", r.stats());
         drop(r);
         let _ = fs::remove_dir_all(&dir);
     }
