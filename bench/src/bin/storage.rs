@@ -26,6 +26,10 @@ use eddy_storage::{DiskReservoir, Reservoir, ReservoirConfig};
 
 const DAY_US: i64 = 86_400_000_000;
 
+/// Eddy's allocator, as in the server.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     mode: String,
     events: u64,

@@ -1802,7 +1802,14 @@ fn enter_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event, epoch: i64, keep: 
     }
     if let Some(n) = keep {
         let recent = state.recent.get_or_insert_with(Default::default);
-        let at = recent.partition_point(|(ts, seq, _)| (*ts, *seq) < (e.ts, e.seq));
+        // Events come mostly in order: the newest goes last, found without a search
+        // (whose probes miss the cache, one line each).
+        let at = match recent.back() {
+            Some(&(ts, seq, _)) if (ts, seq) > (e.ts, e.seq) => {
+                recent.partition_point(|(ts, seq, _)| (*ts, *seq) < (e.ts, e.seq))
+            }
+            _ => recent.len(),
+        };
         if at == 0 && recent.len() >= n {
             return;
         }
