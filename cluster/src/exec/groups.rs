@@ -20,6 +20,7 @@ use smallvec::SmallVec;
 
 use eddy_planner::aggregate::AggState;
 use eddy_planner::codec::{decode_value, encode_value, Reader};
+use eddy_planner::prefetch;
 use eddy_planner::types::{Row, Value};
 use eddy_storage::{Family, OwnedPut, StateStore};
 
@@ -609,6 +610,34 @@ impl GroupTable {
             .and_then(|at| self.l1.at(at).state.as_ref())
         {
             state.states.iter().for_each(AggState::prefetch);
+        }
+    }
+
+    /// Asks for the lines a count window's entering event reads of `key`'s events, if
+    /// its entry is in L1, one stage a call, each reading what the one before asked
+    /// for: 0 the events' header behind their pointer, 1 the newest and oldest of them,
+    /// 2 the oldest's values when it is about to leave (the group holds `keep`).
+    pub fn prefetch_recent(&self, key: KeyRef<'_>, stage: u8, keep: usize) {
+        let h = self.l1.hash(key);
+        let Some(recent) = self
+            .l1
+            .find(h, key)
+            .and_then(|at| self.l1.at(at).state.as_ref())
+            .and_then(|state| state.recent.as_deref())
+        else {
+            return;
+        };
+        // Stage 0 reads only the pointer: the header is what it asks for.
+        if stage == 0 {
+            return prefetch::lines(recent);
+        }
+        match (stage, recent.front(), recent.back()) {
+            (1, Some(front), Some(back)) => {
+                prefetch::lines(front);
+                prefetch::lines(back);
+            }
+            (_, Some(front), _) if recent.len() >= keep => prefetch::lines(&front.2[..]),
+            _ => {}
         }
     }
 

@@ -1692,7 +1692,7 @@ fn for_range_ahead(
         };
         // An event past `upto` among them: they are all the range holds.
         let step = if n < events.len() { upto } else { last.ts };
-        prefetch_batch(&w.filters, &events[..n], key_buf);
+        prefetch_batch(&w.filters, &events[..n], key_buf, w.key.spec.keep());
         reservoir.for_range(after, step, &mut |e| apply_event(w, e, key_buf, enter))?;
         after = step;
     }
@@ -1702,8 +1702,14 @@ fn for_range_ahead(
 /// Asks for the lines a batch of events reads as it moves, in passes over them, each
 /// reading what the one before asked for: their rows, then their text, then their
 /// groups' control bytes, then their group entries, then the multisets those entries
-/// point to.
-fn prefetch_batch(filters: &[FilterExec], events: &[Event], key_buf: &mut Vec<u8>) {
+/// point to; under a count window that keeps `keep` events, then the events their
+/// groups keep, in three passes (`GroupTable::prefetch_recent`).
+fn prefetch_batch(
+    filters: &[FilterExec],
+    events: &[Event],
+    key_buf: &mut Vec<u8>,
+    keep: Option<usize>,
+) {
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
     for e in events {
@@ -1714,6 +1720,19 @@ fn prefetch_batch(filters: &[FilterExec], events: &[Event], key_buf: &mut Vec<u8
     }
     for e in events {
         prefetch_states(filters, &e.row, e.mask, key_buf);
+    }
+    if let Some(keep) = keep {
+        for stage in 0..3 {
+            for e in events {
+                each_group(filters, e.mask, |g| {
+                    g.table.prefetch_recent(
+                        KeyRef::of(key_buf, &g.key.columns, &e.row),
+                        stage,
+                        keep,
+                    )
+                });
+            }
+        }
     }
 }
 
