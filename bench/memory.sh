@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Peak memory of a real `eddy` (release) loaded by COPY, against the number of keys and
 # the window length:
-#   [WINDOWS='5 minutes,7 days'] [DAYS=N] [EDDY_BIN=…] bench/memory.sh [EVENTS] [KEYS...]
+#   [WINDOWS='5 minutes,7 days' or '5 minutes;5 minutes, DELAY 1 day'] [DAYS=N] [EDDY_BIN=…]
+#   bench/memory.sh [EVENTS] [KEYS...]
 # For each KEYS (default 10000 100000 1000000) and each window (5 minutes, 7 days), a
 # fresh server gets `payments` (one task) and COUNT/SUM/AVG per card over the window,
 # then EVENTS rows (default 5 000 000, 10 000 per second of event time, or spread over
@@ -35,8 +36,15 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
 
-IFS=, read -ra windows <<<"${WINDOWS:-5 minutes,7 days}"
+# Windows are separated by commas, or by semicolons when one holds a comma (DELAY).
+sep=,
+case "${WINDOWS:-}" in *\;*) sep=';' ;; esac
+IFS=$sep read -ra windows <<<"${WINDOWS:-5 minutes,7 days}"
 for window in "${windows[@]}"; do
+  # The reservoir keeps what the window needs whatever the retention; a count window's
+  # size is no interval.
+  retention=${window%%,*}
+  case "$retention" in *EVENTS*) retention='1 minute' ;; esac
   for k in "${keys[@]}"; do
     rm -rf "$work/data"
     port=$(free_port)
@@ -49,7 +57,7 @@ for window in "${windows[@]}"; do
     done
     psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 >/dev/null <<SQL
 CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL,
-  amount DOUBLE PRECISION) WITH (event_time = 'ts', retention = '$window');
+  amount DOUBLE PRECISION) WITH (event_time = 'ts', retention = '$retention');
 CREATE METRIC card_window AS SELECT card, COUNT(*) AS n, SUM(amount) AS total,
   AVG(amount) AS mean FROM payments WINDOW SLIDING (SIZE $window) GROUP BY card;
 SQL
