@@ -1299,6 +1299,17 @@ mod tests {
         out
     }
 
+    /// Events 0 to 1999 of `Ev`, sealed and written: 40 chunks of 50 events. Returns the
+    /// next event time.
+    fn forty_chunks_on_disk(r: &mut DiskReservoir<Ev>) -> i64 {
+        for t in 0..2000 {
+            r.insert(Ev(t, t as u64, t));
+        }
+        r.seal_through(1999).unwrap();
+        r.settle();
+        2000
+    }
+
     /// `EvCodec`, counting its decodes.
     struct Counting(Arc<std::sync::atomic::AtomicUsize>);
 
@@ -1332,14 +1343,7 @@ mod tests {
         let codec = Arc::new(Counting(decodes.clone()));
         let mut r = DiskReservoir::open(&dir, config(), codec, Some(io.clone()), None).unwrap();
         let ev = |t: i64| Ev(t, t as u64, t);
-        // 40 chunks of 50 events, on disk.
-        let mut t = 0;
-        while t < 2000 {
-            r.insert(ev(t));
-            t += 1;
-        }
-        r.seal_through(t - 1).unwrap();
-        r.settle();
+        let mut t = forty_chunks_on_disk(&mut r);
         // (a) The IO thread is held while the tail enters chunk 0 (read here, a miss) and
         // asks for the chunks after it, then for 50 ms more.
         let (release, gate) = mpsc::channel::<()>();
@@ -1394,14 +1398,7 @@ mod tests {
         let mut r =
             DiskReservoir::open(&dir, config, Arc::new(EvCodec), Some(io.clone()), None).unwrap();
         let ev = |t: i64| Ev(t, t as u64, t);
-        // 40 chunks of 50 events, on disk.
-        let mut t = 0;
-        while t < 2000 {
-            r.insert(ev(t));
-            t += 1;
-        }
-        r.seal_through(t - 1).unwrap();
-        r.settle();
+        let mut t = forty_chunks_on_disk(&mut r);
         let (mut head, mut tail) = (Vec::new(), Vec::new());
         for edge in 0..1900 {
             head.extend(collect(&mut r, edge + 29, edge + 30));
