@@ -40,20 +40,23 @@ pub struct ReservoirConfig {
     /// Approximate in-memory bytes of the events sealed into one chunk.
     pub chunk_bytes_max: usize,
     pub segment_bytes_max: u64,
-    /// Bytes of decoded chunks kept in memory. A delayed window reads with two scans,
-    /// its head and its tail, each in its chunk and `PREFETCH_CHUNKS` ahead, while the
-    /// newest written chunk is cached too: the default holds eight chunks. At four, the
-    /// read-ahead pushed out the chunk both scans were in, and the tail missed nearly
-    /// every chunk (`a_delayed_windows_scans_find_their_chunks`).
+    /// Bytes of decoded chunks kept in memory: by default `CACHED_CHUNKS` chunks.
     pub cache_bytes_max: usize,
 }
 
+/// Chunks the default cache holds. A delayed window reads with two scans, its head and
+/// its tail, each in its chunk and `PREFETCH_CHUNKS` ahead, while the newest written
+/// chunk is cached too. At four, the read-ahead pushed out the chunk both scans were
+/// in, and the tail missed nearly every chunk (`a_delayed_windows_scans_find_their_chunks`).
+const CACHED_CHUNKS: usize = 8;
+
 impl Default for ReservoirConfig {
     fn default() -> Self {
+        let chunk_bytes_max = 512 << 10;
         ReservoirConfig {
-            chunk_bytes_max: 512 << 10,
+            chunk_bytes_max,
             segment_bytes_max: 64 << 20,
-            cache_bytes_max: 8 * (512 << 10),
+            cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
         }
     }
 }
@@ -1381,19 +1384,18 @@ mod tests {
 
     /// A delayed window's head and tail, 30 events apart, scan old chunks one event at a
     /// time while new events are sealed behind them at the same pace (each new chunk is
-    /// cached as it is written). With the default cache for the default chunk, scaled to
-    /// these chunks, only the first chunk read is a miss.
+    /// cached as it is written). With the default cache of `CACHED_CHUNKS` chunks, only
+    /// the first chunk read is a miss.
     #[test]
     fn a_delayed_windows_scans_find_their_chunks() {
         let dir = temp_dir("delayed");
         let io = IoThread::start("test-io");
-        let defaults = ReservoirConfig::default();
         // 50 events of 24 bytes: a chunk just over its limit, as real chunks are.
         let chunk_bytes_max = 24 * 50 - 1;
         let config = ReservoirConfig {
             chunk_bytes_max,
             segment_bytes_max: 4096,
-            cache_bytes_max: defaults.cache_bytes_max / defaults.chunk_bytes_max * chunk_bytes_max,
+            cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
         };
         let mut r =
             DiskReservoir::open(&dir, config, Arc::new(EvCodec), Some(io.clone()), None).unwrap();

@@ -636,7 +636,7 @@ impl GroupTable {
                 prefetch::lines(front);
                 prefetch::lines(back);
             }
-            (_, Some(front), _) if recent.len() >= keep => prefetch::lines(&front.2[..]),
+            (2, Some(front), _) if recent.len() >= keep => prefetch::lines(&front.2[..]),
             _ => {}
         }
     }

@@ -1354,7 +1354,7 @@ impl Task {
 
     /// Stores an admitted event without moving the windows (`catch_up` moves them): it
     /// enters at once the windows whose edges it sits between, as the events they hold
-    /// did; the others take it when their head passes it (`for_range_ahead`).
+    /// did; the others take it when their head passes it (`move_events`).
     fn place(&mut self, event: Event) {
         self.lagging += 1;
         for w in &mut self.windows {
@@ -1570,7 +1570,7 @@ fn metric_values(m: &MetricSlot, state: Option<&GroupState>) -> Vec<Value> {
 /// Moves a window's edges to stream time `t`: events past the tail leave, then events
 /// that reached the head enter, both in event-time order. `ahead`: many events move (a
 /// task catching up), a batch of them at a time with their lines asked for first
-/// (`for_range_ahead`); else few do, one event's worth (`prefetch_leaving`).
+/// (`move_events`); else few do, one event's worth (`prefetch_leaving`).
 fn advance(
     w: &mut WindowExec,
     t: i64,
@@ -1604,11 +1604,7 @@ fn advance(
         }
         WindowSpec::Sliding { .. } | WindowSpec::Hopping { .. } if new_tail > old_tail => {
             let upto = new_tail.min(old_head);
-            match ahead {
-                true => for_range_ahead(w, reservoir, key_buf, old_tail, upto, false)?,
-                false => reservoir
-                    .for_range(old_tail, upto, &mut |e| apply_event(w, e, key_buf, false))?,
-            }
+            move_events(w, reservoir, key_buf, old_tail, upto, false, ahead)?;
         }
         _ => {}
     }
@@ -1622,11 +1618,7 @@ fn advance(
         // `fresh` is an event the reservoir does not hold yet, newer than every event it
         // does (`stored` and before); it enters after them, in key order.
         if fresh.is_none_or(|(_, stored)| stored > from) {
-            match ahead {
-                true => for_range_ahead(w, reservoir, key_buf, from, new_head, true)?,
-                false => reservoir
-                    .for_range(from, new_head, &mut |e| apply_event(w, e, key_buf, true))?,
-            }
+            move_events(w, reservoir, key_buf, from, new_head, true, ahead)?;
         }
         if let Some((e, _)) = fresh.filter(|(e, _)| e.ts > from && e.ts <= new_head) {
             apply_event(w, e, key_buf, true);
@@ -1662,29 +1654,30 @@ fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_bu
 /// Events a task places (stores, its windows not moved) before it moves its windows,
 /// while nothing reads its state between events: no RETURNING and no subscriber. The
 /// windows then move once for many events (a statement's rows, however many), whose
-/// lines are asked for together (`for_range_ahead`). A read, a checkpoint or a metric
+/// lines are asked for together (`move_events`). A read, a checkpoint or a metric
 /// change first moves them (`Task::settle`), so what anyone sees is exact. 64 events of
 /// catching up cost tens of microseconds.
 const LAG_EVENTS_MAX: usize = 64;
 
-/// Events moved at a time when a window catches up (`for_range_ahead`): enough for their
+/// Events moved at a time when a window catches up (`move_events`): enough for their
 /// misses to overlap, few enough that their lines are still in cache when they move.
 const AHEAD_BATCH: usize = 64;
 
 /// Enters (`enter`) or removes the events with `after < ts <= upto` into `w`, in key
-/// order, `AHEAD_BATCH` at a time: each batch's lines are asked for first, in passes
-/// (`prefetch_batch`), so its events miss in cache together rather than one after
-/// another. Where the reservoir offers no events ahead (`Reservoir::upcoming` is only
-/// a hint), the rest moves without.
-fn for_range_ahead(
+/// order. With `ahead`, `AHEAD_BATCH` at a time: each batch's lines are asked for
+/// first, in passes (`prefetch_batch`), so its events miss in cache together rather
+/// than one after another. Where the reservoir offers no events ahead
+/// (`Reservoir::upcoming` is only a hint), the rest moves without.
+fn move_events(
     w: &mut WindowExec,
     reservoir: &mut dyn Reservoir<Event>,
     key_buf: &mut Vec<u8>,
     mut after: i64,
     upto: i64,
     enter: bool,
+    ahead: bool,
 ) -> std::result::Result<(), ReservoirError> {
-    while after < upto {
+    while ahead && after < upto {
         let events = reservoir.upcoming(after, AHEAD_BATCH);
         let n = events.partition_point(|e| e.ts <= upto);
         let Some(last) = events[..n].last() else {
@@ -1724,16 +1717,26 @@ fn prefetch_batch(
     if let Some(keep) = keep {
         for stage in 0..3 {
             for e in events {
-                each_group(filters, e.mask, |g| {
-                    g.table.prefetch_recent(
-                        KeyRef::of(key_buf, &g.key.columns, &e.row),
-                        stage,
-                        keep,
-                    )
-                });
+                prefetch_recent(filters, &e.row, e.mask, key_buf, stage, keep);
             }
         }
     }
+}
+
+/// Asks for stage `stage` of the lines of the events `row`'s groups keep under a count
+/// window of `keep` events (`GroupTable::prefetch_recent`).
+fn prefetch_recent(
+    filters: &[FilterExec],
+    row: &[Value],
+    mask: u64,
+    key_buf: &mut Vec<u8>,
+    stage: u8,
+    keep: usize,
+) {
+    each_group(filters, mask, |g| {
+        g.table
+            .prefetch_recent(KeyRef::of(key_buf, &g.key.columns, row), stage, keep)
+    });
 }
 
 /// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
@@ -1938,7 +1941,7 @@ mod tests {
     }
 
     /// A statement's many rows move the windows once, `AHEAD_BATCH` events at a time
-    /// (`for_range_ahead`): every event enters and leaves once, even where events of
+    /// (`move_events`): every event enters and leaves once, even where events of
     /// one time straddle two batches, and where a statement spans more than a window.
     #[test]
     fn a_large_batch_moves_every_event_once_in_steps() {
