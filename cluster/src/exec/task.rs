@@ -956,6 +956,24 @@ impl Task {
         let f = &mut w.filters[fi];
         let bit = f.bit;
         let g = &mut f.groups[gi];
+        if let (Some(s), Some(_)) = (slot, keep) {
+            // A count window's group holds its events itself, however old: the new slot
+            // takes exactly those, where the reservoir may have let the oldest go.
+            let a = &g.aggs[s];
+            let (func, arg) = (a.func, a.arg);
+            g.table.rewrite(&mut |state| {
+                let Some(recent) = state.recent.as_deref().filter(|_| state.epoch == epoch)
+                else {
+                    return;
+                };
+                for (ts, seq, row) in recent {
+                    // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
+                    let v = arg.and_then(|c| row.get(c)).unwrap_or(&Value::Null);
+                    state.states[s].insert(func, v, *ts, *seq);
+                }
+            });
+            return self.check_storage();
+        }
         let key_buf = &mut self.key_buf;
         let read = self.reservoir.for_range(tail, head, &mut |e| {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
@@ -968,12 +986,7 @@ impl Task {
                     let a = &g.aggs[s];
                     let (func, arg) = (a.func, a.arg);
                     if let Some(state) = g.table.get_mut(key) {
-                        // Under a count window, only the events the group still holds.
-                        let held = state.recent.as_ref().is_none_or(|r| {
-                            r.binary_search_by(|(ts, seq, _)| (*ts, *seq).cmp(&(e.ts, e.seq)))
-                                .is_ok()
-                        });
-                        if state.epoch == epoch && held {
+                        if state.epoch == epoch {
                             let v = arg.map_or(&Value::Null, |c| &e.row[c]);
                             state.states[s].insert(func, v, e.ts, e.seq);
                         }
@@ -1938,6 +1951,60 @@ mod tests {
         let mut rows = task.metric_rows("m", None);
         rows.sort_by_key(|r| format!("{r:?}"));
         rows
+    }
+
+    /// A metric that adds aggregates to a count window's existing groups takes every
+    /// event those groups hold, however old: here the stream's retention has let them go
+    /// from the reservoir (the backfill once read them there, and missed them).
+    #[test]
+    fn a_count_windows_new_aggregates_take_the_groups_own_events() {
+        let stream = "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+                      WITH (event_time = 'ts', partitions = 1, retention = '1 minute')";
+        let n = "CREATE METRIC n AS SELECT card, COUNT(*) AS n FROM p \
+                 WINDOW SLIDING (SIZE 3 EVENTS) GROUP BY card";
+        let c = catalog_of([stream, n]).unwrap();
+        let mut task = Task::new(c.stream("p").unwrap().clone(), 0);
+        task.set_metrics(&c.metrics_of("p")).unwrap();
+        let row = |second: i64, card: &str, amount: i64| {
+            Row::from(vec![
+                Value::Timestamp(1_000_000 * second),
+                Value::Text(card.into()),
+                Value::Int(amount),
+            ])
+        };
+        let old = [row(0, "old", 4), row(1, "old", 8), row(2, "old", 8)];
+        task.ingest(&old, false).unwrap();
+        let new: Vec<Row> = (0..2 * RETENTION_SWEEP_EVENTS as i64)
+            .map(|i| row(1_000 + i, "new", i))
+            .collect();
+        task.ingest(&new, false).unwrap();
+        assert!(
+            task.reservoir.len() < new.len(),
+            "retention let the old events go"
+        );
+
+        let m = "CREATE METRIC m AS SELECT card, COUNT(*) AS n, COUNT(DISTINCT amount) AS d, \
+                 MAX(amount) AS hi, SUM(amount) AS s FROM p \
+                 WINDOW SLIDING (SIZE 3 EVENTS) GROUP BY card";
+        let c = catalog_of([stream, n, m]).unwrap();
+        task.set_metrics(&c.metrics_of("p")).unwrap();
+        let of = |task: &mut Task, card: &str| {
+            task.metric_rows("m", None)
+                .into_iter()
+                .find(|r| matches!(&r[0], Value::Text(t) if t == card))
+                .expect("the group")
+        };
+        let int = Value::Int;
+        let sum = |v: i64| Value::Numeric(i128::from(v).into());
+        assert_eq!(of(&mut task, "old")[1..], [int(3), int(2), int(8), sum(20)]);
+        let last = new.len() as i64 - 1;
+        assert_eq!(
+            of(&mut task, "new")[1..],
+            [int(3), int(3), int(last), sum(3 * last - 3)]
+        );
+        // The oldest leaves the new aggregates as it leaves COUNT(*).
+        task.ingest(&[row(50_000, "old", 16)], false).unwrap();
+        assert_eq!(of(&mut task, "old")[1..], [int(3), int(2), int(16), sum(32)]);
     }
 
     /// A statement's many rows move the windows once, `AHEAD_BATCH` events at a time
