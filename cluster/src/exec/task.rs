@@ -962,8 +962,7 @@ impl Task {
             let a = &g.aggs[s];
             let (func, arg) = (a.func, a.arg);
             g.table.rewrite(&mut |state| {
-                let Some(recent) = state.recent.as_deref().filter(|_| state.epoch == epoch)
-                else {
+                let Some(recent) = state.recent.as_deref().filter(|_| state.epoch == epoch) else {
                     return;
                 };
                 for (ts, seq, row) in recent {
@@ -2004,7 +2003,10 @@ mod tests {
         );
         // The oldest leaves the new aggregates as it leaves COUNT(*).
         task.ingest(&[row(50_000, "old", 16)], false).unwrap();
-        assert_eq!(of(&mut task, "old")[1..], [int(3), int(2), int(16), sum(32)]);
+        assert_eq!(
+            of(&mut task, "old")[1..],
+            [int(3), int(2), int(16), sum(32)]
+        );
     }
 
     /// A statement's many rows move the windows once, `AHEAD_BATCH` events at a time
