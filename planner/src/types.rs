@@ -128,9 +128,8 @@ impl Ord for I128 {
 /// and the reservoir pass the same slice around without copying it.
 ///
 /// Rows made together share one block (`Row::block`): a COPY batch or a decoded reservoir
-/// chunk is one allocation, and dropping it is one free, not one per row. A row that must
-/// outlive its neighbours by far (a count window's newest events) takes a copy of its own
-/// (`Row::own`), so it cannot hold a whole block alive.
+/// chunk is one allocation, and dropping it is one free, not one per row. (A count
+/// window's groups, whose events outlive their neighbours by far, keep them packed.)
 #[derive(Clone)]
 pub struct Row {
     block: Arc<[Value]>,
@@ -152,15 +151,6 @@ impl Row {
                 len,
             })
             .collect()
-    }
-
-    /// This row alone: itself when it has its block to itself, else a copy of its values.
-    pub fn own(&self) -> Row {
-        if self.block.len() == self.len as usize {
-            self.clone()
-        } else {
-            Row::from(&**self)
-        }
     }
 }
 
@@ -656,7 +646,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_of_a_block_share_it_and_an_owned_row_does_not() {
+    fn rows_of_a_block_share_it() {
         let values: Vec<Value> = (0..6).map(Value::Int).collect();
         let rows = Row::block(values, 3);
         assert_eq!(rows.len(), 3);
@@ -668,13 +658,6 @@ mod tests {
             rows[0].as_ptr().wrapping_add(2)
         ));
         assert_eq!(Arc::strong_count(&rows[0].block), 3);
-
-        let own = rows[1].own();
-        assert_eq!(own, rows[1]);
-        assert_eq!(Arc::strong_count(&own.block), 1);
-        assert_eq!(Arc::strong_count(&rows[0].block), 3);
-        // A row alone in its block is its own already.
-        assert!(std::ptr::eq(own.own().as_ptr(), own.as_ptr()));
 
         // Rows of no columns (a block of nothing) still count.
         let empty = Row::block(Vec::new(), 4);

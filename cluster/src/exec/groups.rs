@@ -19,12 +19,12 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use eddy_planner::aggregate::AggState;
-use eddy_planner::codec::{decode_value, encode_value, Reader};
+use eddy_planner::codec::Reader;
 use eddy_planner::prefetch;
-use eddy_planner::types::{Row, Value};
 use eddy_storage::{Family, OwnedPut, StateStore};
 
 use crate::exec::key::{KeyRef, PackedKey};
+use crate::exec::recent::Recent;
 use crate::exec::split::{Pos, SplitMap, LINE};
 
 /// Puts waiting in the write-through batch before it is written.
@@ -50,42 +50,12 @@ pub struct GroupState {
     pub states: States,
 }
 
-/// A count window's events of one group as (event time, arrival, row), in that order.
-pub type Recent = std::collections::VecDeque<(i64, u64, Row)>;
-
-/// Follows a group's states when it holds a count window's events.
-const MARK_RECENT: u8 = 0xB1;
-
-fn encode_recent(recent: &Recent, out: &mut Vec<u8>) {
-    out.push(MARK_RECENT);
-    out.extend_from_slice(&(recent.len() as u32).to_le_bytes());
-    for (ts, seq, row) in recent {
-        out.extend_from_slice(&ts.to_le_bytes());
-        out.extend_from_slice(&seq.to_le_bytes());
-        out.extend_from_slice(&(row.len() as u32).to_le_bytes());
-        for v in row.iter() {
-            encode_value(v, out);
-        }
-    }
-}
-
 /// What follows the states: nothing, or a count window's events.
 fn decode_recent(r: &mut Reader<'_>) -> Option<Option<Box<Recent>>> {
     if r.is_empty() {
         return Some(None);
     }
-    if r.u8()? != MARK_RECENT {
-        return None;
-    }
-    let n = r.u32()? as usize;
-    let mut recent = Recent::with_capacity(n.min(1 << 16));
-    for _ in 0..n {
-        let (ts, seq) = (r.i64()?, r.u64()?);
-        let cols = r.u32()? as usize;
-        let row: Vec<Value> = (0..cols).map(|_| decode_value(r)).collect::<Option<_>>()?;
-        recent.push_back((ts, seq, row.into()));
-    }
-    r.is_empty().then_some(Some(Box::new(recent)))
+    Recent::decode(r).map(|recent| Some(Box::new(recent)))
 }
 
 /// The slot of an aggregator leaf's state stored apart from its group's entry, in the
@@ -138,7 +108,7 @@ impl GroupState {
             out.extend_from_slice(&buf);
         }
         if let Some(recent) = &self.recent {
-            encode_recent(recent, out);
+            recent.encode(out);
         }
         aux
     }
@@ -157,7 +127,7 @@ impl GroupState {
             out[at..at + 4].copy_from_slice(&len.to_le_bytes());
         }
         if let Some(recent) = &self.recent {
-            encode_recent(recent, &mut out);
+            recent.encode(&mut out);
         }
         out.into_boxed_slice()
     }
@@ -615,9 +585,9 @@ impl GroupTable {
 
     /// Asks for the lines a count window's entering event reads of `key`'s events, if
     /// its entry is in L1, one stage a call, each reading what the one before asked
-    /// for: 0 the events' header behind their pointer, 1 the newest and oldest of them,
-    /// 2 the oldest's values when it is about to leave (the group holds `keep`).
-    pub fn prefetch_recent(&self, key: KeyRef<'_>, stage: u8, keep: usize) {
+    /// for: 0 the events' header behind their pointer, 1 the oldest of them (which
+    /// leaves when the group is full) and the end, where the new one goes.
+    pub fn prefetch_recent(&self, key: KeyRef<'_>, stage: u8) {
         let h = self.l1.hash(key);
         let Some(recent) = self
             .l1
@@ -628,15 +598,9 @@ impl GroupTable {
             return;
         };
         // Stage 0 reads only the pointer: the header is what it asks for.
-        if stage == 0 {
-            return prefetch::lines(recent);
-        }
-        match (stage, recent.front(), recent.back()) {
-            (1, Some(front), Some(back)) => {
-                prefetch::lines(front);
-                prefetch::lines(back);
-            }
-            (2, Some(front), _) if recent.len() >= keep => prefetch::lines(&front.2[..]),
+        match stage {
+            0 => prefetch::lines(recent),
+            1 => recent.prefetch(),
             _ => {}
         }
     }
@@ -906,10 +870,11 @@ mod tests {
     fn recent_events_round_trip() {
         let mut s = fresh();
         assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
-        let row: Row = vec![Value::Int(7), Value::Text("a".into()), Value::Null].into();
-        s.recent = Some(Box::new(
-            [(10, 1, row.clone()), (12, 5, row)].into_iter().collect(),
-        ));
+        let row = [Value::Int(7), Value::Text("a".into()), Value::Null];
+        let mut recent = Recent::default();
+        recent.insert(10, 1, &row, 2);
+        recent.insert(12, 5, &row, 2);
+        s.recent = Some(Box::new(recent));
         assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
         let mut main = Vec::new();
         let aux = s.encode(&mut main);

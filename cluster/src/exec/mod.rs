@@ -9,6 +9,7 @@ pub mod groups;
 pub mod history;
 pub mod key;
 pub mod passes;
+pub mod recent;
 pub mod split;
 pub mod task;
 pub mod watch;

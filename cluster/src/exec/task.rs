@@ -965,11 +965,12 @@ impl Task {
                 let Some(recent) = state.recent.as_deref().filter(|_| state.epoch == epoch) else {
                     return;
                 };
-                for (ts, seq, row) in recent {
+                let slot = &mut state.states[s];
+                recent.for_each(&mut |ts, seq, row| {
                     // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
                     let v = arg.and_then(|c| row.get(c)).unwrap_or(&Value::Null);
-                    state.states[s].insert(func, v, *ts, *seq);
-                }
+                    slot.insert(func, v, ts, seq);
+                });
             });
             return self.check_storage();
         }
@@ -1697,7 +1698,12 @@ fn move_events(
         };
         // An event past `upto` among them: they are all the range holds.
         let step = if n < events.len() { upto } else { last.ts };
-        prefetch_batch(&w.filters, &events[..n], key_buf, w.key.spec.keep());
+        prefetch_batch(
+            &w.filters,
+            &events[..n],
+            key_buf,
+            w.key.spec.keep().is_some(),
+        );
         reservoir.for_range(after, step, &mut |e| apply_event(w, e, key_buf, enter))?;
         after = step;
     }
@@ -1707,13 +1713,13 @@ fn move_events(
 /// Asks for the lines a batch of events reads as it moves, in passes over them, each
 /// reading what the one before asked for: their rows, then their text, then their
 /// groups' control bytes, then their group entries, then the multisets those entries
-/// point to; under a count window that keeps `keep` events, then the events their
-/// groups keep, in three passes (`GroupTable::prefetch_recent`).
+/// point to; under a count window, then the events their groups keep, in two passes
+/// (`GroupTable::prefetch_recent`).
 fn prefetch_batch(
     filters: &[FilterExec],
     events: &[Event],
     key_buf: &mut Vec<u8>,
-    keep: Option<usize>,
+    count_window: bool,
 ) {
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
@@ -1726,28 +1732,27 @@ fn prefetch_batch(
     for e in events {
         prefetch_states(filters, &e.row, e.mask, key_buf);
     }
-    if let Some(keep) = keep {
-        for stage in 0..3 {
+    if count_window {
+        for stage in 0..2 {
             for e in events {
-                prefetch_recent(filters, &e.row, e.mask, key_buf, stage, keep);
+                prefetch_recent(filters, &e.row, e.mask, key_buf, stage);
             }
         }
     }
 }
 
 /// Asks for stage `stage` of the lines of the events `row`'s groups keep under a count
-/// window of `keep` events (`GroupTable::prefetch_recent`).
+/// window (`GroupTable::prefetch_recent`).
 fn prefetch_recent(
     filters: &[FilterExec],
     row: &[Value],
     mask: u64,
     key_buf: &mut Vec<u8>,
     stage: u8,
-    keep: usize,
 ) {
     each_group(filters, mask, |g| {
         g.table
-            .prefetch_recent(KeyRef::of(key_buf, &g.key.columns, row), stage, keep)
+            .prefetch_recent(KeyRef::of(key_buf, &g.key.columns, row), stage)
     });
 }
 
@@ -1836,21 +1841,11 @@ fn enter_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event, epoch: i64, keep: 
     }
     if let Some(n) = keep {
         let recent = state.recent.get_or_insert_with(Default::default);
-        // Events come mostly in order: the newest goes last, found without a search
-        // (whose probes miss the cache, one line each).
-        let at = match recent.back() {
-            Some(&(ts, seq, _)) if (ts, seq) > (e.ts, e.seq) => {
-                recent.partition_point(|(ts, seq, _)| (*ts, *seq) < (e.ts, e.seq))
-            }
-            _ => recent.len(),
-        };
-        if at == 0 && recent.len() >= n {
+        if !recent.insert(e.ts, e.seq, &e.row, n) {
             return;
         }
-        // Its own copy: a row of a shared block would hold the whole block alive.
-        recent.insert(at, (e.ts, e.seq, e.row.own()));
         if recent.len() > n {
-            let (_, _, old) = recent.pop_front().expect("over its size");
+            let old = recent.pop_front().expect("over its size");
             state.count -= 1;
             for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
                 // A row kept from before ALTER STREAM … ADD COLUMN is shorter.

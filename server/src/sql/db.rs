@@ -744,8 +744,11 @@ impl Db {
             self.timings.ingest.record(started.elapsed());
             replies.iter().for_each(|r| skipped.count(&r.outcomes));
         };
-        for (batch, passes) in &copy.batches {
-            let rows: Vec<Row> = batch_to_rows(batch)?;
+        // Each batch is dropped once its rows are made: the engine's state grows as the
+        // parsed COPY shrinks, so the two do not peak together.
+        for (batch, passes) in copy.batches {
+            let rows: Vec<Row> = batch_to_rows(&batch)?;
+            drop(batch);
             let next = (
                 Instant::now(),
                 self.engine
