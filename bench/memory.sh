@@ -2,12 +2,14 @@
 # Peak memory of a real `eddy` (release) loaded by COPY, against the number of keys and
 # the window length:
 #   [WINDOWS='5 minutes,7 days' or '5 minutes;5 minutes, DELAY 1 day'] [DAYS=N] [EDDY_BIN=…]
-#   bench/memory.sh [EVENTS] [KEYS...]
+#   [BACKFILL='30 days'] bench/memory.sh [EVENTS] [KEYS...]
 # For each KEYS (default 10000 100000 1000000) and each window (5 minutes, 7 days), a
 # fresh server gets `payments` (one task) and COUNT/SUM/AVG per card over the window,
 # then EVENTS rows (default 5 000 000, 10 000 per second of event time, or spread over
 # DAYS days of it) by one COPY from psql, out of a CSV file written first. Prints one
-# JSON line per run: peak RSS (VmHWM), RSS after the load, and the COPY's rate.
+# JSON line per run: peak RSS (VmHWM), RSS after the load, and the COPY's rate. With
+# BACKFILL, the streams keep that much and a metric over a window of that size is created
+# after the load: how many events it read back and how fast (its CREATE METRIC's time).
 # Servers listen on loopback and are stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +47,8 @@ for window in "${windows[@]}"; do
   # size is no interval.
   retention=${window%%,*}
   case "$retention" in *EVENTS*) retention='1 minute' ;; esac
+  # A backfilled metric needs its window's events stored.
+  retention=${BACKFILL:-$retention}
   for k in "${keys[@]}"; do
     rm -rf "$work/data"
     port=$(free_port)
@@ -86,9 +90,21 @@ PY
       -c "COPY payments FROM STDIN (FORMAT csv)" <"$csv" >/dev/null
     end=$(date +%s.%N)
     stored=$(psql -h 127.0.0.1 -p "$port" -U eddy -d eddy -Atc "SELECT count(*) FROM card_window")
-    printf '{"window": "%s", "keys": %s, "events": %s, "groups": %s, "peak_rss_mb": %d, "rss_after_mb": %d, "load_rows_per_sec": %.0f}\n' \
+    backfill=""
+    if [ -n "${BACKFILL:-}" ]; then
+      # A metric created after the load computes its window from the stored events.
+      bstart=$(date +%s.%N)
+      psql -q -h 127.0.0.1 -p "$port" -U eddy -d eddy -v ON_ERROR_STOP=1 -c "CREATE METRIC \
+        card_backfill AS SELECT card, COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean \
+        FROM payments WINDOW SLIDING (SIZE $BACKFILL) GROUP BY card" >/dev/null
+      bend=$(date +%s.%N)
+      covered=$(psql -h 127.0.0.1 -p "$port" -U eddy -d eddy -Atc "SELECT sum(n) FROM card_backfill")
+      backfill=$(printf ', "backfill": "%s", "backfill_events": %s, "backfill_rows_per_sec": %.0f' \
+        "$BACKFILL" "$covered" "$(echo "$covered / ($bend - $bstart)" | bc -l)")
+    fi
+    printf '{"window": "%s", "keys": %s, "events": %s, "groups": %s, "peak_rss_mb": %d, "rss_after_mb": %d, "load_rows_per_sec": %.0f%s}\n' \
       "$window" "$k" "$events" "$stored" $(( $(kb VmHWM) / 1024 )) $(( $(kb VmRSS) / 1024 )) \
-      "$(echo "$events / ($end - $start)" | bc -l)"
+      "$(echo "$events / ($end - $start)" | bc -l)" "$backfill"
     kill -TERM "$pid"
     wait "$pid" 2>/dev/null || true
     pid=""
