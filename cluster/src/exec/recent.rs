@@ -99,8 +99,8 @@ impl Recent {
         }
     }
 
-    /// Asks for the lines an entering event reads: stage 0 the oldest event (which leaves
-    /// when the group is full) and the end, where the new one goes.
+    /// Asks for the lines an entering event reads: the oldest event (which leaves when the
+    /// group is full) and the end, where the new one goes.
     pub fn prefetch(&self) {
         prefetch::first_lines(&self.bytes[self.start..], 2 * 64);
         prefetch::address(self.bytes.as_ptr() as usize + self.bytes.len(), 64);
