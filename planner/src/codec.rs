@@ -93,6 +93,16 @@ pub fn encode_value(v: &Value, out: &mut Vec<u8>) {
     }
 }
 
+/// The bytes `encode_value` writes for `v`.
+pub fn encoded_len(v: &Value) -> usize {
+    1 + match v {
+        Value::Null | Value::Bool(_) => 0,
+        Value::Int(_) | Value::Float(_) | Value::Timestamp(_) => 8,
+        Value::Numeric(_) => 16,
+        Value::Text(s) => 4 + s.len(),
+    }
+}
+
 /// Reads one value.
 pub fn decode_value(r: &mut Reader<'_>) -> Option<Value> {
     Some(match r.u8()? {
@@ -140,6 +150,25 @@ pub fn read_row(r: &mut Reader<'_>) -> Option<Vec<Value>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encoded_len_is_what_encode_value_writes() {
+        let values = [
+            Value::Null,
+            Value::Bool(true),
+            Value::Int(-1),
+            Value::Float(0.5),
+            Value::Timestamp(7),
+            Value::Numeric(i128::MAX.into()),
+            Value::Text("short".into()),
+            Value::Text("a text past the inline length".into()),
+        ];
+        for v in values {
+            let mut out = Vec::new();
+            encode_value(&v, &mut out);
+            assert_eq!(encoded_len(&v), out.len(), "{v:?}");
+        }
+    }
 
     #[test]
     fn rows_round_trip() {

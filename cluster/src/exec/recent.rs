@@ -16,7 +16,7 @@
 
 use smallvec::SmallVec;
 
-use eddy_planner::codec::{decode_value, encode_value, Reader};
+use eddy_planner::codec::{decode_value, encode_value, encoded_len, Reader};
 use eddy_planner::prefetch;
 use eddy_planner::types::Value;
 
@@ -198,16 +198,6 @@ fn write_event(out: &mut Vec<u8>, ts: i64, seq: u64, row: &[Value]) {
     }
 }
 
-/// The bytes `encode_value` writes for `v`.
-fn encoded_len(v: &Value) -> usize {
-    1 + match v {
-        Value::Null | Value::Bool(_) => 0,
-        Value::Int(_) | Value::Float(_) | Value::Timestamp(_) => 8,
-        Value::Numeric(_) => 16,
-        Value::Text(s) => 4 + s.len(),
-    }
-}
-
 impl PartialEq for Recent {
     fn eq(&self, other: &Recent) -> bool {
         self.len == other.len && self.bytes[self.start..] == other.bytes[other.start..]
@@ -240,25 +230,6 @@ mod tests {
         let mut out = Vec::new();
         r.for_each(&mut |ts, seq, row| out.push((ts, seq, row.to_vec())));
         out
-    }
-
-    #[test]
-    fn encoded_len_is_what_encode_value_writes() {
-        let values = [
-            Value::Null,
-            Value::Bool(true),
-            Value::Int(-1),
-            Value::Float(0.5),
-            Value::Timestamp(7),
-            Value::Numeric(i128::MAX.into()),
-            Value::Text("short".into()),
-            Value::Text("a text past the inline length".into()),
-        ];
-        for v in values {
-            let mut out = Vec::new();
-            encode_value(&v, &mut out);
-            assert_eq!(encoded_len(&v), out.len(), "{v:?}");
-        }
     }
 
     /// In order, out of order, full, and after many leave (the buffer compacts): the

@@ -673,8 +673,20 @@ impl Task {
                 }
                 let arg_type = ak.arg.map(|c| self.stream.columns[c].ty);
                 if !self.restoring {
-                    g.table
-                        .rewrite(&mut |state| state.states.push(ak.func.new_state(arg_type)));
+                    g.table.rewrite(&mut |state| {
+                        let mut slot = ak.func.new_state(arg_type);
+                        // A count window's group holds its events however old (retention
+                        // may have let the reservoir drop them): a new slot starts from
+                        // exactly those, and is not backfilled.
+                        if let Some(recent) = &state.recent {
+                            recent.for_each(&mut |ts, seq, row| {
+                                // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
+                                let v = ak.arg.and_then(|c| row.get(c)).unwrap_or(&Value::Null);
+                                slot.insert(ak.func, v, ts, seq);
+                            });
+                        }
+                        state.states.push(slot);
+                    });
                 }
                 g.aggs.push(AggSlot {
                     func: ak.func,
@@ -706,7 +718,8 @@ impl Task {
             }
             for (wi, fi, gi, key) in &new_aggs {
                 let (wi, fi, gi) = (*wi, *fi, *gi);
-                if !new_groups.contains(&(wi, fi, gi)) {
+                let counted = self.windows[wi].key.spec.keep().is_some();
+                if !new_groups.contains(&(wi, fi, gi)) && !counted {
                     let g = &self.windows[wi].filters[fi].groups[gi];
                     let ai = g.aggs.iter().position(|a| a.key == *key);
                     self.backfill(wi, fi, gi, Some(ai.expect("slot added")))?;
@@ -948,7 +961,8 @@ impl Task {
     }
 
     /// Applies the window's current contents to a new group (`slot == None`) or to one
-    /// new aggregate slot of an existing group.
+    /// new aggregate slot of an existing group (not under a count window: such a slot
+    /// starts from the events its group holds, `set_metrics`).
     fn backfill(&mut self, wi: usize, fi: usize, gi: usize, slot: Option<usize>) -> Result<()> {
         let w = &mut self.windows[wi];
         let (head, tail, epoch) = (w.head, w.tail, w.epoch);
@@ -956,24 +970,6 @@ impl Task {
         let f = &mut w.filters[fi];
         let bit = f.bit;
         let g = &mut f.groups[gi];
-        if let (Some(s), Some(_)) = (slot, keep) {
-            // A count window's group holds its events itself, however old: the new slot
-            // takes exactly those, where the reservoir may have let the oldest go.
-            let a = &g.aggs[s];
-            let (func, arg) = (a.func, a.arg);
-            g.table.rewrite(&mut |state| {
-                let Some(recent) = state.recent.as_deref().filter(|_| state.epoch == epoch) else {
-                    return;
-                };
-                let slot = &mut state.states[s];
-                recent.for_each(&mut |ts, seq, row| {
-                    // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
-                    let v = arg.and_then(|c| row.get(c)).unwrap_or(&Value::Null);
-                    slot.insert(func, v, ts, seq);
-                });
-            });
-            return self.check_storage();
-        }
         let key_buf = &mut self.key_buf;
         let read = self.reservoir.for_range(tail, head, &mut |e| {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
