@@ -40,6 +40,9 @@ fn tag_of(e: Entry) -> u32 {
 /// memory runs out first).
 const IDS_MAX: usize = u32::MAX as usize;
 
+/// How many ids ahead `forget_before` asks for the table's lines.
+const FORGET_AHEAD: usize = 8;
+
 #[derive(Default)]
 pub(crate) struct SeenIds {
     /// Arrival numbers by tag (`Entry`): 8 bytes a bucket, so the table a new id probes
@@ -97,9 +100,16 @@ impl SeenIds {
             .insert_unique(spread(t), entry(t, n), |&e| spread(tag_of(e)));
     }
 
-    /// Forgets the ids of events before `horizon`.
+    /// Forgets the ids of events before `horizon`. A sweep forgets thousands at once,
+    /// each a table line that misses the cache: the line of the id `FORGET_AHEAD` places
+    /// on is asked for first, so the misses overlap.
     pub(crate) fn forget_before(&mut self, horizon: i64) {
         while self.order.front().is_some_and(|(ts, _)| *ts < horizon) {
+            if let Some((ts, id)) = self.order.get(FORGET_AHEAD) {
+                if *ts < horizon {
+                    self.prefetch(id);
+                }
+            }
             self.forget_oldest();
         }
     }
