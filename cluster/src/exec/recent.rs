@@ -161,11 +161,10 @@ impl Recent {
     fn offset_before(&self, ts: i64, seq: u64) -> usize {
         let mut at = self.start;
         for _ in 0..self.len {
-            let mut r = Reader(&self.bytes[at..]);
-            if (r.i64(), r.u64()) > (Some(ts), Some(seq)) {
+            let (held_ts, held_seq, _, next) = self.read(at);
+            if (held_ts, held_seq) > (ts, seq) {
                 return at;
             }
-            let (_, _, _, next) = self.read(at);
             at = next;
         }
         at
