@@ -666,6 +666,14 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         Ok(r)
     }
 
+    /// Remembers a scan's place, forgetting the oldest past `SCAN_HINTS`.
+    fn push_hint(&mut self, hint: ScanHint<E>) {
+        if self.hints.len() == SCAN_HINTS {
+            self.hints.remove(0);
+        }
+        self.hints.push(hint);
+    }
+
     /// Takes the remembered place of the first event above `bound`, if it still is that,
     /// with the index of its chunk.
     fn take_hint(&mut self, bound: i64) -> Option<(usize, ScanHint<E>)> {
@@ -749,40 +757,52 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     /// The events of the chunk at index `i`: from memory while its write is on the way,
     /// else from the cache or the disk; asks the IO thread for the next `PREFETCH_CHUNKS`.
     fn chunk_events(&mut self, i: usize) -> Result<Arc<Vec<E>>, ReservoirError> {
-        self.collect_loaded();
         self.collect_written();
-        let chunk = self.chunks[i].clone();
+        let number = self.chunks[i].number;
+        self.await_loaded(number);
+        if let Some(events) = self.events_at_hand(i) {
+            return Ok(events);
+        }
+        let placed = self.chunks[i]
+            .placed
+            .expect("an unwritten chunk keeps its events");
+        self.misses += 1;
+        let path = segment_path(&self.dir, placed.segment);
+        let (events, bytes) =
+            read_chunk(&path, number, &placed, self.codec.as_ref()).map_err(err)?;
+        self.cache_insert(number, events.clone(), bytes, false);
+        self.read_ahead(i);
+        Ok(events)
+    }
+
+    /// The events of the chunk at index `i` if they are in memory (on their way to disk,
+    /// or decoded in the cache), with no wait and no read; the next chunks are then
+    /// asked for (`PREFETCH_CHUNKS`).
+    fn events_at_hand(&mut self, i: usize) -> Option<Arc<Vec<E>>> {
+        self.collect_loaded();
+        let number = self.chunks[i].number;
         self.tick += 1;
-        let Some(placed) = chunk.placed else {
-            self.hits += 1;
-            let u = self
+        let events = match self.chunks[i].placed {
+            None => self
                 .unwritten
                 .iter()
-                .find(|u| u.number == chunk.number)
-                .expect("an unwritten chunk keeps its events");
-            return Ok(u.events.clone());
-        };
-        self.await_loaded(chunk.number);
-        let events = match self.cache.get_mut(&chunk.number) {
-            Some(c) => {
+                .find(|u| u.number == number)
+                .map(|u| u.events.clone()),
+            Some(_) => self.cache.get_mut(&number).map(|c| {
                 c.used = self.tick;
                 c.ahead = false;
-                self.hits += 1;
                 c.events.clone()
-            }
-            None => {
-                self.misses += 1;
-                let path = segment_path(&self.dir, placed.segment);
-                let (events, bytes) =
-                    read_chunk(&path, chunk.number, &placed, self.codec.as_ref()).map_err(err)?;
-                self.cache_insert(chunk.number, events.clone(), bytes, false);
-                events
-            }
-        };
+            }),
+        }?;
+        self.hits += 1;
+        self.read_ahead(i);
+        Some(events)
+    }
+
+    fn read_ahead(&mut self, i: usize) {
         for next in i + 1..=i + PREFETCH_CHUNKS {
             self.prefetch(next);
         }
-        Ok(events)
     }
 
     /// Asks the IO thread to read and decode the chunk at index `i` into the cache, if
@@ -998,10 +1018,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             for (j, e) in events[start..].iter().enumerate() {
                 if e.key().0 > upto {
                     // Every later event (the open region's too) is above `upto`.
-                    if self.hints.len() == SCAN_HINTS {
-                        self.hints.remove(0);
-                    }
-                    self.hints.push(ScanHint {
+                    self.push_hint(ScanHint {
                         bound: upto,
                         number: self.chunks[i].number,
                         generation: self.generation,
@@ -1034,7 +1051,29 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             None if self.chunks.back().is_none_or(|c| c.last.0 <= after) => {
                 self.open.upcoming(after, n)
             }
-            None => &[],
+            // No scan stopped there (one ended with a chunk): the next chunk, if at hand,
+            // is where the next scan starts, and it takes this place as its hint.
+            None => {
+                // As `for_range` reads: nothing at or below the floor.
+                let after = after.max(self.floor);
+                let i = self.chunks.partition_point(|c| c.last.0 <= after);
+                if i == self.chunks.len() {
+                    return self.open.upcoming(after, n);
+                }
+                let Some(events) = self.events_at_hand(i) else {
+                    return &[];
+                };
+                let index = events.partition_point(|e| e.key().0 <= after);
+                self.push_hint(ScanHint {
+                    bound: after,
+                    number: self.chunks[i].number,
+                    generation: self.generation,
+                    index,
+                    events,
+                });
+                let h = self.hints.last().expect("pushed");
+                &h.events[h.index..(h.index + n).min(h.events.len())]
+            }
         }
     }
 
@@ -1378,6 +1417,35 @@ mod tests {
         // Ten chunks read, and at most the read-ahead past the last one: none twice.
         let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
         assert!(decodes <= 10 + PREFETCH_CHUNKS, "{decodes} decodes");
+        drop(r);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A scan that ends with its chunk's last event leaves no place inside a chunk, yet
+    /// the events after it are at hand once the read-ahead decoded the next chunk:
+    /// `upcoming` offers them, and the next scan starts where they are, with no read.
+    #[test]
+    fn upcoming_crosses_into_a_chunk_read_ahead() {
+        let dir = temp_dir("upcoming");
+        let io = IoThread::start("test-io");
+        let mut r = DiskReservoir::open(&dir, config(), Arc::new(EvCodec), Some(io), None).unwrap();
+        let ev = |t: i64| Ev(t, t as u64, t);
+        forty_chunks_on_disk(&mut r);
+        // Chunk 0 is events 0..=49: read here, a miss, which asks for chunks 1 and 2.
+        assert_eq!(collect(&mut r, -1, 49), (0..50).map(ev).collect::<Vec<_>>());
+        let next = r.chunks[1].number;
+        r.await_loaded(next);
+        assert_eq!(
+            r.upcoming(49, 10),
+            &(50..60).map(ev).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(
+            collect(&mut r, 49, 59),
+            (50..60).map(ev).collect::<Vec<_>>()
+        );
+        // The scan stopped inside chunk 1: its place is the hint, as before.
+        assert_eq!(r.upcoming(59, 3), &(60..63).map(ev).collect::<Vec<_>>()[..]);
+        assert_eq!(r.stats().cache_misses, 1, "{:?}", r.stats());
         drop(r);
         let _ = fs::remove_dir_all(&dir);
     }
