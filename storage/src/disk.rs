@@ -781,7 +781,6 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     fn events_at_hand(&mut self, i: usize) -> Option<Arc<Vec<E>>> {
         self.collect_loaded();
         let number = self.chunks[i].number;
-        self.tick += 1;
         let events = match self.chunks[i].placed {
             None => self
                 .unwritten
@@ -789,6 +788,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 .find(|u| u.number == number)
                 .map(|u| u.events.clone()),
             Some(_) => self.cache.get_mut(&number).map(|c| {
+                self.tick += 1;
                 c.used = self.tick;
                 c.ahead = false;
                 c.events.clone()
@@ -1048,13 +1048,11 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
                 let rest = h.events.get(h.index..).unwrap_or_default();
                 &rest[..n.min(rest.len())]
             }
-            None if self.chunks.back().is_none_or(|c| c.last.0 <= after) => {
-                self.open.upcoming(after, n)
-            }
             // No scan stopped there (one ended with a chunk): the next chunk, if at hand,
-            // is where the next scan starts, and it takes this place as its hint.
+            // is where the next scan starts, and it takes this place as its hint; past
+            // every chunk, the open region. As `for_range` reads: nothing at or below
+            // the floor.
             None => {
-                // As `for_range` reads: nothing at or below the floor.
                 let after = after.max(self.floor);
                 let i = self.chunks.partition_point(|c| c.last.0 <= after);
                 if i == self.chunks.len() {
