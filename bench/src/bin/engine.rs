@@ -92,19 +92,30 @@ impl Events {
         self.rng.next_u64()
     }
 
-    fn next(&mut self) -> Row {
+    /// The next event's values, pushed onto `out`.
+    fn push_next(&mut self, out: &mut Vec<Value>) {
         let id = self.next_id;
         self.next_id += 1;
         let pick = (self.next_u64() % self.cards.len() as u64) as usize;
         let card = self.cards[pick].clone();
         let amount = (self.next_u64() % 100_000) as f64 / 100.0;
         let ts = 1_800_000_000_000_000 + id * self.step_us;
-        Row::from(vec![
+        out.extend([
             Value::Int(id),
             Value::Timestamp(ts),
             card,
             Value::Float(amount),
-        ])
+        ]);
+    }
+
+    /// The next `n` events, sharing one block as the rows of one statement, COPY batch
+    /// or Kafka poll do in the server (`Row::block`).
+    fn batch(&mut self, n: usize) -> Vec<Row> {
+        let mut values = Vec::with_capacity(n * 4);
+        for _ in 0..n {
+            self.push_next(&mut values);
+        }
+        Row::block(values, n)
     }
 }
 
@@ -175,12 +186,11 @@ fn run_task(a: &Args) -> Result<serde_json::Value> {
     let mut latencies = Vec::with_capacity(a.events as usize);
     let (mut busy_ns, mut steady_ns): (u128, u128) = (0, 0);
     let wall = Instant::now();
-    let mut rows: Vec<Row> = Vec::with_capacity(batch);
+    let mut rows: Vec<Row>;
     let mut sent = 0u64;
     while sent < a.events {
         let n = (a.events - sent).min(batch as u64);
-        rows.clear();
-        rows.extend((0..n).map(|_| gen.next()));
+        rows = gen.batch(n as usize);
         let t = Instant::now();
         task.ingest(&rows, false)?;
         let ns = t.elapsed().as_nanos();
@@ -238,7 +248,7 @@ fn run_engine(a: &Args) -> Result<serde_json::Value> {
     let mut sent = 0u64;
     while sent < a.events {
         let n = (a.events - sent).min(batch as u64);
-        let rows: Vec<Row> = (0..n).map(|_| gen.next()).collect();
+        let rows = gen.batch(n as usize);
         let t = Instant::now();
         runtime.block_on(engine.ingest(&stream, rows, false, true))?;
         latencies.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
