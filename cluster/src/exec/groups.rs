@@ -23,7 +23,7 @@ use eddy_planner::codec::Reader;
 use eddy_planner::prefetch;
 use eddy_storage::{Family, OwnedPut, StateStore};
 
-use crate::exec::key::{KeyRef, PackedKey};
+use crate::exec::key::{Hashed, PackedKey};
 use crate::exec::recent::Recent;
 use crate::exec::split::{Pos, SplitMap, LINE};
 
@@ -522,18 +522,14 @@ impl GroupTable {
     /// Brings `key` into L1 from L2 or the backing store if it exists there (or records
     /// in L1 that it does not), and returns its slot's place in L1: one probe for a
     /// group already in L1, the common case. Only with a backing store.
-    fn load(&mut self, key: KeyRef<'_>) -> Pos {
-        let h = self.l1.hash(key);
-        if let Some(at) = self.l1.find(h, key) {
+    fn load(&mut self, key: Hashed<'_>) -> Pos {
+        if let Some(at) = self.l1.find(key) {
             self.stats.l1_hits += 1;
             return at;
         }
-        let key = key.to_packed();
-        let state = match self
-            .l2
-            .remove(key.as_bytes().into())
-            .and_then(|b| GroupState::unpack(&b))
-        {
+        let (h, l2) = (key.hash, self.l2.remove(key));
+        let key = key.key.to_packed();
+        let state = match l2.and_then(|b| GroupState::unpack(&b)) {
             Some(s) => {
                 self.stats.l2_hits += 1;
                 Some(s)
@@ -560,39 +556,36 @@ impl GroupTable {
 
     /// Asks for the control bytes a lookup of `key` in L1 reads first
     /// (`SplitMap::prefetch_probe`): the first of two stages, `prefetch` the second.
-    pub fn prefetch_probe(&self, key: KeyRef<'_>) {
-        self.l1.prefetch_probe(self.l1.hash(key));
+    pub fn prefetch_probe(&self, hash: u64) {
+        self.l1.prefetch_probe(hash);
     }
 
     /// Asks for the cache lines of `key`'s L1 entry an event reads (see
     /// `SplitMap::prefetch`).
-    pub fn prefetch(&self, key: KeyRef<'_>) {
-        self.l1.prefetch(self.l1.hash(key), self.hot_bytes);
+    pub fn prefetch(&self, hash: u64) {
+        self.l1.prefetch(hash, self.hot_bytes);
     }
 
-    /// Asks for the cache lines of what `key`'s states keep on the heap, if its entry
-    /// is in L1 (`AggState::prefetch`).
-    pub fn prefetch_states(&self, key: KeyRef<'_>) {
-        let h = self.l1.hash(key);
-        if let Some(state) = self
-            .l1
-            .find(h, key)
-            .and_then(|at| self.l1.at(at).state.as_ref())
-        {
+    /// Asks for the cache lines of what the states of the key of hash `hash` keep on
+    /// the heap, if its entry is in L1 (`AggState::prefetch`). The entry is the first
+    /// whose tag matches (`SplitMap::likely`): another key's, rarely, which costs only
+    /// the time of its lines.
+    pub fn prefetch_states(&self, hash: u64) {
+        if let Some(state) = self.l1.likely(hash).and_then(|slot| slot.state.as_ref()) {
             state.states.iter().for_each(AggState::prefetch);
         }
     }
 
-    /// Asks for the lines a count window's entering event reads of `key`'s events, if
-    /// its entry is in L1, one stage a call, each reading what the one before asked
-    /// for: 0 the events' header behind their pointer, 1 the oldest of them (which
-    /// leaves when the group is full) and the end, where the new one goes.
-    pub fn prefetch_recent(&self, key: KeyRef<'_>, stage: u8) {
-        let h = self.l1.hash(key);
+    /// Asks for the lines a count window's entering event reads of the events of the key
+    /// of hash `hash`, if its entry is in L1 (`SplitMap::likely`, as `prefetch_states`),
+    /// one stage a call, each reading what the one before asked for: 0 the events'
+    /// header behind their pointer, 1 the oldest of them (which leaves when the group is
+    /// full) and the end, where the new one goes.
+    pub fn prefetch_recent(&self, hash: u64, stage: u8) {
         let Some(recent) = self
             .l1
-            .find(h, key)
-            .and_then(|at| self.l1.at(at).state.as_ref())
+            .likely(hash)
+            .and_then(|slot| slot.state.as_ref())
             .and_then(|state| state.recent.as_deref())
         else {
             return;
@@ -606,24 +599,24 @@ impl GroupTable {
     }
 
     /// A backed table's slot for `key` in L1, loaded if it was not there (absent or not).
-    fn loaded(&mut self, key: KeyRef<'_>) -> &mut Slot {
+    fn loaded(&mut self, key: Hashed<'_>) -> &mut Slot {
         let at = self.load(key);
         self.l1.at_mut(at)
     }
 
     /// `key`'s slot in L1: found there alone without a backing store, else loaded.
-    fn slot(&mut self, key: KeyRef<'_>) -> Option<&mut Slot> {
+    fn slot(&mut self, key: Hashed<'_>) -> Option<&mut Slot> {
         match self.backing {
             None => self.l1.get_mut(key),
             Some(_) => Some(self.loaded(key)),
         }
     }
 
-    pub fn get(&mut self, key: KeyRef<'_>) -> Option<&GroupState> {
+    pub fn get(&mut self, key: Hashed<'_>) -> Option<&GroupState> {
         self.slot(key)?.state.as_ref()
     }
 
-    pub fn get_mut(&mut self, key: KeyRef<'_>) -> Option<&mut GroupState> {
+    pub fn get_mut(&mut self, key: Hashed<'_>) -> Option<&mut GroupState> {
         let slot = self.slot(key)?;
         let state = slot.state.as_mut()?;
         slot.dirty = true;
@@ -631,7 +624,7 @@ impl GroupTable {
     }
 
     /// The state of `key`, created with `make` if absent.
-    pub fn entry(&mut self, key: KeyRef<'_>, make: impl FnOnce() -> GroupState) -> &mut GroupState {
+    pub fn entry(&mut self, key: Hashed<'_>, make: impl FnOnce() -> GroupState) -> &mut GroupState {
         let slot = match self.backing {
             None => self.l1.get_or_insert_with(key, Slot::absent),
             Some(_) => self.loaded(key),
@@ -640,7 +633,7 @@ impl GroupTable {
         slot.state.get_or_insert_with(make)
     }
 
-    pub fn remove(&mut self, key: KeyRef<'_>) {
+    pub fn remove(&mut self, key: Hashed<'_>) {
         if self.backing.is_none() {
             self.l1.remove(key);
         } else if let Some(slot) = self.slot(key) {
@@ -797,6 +790,7 @@ mod tests {
     use eddy_storage::MemStateStore;
 
     use super::*;
+    use crate::exec::key::KeyRef;
 
     struct Rng(u64);
 
@@ -929,7 +923,8 @@ mod tests {
             let at = match step % 2 {
                 0 => KeyRef::Packed(&key),
                 _ => KeyRef::of(&mut buf, &[0], &row),
-            };
+            }
+            .hashed();
             match rng.below(100) {
                 0..=59 => {
                     let v = rng.below(1000) as i64;
@@ -1078,7 +1073,7 @@ mod tests {
     fn a_missing_auxiliary_state_stops_the_table() {
         let store = Arc::new(MemStateStore::default());
         let mut t = table(&store);
-        apply(t.entry(KeyRef::Text("k"), fresh), 5);
+        apply(t.entry(KeyRef::Text("k").hashed(), fresh), 5);
         t.flush();
         let gone = store.scan_prefix(AUX, b"task/node").unwrap();
         let deletes: Vec<Put<'_>> = gone
@@ -1087,7 +1082,7 @@ mod tests {
             .collect();
         store.write(&deletes).unwrap();
         let mut t = table(&store);
-        assert_eq!(t.get(KeyRef::Text("k")), None);
+        assert_eq!(t.get(KeyRef::Text("k").hashed()), None);
         let failure = t.take_failure().expect("a failure");
         assert!(failure.contains("extremes family"), "{failure}");
     }

@@ -8,6 +8,9 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::LazyLock;
+
+use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::types::Value;
 
@@ -96,6 +99,29 @@ fn lone_text(packed: &[u8]) -> Option<&[u8]> {
     (u32::from_le_bytes([*l0, *l1, *l2, *l3]) as usize == text.len()).then_some(text)
 }
 
+/// The hasher of every group table, seeded once per process: a key hashes the same in
+/// each, so a key hashed once (`Hashed`) serves every lookup of it.
+static HASHER: LazyLock<DefaultHashBuilder> = LazyLock::new(DefaultHashBuilder::default);
+
+/// Whether `a` and `b` hold the same bytes. Keys of 4 to 16 bytes (most card and account
+/// ids) compare as two overlapping words each, inline: a call to `memcmp` cost more than
+/// the comparison.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    fn word<const W: usize>(s: &[u8], at: usize) -> [u8; W] {
+        s[at..at + W].try_into().expect("W bytes")
+    }
+    match n {
+        8..=16 => word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, n - 8) == word::<8>(b, n - 8),
+        4..=7 => word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, n - 4) == word::<4>(b, n - 4),
+        _ => a == b,
+    }
+}
+
 /// A group key as a lookup takes it: packed, or (a key of one text column, the usual
 /// card or account) the text itself, which the event path looks up several times per
 /// event without packing it each time. Both forms of a key hash and match alike.
@@ -118,23 +144,31 @@ impl<'a> KeyRef<'a> {
         KeyRef::Packed(buf)
     }
 
-    /// The key's hash under `hasher`: of a lone text, the text's bytes; else of the
-    /// packed bytes.
+    /// The key's hash: of a lone text, the text's bytes; else of the packed bytes.
     #[inline]
-    pub fn hash(self, hasher: &impl BuildHasher) -> u64 {
+    pub fn hash(self) -> u64 {
         let bytes = match self {
             KeyRef::Text(s) => s.as_bytes(),
             KeyRef::Packed(b) => lone_text(b).unwrap_or(b),
         };
-        hasher.hash_one(bytes)
+        HASHER.hash_one(bytes)
+    }
+
+    /// The key with its hash, for lookups.
+    #[inline]
+    pub fn hashed(self) -> Hashed<'a> {
+        Hashed {
+            key: self,
+            hash: self.hash(),
+        }
     }
 
     /// Whether `packed` is this key packed.
     #[inline]
     pub fn matches(self, packed: &[u8]) -> bool {
         match self {
-            KeyRef::Packed(b) => b == packed,
-            KeyRef::Text(s) => lone_text(packed) == Some(s.as_bytes()),
+            KeyRef::Packed(b) => same_bytes(b, packed),
+            KeyRef::Text(s) => lone_text(packed).is_some_and(|t| same_bytes(t, s.as_bytes())),
         }
     }
 
@@ -166,6 +200,21 @@ impl<'a> KeyRef<'a> {
 impl<'a> From<&'a [u8]> for KeyRef<'a> {
     fn from(packed: &'a [u8]) -> KeyRef<'a> {
         KeyRef::Packed(packed)
+    }
+}
+
+/// A group key and its hash (`KeyRef::hash`), as every lookup of a group table takes it:
+/// a key looked up several times (asked for ahead, then entered) is hashed once.
+#[derive(Clone, Copy, Debug)]
+pub struct Hashed<'a> {
+    pub key: KeyRef<'a>,
+    /// `key.hash()`, always: a lookup under another hash misses the key.
+    pub hash: u64,
+}
+
+impl<'a> From<&'a [u8]> for Hashed<'a> {
+    fn from(packed: &'a [u8]) -> Hashed<'a> {
+        KeyRef::Packed(packed).hashed()
     }
 }
 
@@ -278,11 +327,24 @@ mod tests {
         assert!(matches!(PackedKey::new(&zero), PackedKey::Inline(..)));
     }
 
+    #[test]
+    fn same_bytes_compares_every_byte_at_every_length() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n as u8).collect();
+            assert!(same_bytes(&a, &a.clone()));
+            for i in 0..n {
+                let mut b = a.clone();
+                b[i] ^= 0x40;
+                assert!(!same_bytes(&a, &b), "length {n}, byte {i}");
+            }
+            assert!(!same_bytes(&a, &a[..n.saturating_sub(1)]) || n == 0);
+        }
+    }
+
     /// A key of one text column, looked up by its text, hashes and matches as its
     /// packed bytes do; a longer key that begins with the same text matches neither.
     #[test]
     fn a_lone_text_key_is_found_by_its_text() {
-        let hasher = hashbrown::DefaultHashBuilder::default();
         let row = vec![
             Value::Text("card-1".into()),
             Value::Int(3),
@@ -295,7 +357,7 @@ mod tests {
             let mut packed = Vec::new();
             pack(&mut packed, &[c], &row);
             let packed = KeyRef::Packed(&packed);
-            assert_eq!(text.hash(&hasher), packed.hash(&hasher));
+            assert_eq!(text.hash(), packed.hash());
             assert!(text.matches(&packed.to_vec()) && packed.matches(&text.to_vec()));
             assert!(text.to_packed() == packed.to_packed());
             assert_eq!(unpack(text.to_packed().as_bytes()), vec![row[c].clone()]);

@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 use hashbrown::hash_table::{Entry, HashTable};
-use hashbrown::DefaultHashBuilder;
 
 use eddy_planner::prefetch;
 
-use crate::exec::key::{KeyRef, PackedKey};
+use crate::exec::key::{Hashed, KeyRef, PackedKey};
 
 /// Parts of a map (a power of two).
 const PARTS: usize = 256;
@@ -93,7 +92,6 @@ type Part<V> = HashTable<(PackedKey, V), LineAligned>;
 
 pub struct SplitMap<V> {
     parts: Box<[Part<V>]>,
-    hasher: DefaultHashBuilder,
     len: usize,
 }
 
@@ -103,7 +101,6 @@ impl<V> Default for SplitMap<V> {
             parts: (0..PARTS)
                 .map(|_| HashTable::new_in(LineAligned::default()))
                 .collect(),
-            hasher: DefaultHashBuilder::default(),
             len: 0,
         }
     }
@@ -122,23 +119,16 @@ impl<V> SplitMap<V> {
         self.len == 0
     }
 
-    /// `key`'s hash, for `find` and `insert_new`.
-    #[inline]
-    pub fn hash(&self, key: KeyRef<'_>) -> u64 {
-        key.hash(&self.hasher)
-    }
-
-    pub fn get(&self, key: KeyRef<'_>) -> Option<&V> {
-        let h = self.hash(key);
+    pub fn get(&self, Hashed { key, hash: h }: Hashed<'_>) -> Option<&V> {
         self.parts[Self::part(h)]
             .find(h, |(k, _)| key.matches(k.as_bytes()))
             .map(|(_, v)| v)
     }
 
-    /// The place of `key`'s entry, its hash `h`: one probe, then `at_mut` reaches it
-    /// without another (for a caller that must change the map between finding and
-    /// using an entry, which a borrowed entry would not allow).
-    pub fn find(&self, h: u64, key: KeyRef<'_>) -> Option<Pos> {
+    /// The place of `key`'s entry: one probe, then `at_mut` reaches it without another
+    /// (for a caller that must change the map between finding and using an entry,
+    /// which a borrowed entry would not allow).
+    pub fn find(&self, Hashed { key, hash: h }: Hashed<'_>) -> Option<Pos> {
         let part = Self::part(h);
         self.parts[part]
             .find_bucket_index(h, |(k, _)| key.matches(k.as_bytes()))
@@ -162,13 +152,21 @@ impl<V> SplitMap<V> {
     /// prefetched. The caller goes on with other work while it arrives; a later `find`
     /// or `get_mut` of the key then meets it in cache.
     pub fn prefetch(&self, h: u64, bytes: usize) {
-        let part = &self.parts[Self::part(h)];
-        if let Some(entry) = part
-            .find_bucket_index(h, |_| true)
-            .and_then(|i| part.get_bucket(i))
-        {
+        if let Some(entry) = self.first_tagged(h) {
             prefetch::first_lines(entry, bytes);
         }
+    }
+
+    /// The value of the first entry whose tag matches hash `h`'s, found without comparing
+    /// keys: most likely the key's, possibly another's. Only for prefetches, which hint.
+    pub fn likely(&self, h: u64) -> Option<&V> {
+        self.first_tagged(h).map(|(_, v)| v)
+    }
+
+    fn first_tagged(&self, h: u64) -> Option<&(PackedKey, V)> {
+        let part = &self.parts[Self::part(h)];
+        part.find_bucket_index(h, |_| true)
+            .and_then(|i| part.get_bucket(i))
     }
 
     /// The value at a place `find` or `insert_new` gave, the map unchanged since.
@@ -189,46 +187,47 @@ impl<V> SplitMap<V> {
 
     /// Adds an entry for a key that has none, its hash `h`; returns its place.
     pub fn insert_new(&mut self, h: u64, key: PackedKey, value: V) -> Pos {
-        let hasher = &self.hasher;
         let part = Self::part(h);
         let bucket = self.parts[part]
-            .insert_unique(h, (key, value), |(k, _)| rehash(hasher, k))
+            .insert_unique(h, (key, value), |(k, _)| rehash(k))
             .bucket_index();
         self.len += 1;
         (part, bucket)
     }
 
-    pub fn get_mut(&mut self, key: KeyRef<'_>) -> Option<&mut V> {
-        let h = self.hash(key);
+    pub fn get_mut(&mut self, Hashed { key, hash: h }: Hashed<'_>) -> Option<&mut V> {
         self.parts[Self::part(h)]
             .find_mut(h, |(k, _)| key.matches(k.as_bytes()))
             .map(|(_, v)| v)
     }
 
     /// The value of `key`, made by `make` if absent.
-    pub fn get_or_insert_with(&mut self, key: KeyRef<'_>, make: impl FnOnce() -> V) -> &mut V {
-        let h = self.hash(key);
-        let hasher = &self.hasher;
-        let entry = self.parts[Self::part(h)].entry(
-            h,
-            |(k, _)| key.matches(k.as_bytes()),
-            |(k, _)| rehash(hasher, k),
-        );
-        match entry {
-            Entry::Occupied(e) => &mut e.into_mut().1,
-            Entry::Vacant(e) => {
+    pub fn get_or_insert_with(
+        &mut self,
+        Hashed { key, hash: h }: Hashed<'_>,
+        make: impl FnOnce() -> V,
+    ) -> &mut V {
+        // A probe, then an insert only for a new key: hashbrown's `entry` costs a lookup
+        // that finds the key (every event's) about 30 instructions more.
+        let part = &mut self.parts[Self::part(h)];
+        let bucket = match part.find_bucket_index(h, |(k, _)| key.matches(k.as_bytes())) {
+            Some(bucket) => bucket,
+            None => {
                 self.len += 1;
-                &mut e.insert((key.to_packed(), make())).into_mut().1
+                part.insert_unique(h, (key.to_packed(), make()), |(k, _)| rehash(k))
+                    .bucket_index()
             }
-        }
+        };
+        &mut part
+            .get_bucket_mut(bucket)
+            .expect("a bucket just found or filled")
+            .1
     }
 
     /// Sets `key`'s value; returns the old one.
     pub fn insert(&mut self, key: PackedKey, value: V) -> Option<V> {
-        let h = self.hash(key.as_bytes().into());
-        let hasher = &self.hasher;
-        let entry =
-            self.parts[Self::part(h)].entry(h, |(k, _)| *k == key, |(k, _)| rehash(hasher, k));
+        let h = rehash(&key);
+        let entry = self.parts[Self::part(h)].entry(h, |(k, _)| *k == key, |(k, _)| rehash(k));
         match entry {
             Entry::Occupied(mut e) => Some(std::mem::replace(&mut e.get_mut().1, value)),
             Entry::Vacant(e) => {
@@ -239,8 +238,7 @@ impl<V> SplitMap<V> {
         }
     }
 
-    pub fn remove(&mut self, key: KeyRef<'_>) -> Option<V> {
-        let h = self.hash(key);
+    pub fn remove(&mut self, Hashed { key, hash: h }: Hashed<'_>) -> Option<V> {
         let found = self.parts[Self::part(h)].find_entry(h, |(k, _)| key.matches(k.as_bytes()));
         let ((_, v), _) = found.ok()?.remove();
         self.len -= 1;
@@ -281,8 +279,8 @@ impl<V> SplitMap<V> {
 }
 
 /// A stored key's hash, as its lookups compute it (`KeyRef::hash`).
-fn rehash(hasher: &DefaultHashBuilder, key: &PackedKey) -> u64 {
-    KeyRef::Packed(key.as_bytes()).hash(hasher)
+fn rehash(key: &PackedKey) -> u64 {
+    KeyRef::Packed(key.as_bytes()).hash()
 }
 
 #[cfg(test)]
@@ -314,9 +312,8 @@ mod tests {
         assert!(m.parts.iter().all(|p| ctrl(p).is_none()));
         for i in 0..20_000u32 {
             let key = PackedKey::new(&i.to_le_bytes());
-            let h = m.hash(key.as_bytes().into());
             m.insert(key.clone(), [1; 40]);
-            let (part, bucket) = m.find(h, key.as_bytes().into()).expect("inserted");
+            let (part, bucket) = m.find(key.as_bytes().into()).expect("inserted");
             let ctrl = ctrl(&m.parts[part]).expect("allocated");
             let at = m.parts[part].get_bucket(bucket).expect("full") as *const _ as usize;
             assert_eq!(at, ctrl - (bucket + 1) * LINE);

@@ -36,7 +36,7 @@ use smallvec::SmallVec;
 
 use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTable, States};
 use crate::exec::history::HistoryPage;
-use crate::exec::key::{pack, unpack, KeyRef};
+use crate::exec::key::{pack, unpack, Hashed, KeyRef};
 use crate::exec::passes::Passes;
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
@@ -975,7 +975,7 @@ impl Task {
             if bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
                 return;
             }
-            let key = KeyRef::of(key_buf, &g.key.columns, &e.row);
+            let key = KeyRef::of(key_buf, &g.key.columns, &e.row).hashed();
             match slot {
                 None => enter_group(g, key, e, epoch, keep),
                 Some(s) => {
@@ -1215,7 +1215,7 @@ impl Task {
                     for key in &touched {
                         let state = g
                             .table
-                            .get(KeyRef::Packed(key))
+                            .get(KeyRef::Packed(key).hashed())
                             .filter(|s| s.epoch == epoch && s.count > 0)
                             .cloned();
                         out.push(change_row(m, key, state.as_ref(), t));
@@ -1351,7 +1351,7 @@ impl Task {
                         break;
                     }
                     if let Some(event) = behind.as_ref().filter(|_| ts <= old_head && ts > w.tail) {
-                        apply_event(w, event, &mut self.key_buf, true);
+                        apply_event(w, event, &mut self.key_buf, true, None);
                     }
                 }
             }
@@ -1368,7 +1368,7 @@ impl Task {
         self.lagging += 1;
         for w in &mut self.windows {
             if event.ts <= w.head && event.ts > w.tail {
-                apply_event(w, &event, &mut self.key_buf, true);
+                apply_event(w, &event, &mut self.key_buf, true, None);
             }
         }
         self.reservoir.insert(event);
@@ -1443,7 +1443,7 @@ impl Task {
             let w = &mut self.windows[m.window];
             let epoch = w.epoch;
             let g = &mut w.filters[m.filter].groups[m.group];
-            let key = KeyRef::of(&mut self.key_buf, &g.key.columns, row);
+            let key = KeyRef::of(&mut self.key_buf, &g.key.columns, row).hashed();
             let state = g.table.get(key).filter(|s| s.epoch == epoch && s.count > 0);
             let values = metric_values(m, state);
             out.push((m.name.clone(), values));
@@ -1474,7 +1474,7 @@ impl Task {
                 let mut packed = Vec::new();
                 pack(&mut packed, &positions, k);
                 g.table
-                    .get(KeyRef::Packed(&packed))
+                    .get(KeyRef::Packed(&packed).hashed())
                     .filter(|s| live(s))
                     .map(|s| row(&packed, s))
                     .into_iter()
@@ -1630,7 +1630,7 @@ fn advance(
             move_events(w, reservoir, key_buf, from, new_head, true, ahead)?;
         }
         if let Some((e, _)) = fresh.filter(|(e, _)| e.ts > from && e.ts <= new_head) {
-            apply_event(w, e, key_buf, true);
+            apply_event(w, e, key_buf, true, None);
         }
         w.head = new_head;
     }
@@ -1686,6 +1686,7 @@ fn move_events(
     enter: bool,
     ahead: bool,
 ) -> std::result::Result<(), ReservoirError> {
+    let mut batch = BatchKeys::default();
     while ahead && after < upto {
         let events = reservoir.upcoming(after, AHEAD_BATCH);
         let n = events.partition_point(|e| e.ts <= upto);
@@ -1698,12 +1699,60 @@ fn move_events(
             &w.filters,
             &events[..n],
             key_buf,
+            &mut batch,
             w.key.spec.keep().is_some(),
         );
-        reservoir.for_range(after, step, &mut |e| apply_event(w, e, key_buf, enter))?;
+        reservoir.for_range(after, step, &mut |e| {
+            let hashes = batch.take(e);
+            apply_event(w, e, key_buf, enter, hashes)
+        })?;
         after = step;
     }
-    reservoir.for_range(after, upto, &mut |e| apply_event(w, e, key_buf, enter))
+    reservoir.for_range(after, upto, &mut |e| {
+        apply_event(w, e, key_buf, enter, None)
+    })
+}
+
+/// The key hashes of a batch's group lookups: made once as its lines are asked for
+/// (`prefetch_batch`), then taken by each event as it moves (`apply_event`), in
+/// `each_group`'s order. An event the batch was not made for (`Reservoir::upcoming` is
+/// only a hint) hashes its keys itself.
+#[derive(Default)]
+struct BatchKeys {
+    /// Per event: its sequence number, its row's address, where its hashes start.
+    events: Vec<(u64, usize, usize)>,
+    hashes: Vec<u64>,
+    /// The next event to take.
+    next: usize,
+}
+
+impl BatchKeys {
+    fn clear(&mut self) {
+        self.events.clear();
+        self.hashes.clear();
+        self.next = 0;
+    }
+
+    /// Starts the hashes of `e`, which the caller pushes next.
+    fn start(&mut self, e: &Event) {
+        let row = e.row.as_ptr() as usize;
+        self.events.push((e.seq, row, self.hashes.len()));
+    }
+
+    /// The hashes of `e`'s groups, if it is the batch's next event (the same event: its
+    /// number and its row).
+    fn take(&mut self, e: &Event) -> Option<&[u64]> {
+        let &(seq, row, start) = self.events.get(self.next)?;
+        if seq != e.seq || row != e.row.as_ptr() as usize {
+            return None;
+        }
+        self.next += 1;
+        let end = self
+            .events
+            .get(self.next)
+            .map_or(self.hashes.len(), |n| n.2);
+        Some(&self.hashes[start..end])
+    }
 }
 
 /// Asks for the lines a batch of events reads as it moves, in passes over them, each
@@ -1715,50 +1764,53 @@ fn prefetch_batch(
     filters: &[FilterExec],
     events: &[Event],
     key_buf: &mut Vec<u8>,
+    keys: &mut BatchKeys,
     count_window: bool,
 ) {
     events.iter().for_each(|e| prefetch::lines(&e.row[..]));
     events.iter().for_each(|e| prefetch::texts(&e.row));
+    keys.clear();
     for e in events {
-        prefetch_probes(filters, &e.row, e.mask, key_buf);
+        keys.start(e);
+        each_group(filters, e.mask, |g| {
+            let hash = KeyRef::of(key_buf, &g.key.columns, &e.row).hash();
+            g.table.prefetch_probe(hash);
+            keys.hashes.push(hash);
+        });
     }
-    for e in events {
-        prefetch_groups(filters, &e.row, e.mask, key_buf);
-    }
-    for e in events {
-        prefetch_states(filters, &e.row, e.mask, key_buf);
+    // Each pass below takes the hashes the first one made, in the same order.
+    let pass = |f: &mut dyn FnMut(&GroupExec, u64)| {
+        let mut hashes = keys.hashes.iter();
+        for e in events {
+            each_group(filters, e.mask, |g| {
+                f(g, *hashes.next().expect("a hash per group of each event"))
+            });
+        }
+    };
+    pass(&mut |g, hash| g.table.prefetch(hash));
+    if filters.iter().flat_map(|f| &f.groups).any(|g| g.multiset) {
+        pass(&mut |g, hash| {
+            if g.multiset {
+                g.table.prefetch_states(hash);
+            }
+        });
     }
     if count_window {
         for stage in 0..2 {
-            for e in events {
-                prefetch_recent(filters, &e.row, e.mask, key_buf, stage);
-            }
+            pass(&mut |g, hash| g.table.prefetch_recent(hash, stage));
         }
     }
 }
 
 /// Asks for stage `stage` of the lines of the events `row`'s groups keep under a count
 /// window (`GroupTable::prefetch_recent`).
-fn prefetch_recent(
-    filters: &[FilterExec],
-    row: &[Value],
-    mask: u64,
-    key_buf: &mut Vec<u8>,
-    stage: u8,
-) {
-    each_group(filters, mask, |g| {
-        g.table
-            .prefetch_recent(KeyRef::of(key_buf, &g.key.columns, row), stage)
-    });
-}
-
 /// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
 /// the groups that keep a multiset (the others keep nothing there).
 fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     each_group(filters, mask, |g| {
         if g.multiset {
             g.table
-                .prefetch_states(KeyRef::of(key_buf, &g.key.columns, row));
+                .prefetch_states(KeyRef::of(key_buf, &g.key.columns, row).hash());
         }
     });
 }
@@ -1768,7 +1820,7 @@ fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 fn prefetch_probes(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     each_group(filters, mask, |g| {
         g.table
-            .prefetch_probe(KeyRef::of(key_buf, &g.key.columns, row))
+            .prefetch_probe(KeyRef::of(key_buf, &g.key.columns, row).hash())
     });
 }
 
@@ -1777,7 +1829,8 @@ fn prefetch_probes(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &m
 /// misses, and this way they overlap with other work.
 fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
     each_group(filters, mask, |g| {
-        g.table.prefetch(KeyRef::of(key_buf, &g.key.columns, row))
+        g.table
+            .prefetch(KeyRef::of(key_buf, &g.key.columns, row).hash())
     });
 }
 
@@ -1794,15 +1847,29 @@ fn each_group(filters: &[FilterExec], mask: u64, mut f: impl FnMut(&GroupExec)) 
 }
 
 /// Applies (`enter`) or removes one event to every group under the window.
-fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool) {
+/// `hashes`, where a batch made them (`BatchKeys`), are the hashes of its groups' keys
+/// in `each_group`'s order.
+#[inline(always)]
+fn apply_event(
+    w: &mut WindowExec,
+    e: &Event,
+    key_buf: &mut Vec<u8>,
+    enter: bool,
+    hashes: Option<&[u64]>,
+) {
     let epoch = w.epoch;
     let keep = w.key.spec.keep();
+    let mut hashes = hashes.map(|h| h.iter());
     for f in &mut w.filters {
         if f.bit.is_some_and(|b| e.mask & (1u64 << b) == 0) {
             continue;
         }
         for g in &mut f.groups {
             let key = KeyRef::of(key_buf, &g.key.columns, &e.row);
+            let key = match hashes.as_mut().and_then(Iterator::next) {
+                Some(&hash) => Hashed { key, hash },
+                None => key.hashed(),
+            };
             if enter {
                 enter_group(g, key, e, epoch, keep);
             } else {
@@ -1814,9 +1881,9 @@ fn apply_event(w: &mut WindowExec, e: &Event, key_buf: &mut Vec<u8>, enter: bool
 
 /// Enters an event into its group; under a count window that keeps `keep` events, the
 /// group's oldest event leaves when it overflows (or the event itself, if older than all).
-fn enter_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event, epoch: i64, keep: Option<usize>) {
+fn enter_group(g: &mut GroupExec, key: Hashed<'_>, e: &Event, epoch: i64, keep: Option<usize>) {
     if g.watched {
-        g.touched.push(key.to_vec().into());
+        g.touched.push(key.key.to_vec().into());
     }
     let state = g.table.entry(key, || GroupState {
         count: 0,
@@ -1859,9 +1926,9 @@ fn enter_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event, epoch: i64, keep: 
     }
 }
 
-fn leave_group(g: &mut GroupExec, key: KeyRef<'_>, e: &Event) {
+fn leave_group(g: &mut GroupExec, key: Hashed<'_>, e: &Event) {
     if g.watched {
-        g.touched.push(key.to_vec().into());
+        g.touched.push(key.key.to_vec().into());
     }
     let Some(state) = g.table.get_mut(key) else {
         g.table.fail("an event left a group it never entered");
@@ -2021,6 +2088,82 @@ mod tests {
                 next - 1
             );
         }
+    }
+
+    /// A batch moves its events with the key hashes it made as it asked for their lines
+    /// (`BatchKeys`), one per group an event is in: with filters that pass some events
+    /// only, and keys of one and of two columns, its states are those the same events
+    /// give one at a time (which hash their keys as they move).
+    #[test]
+    fn a_batch_moves_with_its_hashes_as_single_events_do() {
+        let c = catalog_of([
+            "CREATE STREAM p (ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount BIGINT) \
+             WITH (event_time = 'ts', partitions = 1)",
+            "CREATE METRIC m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM p \
+             WHERE amount % 4 = 1 WINDOW SLIDING (SIZE INTERVAL '10 seconds') GROUP BY card",
+            "CREATE METRIC both AS SELECT card, amount, COUNT(*) AS n FROM p \
+             WINDOW SLIDING (SIZE INTERVAL '10 seconds') GROUP BY card, amount",
+            "CREATE METRIC odd AS SELECT amount, COUNT(*) AS n FROM p \
+             WHERE amount % 2 = 1 WINDOW SLIDING (SIZE INTERVAL '10 seconds') GROUP BY amount",
+        ])
+        .unwrap();
+        let open = || {
+            let mut task = Task::new(c.stream("p").unwrap().clone(), 0);
+            task.set_metrics(&c.metrics_of("p")).unwrap();
+            task
+        };
+        let (mut batched, mut single) = (open(), open());
+        // Seven events a second: a batch of 64 ends inside a second's events.
+        let row = |i: i64| {
+            Row::from(vec![
+                Value::Timestamp(1_000_000 * (i / 7)),
+                Value::Text(format!("c{}", i % 5).into()),
+                Value::Int(i % 9),
+            ])
+        };
+        let rows = |task: &mut Task, metric: &str| {
+            let mut rows = task.metric_rows(metric, None);
+            rows.sort_by_key(|r| format!("{r:?}"));
+            rows
+        };
+        let mut next = 0;
+        for size in [700, 64, 1_000, 5] {
+            let batch: Vec<Row> = (next..next + size).map(row).collect();
+            batched.ingest(&batch, false).unwrap();
+            for r in &batch {
+                single.ingest(std::slice::from_ref(r), true).unwrap();
+            }
+            next += size;
+            for metric in ["m", "both", "odd"] {
+                let want = rows(&mut single, metric);
+                assert!(!want.is_empty());
+                assert_eq!(rows(&mut batched, metric), want, "{metric} after {next}");
+            }
+        }
+    }
+
+    /// A batch's hashes serve only the events they were made for, in order.
+    #[test]
+    fn batch_keys_serve_only_their_own_events() {
+        let event = |seq: u64| Event {
+            ts: 1,
+            seq,
+            mask: 0,
+            row: event(seq as i64),
+        };
+        let (a, b) = (event(1), event(2));
+        let mut keys = BatchKeys::default();
+        keys.start(&a);
+        keys.hashes.extend([10, 11]);
+        keys.start(&b);
+        keys.hashes.push(20);
+        // Another event with a's number (another row) is not a.
+        assert_eq!(keys.take(&event(1)), None);
+        assert_eq!(keys.take(&b), None);
+        assert_eq!(keys.take(&a), Some(&[10, 11][..]));
+        assert_eq!(keys.take(&a), None);
+        assert_eq!(keys.take(&b), Some(&[20][..]));
+        assert_eq!(keys.take(&b), None);
     }
 
     #[test]
