@@ -554,14 +554,14 @@ impl GroupTable {
         self.hot_bytes = hot_bytes(states);
     }
 
-    /// Asks for the control bytes a lookup of `key` in L1 reads first
+    /// Asks for the control bytes a lookup in L1 of the key of hash `hash` reads first
     /// (`SplitMap::prefetch_probe`): the first of two stages, `prefetch` the second.
     pub fn prefetch_probe(&self, hash: u64) {
         self.l1.prefetch_probe(hash);
     }
 
-    /// Asks for the cache lines of `key`'s L1 entry an event reads (see
-    /// `SplitMap::prefetch`).
+    /// Asks for the cache lines an event reads of the L1 entry of the key of hash
+    /// `hash` (see `SplitMap::prefetch`).
     pub fn prefetch(&self, hash: u64) {
         self.l1.prefetch(hash, self.hot_bytes);
     }
