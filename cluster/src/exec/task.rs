@@ -139,6 +139,8 @@ struct WindowExec {
     /// Tumbling windows empty lazily: a group with another epoch is empty.
     epoch: i64,
     filters: Vec<FilterExec>,
+    /// The key hashes of the batch moving (`move_events`), kept for the next.
+    batch: BatchKeys,
 }
 
 /// Where a metric's values live in the task's DAG.
@@ -611,6 +613,7 @@ impl Task {
                         tail: t.map_or(i64::MIN, |t| spec.tail_bound(t).unwrap_or(i64::MIN)),
                         epoch: t.map_or(0, |t| spec.epoch(t)),
                         filters: Vec::new(),
+                        batch: BatchKeys::default(),
                     });
                     self.windows.len() - 1
                 }
@@ -1686,7 +1689,9 @@ fn move_events(
     enter: bool,
     ahead: bool,
 ) -> std::result::Result<(), ReservoirError> {
-    let mut batch = BatchKeys::default();
+    // The window's, lent for the call: a new one grew its two vectors again for every
+    // move, 120 instructions an event when single events arrive (callgrind).
+    let mut batch = std::mem::take(&mut w.batch);
     while ahead && after < upto {
         let events = reservoir.upcoming(after, AHEAD_BATCH);
         let n = events.partition_point(|e| e.ts <= upto);
@@ -1702,12 +1707,17 @@ fn move_events(
             &mut batch,
             w.key.spec.keep().is_some(),
         );
-        reservoir.for_range(after, step, &mut |e| {
+        let moved = reservoir.for_range(after, step, &mut |e| {
             let hashes = batch.take(e);
             apply_event(w, e, key_buf, enter, hashes)
-        })?;
+        });
+        if moved.is_err() {
+            w.batch = batch;
+            return moved;
+        }
         after = step;
     }
+    w.batch = batch;
     reservoir.for_range(after, upto, &mut |e| {
         apply_event(w, e, key_buf, enter, None)
     })
