@@ -1156,19 +1156,25 @@ impl Task {
         }
     }
 
-    /// Asks for the control bytes the lookups of the groups `row` will enter read first
-    /// (`prefetch_probes`).
+    /// Asks for the control bytes the lookups of the groups `row` will enter read first:
+    /// the first of two stages (`GroupTable::prefetch_probe`), `prefetch_groups` the
+    /// second, which reads them.
     fn prefetch_probes(&mut self, row: &Row, mask: u64) {
         for w in &self.windows {
-            prefetch_probes(&w.filters, row, mask, &mut self.key_buf);
+            each_key(&w.filters, row, mask, &mut self.key_buf, |g, key| {
+                g.table.prefetch_probe(key.hash())
+            });
         }
     }
 
     /// Asks for the cache lines of the group entries `row` will enter, without waiting
-    /// for them (`prefetch_groups`).
+    /// for them: an event's cost is mostly these misses, and this way they overlap with
+    /// other work.
     fn prefetch_groups(&mut self, row: &Row, mask: u64) {
         for w in &self.windows {
-            prefetch_groups(&w.filters, row, mask, &mut self.key_buf);
+            each_key(&w.filters, row, mask, &mut self.key_buf, |g, key| {
+                g.table.prefetch(key.hash())
+            });
         }
     }
 
@@ -1653,10 +1659,20 @@ const LEAVING_AHEAD: usize = 5;
 /// its groups and their states in cache.
 fn prefetch_leaving(w: &WindowExec, reservoir: &mut dyn Reservoir<Event>, key_buf: &mut Vec<u8>) {
     for (stage, e) in reservoir.upcoming(w.tail, LEAVING_AHEAD).iter().enumerate() {
+        let (filters, row, mask) = (&w.filters[..], &e.row[..], e.mask);
         match stage {
-            0 => prefetch_states(&w.filters, &e.row, e.mask, key_buf),
-            1 => prefetch_groups(&w.filters, &e.row, e.mask, key_buf),
-            2 => prefetch_probes(&w.filters, &e.row, e.mask, key_buf),
+            // Only a multiset keeps anything on the heap.
+            0 => each_key(filters, row, mask, key_buf, |g, key| {
+                if g.multiset {
+                    g.table.prefetch_states(key.hash())
+                }
+            }),
+            1 => each_key(filters, row, mask, key_buf, |g, key| {
+                g.table.prefetch(key.hash())
+            }),
+            2 => each_key(filters, row, mask, key_buf, |g, key| {
+                g.table.prefetch_probe(key.hash())
+            }),
             3 => prefetch::texts(&e.row),
             _ => prefetch::lines(&e.row[..]),
         }
@@ -1783,8 +1799,8 @@ fn prefetch_batch(
     keys.clear();
     for e in events {
         keys.start(e);
-        each_group(filters, e.mask, |g| {
-            let hash = KeyRef::of(key_buf, &g.key.columns, &e.row).hash();
+        each_key(filters, &e.row, e.mask, key_buf, |g, key| {
+            let hash = key.hash();
             g.table.prefetch_probe(hash);
             keys.hashes.push(hash);
         });
@@ -1813,33 +1829,19 @@ fn prefetch_batch(
     }
 }
 
-/// Asks for the cache lines of what the states of `row`'s groups keep on the heap, for
-/// the groups that keep a multiset (the others keep nothing there).
-fn prefetch_states(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
+/// Calls `f` on each group node an event of `row` with filter bits `mask` is in
+/// (`each_group`), with its key in that group (packed into `key_buf` if need be): the
+/// per-event prefetches, which hash it only where they use it.
+#[inline(always)]
+fn each_key(
+    filters: &[FilterExec],
+    row: &[Value],
+    mask: u64,
+    key_buf: &mut Vec<u8>,
+    mut f: impl FnMut(&GroupExec, KeyRef<'_>),
+) {
     each_group(filters, mask, |g| {
-        if g.multiset {
-            g.table
-                .prefetch_states(KeyRef::of(key_buf, &g.key.columns, row).hash());
-        }
-    });
-}
-
-/// Asks for the control bytes the lookups of the groups `row` is in read first, under
-/// the filters `mask` passes: the first stage of `prefetch_groups`, which reads them.
-fn prefetch_probes(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
-    each_group(filters, mask, |g| {
-        g.table
-            .prefetch_probe(KeyRef::of(key_buf, &g.key.columns, row).hash())
-    });
-}
-
-/// Asks for the cache lines of the entries of the groups `row` is in, under the
-/// filters `mask` passes, without waiting for them: an event's cost is mostly these
-/// misses, and this way they overlap with other work.
-fn prefetch_groups(filters: &[FilterExec], row: &[Value], mask: u64, key_buf: &mut Vec<u8>) {
-    each_group(filters, mask, |g| {
-        g.table
-            .prefetch(KeyRef::of(key_buf, &g.key.columns, row).hash())
+        f(g, KeyRef::of(key_buf, &g.key.columns, row))
     });
 }
 
