@@ -23,7 +23,7 @@ use crate::exec::history::{self, Ask, HistoryPage, Probe, Replay, PAGE_EVENTS};
 use crate::exec::passes::Passes;
 use crate::exec::task::MetricValues;
 use crate::exec::watch::{WatchId, WatchTarget, Watcher};
-use crate::log::{EventLog, LogFuture, TaskBatch};
+use crate::log::{EventLog, LogFuture, TaskBatch, Turn};
 use crate::node::durable::NodeStorage;
 use crate::node::shards::{engine_gone, Shards};
 use crate::node::transfer::Staged;
@@ -597,14 +597,16 @@ impl Engine {
         values: bool,
         durable: bool,
     ) -> Result<Vec<EventReply>> {
-        self.submit(stream, rows, passes, values, durable).await
+        self.submit(stream, rows, passes, values, durable, Turn::alone())
+            .await
     }
 
     /// `ingest_with` in two steps: routes the rows and hands them to the log now (the
     /// embedded log appends them before this returns; see `EventLog::ingest`), and returns
     /// the future of their replies. A caller can prepare its next batch while the shards
     /// apply this one, and submit it before awaiting; futures awaited in submission order
-    /// keep the batches in that order.
+    /// keep the batches in that order. With the turns of one `Sequence`, a later future
+    /// may also be polled alongside an earlier one (`EventLog::ingest_in_turn`).
     pub fn submit<'a>(
         &'a self,
         stream: &'a StreamDef,
@@ -612,6 +614,7 @@ impl Engine {
         passes: Option<&Passes>,
         values: bool,
         durable: bool,
+        turn: Turn,
     ) -> impl Future<Output = Result<Vec<EventReply>>> + Send + 'a {
         let n = rows.len();
         let passes = passes.filter(|p| p.len() == n);
@@ -624,7 +627,7 @@ impl Engine {
             .unzip();
         let answers = self
             .log
-            .ingest(&self.shards, stream, batches, values, durable);
+            .ingest_in_turn(&self.shards, stream, batches, values, durable, turn);
         async move {
             let answers = answers.await?;
             let mut replies = vec![EventReply::default(); n];
@@ -1486,8 +1489,8 @@ mod tests {
                 })
                 .collect()
         };
-        let first = engine.submit(stream, batch(0), None, false, true);
-        let second = engine.submit(stream, batch(3), None, false, true);
+        let first = engine.submit(stream, batch(0), None, false, true, Turn::alone());
+        let second = engine.submit(stream, batch(3), None, false, true, Turn::alone());
         let mut logged = 0;
         log.replay(&task, 0, &mut |_, _| logged += 1).unwrap();
         assert_eq!(

@@ -36,7 +36,7 @@ pub use exec::events::{Event, Outcome, Row};
 pub use exec::groups::CacheConfig;
 pub use exec::task::{Task, TaskStorage};
 pub use exec::watch::{Change, WatchId, WatchTarget, Watcher};
-pub use log::{EventLog, Kafka, KafkaConfig, LocalLog, LogStats, MemoryLog};
+pub use log::{EventLog, Kafka, KafkaConfig, LocalLog, LogStats, MemoryLog, Sequence, Turn};
 pub use node::durable::{NodeStorage, StorageConfig};
 pub use node::space::{DiskSpace, Reserve};
 pub use route::TaskId;

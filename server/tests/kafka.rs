@@ -226,6 +226,83 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
     drop(eddy);
 }
 
+/// A COPY of many batches sends the next batch to Kafka while the one before is applied
+/// (`Sequence`), and still keeps input order: in every partition the events follow the
+/// input, and with lateness 0 none of them is late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_copy_keeps_input_order_through_kafka() {
+    use futures::SinkExt;
+    let dir = temp_dir("kafka-copy-order");
+    let cluster = cluster("cpo");
+    let kafka = kafka_addr();
+    let (eddy, port) = spawn_eddy_with(&dir, &["--kafka", &kafka, "--cluster", &cluster]);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 3); \
+             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n, MAX(id) AS last \
+             FROM pay WINDOW INFINITE GROUP BY card;",
+        )
+        .await
+        .unwrap();
+    // About 1 MB of CSV: several parse chunks of 256 KiB, so several batches, with few
+    // events (the test server's tiny caches make each one slow).
+    let rows = 6_000i64;
+    let mut csv = String::new();
+    for i in 0..rows {
+        let at = 1_767_225_600 + i / 10; // 10 events a second, in input order
+        let t = chrono_like(at, i % 10);
+        csv.push_str(&format!("{i},{t},card-{}-{}\n", i % 37, "x".repeat(140)));
+    }
+    let sink = client
+        .copy_in("COPY pay FROM STDIN (FORMAT csv)")
+        .await
+        .unwrap();
+    futures::pin_mut!(sink);
+    sink.send(bytes::Bytes::from(csv)).await.unwrap();
+    assert_eq!(sink.finish().await.unwrap(), rows as u64);
+    eventually(
+        &client,
+        "SELECT sum(n), max(last) FROM by_card",
+        &[row(&[&rows.to_string(), &(rows - 1).to_string()])],
+    )
+    .await;
+    let streams = simple_rows(&client, "SHOW STREAMS").await;
+    assert_eq!(
+        streams[0][8].as_deref(),
+        Some("0"),
+        "late events: {streams:?}"
+    );
+    let records = read_topic(&format!("{cluster}.pay.card"));
+    assert_eq!(records.len(), rows as usize);
+    let mut last: HashMap<i32, i64> = HashMap::new();
+    for (partition, _, payload, _) in records {
+        let event = eddy_planner::codec::decode_row(&payload).expect("an event");
+        let Value::Int(id) = event[0] else {
+            panic!("an id: {event:?}")
+        };
+        let before = last.insert(partition, id).unwrap_or(-1);
+        assert!(id > before, "partition {partition}: {id} after {before}");
+    }
+    drop(eddy);
+}
+
+/// `YYYY-MM-DD HH:MM:SS.d` of a Unix second and tenths.
+fn chrono_like(unix: i64, tenth: i64) -> String {
+    let days = unix / 86_400;
+    let secs = unix % 86_400;
+    // 2026-01-01 is day 20 454 of the Unix epoch; the test stays within January.
+    assert!((20_454..20_454 + 31).contains(&days));
+    format!(
+        "2026-01-{:02} {:02}:{:02}:{:02}.{tenth}",
+        days - 20_454 + 1,
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 fn node_id(dir: &std::path::Path) -> String {
     std::fs::read_to_string(dir.join("node.id"))
         .unwrap()

@@ -218,12 +218,14 @@ fn consumer(a: &Args, topic: &str, partitions: i32) -> anyhow::Result<BaseConsum
     Ok(consumer)
 }
 
-/// A producer with the settings of Eddy's (`KafkaConfig::producer`).
+/// A producer with the settings of Eddy's statement and reply producers
+/// (`KafkaConfig::statement_producer`).
 fn producer(a: &Args) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
     Ok(client(a)
         .set("acks", "all")
         .set("enable.idempotence", "true")
-        .set("linger.ms", "1")
+        .set("linger.ms", "0")
+        .set("max.in.flight.requests.per.connection", "1")
         .create()?)
 }
 

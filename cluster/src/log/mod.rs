@@ -26,6 +26,7 @@ use std::pin::Pin;
 
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::Result;
+use tokio::sync::oneshot;
 
 use crate::exec::events::Row;
 use crate::exec::passes::Passes;
@@ -59,6 +60,55 @@ pub struct TaskBatch {
     pub passes: Option<Passes>,
 }
 
+/// One caller's statements, kept in call order by a log that takes a statement only
+/// once its future runs (Kafka). A pipelining caller (COPY) hands each statement the next
+/// `turn`, and may then poll a statement's future alongside the one before it: the later
+/// statement goes to the log only once the earlier one was taken whole, so the log holds
+/// them in call order, and never the later without the earlier.
+#[derive(Debug, Default)]
+pub struct Sequence {
+    last: Option<oneshot::Receiver<()>>,
+}
+
+impl Sequence {
+    /// The place of the caller's next statement.
+    pub fn turn(&mut self) -> Turn {
+        let (taken, next) = oneshot::channel();
+        Turn {
+            after: self.last.replace(next),
+            taken,
+        }
+    }
+}
+
+/// A statement's place in its caller's `Sequence`.
+#[derive(Debug)]
+pub struct Turn {
+    after: Option<oneshot::Receiver<()>>,
+    taken: oneshot::Sender<()>,
+}
+
+impl Turn {
+    /// The turn of a statement that follows none.
+    pub fn alone() -> Turn {
+        Sequence::default().turn()
+    }
+
+    /// Waits until the statement before this one was taken whole; false if it never
+    /// will be (it failed, or its caller gave up on it).
+    pub async fn wait(&mut self) -> bool {
+        match self.after.take() {
+            Some(before) => before.await.is_ok(),
+            None => true,
+        }
+    }
+
+    /// The log has taken the statement whole: the next one may go.
+    pub fn taken(self) {
+        let _ = self.taken.send(());
+    }
+}
+
 /// Where events are made durable before tasks apply them. See the module docs.
 pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
     /// Appends each task's batch, and once the log has it (`durable`: fsynced or
@@ -77,6 +127,23 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
         values: bool,
         durable: bool,
     ) -> LogFuture<'a, Vec<Answers>>;
+
+    /// `ingest` in `turn` of its caller's `Sequence`: a log that takes a statement only
+    /// when its future runs (Kafka) takes it once the one before was taken, so the
+    /// caller may poll both futures at once. The others took it in call order already.
+    fn ingest_in_turn<'a>(
+        &'a self,
+        shards: &'a Shards,
+        stream: &'a StreamDef,
+        batches: Vec<TaskBatch>,
+        values: bool,
+        durable: bool,
+        turn: Turn,
+    ) -> LogFuture<'a, Vec<Answers>> {
+        let answers = self.ingest(shards, stream, batches, values, durable);
+        turn.taken();
+        answers
+    }
 
     /// Replays each task of `catalog` from `applied` (its checkpointed log end) to the
     /// log's end; returns how many events were replayed.
@@ -148,5 +215,32 @@ impl EventLog for MemoryLog {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_turn_waits_for_the_one_before_and_stops_if_it_is_never_taken() {
+        let mut order = Sequence::default();
+        let mut first = order.turn();
+        let mut second = order.turn();
+        let mut third = order.turn();
+        assert!(first.wait().await, "the first turn follows nothing");
+        let waiting = tokio::spawn(async move { second.wait().await.then_some(second) });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "the second turn waits for the first"
+        );
+        first.taken();
+        let second = waiting.await.unwrap().expect("the first was taken");
+        // The second gives up (its statement failed before the log took it): the third
+        // must not go.
+        drop(second);
+        assert!(!third.wait().await);
+        assert!(Turn::alone().wait().await);
     }
 }

@@ -5,15 +5,18 @@
 //! before reaching the engine has applied nothing.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::task::Poll;
 use std::time::Instant;
 
 use pgwire::api::Type;
 
-use eddy_cluster::{Engine, EventLog, Kafka, LocalLog, NodeStorage, Outcome, Row, Task, TaskId};
+use eddy_cluster::{
+    Engine, EventLog, Kafka, LocalLog, NodeStorage, Outcome, Row, Sequence, Task, TaskId, Turn,
+};
 use eddy_planner::access::{Need, SUPERUSER};
 use eddy_planner::aggregate::ResultType;
 use eddy_planner::bind::{no_parameter, InsertPlan, InsertTemplate, ReturningItem};
@@ -24,6 +27,7 @@ use eddy_planner::filter::batch_to_rows;
 use eddy_planner::sql::{self, Statement};
 use eddy_planner::types::format_duration_us;
 use eddy_planner::{Error, ErrorKind, Result};
+use futures::future::{maybe_done, MaybeDone};
 
 use crate::ops::histogram::Timings;
 use crate::ops::limits::{Limit, Limits};
@@ -702,9 +706,14 @@ impl Db {
             .rows
             .chunks(INSERT_PART_ROWS)
             .map(|part| -> (&[Row], PartReplies<'a>) {
-                let replies = self
-                    .engine
-                    .submit(&plan.stream, part.to_vec(), None, want, durable);
+                let replies = self.engine.submit(
+                    &plan.stream,
+                    part.to_vec(),
+                    None,
+                    want,
+                    durable,
+                    Turn::alone(),
+                );
                 (part, Box::pin(replies))
             })
             .collect();
@@ -736,30 +745,32 @@ impl Db {
         self.engine
             .admit(log_bytes(&stream, values as u64, copy.rows as u64, durable))?;
         let mut skipped = Skipped::default();
-        // Two batches in flight: the shards apply one while this thread makes the rows of
-        // the next, so neither waits for the other. Futures are awaited in submission
-        // order, which keeps the batches in input order (`Engine::submit`).
-        let mut applying = None;
-        let mut applied = |started: Instant, replies: Vec<eddy_cluster::EventReply>| {
+        // `COPY_IN_FLIGHT` batches at once: the shards apply one while this thread makes
+        // the rows of the next, so neither waits for the other. The batches take their
+        // turns in input order (`Sequence`), and while the oldest one's answers are
+        // awaited the later ones are polled too: a log that takes a batch only when its
+        // future runs (Kafka) sends them meanwhile.
+        let mut order = Sequence::default();
+        let mut in_flight = VecDeque::with_capacity(COPY_IN_FLIGHT);
+        let mut applied = |(started, replies): (Instant, Result<Vec<eddy_cluster::EventReply>>)| {
             self.timings.ingest.record(started.elapsed());
-            replies.iter().for_each(|r| skipped.count(&r.outcomes));
+            replies.map(|rs| rs.iter().for_each(|r| skipped.count(&r.outcomes)))
         };
         // Each batch is dropped once its rows are made: the engine's state grows as the
         // parsed COPY shrinks, so the two do not peak together.
         for (batch, passes) in copy.batches {
             let rows: Vec<Row> = batch_to_rows(&batch)?;
             drop(batch);
-            let next = (
-                Instant::now(),
+            let replies =
                 self.engine
-                    .submit(&stream, rows, passes.as_ref(), false, durable),
-            );
-            if let Some((started, replies)) = applying.replace(next) {
-                applied(started, replies.await?);
+                    .submit(&stream, rows, passes.as_ref(), false, durable, order.turn());
+            in_flight.push_back((Instant::now(), Box::pin(maybe_done(replies))));
+            if in_flight.len() == COPY_IN_FLIGHT {
+                applied(oldest(&mut in_flight).await)?;
             }
         }
-        if let Some((started, replies)) = applying {
-            applied(started, replies.await?);
+        while !in_flight.is_empty() {
+            applied(oldest(&mut in_flight).await)?;
         }
         Ok(Executed {
             output: Output::Command {
@@ -1248,6 +1259,11 @@ impl Db {
                     &k.replies_received,
                 ),
                 (
+                    "eddy_kafka_replies_local_total",
+                    "Replies to this node's own statements, handed over in place of Kafka.",
+                    &k.replies_local,
+                ),
+                (
                     "eddy_kafka_replies_refused_total",
                     "Reply slots refused: answered under an older plan than the one that made their task active where it is.",
                     &k.replies_refused,
@@ -1609,6 +1625,26 @@ pub(crate) fn catalog_of(statements: &[String]) -> Result<Catalog> {
             .0;
     }
     Ok(catalog)
+}
+
+/// Batches of a COPY sent to the engine before the oldest one's answers are awaited.
+const COPY_IN_FLIGHT: usize = 2;
+
+/// Polls every future in flight, oldest first (a log keeps the order of first polls),
+/// until the oldest is done, and takes it out with its output.
+async fn oldest<F: Future>(
+    in_flight: &mut VecDeque<(Instant, Pin<Box<MaybeDone<F>>>)>,
+) -> (Instant, F::Output) {
+    poll_fn(|cx| {
+        let mut futures = in_flight.iter_mut().map(|(_, f)| f.as_mut().poll(cx));
+        let first = futures.next().unwrap_or(Poll::Ready(()));
+        futures.for_each(drop);
+        first
+    })
+    .await;
+    let (started, mut done) = in_flight.pop_front().expect("a batch in flight");
+    let output = done.as_mut().take_output().expect("polled to its end");
+    (started, output)
 }
 
 fn in_statement(mut e: Error, stmt: &str) -> Error {

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::{Error, Result};
 
-use crate::log::{Answers, EventLog, LogFuture, TaskBatch};
+use crate::log::{Answers, EventLog, LogFuture, TaskBatch, Turn};
 use crate::node::shards::{tasks_of, Shards};
 use crate::route::TaskId;
 
@@ -71,6 +71,8 @@ pub struct KafkaStats {
     /// Replies Kafka did not take (their askers time out).
     pub replies_failed: AtomicU64,
     pub replies_received: AtomicU64,
+    /// Replies to this node's own statements, handed over in place of Kafka.
+    pub replies_local: AtomicU64,
     /// Reply slots refused: answered under an older plan than the one that made their
     /// task active where it is (`produce::deliver_reply`).
     pub replies_refused: AtomicU64,
@@ -350,11 +352,25 @@ impl EventLog for Kafka {
     /// them and answers on this node's reply topic.
     fn ingest<'a>(
         &'a self,
+        shards: &'a Shards,
+        stream: &'a StreamDef,
+        batches: Vec<TaskBatch>,
+        values: bool,
+        durable: bool,
+    ) -> LogFuture<'a, Vec<Answers>> {
+        self.ingest_in_turn(shards, stream, batches, values, durable, Turn::alone())
+    }
+
+    /// The statement goes to Kafka once the one before it in `turn`'s sequence is
+    /// committed there; its answers are awaited after `turn` passes to the next.
+    fn ingest_in_turn<'a>(
+        &'a self,
         _shards: &'a Shards,
         stream: &'a StreamDef,
         batches: Vec<TaskBatch>,
         values: bool,
         _durable: bool,
+        turn: Turn,
     ) -> LogFuture<'a, Vec<Answers>> {
         Box::pin(async move {
             // The tasks evaluate their WHERE themselves: results do not travel through Kafka.
@@ -391,7 +407,7 @@ impl EventLog for Kafka {
             };
             let mut answers = self
                 .publisher
-                .publish(stream, events, floors, values, deadline)
+                .publish(stream, events, floors, values, deadline, turn)
                 .await?
                 .into_iter();
             Ok(sizes

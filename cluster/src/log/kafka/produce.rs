@@ -34,6 +34,7 @@ use super::KafkaStats;
 use crate::command::{Answer, Answers};
 use crate::exec::events::{Outcome, Row};
 use crate::format;
+use crate::log::Turn;
 use crate::route::TaskId;
 
 const REPLY_HEADER: &str = "eddy-reply";
@@ -180,32 +181,38 @@ impl Publisher {
         // An event Kafka has not taken within 10 s is dropped: a statement that gave up
         // on it (40003) does not see it applied much later.
         let producer: FutureProducer = config
-            .producer()
+            .statement_producer()
             .set("message.timeout.ms", "10000")
             .create()
             .map_err(|e| kafka_error("creating the producer", e))?;
         let replier: Replier = config
-            .producer()
+            .statement_producer()
             .create_with_context(ReplyContext {
                 stats: stats.clone(),
             })
             .map_err(|e| kafka_error("creating the reply producer", e))?;
+        let reply_topic = format!("{}-replies.{}", config.cluster, config.node);
+        let pending: Arc<Mutex<HashMap<u64, Gather>>> = Arc::default();
         Ok(Publisher {
-            reply_topic: format!("{}-replies.{}", config.cluster, config.node),
             config: config.clone(),
             producer,
             answerer: Answerer {
                 replier,
                 stats: stats.clone(),
                 format: Arc::new(AtomicU32::new(format::OLDEST)),
+                here: Arc::new(Here {
+                    reply_topic: reply_topic.clone(),
+                    pending: pending.clone(),
+                }),
             },
+            reply_topic,
             transactions: {
                 let t = Transactions::new(config);
                 t.warm();
                 t
             },
             next_request: AtomicU64::new(first_request()),
-            pending: Arc::default(),
+            pending,
             stats,
         })
     }
@@ -257,7 +264,8 @@ impl Publisher {
     /// `events` are (task, event) in slot order, and `floors` the generation of the plan
     /// that made each one's task active where it is (see `Gather`). Kafka must take them
     /// by `deadline.0` and their tasks answer by `deadline.1`; past either the
-    /// statement's outcome is unknown (40003).
+    /// statement's outcome is unknown (40003). They go once the statement before in
+    /// `turn`'s sequence was taken, and the next may go once these were.
     pub(super) async fn publish(
         &self,
         stream: &StreamDef,
@@ -265,7 +273,15 @@ impl Publisher {
         floors: Vec<u64>,
         values: bool,
         deadline: (std::time::Instant, std::time::Instant),
+        mut turn: Turn,
     ) -> Result<Vec<Answer>> {
+        if !turn.wait().await {
+            return Err(Error::new(
+                eddy_planner::ErrorKind::Unavailable,
+                "an earlier part of the statement did not reach Kafka, so this part was not sent",
+            )
+            .with_hint("The parts before it that Kafka took stay applied."));
+        }
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(
@@ -296,6 +312,7 @@ impl Publisher {
             forget();
             return Err(e);
         }
+        turn.taken();
         match tokio::time::timeout_at(deadline.1.into(), answered).await {
             Ok(Ok(answers)) => answers,
             Ok(Err(_)) => Err(Error::internal("kafka: the reply consumer stopped")),
@@ -481,22 +498,72 @@ pub fn reply_to(m: &impl Message) -> Option<ReplyTo> {
 }
 
 /// How tasks answer on the askers' reply topics, from their shard threads: the reply
-/// producer, its counters and the format the node writes in (the lowest its live members
-/// read; the oldest until it knows them).
+/// producer, its counters, the format the node writes in (the lowest its live members
+/// read; the oldest until it knows them), and this node's own askers.
 #[derive(Clone)]
 pub(super) struct Answerer {
     replier: Replier,
     stats: Arc<KafkaStats>,
     format: Arc<AtomicU32>,
+    here: Arc<Here>,
+}
+
+/// The statements of this node waiting for answers, and the reply topic they asked on:
+/// a task active on the asker's own node answers it in place, with the reply it would
+/// have sent, checked as one read back from the topic (`deliver_reply`). That spares two
+/// broker requests a statement, a reply and its fetch.
+struct Here {
+    reply_topic: String,
+    pending: Arc<Mutex<HashMap<u64, Gather>>>,
 }
 
 impl Answerer {
     /// Sends a batch's answers, one record per asking statement:
     /// `[0][n] (slot, outcome, metrics)*`, or `[1] message` when the task failed; each
     /// with the generation of the newest plan this node has read (`PLAN_HEADER`).
+    /// A statement of this node gets its record in place of Kafka.
     pub(super) fn send(&self, plan: u64, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
         let format = self.format.load(Ordering::Acquire);
-        send_replies(&self.replier, &self.stats, format, plan, asks, result)
+        // (reply topic, request) → (slot, values wanted, the event's index in the batch)
+        type Slots = Vec<(u32, bool, usize)>;
+        let mut by_request: BTreeMap<(String, u64), Slots> = BTreeMap::new();
+        for (i, r) in asks {
+            by_request
+                .entry((r.topic, r.request))
+                .or_default()
+                .push((r.slot, r.values, i));
+        }
+        for ((topic, request), slots) in by_request {
+            let out = reply_body(&slots, &result);
+            let key = request.to_le_bytes();
+            if topic == self.here.reply_topic {
+                let refused = deliver_reply(
+                    &self.here.pending,
+                    format,
+                    Some(plan),
+                    Some(&key),
+                    Some(&out),
+                );
+                self.stats.replies_local.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .replies_refused
+                    .fetch_add(refused, Ordering::Relaxed);
+                continue;
+            }
+            let record = BaseRecord::to(&topic)
+                .key(&key[..])
+                .payload(&out)
+                .headers(reply_record_headers(format, plan));
+            match self.replier.send(record) {
+                Ok(()) => {
+                    self.stats.replies_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Err((e, _)) => {
+                    self.stats.replies_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("kafka: replying: {e}");
+                }
+            }
+        }
     }
 }
 
@@ -514,42 +581,6 @@ fn plan_of<M: Message>(m: &M) -> Option<u64> {
     let headers = m.headers()?;
     let h = headers.iter().find(|h| h.key == PLAN_HEADER)?;
     Some(u64::from_le_bytes(h.value?.try_into().ok()?))
-}
-
-fn send_replies(
-    replier: &Replier,
-    stats: &KafkaStats,
-    format: u32,
-    plan: u64,
-    asks: Vec<(usize, ReplyTo)>,
-    result: Result<Answers>,
-) {
-    // (reply topic, request) → (slot, values wanted, the event's index in the batch)
-    type Slots = Vec<(u32, bool, usize)>;
-    let mut by_request: BTreeMap<(String, u64), Slots> = BTreeMap::new();
-    for (i, r) in asks {
-        by_request
-            .entry((r.topic, r.request))
-            .or_default()
-            .push((r.slot, r.values, i));
-    }
-    for ((topic, request), slots) in by_request {
-        let out = reply_body(&slots, &result);
-        let key = request.to_le_bytes();
-        let record = BaseRecord::to(&topic)
-            .key(&key[..])
-            .payload(&out)
-            .headers(reply_record_headers(format, plan));
-        match replier.send(record) {
-            Ok(()) => {
-                stats.replies_sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err((e, _)) => {
-                stats.replies_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("kafka: replying: {e}");
-            }
-        }
-    }
 }
 
 /// A reply record's value for `slots` (slot, values wanted, the event's index in the
