@@ -19,7 +19,9 @@ test:
 # (bench/pgbench/sweep.sh; SWEEP_ARGS="SECONDS CLIENTS_LIST CARDS OUT_DIR"), and the
 # unavailability per fault kind (bench/nemesis.sh; NEMESIS_ARGS="RUNS SECONDS OUT_FILE"),
 # and the end-to-end latency through Kafka beside the bare Kafka round trip
-# (bench/kafka-latency.sh; KAFKA_LATENCY_ARGS, by default 5 k, 25 k and 50 k events/s).
+# (bench/kafka-latency.sh; KAFKA_LATENCY_ARGS, by default 5 k, 25 k and 50 k events/s), and
+# a Kafka-mode node's rate against the embedded log's for the same clients
+# (bench/kafka-rate.sh; KAFKA_RATE_ARGS="SECONDS CLIENTS_LIST COPY_ROWS").
 KAFKA_LATENCY_ARGS ?= --rates 5000,25000,50000 --seconds 20
 bench:
 	storage/rocksdb/build-lib
@@ -27,3 +29,4 @@ bench:
 	bench/pgbench/sweep.sh $(SWEEP_ARGS)
 	bench/nemesis.sh $(NEMESIS_ARGS)
 	bench/kafka-latency.sh $(KAFKA_LATENCY_ARGS)
+	bench/kafka-rate.sh $(KAFKA_RATE_ARGS)

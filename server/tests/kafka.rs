@@ -228,14 +228,14 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
 
 /// A COPY of many batches sends the next batch to Kafka while the one before is applied
 /// (`Sequence`), and still keeps input order: in every partition the events follow the
-/// input, and with lateness 0 none of them is late.
+/// input, and with lateness 0 none of them is late. The tasks answer their own node in
+/// place of the reply topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_copy_keeps_input_order_through_kafka() {
     use futures::SinkExt;
     let dir = temp_dir("kafka-copy-order");
     let cluster = cluster("cpo");
-    let kafka = kafka_addr();
-    let (eddy, port) = spawn_eddy_with(&dir, &["--kafka", &kafka, "--cluster", &cluster]);
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
     let client = connect_port(port).await;
     client
         .batch_execute(
@@ -285,6 +285,11 @@ async fn a_pipelined_copy_keeps_input_order_through_kafka() {
         let before = last.insert(partition, id).unwrap_or(-1);
         assert!(id > before, "partition {partition}: {id} after {before}");
     }
+    // The one node holds every task: each batch's answers were handed over in place,
+    // and no reply went through Kafka.
+    let metrics = reqwest_metrics(&http).await;
+    assert!(counter(&metrics, "eddy_kafka_replies_local_total") >= 3, "{metrics}");
+    assert_eq!(counter(&metrics, "eddy_kafka_replies_sent_total"), 0);
     drop(eddy);
 }
 
