@@ -288,7 +288,10 @@ async fn a_pipelined_copy_keeps_input_order_through_kafka() {
     // The one node holds every task: each batch's answers were handed over in place,
     // and no reply went through Kafka.
     let metrics = reqwest_metrics(&http).await;
-    assert!(counter(&metrics, "eddy_kafka_replies_local_total") >= 3, "{metrics}");
+    assert!(
+        counter(&metrics, "eddy_kafka_replies_local_total") >= 3,
+        "{metrics}"
+    );
     assert_eq!(counter(&metrics, "eddy_kafka_replies_sent_total"), 0);
     drop(eddy);
 }

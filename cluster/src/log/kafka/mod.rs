@@ -349,7 +349,7 @@ impl Kafka {
 
 impl EventLog for Kafka {
     /// Publishes the events to their tasks' topics; whichever node holds a task applies
-    /// them and answers on this node's reply topic.
+    /// them and answers on this node's reply topic (in place when it is this node).
     fn ingest<'a>(
         &'a self,
         shards: &'a Shards,
