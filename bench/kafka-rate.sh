@@ -41,9 +41,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 export KAFKA_JVM_PERFORMANCE_OPTS="${KAFKA_JVM_PERFORMANCE_OPTS:--XX:+UseZGC}"
 kafka=$(.ci/kafka start "$work/kafka")
 
-# start NAME [ARGS…]: a server on a free port; prints the port.
+# start NAME [ARGS…]: a server on a free port, in `port` (not in a subshell, so its PID
+# stays in `pids` for cleanup).
 start() {
-  local name=$1 port
+  local name=$1
   shift
   port=$(free_port)
   "$eddy" serve --pg-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$(free_port)" \
@@ -60,10 +61,11 @@ CREATE STREAM payments (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT
 CREATE METRIC card_5m AS SELECT card, COUNT(*) AS n, SUM(amount) AS s FROM payments
     WINDOW SLIDING (SIZE 5 MINUTES) GROUP BY card;
 SQL
-  echo "$port"
 }
-local_port=$(start local)
-kafka_port=$(start kafka --kafka "$kafka")
+start local
+local_port=$port
+start kafka --kafka "$kafka"
+kafka_port=$port
 
 printf '%s\n%s\n' '\set seq :seq + 1
 \set id :base + :client_id * 1000000000 + :seq
