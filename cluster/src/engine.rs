@@ -606,7 +606,7 @@ impl Engine {
     /// the future of their replies. A caller can prepare its next batch while the shards
     /// apply this one, and submit it before awaiting; futures awaited in submission order
     /// keep the batches in that order. With the turns of one `Sequence`, a later future
-    /// may also be polled alongside an earlier one (`EventLog::ingest_in_turn`).
+    /// may also be polled alongside an earlier one (`EventLog::ingest`).
     pub fn submit<'a>(
         &'a self,
         stream: &'a StreamDef,
@@ -627,7 +627,7 @@ impl Engine {
             .unzip();
         let answers = self
             .log
-            .ingest_in_turn(&self.shards, stream, batches, values, durable, turn);
+            .ingest(&self.shards, stream, batches, values, durable, turn);
         async move {
             let answers = answers.await?;
             let mut replies = vec![EventReply::default(); n];
@@ -663,7 +663,14 @@ impl Engine {
         durable: bool,
     ) -> Result<Vec<Answers>> {
         self.log
-            .ingest(&self.shards, stream, batches, values, durable)
+            .ingest(
+                &self.shards,
+                stream,
+                batches,
+                values,
+                durable,
+                Turn::alone(),
+            )
             .await
     }
 

@@ -45,7 +45,7 @@ use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::codec;
 
 use crate::command::reply_to_caller;
-use crate::log::{Answers, EventLog, LogFuture, TaskBatch};
+use crate::log::{Answers, EventLog, LogFuture, TaskBatch, Turn};
 use crate::node::shards::{tasks_of, Shards};
 use crate::route::{dir_name, TaskId};
 
@@ -399,6 +399,7 @@ impl EventLog for LocalLog {
         batches: Vec<TaskBatch>,
         values: bool,
         durable: bool,
+        turn: Turn,
     ) -> LogFuture<'a, Vec<Answers>> {
         let mut records = Vec::with_capacity(batches.len());
         let mut waits = Vec::with_capacity(batches.len());
@@ -432,6 +433,8 @@ impl EventLog for LocalLog {
                 }
             }),
         );
+        // Appended in call order: the caller's next statement may go.
+        turn.taken();
         Box::pin(Shards::answers(waits))
     }
 

@@ -76,7 +76,7 @@ impl Sequence {
         let (taken, next) = oneshot::channel();
         Turn {
             after: self.last.replace(next),
-            taken,
+            taken: Some(taken),
         }
     }
 }
@@ -85,13 +85,18 @@ impl Sequence {
 #[derive(Debug)]
 pub struct Turn {
     after: Option<oneshot::Receiver<()>>,
-    taken: oneshot::Sender<()>,
+    /// `None` for a statement nothing follows (`alone`): no channel to make.
+    taken: Option<oneshot::Sender<()>>,
 }
 
 impl Turn {
-    /// The turn of a statement that follows none.
+    /// The turn of a statement that follows none and that none follows (every statement
+    /// but a COPY's batches): it costs nothing.
     pub fn alone() -> Turn {
-        Sequence::default().turn()
+        Turn {
+            after: None,
+            taken: None,
+        }
     }
 
     /// Waits until the statement before this one was taken whole; false if it never
@@ -105,7 +110,9 @@ impl Turn {
 
     /// The log has taken the statement whole: the next one may go.
     pub fn taken(self) {
-        let _ = self.taken.send(());
+        if let Some(taken) = self.taken {
+            let _ = taken.send(());
+        }
     }
 }
 
@@ -118,7 +125,10 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
     /// Ordering: a log takes the batches when `ingest` is called (`LocalLog` appends
     /// before it returns) or, at the latest, when the future is first polled (the others).
     /// So a caller may call again before the first future is done (a pipelined COPY):
-    /// as long as it polls the futures in call order, the batches keep that order.
+    /// as long as it polls the futures in call order, the batches keep that order. A log
+    /// that takes them later also waits for the statement before in `turn`'s `Sequence`
+    /// to be taken, so a caller may poll a later future alongside an earlier one; each
+    /// log marks `turn` taken once it has the batches (`Turn::alone()`: none before).
     fn ingest<'a>(
         &'a self,
         shards: &'a Shards,
@@ -126,24 +136,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
         batches: Vec<TaskBatch>,
         values: bool,
         durable: bool,
-    ) -> LogFuture<'a, Vec<Answers>>;
-
-    /// `ingest` in `turn` of its caller's `Sequence`: a log that takes a statement only
-    /// when its future runs (Kafka) takes it once the one before was taken, so the
-    /// caller may poll both futures at once. The others took it in call order already.
-    fn ingest_in_turn<'a>(
-        &'a self,
-        shards: &'a Shards,
-        stream: &'a StreamDef,
-        batches: Vec<TaskBatch>,
-        values: bool,
-        durable: bool,
         turn: Turn,
-    ) -> LogFuture<'a, Vec<Answers>> {
-        let answers = self.ingest(shards, stream, batches, values, durable);
-        turn.taken();
-        answers
-    }
+    ) -> LogFuture<'a, Vec<Answers>>;
 
     /// Replays each task of `catalog` from `applied` (its checkpointed log end) to the
     /// log's end; returns how many events were replayed.
@@ -186,8 +180,14 @@ impl EventLog for MemoryLog {
         batches: Vec<TaskBatch>,
         values: bool,
         _durable: bool,
+        mut turn: Turn,
     ) -> LogFuture<'a, Vec<Answers>> {
         Box::pin(async move {
+            if !turn.wait().await {
+                return Err(eddy_planner::Error::internal(
+                    "the statement before this one was not applied",
+                ));
+            }
             let mut waits = Vec::with_capacity(batches.len());
             for b in batches {
                 waits.push(
@@ -196,6 +196,7 @@ impl EventLog for MemoryLog {
                         .await?,
                 );
             }
+            turn.taken();
             Shards::answers(waits).await
         })
     }

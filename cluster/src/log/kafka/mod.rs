@@ -349,21 +349,10 @@ impl Kafka {
 
 impl EventLog for Kafka {
     /// Publishes the events to their tasks' topics; whichever node holds a task applies
-    /// them and answers on this node's reply topic (in place when it is this node).
+    /// them and answers on this node's reply topic (in place when it is this node). The
+    /// statement goes to Kafka once the one before it in `turn`'s sequence is committed
+    /// there; its answers are awaited after `turn` passes to the next.
     fn ingest<'a>(
-        &'a self,
-        shards: &'a Shards,
-        stream: &'a StreamDef,
-        batches: Vec<TaskBatch>,
-        values: bool,
-        durable: bool,
-    ) -> LogFuture<'a, Vec<Answers>> {
-        self.ingest_in_turn(shards, stream, batches, values, durable, Turn::alone())
-    }
-
-    /// The statement goes to Kafka once the one before it in `turn`'s sequence is
-    /// committed there; its answers are awaited after `turn` passes to the next.
-    fn ingest_in_turn<'a>(
         &'a self,
         _shards: &'a Shards,
         stream: &'a StreamDef,

@@ -170,9 +170,7 @@ pub(super) struct Publisher {
     pub(super) answerer: Answerer,
     /// The producers of statements whose events go to more than one partition.
     transactions: Transactions,
-    reply_topic: String,
     next_request: AtomicU64,
-    pending: Arc<Mutex<HashMap<u64, Gather>>>,
     stats: Arc<KafkaStats>,
 }
 
@@ -191,8 +189,6 @@ impl Publisher {
                 stats: stats.clone(),
             })
             .map_err(|e| kafka_error("creating the reply producer", e))?;
-        let reply_topic = format!("{}-replies.{}", config.cluster, config.node);
-        let pending: Arc<Mutex<HashMap<u64, Gather>>> = Arc::default();
         Ok(Publisher {
             config: config.clone(),
             producer,
@@ -201,18 +197,16 @@ impl Publisher {
                 stats: stats.clone(),
                 format: Arc::new(AtomicU32::new(format::OLDEST)),
                 here: Arc::new(Here {
-                    reply_topic: reply_topic.clone(),
-                    pending: pending.clone(),
+                    reply_topic: format!("{}-replies.{}", config.cluster, config.node),
+                    pending: Arc::default(),
                 }),
             },
-            reply_topic,
             transactions: {
                 let t = Transactions::new(config);
                 t.warm();
                 t
             },
             next_request: AtomicU64::new(first_request()),
-            pending,
             stats,
         })
     }
@@ -229,7 +223,7 @@ impl Publisher {
     }
 
     pub(super) fn reply_topic(&self) -> &str {
-        &self.reply_topic
+        &self.answerer.here.reply_topic
     }
 
     /// otherwise look unknown to it, and the first INSERT would fail.
@@ -284,16 +278,24 @@ impl Publisher {
         }
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
-        self.pending.lock().expect("pending lock").insert(
-            request,
-            Gather {
-                answers: vec![None; events.len()],
-                floors,
-                missing: events.len(),
-                done: Some(done),
-            },
-        );
-        let forget = || self.pending.lock().expect("pending lock").remove(&request);
+        self.answerer
+            .here
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(
+                request,
+                Gather {
+                    answers: vec![None; events.len()],
+                    floors,
+                    missing: events.len(),
+                    done: Some(done),
+                },
+            );
+        let forget = || {
+            let mut pending = self.answerer.here.pending.lock().expect("pending lock");
+            pending.remove(&request)
+        };
         let ask = Some((request, values));
         let taken = if events.len() > 1 {
             self.send_whole(stream, &events, ask, deadline.0).await
@@ -405,7 +407,7 @@ impl Publisher {
                 .payload(&payload);
             let headers = match answer {
                 Some((request, values)) => {
-                    reply_headers(&self.reply_topic, request, slot as u32, values)
+                    reply_headers(self.reply_topic(), request, slot as u32, values)
                 }
                 None => OwnedHeaders::new_with_capacity(1),
             };
@@ -422,14 +424,14 @@ impl Publisher {
             .consumer(&format!("eddy-replies.{}", self.config.node))
             .create()
             .map_err(|e| kafka_error("creating the reply consumer", e))?;
-        let (_, high) = watermarks(consumer.client(), &self.reply_topic, 0)?;
+        let (_, high) = watermarks(consumer.client(), self.reply_topic(), 0)?;
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.reply_topic, 0, Offset::Offset(high))
+        tpl.add_partition_offset(self.reply_topic(), 0, Offset::Offset(high))
             .map_err(|e| kafka_error("reading the reply topic", e))?;
         consumer
             .assign(&tpl)
             .map_err(|e| kafka_error("reading the reply topic", e))?;
-        let pending = self.pending.clone();
+        let pending = self.answerer.here.pending.clone();
         let stats = self.stats.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-kafka-replies".into())
@@ -508,7 +510,8 @@ pub(super) struct Answerer {
     here: Arc<Here>,
 }
 
-/// The statements of this node waiting for answers, and the reply topic they asked on:
+/// The statements of this node waiting for answers (`Publisher::publish` adds them, the
+/// reply consumer and `Answerer::send` fill them), and the reply topic they ask on:
 /// a task active on the asker's own node answers it in place, with the reply it would
 /// have sent, checked as one read back from the topic (`deliver_reply`). That spares two
 /// broker requests a statement, a reply and its fetch.
