@@ -7,7 +7,9 @@
 //!
 //! Format 1 is what builds before format versions wrote: nothing tagged. Format 2 is the
 //! same bytes, tagged, so a format-1 reader reads format-2 records (it ignores a header it
-//! does not know, and protobuf ignores an unknown field).
+//! does not know, and protobuf ignores an unknown field). Format 3 (`PACKED`) lets one
+//! task record carry many events, so a format-2 reader must not see one: it would read
+//! only the first event, or refuse the record.
 //!
 //! Invariants:
 //! - a node reads every format from `OLDEST` to `FORMAT`, and refuses a higher one with an
@@ -24,7 +26,10 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 /// The format this build writes.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
+/// The first format whose task records may pack many events (`log::kafka::produce`):
+/// a record's value is one encoded row after another.
+pub const PACKED: u32 = 3;
 /// The oldest format this build reads.
 pub const OLDEST: u32 = 1;
 

@@ -106,6 +106,18 @@ fn read_topic(topic: &str) -> Vec<Record> {
     out
 }
 
+/// The events of a task record: one after another (a lone event, or a statement's run
+/// of events for one task packed in one record).
+fn events_of(payload: &[u8]) -> Vec<Vec<Value>> {
+    let mut r = eddy_planner::codec::Reader(payload);
+    let mut events = Vec::new();
+    while !r.is_empty() {
+        events.push(eddy_planner::codec::read_row(&mut r).expect("an event"));
+    }
+    assert!(!events.is_empty(), "a record without events");
+    events
+}
+
 /// Polls `sql` until its rows equal `want` (the node applies Kafka records on its own
 /// schedule); fails after 60 s with the last rows seen.
 async fn eventually(client: &tokio_postgres::Client, sql: &str, want: &[Vec<Option<String>>]) {
@@ -203,25 +215,37 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
     eventually(&client, "SELECT count(*) FROM pay", &[row(&["62"])]).await;
 
     // The Kafka side: every event once in each partitioner's topic, on the partition
-    // Kafka's default partitioner picks for its key.
-    for (topic, col) in [
-        (format!("{cluster}.pay.card"), 2),
-        (format!("{cluster}.pay.merchant"), 3),
+    // Kafka's default partitioner picks for its partitioner value. A lone event is keyed
+    // by that value; the multi-row statement's two events for card c0 share one record,
+    // unkeyed.
+    for (topic, col, records_want) in [
+        (format!("{cluster}.pay.card"), 2, 61),
+        (format!("{cluster}.pay.merchant"), 3, 62),
     ] {
         let records = read_topic(&topic);
-        assert_eq!(records.len(), 62, "{topic}");
+        assert_eq!(records.len(), records_want, "{topic}");
+        let mut events = 0;
         for (partition, key, payload, headers) in records {
-            let event = eddy_planner::codec::decode_row(&payload).expect("an event");
-            assert_eq!(event[col].to_text().unwrap(), key);
-            assert_eq!(
-                partition as u32,
-                partition_for(&Value::Text(key.as_str().into()), 3)
-            );
+            let packed = events_of(&payload);
+            for event in &packed {
+                let value = event[col].to_text().unwrap();
+                if packed.len() == 1 {
+                    assert_eq!(value, key);
+                } else {
+                    assert_eq!(key, "", "a packed record has no key");
+                }
+                assert_eq!(
+                    partition as u32,
+                    partition_for(&Value::Text(value.as_str().into()), 3)
+                );
+            }
+            events += packed.len();
             assert_eq!(
                 headers["eddy-reply"],
                 format!("{cluster}-replies.{}", node_id(&dir))
             );
         }
+        assert_eq!(events, 62, "{topic}");
     }
     drop(eddy);
 }
@@ -246,14 +270,15 @@ async fn a_pipelined_copy_keeps_input_order_through_kafka() {
         )
         .await
         .unwrap();
-    // About 1 MB of CSV: several parse chunks of 256 KiB, so several batches, with few
-    // events (the test server's tiny caches make each one slow).
-    let rows = 6_000i64;
+    // About 2.5 MB of CSV: ten parse chunks of 256 KiB, which a COPY through Kafka makes
+    // into two statements of at least `statement_events_min` (32 768) events each, one
+    // Kafka transaction each, sent in turn.
+    let rows = 70_000i64;
     let mut csv = String::new();
     for i in 0..rows {
         let at = 1_767_225_600 + i / 10; // 10 events a second, in input order
         let t = chrono_like(at, i % 10);
-        csv.push_str(&format!("{i},{t},card-{}-{}\n", i % 37, "x".repeat(140)));
+        csv.push_str(&format!("{i},{t},card-{}\n", i % 37));
     }
     let sink = client
         .copy_in("COPY pay FROM STDIN (FORMAT csv)")
@@ -274,22 +299,32 @@ async fn a_pipelined_copy_keeps_input_order_through_kafka() {
         Some("0"),
         "late events: {streams:?}"
     );
+    // A task's events of a statement share records, so the topic holds far fewer
+    // records than events.
     let records = read_topic(&format!("{cluster}.pay.card"));
-    assert_eq!(records.len(), rows as usize);
+    assert!(
+        records.len() < rows as usize / 10,
+        "{} records",
+        records.len()
+    );
     let mut last: HashMap<i32, i64> = HashMap::new();
+    let mut events = 0;
     for (partition, _, payload, _) in records {
-        let event = eddy_planner::codec::decode_row(&payload).expect("an event");
-        let Value::Int(id) = event[0] else {
-            panic!("an id: {event:?}")
-        };
-        let before = last.insert(partition, id).unwrap_or(-1);
-        assert!(id > before, "partition {partition}: {id} after {before}");
+        for event in events_of(&payload) {
+            let Value::Int(id) = event[0] else {
+                panic!("an id: {event:?}")
+            };
+            let before = last.insert(partition, id).unwrap_or(-1);
+            assert!(id > before, "partition {partition}: {id} after {before}");
+            events += 1;
+        }
     }
-    // The one node holds every task: each batch's answers were handed over in place,
-    // and no reply went through Kafka.
+    assert_eq!(events, rows);
+    // The one node holds every task: each statement's answers were handed over in
+    // place (one per task and statement), and no reply went through Kafka.
     let metrics = reqwest_metrics(&http).await;
     assert!(
-        counter(&metrics, "eddy_kafka_replies_local_total") >= 3,
+        counter(&metrics, "eddy_kafka_replies_local_total") >= 6,
         "{metrics}"
     );
     assert_eq!(counter(&metrics, "eddy_kafka_replies_sent_total"), 0);

@@ -83,6 +83,13 @@ impl Passes {
         }
     }
 
+    /// Adds the results of rows that follow, for the same predicates (a COPY's batches
+    /// made into one statement).
+    pub fn append(&mut self, more: &Passes) {
+        debug_assert_eq!(self.texts, more.texts);
+        self.bits.extend_from_slice(&more.bits);
+    }
+
     /// Which rows pass `predicate`, if it was evaluated here.
     pub fn of(&self, predicate: &str) -> Option<impl Iterator<Item = bool> + '_> {
         let i = self.texts.iter().position(|t| t == predicate)?;

@@ -164,6 +164,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
     /// Stops the log's background work (at shutdown, after the last checkpoint).
     fn close(&self) {}
 
+    /// The fewest events a caller with many (a COPY) should put in one statement, for
+    /// a log whose cost per statement is high (Kafka: a transaction each); 0 when a
+    /// statement costs little, so a caller may pipeline small ones.
+    fn statement_events_min(&self) -> usize {
+        0
+    }
+
     /// The concrete log, for what only one kind has (counters, the catalog topic).
     fn as_any(&self) -> &dyn Any;
 }

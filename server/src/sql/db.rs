@@ -757,10 +757,23 @@ impl Db {
             replies.map(|rs| rs.iter().for_each(|r| skipped.count(&r.outcomes)))
         };
         // Each batch is dropped once its rows are made: the engine's state grows as the
-        // parsed COPY shrinks, so the two do not peak together.
-        for (batch, passes) in copy.batches {
-            let rows: Vec<Row> = batch_to_rows(&batch)?;
+        // parsed COPY shrinks, so the two do not peak together. A log whose statements
+        // cost much gets several batches in one.
+        let least = self.engine.log().statement_events_min();
+        let mut batches = copy.batches.into_iter();
+        while let Some((batch, mut passes)) = batches.next() {
+            let mut rows: Vec<Row> = batch_to_rows(&batch)?;
             drop(batch);
+            while rows.len() < least {
+                let Some((batch, more)) = batches.next() else {
+                    break;
+                };
+                rows.extend(batch_to_rows(&batch)?);
+                passes = passes.zip(more).map(|(mut p, more)| {
+                    p.append(&more);
+                    p
+                });
+            }
             let replies =
                 self.engine
                     .submit(&stream, rows, passes.as_ref(), false, durable, order.turn());

@@ -26,7 +26,7 @@ use eddy_planner::{Error, Result};
 use super::config::kafka_error;
 use super::fence::{unavailable, Fence};
 use super::produce::{format_of, reply_to, ReplyTo, REPLY_TIMEOUT};
-use super::{Kafka, POLL_BATCH_MAX};
+use super::{Kafka, POLL_BATCH_MAX, POLL_BYTES_MAX};
 use crate::command::{IngestReply, Reply};
 use crate::membership::ClusterPlan;
 use crate::node::shards::Shards;
@@ -181,6 +181,20 @@ impl Role {
             Ok(())
         }
     }
+}
+
+/// The events of a task record: one, or (from format `PACKED`) one or more, one
+/// encoded row after another. `None` if the value is not that.
+fn events_of(payload: &[u8], format: u32) -> Option<Vec<crate::exec::events::Row>> {
+    if format < crate::format::PACKED {
+        return codec::decode_row(payload).map(|row| vec![row]);
+    }
+    let mut r = codec::Reader(payload);
+    let mut rows = Vec::new();
+    while !r.is_empty() {
+        rows.push(codec::read_row(&mut r)?.into());
+    }
+    (!rows.is_empty()).then_some(rows)
 }
 
 /// Whether a record was written within `REPLY_TIMEOUT` (by its timestamp), so its asker
@@ -602,10 +616,12 @@ impl Kafka {
             }
             let mut wait = Duration::from_millis(20);
             let mut idle = false;
-            while batch.len() < POLL_BATCH_MAX {
+            let mut bytes = 0;
+            while batch.len() < POLL_BATCH_MAX && bytes < POLL_BYTES_MAX {
                 match consumer.poll(wait) {
                     Some(Ok(m)) => {
                         returned.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+                        bytes += m.payload_len();
                         batch.push(m.detach());
                     }
                     // A dropped stream's topic, until the next assignment drops it.
@@ -749,14 +765,15 @@ impl Kafka {
                         continue;
                     }
                     *next = m.offset() + 1;
-                    if let Err(why) = crate::format::check(format_of(m), "an event") {
+                    let format = format_of(m);
+                    if let Err(why) = crate::format::check(format, "an event") {
                         tracing::error!(
                             "kafka: {topic}/{partition}@{} not applied: {why}",
                             m.offset()
                         );
                         continue;
                     }
-                    let Some(row) = m.payload().and_then(codec::decode_row) else {
+                    let Some(events) = m.payload().and_then(|p| events_of(p, format)) else {
                         tracing::warn!(
                             "kafka: an unreadable event at {topic}/{partition}@{}",
                             m.offset()
@@ -765,9 +782,9 @@ impl Kafka {
                     };
                     // A record older than any asker waits (a replay) is not answered.
                     if let Some(reply) = reply_to(m).filter(|_| recent(m)) {
-                        asks.push((rows.len(), reply));
+                        asks.extend((0..events.len()).map(|n| (rows.len() + n, reply.nth(n))));
                     }
-                    rows.push(row);
+                    rows.extend(events);
                 }
                 (task, *next, role)
             };
@@ -796,5 +813,35 @@ impl Kafka {
             role.delivered.fetch_max(end, Ordering::AcqRel);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_planner::types::Value;
+
+    /// From format 3 a record holds one event or many, one after another; before, a
+    /// record is exactly one event (bytes after it make it unreadable).
+    #[test]
+    fn a_packed_record_holds_its_events_in_order() {
+        let rows: Vec<Vec<Value>> = (0..3)
+            .map(|i| vec![Value::Int(i), Value::Text(format!("c{i}").into())])
+            .collect();
+        let mut packed = Vec::new();
+        for r in &rows {
+            codec::encode_row(r, &mut packed);
+        }
+        let read = events_of(&packed, crate::format::PACKED).expect("three events");
+        let read: Vec<Vec<Value>> = read.iter().map(|r| r.to_vec()).collect();
+        assert_eq!(read, rows);
+        assert!(events_of(&packed, crate::format::PACKED - 1).is_none());
+        let mut one = Vec::new();
+        codec::encode_row(&rows[0], &mut one);
+        for format in [1, crate::format::PACKED] {
+            assert_eq!(events_of(&one, format).map(|r| r.len()), Some(1));
+        }
+        assert!(events_of(&packed[..packed.len() - 1], crate::format::PACKED).is_none());
+        assert!(events_of(&[], crate::format::PACKED).is_none());
     }
 }

@@ -113,8 +113,9 @@ struct Gather {
 }
 
 /// Where to answer an event: the reply topic, the statement and the slot in it.
+#[derive(Clone)]
 pub struct ReplyTo {
-    topic: String,
+    topic: Arc<str>,
     request: u64,
     slot: u32,
     pub(super) values: bool,
@@ -276,6 +277,12 @@ impl Publisher {
             )
             .with_hint("The parts before it that Kafka took stay applied."));
         }
+        // Each task's events take consecutive slots, so one record carries them
+        // (`queue`); `order` puts the answers back in the statement's order.
+        let (events, floors, order) = match self.format() >= format::PACKED {
+            true => by_task(events, floors),
+            false => (events, floors, None),
+        };
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
         self.answerer
@@ -297,10 +304,12 @@ impl Publisher {
             pending.remove(&request)
         };
         let ask = Some((request, values));
-        let taken = if events.len() > 1 {
-            self.send_whole(stream, &events, ask, deadline.0).await
+        let records = self.records(stream, &events, ask);
+        // One record is applied whole by itself; more need a transaction.
+        let taken = if records.len() > 1 {
+            self.send_whole(records, events.len(), deadline.0).await
         } else {
-            let sent = self.send_events(stream, &events, ask);
+            let sent = self.send_records(records, events.len());
             match tokio::time::timeout_at(deadline.0.into(), sent).await {
                 Ok(taken) => taken,
                 Err(_) => Err(unknown(
@@ -316,7 +325,10 @@ impl Publisher {
         }
         turn.taken();
         match tokio::time::timeout_at(deadline.1.into(), answered).await {
-            Ok(Ok(answers)) => answers,
+            Ok(Ok(answers)) => answers.map(|a| match order {
+                Some(order) => unsort(a, &order),
+                None => a,
+            }),
             Ok(Err(_)) => Err(Error::internal("kafka: the reply consumer stopped")),
             Err(_) => {
                 forget();
@@ -329,33 +341,37 @@ impl Publisher {
         }
     }
 
-    /// Sends one record per event and waits until Kafka took them all; with `answer`,
-    /// record i asks its task to answer slot i of the request on the reply topic.
+    /// Sends the events (in as few records as `records` packs them into) and waits until
+    /// Kafka took them all. No event asks for an answer: external records go so.
     pub(super) async fn send_events(
         &self,
         stream: &StreamDef,
         events: &[(TaskId, Row)],
-        answer: Option<(u64, bool)>,
     ) -> Result<()> {
-        let deliveries = self.queue(&self.producer, stream, events, answer)?;
+        let records = self.records(stream, events, None);
+        self.send_records(records, events.len()).await
+    }
+
+    /// Sends `records`, holding `events` events, and waits until Kafka took them all.
+    async fn send_records(&self, records: Vec<Record>, events: usize) -> Result<()> {
+        let deliveries = self.queue(&self.producer, records)?;
         taken(deliveries).await?;
         self.stats
             .published
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
+            .fetch_add(events as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    /// As `send_events`, in one Kafka transaction (`txn`): all of the events are applied
+    /// As `send_records`, in one Kafka transaction (`txn`): all of the events are applied
     /// or none, and none if `by` passes before the commit.
     async fn send_whole(
         &self,
-        stream: &StreamDef,
-        events: &[(TaskId, Row)],
-        answer: Option<(u64, bool)>,
+        records: Vec<Record>,
+        events: usize,
         by: std::time::Instant,
     ) -> Result<()> {
         let held = self.transactions.begin(by).await?;
-        let deliveries = match self.queue(held.producer(), stream, events, answer) {
+        let deliveries = match self.queue(held.producer(), records) {
             Ok(d) => d,
             Err(e) => {
                 held.abort();
@@ -376,42 +392,74 @@ impl Publisher {
         held.commit(by).await?;
         self.stats
             .published
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
+            .fetch_add(events as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Queues one record per event on `producer`, to its task's partition, keyed by the
-    /// partitioner's value.
-    fn queue(
+    /// The records of `events`, to their tasks' partitions. In format `PACKED` a run of
+    /// events for one task goes in one record (up to `PACK_BYTES_MAX`), unkeyed; else,
+    /// as a plain Kafka producer would send it, one record per event, keyed by the
+    /// partitioner's value. With `answer`, the event in slot i asks its task to answer
+    /// slot i of the request on the reply topic: a record names its first event's slot,
+    /// and the others follow it.
+    fn records(
         &self,
-        producer: &FutureProducer,
         stream: &StreamDef,
         events: &[(TaskId, Row)],
         answer: Option<(u64, bool)>,
-    ) -> Result<Vec<DeliveryFuture>> {
-        let topics: Vec<String> = (0..stream.partitioner_count())
-            .map(|p| self.config.topic_of(stream, p))
-            .collect();
-        let mut deliveries = Vec::with_capacity(events.len());
+    ) -> Vec<Record> {
         let format = self.format();
-        for (slot, (task, row)) in events.iter().enumerate() {
+        let pack = format >= format::PACKED;
+        let mut records = Vec::new();
+        let mut i = 0;
+        while i < events.len() {
+            let (first, task) = (i, &events[i].0);
             let mut payload = Vec::with_capacity(64);
-            codec::encode_row(row, &mut payload);
-            let key = match stream.partitioners.get(task.partitioner) {
-                Some(&col) => row[col].to_text().unwrap_or_default(),
-                None => String::new(),
+            loop {
+                codec::encode_row(&events[i].1, &mut payload);
+                i += 1;
+                let more = i < events.len() && events[i].0 == *task;
+                if !(pack && more && payload.len() < PACK_BYTES_MAX) {
+                    break;
+                }
+            }
+            let key = match (i - first, stream.partitioners.get(task.partitioner)) {
+                (1, Some(&col)) => Some(events[first].1[col].to_text().unwrap_or_default()),
+                (1, None) => Some(String::new()),
+                _ => None,
             };
-            let mut record = FutureRecord::to(&topics[task.partitioner])
-                .partition(task.partition as i32)
-                .key(key.as_bytes())
-                .payload(&payload);
             let headers = match answer {
                 Some((request, values)) => {
-                    reply_headers(self.reply_topic(), request, slot as u32, values)
+                    reply_headers(self.reply_topic(), request, first as u32, values)
                 }
                 None => OwnedHeaders::new_with_capacity(1),
             };
-            record = record.headers(tagged(headers, format));
+            records.push(Record {
+                topic: self.config.topic_of(stream, task.partitioner),
+                partition: task.partition as i32,
+                key,
+                payload,
+                headers: tagged(headers, format),
+            });
+        }
+        records
+    }
+
+    /// Queues `records` on `producer`.
+    fn queue(
+        &self,
+        producer: &FutureProducer,
+        records: Vec<Record>,
+    ) -> Result<Vec<DeliveryFuture>> {
+        let mut deliveries = Vec::with_capacity(records.len());
+        for r in records {
+            let mut record = FutureRecord::to(&r.topic)
+                .partition(r.partition)
+                .payload(&r.payload)
+                .headers(r.headers);
+            if let Some(key) = &r.key {
+                record = record.key(key.as_bytes());
+            }
             deliveries.push(send(producer, record)?);
         }
         Ok(deliveries)
@@ -451,6 +499,53 @@ impl Publisher {
     }
 }
 
+/// The most bytes of events one record packs (format `PACKED`): well below the 1 MB a
+/// broker takes by default, and enough that a record's own cost is spread thin.
+const PACK_BYTES_MAX: usize = 256 * 1024;
+
+/// A record to send to a task's partition.
+struct Record {
+    topic: String,
+    partition: i32,
+    /// The partitioner's value of a lone event (`None` for packed events).
+    key: Option<String>,
+    payload: Vec<u8>,
+    headers: OwnedHeaders,
+}
+
+/// `events` and their `floors` with each task's events together, in the order they came
+/// (a stable sort), and where each went: `order[i]` is the first place of the event
+/// now i-th. `None` when nothing moved.
+#[allow(clippy::type_complexity)]
+fn by_task(
+    events: Vec<(TaskId, Row)>,
+    floors: Vec<u64>,
+) -> (Vec<(TaskId, Row)>, Vec<u64>, Option<Vec<usize>>) {
+    if events.windows(2).all(|w| w[0].0 <= w[1].0) {
+        return (events, floors, None);
+    }
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by(|&a, &b| events[a].0.cmp(&events[b].0));
+    let floors = order.iter().map(|&i| floors[i]).collect();
+    let mut slots: Vec<Option<(TaskId, Row)>> = events.into_iter().map(Some).collect();
+    let events = order
+        .iter()
+        .map(|&i| slots[i].take().expect("each event once"))
+        .collect();
+    (events, floors, Some(order))
+}
+
+/// Answers in slot order put back in the statement's order (`by_task`'s `order`).
+fn unsort(answers: Vec<Answer>, order: &[usize]) -> Vec<Answer> {
+    let mut back: Vec<Option<Answer>> = vec![None; answers.len()];
+    for (answer, &i) in answers.into_iter().zip(order) {
+        back[i] = Some(answer);
+    }
+    back.into_iter()
+        .map(|a| a.expect("an answer per slot"))
+        .collect()
+}
+
 /// Queues a record, waiting while the producer's queue is full.
 fn send(
     producer: &FutureProducer,
@@ -478,7 +573,18 @@ async fn taken(deliveries: Vec<DeliveryFuture>) -> Result<()> {
     Ok(())
 }
 
-/// Where `m` asks to be answered, from the headers `reply_headers` gave it.
+impl ReplyTo {
+    /// Where the event `n` places after this one (in a packed record) is answered.
+    pub(super) fn nth(&self, n: usize) -> ReplyTo {
+        ReplyTo {
+            slot: self.slot + n as u32,
+            ..self.clone()
+        }
+    }
+}
+
+/// Where `m` (its first event, for a packed record) asks to be answered, from the
+/// headers `reply_headers` gave it.
 pub fn reply_to(m: &impl Message) -> Option<ReplyTo> {
     let headers = m.headers()?;
     let mut topic = None;
@@ -492,7 +598,7 @@ pub fn reply_to(m: &impl Message) -> Option<ReplyTo> {
     }
     let mut r = Reader(tag?);
     Some(ReplyTo {
-        topic: String::from_utf8(topic?.to_vec()).ok()?,
+        topic: std::str::from_utf8(topic?).ok()?.into(),
         request: r.u64()?,
         slot: r.u32()?,
         values: r.u8()? != 0,
@@ -529,7 +635,7 @@ impl Answerer {
         let format = self.format.load(Ordering::Acquire);
         // (reply topic, request) → (slot, values wanted, the event's index in the batch)
         type Slots = Vec<(u32, bool, usize)>;
-        let mut by_request: BTreeMap<(String, u64), Slots> = BTreeMap::new();
+        let mut by_request: BTreeMap<(Arc<str>, u64), Slots> = BTreeMap::new();
         for (i, r) in asks {
             by_request
                 .entry((r.topic, r.request))
@@ -539,7 +645,7 @@ impl Answerer {
         for ((topic, request), slots) in by_request {
             let out = reply_body(&slots, &result);
             let key = request.to_le_bytes();
-            if topic == self.here.reply_topic {
+            if *topic == *self.here.reply_topic {
                 let refused = deliver_reply(
                     &self.here.pending,
                     format,
@@ -802,6 +908,52 @@ mod tests {
         assert_eq!(deliver(Some(5), &first), 0);
         assert_eq!(answered.try_recv().unwrap().unwrap().len(), 2);
         assert!(pending.lock().unwrap().is_empty());
+    }
+
+    /// A statement's events go to their tasks together, each task's in the order they
+    /// came, their floors with them; the answers come back in the statement's order.
+    #[test]
+    fn events_sorted_by_task_answer_in_the_statement_order() {
+        let task = |partition| TaskId {
+            stream: "s".into(),
+            partitioner: 0,
+            partition,
+        };
+        let tasks = [2, 0, 2, 1, 0];
+        let events: Vec<(TaskId, Row)> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (task(p), Row::from(vec![Value::Int(i as i64)])))
+            .collect();
+        let floors = vec![10, 11, 12, 13, 14];
+        let (sorted, floors, order) = by_task(events, floors);
+        let ids: Vec<(u32, Value)> = sorted
+            .iter()
+            .map(|(t, r)| (t.partition, r[0].clone()))
+            .collect();
+        let want = [(0, 1), (0, 4), (1, 3), (2, 0), (2, 2)];
+        assert_eq!(
+            ids,
+            want.map(|(p, i)| (p, Value::Int(i))).to_vec(),
+            "each task's events together, in order"
+        );
+        assert_eq!(floors, vec![11, 14, 13, 10, 12]);
+        let order = order.expect("the events moved");
+        let answers: Vec<Answer> = sorted
+            .iter()
+            .map(|(_, r)| (Outcome::Accepted, vec![("m".into(), vec![r[0].clone()])]))
+            .collect();
+        let back: Vec<Value> = unsort(answers, &order)
+            .into_iter()
+            .map(|(_, m)| m[0].1[0].clone())
+            .collect();
+        assert_eq!(back, (0..5).map(Value::Int).collect::<Vec<_>>());
+        // Already together: nothing moves.
+        let (_, _, order) = by_task(
+            vec![(task(0), Row::from(vec![])), (task(1), Row::from(vec![]))],
+            vec![0, 0],
+        );
+        assert!(order.is_none());
     }
 
     #[test]

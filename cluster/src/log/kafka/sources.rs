@@ -168,8 +168,7 @@ impl Kafka {
                 .into_iter()
                 .flat_map(|(_, task, _, rows)| rows.into_iter().map(move |r| (task.clone(), r)))
                 .collect();
-            while let Err(e) = runtime.block_on(self.publisher.send_events(&stream, &events, None))
-            {
+            while let Err(e) = runtime.block_on(self.publisher.send_events(&stream, &events)) {
                 tracing::warn!("kafka: ingesting {}: {e}; retrying", source.topic);
                 if stopped() {
                     return;
