@@ -195,6 +195,11 @@ struct ServeArgs {
     /// Replication factor of the topics Eddy creates.
     #[arg(long, env = "EDDY_KAFKA_REPLICATION", default_value_t = 1)]
     kafka_replication: i32,
+    /// The fewest events a COPY puts in one Kafka transaction (cluster mode): its parse
+    /// batches of 256 KiB each are joined until they hold that many.
+    #[arg(long, env = "EDDY_KAFKA_STATEMENT_EVENTS", default_value_t = eddy_cluster::log::kafka::STATEMENT_EVENTS_MIN,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    kafka_statement_events: u64,
     /// A librdkafka property for every Kafka client of the node, over Eddy's own
     /// (repeatable; in the environment, comma-separated): TLS, SASL, batching.
     #[arg(
@@ -457,6 +462,7 @@ fn serve(
             },
             cluster: args.cluster,
             replication: args.kafka_replication,
+            statement_events: args.kafka_statement_events as usize,
             properties: args.kafka_properties,
             host: args.host_id.unwrap_or_else(hostname),
             replicas: args.replicas as usize,

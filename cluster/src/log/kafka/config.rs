@@ -29,6 +29,8 @@ pub struct KafkaConfig {
     pub node: String,
     /// Replication factor of the topics Eddy creates.
     pub replication: i32,
+    /// The fewest events a COPY puts in one statement (`EventLog::statement_events_min`).
+    pub statement_events: usize,
     /// librdkafka properties set on every client Eddy makes, after its own (TLS, SASL,
     /// batching): `--kafka-property KEY=VALUE`.
     pub properties: Vec<(String, String)>,
