@@ -1,10 +1,12 @@
 //! The event log tasks read from. `LocalLog` is the embedded default: one `TaskLog` per
 //! task under `DATA_DIR/log/`. Callers write their records themselves, under the log's
-//! lock; one committer thread makes them durable in groups — every statement waiting
-//! when an fsync starts shares it. Kafka plays the same role in cluster mode.
+//! lock, and commit in groups: every statement waiting when an fsync starts shares it. A
+//! durable append that finds no commit running and nothing queued leads one itself, on
+//! its own thread; appends meanwhile queue for the committer thread, which takes them
+//! once the leader's continuation ran. Kafka plays the same role in cluster mode.
 //!
-//! An append is either durable (`synchronous_commit = on`: its continuation runs on the
-//! committer after the fsync that covers it) or written (`off`: its continuation runs at
+//! An append is either durable (`synchronous_commit = on`: its continuation runs after
+//! the fsync that covers it, on its leader or the committer) or written (`off`: its continuation runs at
 //! once, on the caller, and an fsync follows within the commit delay). A written append
 //! that finds continuations still queued waits behind them, so it takes no thread hop
 //! unless an earlier one needs one.
@@ -118,8 +120,9 @@ struct Files {
     owed_since: Option<Instant>,
     /// Continuations for the committer, in append order.
     waiting: VecDeque<Waiting>,
-    /// The committer took continuations from `waiting` and has yet to run them: appends
-    /// wait behind them. (An fsync owed to the commit delay alone holds nobody up.)
+    /// The committer took continuations from `waiting`, or a caller leads a commit
+    /// (`LocalLog::append`), and has yet to run them: appends wait behind them. (An
+    /// fsync owed to the commit delay alone holds nobody up.)
     running: bool,
     closed: bool,
 }
@@ -205,9 +208,11 @@ impl LocalLog {
     }
 
     /// Writes records to the logs of tasks, on the calling thread. `after` runs once all
-    /// of them are durable (`durable`: on the committer thread) or written (at once, on
-    /// this thread, unless earlier continuations still wait), after the continuations of
-    /// earlier appends.
+    /// of them are durable (`durable`) or written (at once, on this thread, unless
+    /// earlier continuations still wait), after the continuations of earlier appends.
+    /// A durable append that finds the committer idle and nothing queued commits on this
+    /// thread (it leads the group: appends meanwhile queue for the committer); otherwise
+    /// its continuation runs on the committer after the fsync that covers it.
     pub fn append(&self, batches: Vec<(TaskId, Records)>, durable: bool, after: AfterAppend) {
         let mut files = self.shared.lock();
         if files.closed {
@@ -216,6 +221,26 @@ impl LocalLog {
         }
         let first_owed = files.owed_since.is_none();
         let result = files.write(batches, durable, &self.shared.stats);
+        if durable && files.waiting.is_empty() && !files.running {
+            let (unsynced, journal_done) = files.unsynced();
+            files.running = true;
+            drop(files);
+            let synced = self.shared.commit(unsynced);
+            after(synced.clone().and(result));
+            let mut files = self.shared.lock();
+            files.running = false;
+            if let (Ok(()), Some(offset)) = (&synced, journal_done) {
+                let _ = files.journal.truncate_before(offset);
+            }
+            // Appends that queued behind this one go to the committer (and a closing
+            // log's committer waits for this one to end).
+            let queued = !files.waiting.is_empty() || files.closed;
+            drop(files);
+            if queued {
+                self.shared.work.notify_one();
+            }
+            return;
+        }
         if !durable && files.waiting.is_empty() && !files.running {
             // Under the lock: the next append's continuation cannot overtake this one.
             after(result);
@@ -666,11 +691,14 @@ impl Shared {
         let mut files = self.lock();
         loop {
             let owed = files.owed_in(self.commit_delay);
-            if files.waiting.is_empty() && owed != Some(Duration::ZERO) {
-                if files.closed {
+            // A caller leading a commit runs its continuation first, and wakes the
+            // committer for whatever queued behind it (`append`).
+            let led = files.running;
+            if led || (files.waiting.is_empty() && owed != Some(Duration::ZERO)) {
+                if files.closed && !led {
                     break;
                 }
-                files = match owed {
+                files = match owed.filter(|_| !led) {
                     None => self.work.wait(files).unwrap_or_else(|e| e.into_inner()),
                     Some(left) => {
                         self.work
@@ -688,14 +716,18 @@ impl Shared {
             } else {
                 (Vec::new(), None)
             };
-            files.running = !waiting.is_empty();
+            // With none to run (an fsync the delay owed), a caller may lead meanwhile.
+            let runs = !waiting.is_empty();
+            files.running = runs;
             drop(files);
             let synced = self.commit(unsynced);
             for w in waiting {
                 (w.after)(synced.clone().and(w.result));
             }
             files = self.lock();
-            files.running = false;
+            if runs {
+                files.running = false;
+            }
             // Every task log holds what the journal held before `journal_done`.
             if let (Ok(()), Some(offset)) = (&synced, journal_done) {
                 // A failure leaves the segments; the next sync tries again.
@@ -922,7 +954,7 @@ mod tests {
     }
 
     #[test]
-    fn written_appends_continue_on_the_caller_unless_earlier_continuations_wait() {
+    fn appends_continue_on_their_caller_unless_earlier_continuations_wait() {
         let dir = temp("order");
         let log = LocalLog::open(&dir, Duration::from_secs(3600)).unwrap();
         let ran = Arc::new(Mutex::new(Vec::new()));
@@ -937,32 +969,59 @@ mod tests {
         };
         let rec = |r: &str| vec![(task(0), [r].into_iter().collect())];
         let caller = std::thread::current().id();
-        // A durable append whose continuation is slow, then a written one: the written one
-        // waits its turn, so the tasks would see them in log order.
-        log.append(rec("a"), true, record("durable", Duration::from_millis(50)));
-        log.append(rec("b"), false, record("behind", Duration::ZERO));
+        // A durable append with nothing before it leads its commit on its own thread, and
+        // its continuation is slow; a written and a durable append meanwhile wait their
+        // turn behind it and go to the committer, so the tasks would see all three in log
+        // order.
+        let (started, leading) = std::sync::mpsc::channel();
+        let leader = std::thread::scope(|s| {
+            let leader = s.spawn(|| {
+                let slow = record("leader", Duration::from_millis(50));
+                log.append(
+                    rec("a"),
+                    true,
+                    Box::new(move |r| {
+                        let _ = started.send(());
+                        slow(r)
+                    }),
+                );
+                std::thread::current().id()
+            });
+            leading.recv().unwrap();
+            log.append(rec("b"), false, record("behind", Duration::ZERO));
+            log.append(rec("c"), true, record("queued", Duration::ZERO));
+            leader.join().unwrap()
+        });
         let deadline = Instant::now() + Duration::from_secs(30);
-        while ran.lock().unwrap().len() < 2 {
+        while ran.lock().unwrap().len() < 3 {
             assert!(Instant::now() < deadline, "the continuations never ran");
             std::thread::sleep(Duration::from_millis(1));
         }
         // Nothing waits now: a written append continues at once, on this thread.
-        log.append(rec("c"), false, record("alone", Duration::ZERO));
+        log.append(rec("d"), false, record("alone", Duration::ZERO));
         let ran = ran.lock().unwrap().clone();
         let order: Vec<_> = ran.iter().map(|(n, _, ends)| (*n, ends.clone())).collect();
         assert_eq!(
             order,
             [
-                ("durable", vec![1]),
+                ("leader", vec![1]),
                 ("behind", vec![2]),
-                ("alone", vec![3])
+                ("queued", vec![3]),
+                ("alone", vec![4])
             ]
         );
-        assert_ne!(
-            ran[0].1, caller,
-            "a durable continuation runs on the committer"
+        assert_eq!(
+            ran[0].1, leader,
+            "the leader's continuation runs on its caller"
         );
-        assert_eq!(ran[2].1, caller, "a written append takes no thread hop");
+        for queued in &ran[1..3] {
+            assert!(
+                queued.1 != caller && queued.1 != leader,
+                "{} ran on the committer",
+                queued.0
+            );
+        }
+        assert_eq!(ran[3].1, caller, "a written append takes no thread hop");
         drop(log);
         let _ = std::fs::remove_dir_all(&dir);
     }
