@@ -124,6 +124,10 @@ struct Files {
     /// (`LocalLog::append`), and has yet to run them: appends wait behind them. (An
     /// fsync owed to the commit delay alone holds nobody up.)
     running: bool,
+    /// The last commit covered at most one durable append: the next may lead its own
+    /// (`LocalLog::append`). Under load, groups form and the committer takes them, so a
+    /// caller's thread, which serves other sessions too, never waits on an fsync.
+    alone: bool,
     closed: bool,
 }
 
@@ -161,6 +165,7 @@ impl LocalLog {
                 owed_since: None,
                 waiting: VecDeque::new(),
                 running: false,
+                alone: true,
                 closed: false,
             }),
             work: Condvar::new(),
@@ -210,9 +215,10 @@ impl LocalLog {
     /// Writes records to the logs of tasks, on the calling thread. `after` runs once all
     /// of them are durable (`durable`) or written (at once, on this thread, unless
     /// earlier continuations still wait), after the continuations of earlier appends.
-    /// A durable append that finds the committer idle and nothing queued commits on this
-    /// thread (it leads the group: appends meanwhile queue for the committer); otherwise
-    /// its continuation runs on the committer after the fsync that covers it.
+    /// A durable append that finds the committer idle, nothing queued and the last commit
+    /// alone (`Files::alone`) commits on this thread (it leads the group: appends
+    /// meanwhile queue for the committer); otherwise its continuation runs on the
+    /// committer after the fsync that covers it.
     pub fn append(&self, batches: Vec<(TaskId, Records)>, durable: bool, after: AfterAppend) {
         let mut files = self.shared.lock();
         if files.closed {
@@ -221,7 +227,7 @@ impl LocalLog {
         }
         let first_owed = files.owed_since.is_none();
         let result = files.write(batches, durable, &self.shared.stats);
-        if durable && files.waiting.is_empty() && !files.running {
+        if durable && files.waiting.is_empty() && !files.running && files.alone {
             let (unsynced, journal_done) = files.unsynced();
             files.running = true;
             drop(files);
@@ -234,6 +240,7 @@ impl LocalLog {
             }
             // Appends that queued behind this one go to the committer (and a closing
             // log's committer waits for this one to end).
+            files.alone = files.waiting.is_empty();
             let queued = !files.waiting.is_empty() || files.closed;
             drop(files);
             if queued {
@@ -718,6 +725,7 @@ impl Shared {
             };
             // With none to run (an fsync the delay owed), a caller may lead meanwhile.
             let runs = !waiting.is_empty();
+            files.alone = waiting.iter().filter(|w| w.durable).count() <= 1;
             files.running = runs;
             drop(files);
             let synced = self.commit(unsynced);
