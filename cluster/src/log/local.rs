@@ -6,10 +6,10 @@
 //! once the leader's continuation ran. Kafka plays the same role in cluster mode.
 //!
 //! An append is either durable (`synchronous_commit = on`: its continuation runs after
-//! the fsync that covers it, on its leader or the committer) or written (`off`: its continuation runs at
-//! once, on the caller, and an fsync follows within the commit delay). A written append
-//! that finds continuations still queued waits behind them, so it takes no thread hop
-//! unless an earlier one needs one.
+//! the fsync that covers it, on its leader or the committer) or written (`off`: its
+//! continuation runs at once, on the caller, and an fsync follows within the commit
+//! delay). A written append that finds continuations still queued waits behind them, so
+//! it takes no thread hop unless an earlier one needs one.
 //!
 //! A durable append also writes its records to the node's journal (`DIR/node-journal`),
 //! one journal record per task batch. A commit fsyncs the journal, and of the task logs
@@ -227,7 +227,10 @@ impl LocalLog {
         }
         let first_owed = files.owed_since.is_none();
         let result = files.write(batches, durable, &self.shared.stats);
-        if durable && files.waiting.is_empty() && !files.running && files.alone {
+        // A `sync` (it fsyncs every task log) is left to the committer: its caller does
+        // not block on it.
+        let lead = files.alone && !files.sync_all;
+        if durable && lead && files.waiting.is_empty() && !files.running {
             let (unsynced, journal_done) = files.unsynced();
             files.running = true;
             drop(files);

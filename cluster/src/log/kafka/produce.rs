@@ -410,6 +410,9 @@ impl Publisher {
     ) -> Vec<Record> {
         let format = self.format();
         let pack = format >= format::PACKED;
+        let topics: Vec<String> = (0..stream.partitioner_count())
+            .map(|p| self.config.topic_of(stream, p))
+            .collect();
         let mut records = Vec::new();
         let mut i = 0;
         while i < events.len() {
@@ -435,7 +438,7 @@ impl Publisher {
                 None => OwnedHeaders::new_with_capacity(1),
             };
             records.push(Record {
-                topic: self.config.topic_of(stream, task.partitioner),
+                topic: topics[task.partitioner].clone(),
                 partition: task.partition as i32,
                 key,
                 payload,
@@ -503,6 +506,9 @@ impl Publisher {
 /// broker takes by default, and enough that a record's own cost is spread thin.
 const PACK_BYTES_MAX: usize = 256 * 1024;
 
+/// An event of a statement, with its task.
+type Event = (TaskId, Row);
+
 /// A record to send to a task's partition.
 struct Record {
     topic: String,
@@ -516,18 +522,14 @@ struct Record {
 /// `events` and their `floors` with each task's events together, in the order they came
 /// (a stable sort), and where each went: `order[i]` is the first place of the event
 /// now i-th. `None` when nothing moved.
-#[allow(clippy::type_complexity)]
-fn by_task(
-    events: Vec<(TaskId, Row)>,
-    floors: Vec<u64>,
-) -> (Vec<(TaskId, Row)>, Vec<u64>, Option<Vec<usize>>) {
+fn by_task(events: Vec<Event>, floors: Vec<u64>) -> (Vec<Event>, Vec<u64>, Option<Vec<usize>>) {
     if events.windows(2).all(|w| w[0].0 <= w[1].0) {
         return (events, floors, None);
     }
     let mut order: Vec<usize> = (0..events.len()).collect();
     order.sort_by(|&a, &b| events[a].0.cmp(&events[b].0));
     let floors = order.iter().map(|&i| floors[i]).collect();
-    let mut slots: Vec<Option<(TaskId, Row)>> = events.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<Event>> = events.into_iter().map(Some).collect();
     let events = order
         .iter()
         .map(|&i| slots[i].take().expect("each event once"))
