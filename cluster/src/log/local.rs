@@ -231,16 +231,13 @@ impl LocalLog {
         // not block on it.
         let lead = files.alone && !files.sync_all;
         if durable && lead && files.waiting.is_empty() && !files.running {
-            let (unsynced, journal_done) = files.unsynced();
+            let owed = files.unsynced();
             files.running = true;
             drop(files);
-            let synced = self.shared.commit(unsynced);
-            after(synced.clone().and(result));
-            let mut files = self.shared.lock();
+            let mut files = self
+                .shared
+                .commit_then(owed, |synced| after(synced.clone().and(result)));
             files.running = false;
-            if let (Ok(()), Some(offset)) = (&synced, journal_done) {
-                let _ = files.journal.truncate_before(offset);
-            }
             // Appends that queued behind this one go to the committer (and a closing
             // log's committer waits for this one to end).
             files.alone = files.waiting.is_empty();
@@ -694,6 +691,24 @@ impl Shared {
         synced
     }
 
+    /// Commits what `Files::unsynced` took (outside the lock), runs `then` with the
+    /// result, and takes the lock again: once every task log holds what the journal held
+    /// before the offset it gave, those segments go (a failure leaves them; the next
+    /// sync tries again).
+    fn commit_then(
+        &self,
+        (unsynced, journal_done): (Vec<Unsynced>, Option<u64>),
+        then: impl FnOnce(&Result<()>),
+    ) -> MutexGuard<'_, Files> {
+        let synced = self.commit(unsynced);
+        then(&synced);
+        let mut files = self.lock();
+        if let (Ok(()), Some(offset)) = (&synced, journal_done) {
+            let _ = files.journal.truncate_before(offset);
+        }
+        files
+    }
+
     /// The committer: fsyncs what continuations wait for (group commit: one fsync for
     /// every append written before it starts) or what the commit delay owes, then runs
     /// the continuations in order.
@@ -721,7 +736,7 @@ impl Shared {
             }
             let waiting = std::mem::take(&mut files.waiting);
             let needs_fsync = owed == Some(Duration::ZERO) || waiting.iter().any(|w| w.durable);
-            let (unsynced, journal_done) = if needs_fsync {
+            let unsynced = if needs_fsync {
                 files.unsynced()
             } else {
                 (Vec::new(), None)
@@ -731,18 +746,13 @@ impl Shared {
             files.alone = waiting.iter().filter(|w| w.durable).count() <= 1;
             files.running = runs;
             drop(files);
-            let synced = self.commit(unsynced);
-            for w in waiting {
-                (w.after)(synced.clone().and(w.result));
-            }
-            files = self.lock();
+            files = self.commit_then(unsynced, |synced| {
+                for w in waiting {
+                    (w.after)(synced.clone().and(w.result));
+                }
+            });
             if runs {
                 files.running = false;
-            }
-            // Every task log holds what the journal held before `journal_done`.
-            if let (Ok(()), Some(offset)) = (&synced, journal_done) {
-                // A failure leaves the segments; the next sync tries again.
-                let _ = files.journal.truncate_before(offset);
             }
         }
         // The last writes become durable before the thread ends.

@@ -5,11 +5,10 @@
 //! before reaching the engine has applied nothing.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::task::Poll;
 use std::time::Instant;
 
 use pgwire::api::Type;
@@ -27,7 +26,7 @@ use eddy_planner::filter::batch_to_rows;
 use eddy_planner::sql::{self, Statement};
 use eddy_planner::types::format_duration_us;
 use eddy_planner::{Error, ErrorKind, Result};
-use futures::future::{maybe_done, MaybeDone};
+use futures::stream::{FuturesOrdered, StreamExt};
 
 use crate::ops::histogram::Timings;
 use crate::ops::limits::{Limit, Limits};
@@ -751,7 +750,7 @@ impl Db {
         // awaited the later ones are polled too: a log that takes a batch only when its
         // future runs (Kafka) sends them meanwhile.
         let mut order = Sequence::default();
-        let mut in_flight = VecDeque::with_capacity(COPY_IN_FLIGHT);
+        let mut in_flight = FuturesOrdered::new();
         let mut applied = |(started, replies): (Instant, Result<Vec<eddy_cluster::EventReply>>)| {
             self.timings.ingest.record(started.elapsed());
             replies.map(|rs| rs.iter().for_each(|r| skipped.count(&r.outcomes)))
@@ -777,13 +776,14 @@ impl Db {
             let replies =
                 self.engine
                     .submit(&stream, rows, passes.as_ref(), false, durable, order.turn());
-            in_flight.push_back((Instant::now(), Box::pin(maybe_done(replies))));
+            let started = Instant::now();
+            in_flight.push_back(async move { (started, replies.await) });
             if in_flight.len() == COPY_IN_FLIGHT {
-                applied(oldest(&mut in_flight).await)?;
+                applied(in_flight.next().await.expect("a batch in flight"))?;
             }
         }
-        while !in_flight.is_empty() {
-            applied(oldest(&mut in_flight).await)?;
+        while let Some(done) = in_flight.next().await {
+            applied(done)?;
         }
         Ok(Executed {
             output: Output::Command {
@@ -1642,23 +1642,6 @@ pub(crate) fn catalog_of(statements: &[String]) -> Result<Catalog> {
 
 /// Batches of a COPY sent to the engine before the oldest one's answers are awaited.
 const COPY_IN_FLIGHT: usize = 2;
-
-/// Polls every future in flight, oldest first (a log keeps the order of first polls),
-/// until the oldest is done, and takes it out with its output.
-async fn oldest<F: Future>(
-    in_flight: &mut VecDeque<(Instant, Pin<Box<MaybeDone<F>>>)>,
-) -> (Instant, F::Output) {
-    poll_fn(|cx| {
-        let mut futures = in_flight.iter_mut().map(|(_, f)| f.as_mut().poll(cx));
-        let first = futures.next().unwrap_or(Poll::Ready(()));
-        futures.for_each(drop);
-        first
-    })
-    .await;
-    let (started, mut done) = in_flight.pop_front().expect("a batch in flight");
-    let output = done.as_mut().take_output().expect("polled to its end");
-    (started, output)
-}
 
 fn in_statement(mut e: Error, stmt: &str) -> Error {
     e.message = format!("{}: {stmt}", e.message);

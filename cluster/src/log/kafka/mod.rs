@@ -65,9 +65,9 @@ pub use produce::{reply_headers, reply_to, ReplyTo};
 const POLL_BATCH_MAX: usize = 4096;
 const POLL_BYTES_MAX: usize = 1 << 20;
 
-/// `EventLog::statement_events_min` by default (`--kafka-statement-events`). A COPY of 500 k events (`bench/kafka-rate.sh`,
-/// one 256 KiB parse batch of about 5 300 a statement before) went from 340–360 k to
-/// 620–810 k events/s; 16 384 gave 660–750 k, and 65 536 740–790 k.
+/// `EventLog::statement_events_min` by default (`--kafka-statement-events`). A COPY of
+/// 500 k events (one 256 KiB parse batch of about 5 300 a statement before) went from
+/// 340–360 k to 620–810 k events/s; 16 384 gave 660–750 k, and 65 536 740–790 k.
 pub const STATEMENT_EVENTS_MIN: u64 = 32_768;
 
 /// Counters for SHOW STORAGE and /metrics.

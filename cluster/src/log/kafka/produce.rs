@@ -199,7 +199,7 @@ impl Publisher {
                 format: Arc::new(AtomicU32::new(format::OLDEST)),
                 here: Arc::new(Here {
                     reply_topic: format!("{}-replies.{}", config.cluster, config.node),
-                    pending: Arc::default(),
+                    pending: Mutex::default(),
                 }),
             },
             transactions: {
@@ -278,10 +278,12 @@ impl Publisher {
             .with_hint("The parts before it that Kafka took stay applied."));
         }
         // Each task's events take consecutive slots, so one record carries them
-        // (`queue`); `order` puts the answers back in the statement's order.
-        let (events, floors, order) = match self.format() >= format::PACKED {
-            true => by_task(events, floors),
-            false => (events, floors, None),
+        // (`records`); `order` puts the answers back in the statement's order.
+        let format = self.format();
+        let (events, floors, order) = if format >= format::PACKED {
+            by_task(events, floors)
+        } else {
+            (events, floors, None)
         };
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (done, answered) = oneshot::channel();
@@ -304,7 +306,7 @@ impl Publisher {
             pending.remove(&request)
         };
         let ask = Some((request, values));
-        let records = self.records(stream, &events, ask);
+        let records = self.records(stream, &events, ask, format);
         // One record is applied whole by itself; more need a transaction.
         let taken = if records.len() > 1 {
             self.send_whole(records, events.len(), deadline.0).await
@@ -348,7 +350,7 @@ impl Publisher {
         stream: &StreamDef,
         events: &[(TaskId, Row)],
     ) -> Result<()> {
-        let records = self.records(stream, events, None);
+        let records = self.records(stream, events, None, self.format());
         self.send_records(records, events.len()).await
     }
 
@@ -396,7 +398,7 @@ impl Publisher {
         Ok(())
     }
 
-    /// The records of `events`, to their tasks' partitions. In format `PACKED` a run of
+    /// The records of `events` in `format`, to their tasks' partitions. In `PACKED` a run of
     /// events for one task goes in one record (up to `PACK_BYTES_MAX`), unkeyed; else,
     /// as a plain Kafka producer would send it, one record per event, keyed by the
     /// partitioner's value. With `answer`, the event in slot i asks its task to answer
@@ -405,10 +407,10 @@ impl Publisher {
     fn records(
         &self,
         stream: &StreamDef,
-        events: &[(TaskId, Row)],
+        events: &[Event],
         answer: Option<(u64, bool)>,
+        format: u32,
     ) -> Vec<Record> {
-        let format = self.format();
         let pack = format >= format::PACKED;
         let topics: Vec<String> = (0..stream.partitioner_count())
             .map(|p| self.config.topic_of(stream, p))
@@ -482,7 +484,7 @@ impl Publisher {
         consumer
             .assign(&tpl)
             .map_err(|e| kafka_error("reading the reply topic", e))?;
-        let pending = self.answerer.here.pending.clone();
+        let here = self.answerer.here.clone();
         let stats = self.stats.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-kafka-replies".into())
@@ -492,8 +494,13 @@ impl Publisher {
                         continue;
                     };
                     stats.replies_received.fetch_add(1, Ordering::Relaxed);
-                    let refused =
-                        deliver_reply(&pending, format_of(&m), plan_of(&m), m.key(), m.payload());
+                    let refused = deliver_reply(
+                        &here.pending,
+                        format_of(&m),
+                        plan_of(&m),
+                        m.key(),
+                        m.payload(),
+                    );
                     stats.replies_refused.fetch_add(refused, Ordering::Relaxed);
                 }
             })
@@ -625,7 +632,7 @@ pub(super) struct Answerer {
 /// broker requests a statement, a reply and its fetch.
 struct Here {
     reply_topic: String,
-    pending: Arc<Mutex<HashMap<u64, Gather>>>,
+    pending: Mutex<HashMap<u64, Gather>>,
 }
 
 impl Answerer {
