@@ -162,6 +162,7 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
     let copy = handlers.copy_handler();
     let cancel = handlers.cancel_handler();
     let mut ordinal = 0u64;
+    let mut active = crate::wire::busy::Active::default();
     loop {
         let logging_in = matches!(
             socket.state(),
@@ -175,7 +176,7 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
             }
         } else {
             crate::wire::busy::answered();
-            socket.next().await
+            active.next(socket.next()).await
         };
         let message = match next {
             Some(Ok(message)) => message,
