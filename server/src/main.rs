@@ -143,8 +143,9 @@ struct ServeArgs {
     /// Microseconds a session thread keeps polling its sockets after it answers,
     /// before it sleeps: a client that sends its next statement within it is read
     /// without a wake-up (tens of microseconds on a virtual machine). No thread polls
-    /// while more than one session waits for its fsync, nor after an answer while more
-    /// sessions are active than half the cores. 0: never.
+    /// while more than one session waits for its fsync, nor after a durable statement's
+    /// answer, nor after any answer while more sessions are active than half the cores.
+    /// 0: never.
     #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::wire::busy::DEFAULT_US)]
     busy_poll: u64,
     /// Seconds between checkpoints (state flushed, log truncated).
