@@ -88,7 +88,11 @@ thread_local! {
 /// next: opens the window of its thread's poller.
 pub fn answered() {
     ANSWERED.set(Some(Instant::now()));
-    wake_poller();
+    // With many sessions active no window opens: the poller is left asleep, not woken
+    // to find that out after every message.
+    if polls_after_answers(ACTIVE_ON_NODE.load(Ordering::Relaxed), *ACTIVE_POLL_MAX) {
+        wake_poller();
+    }
 }
 
 fn wake_poller() {
