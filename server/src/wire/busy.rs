@@ -18,9 +18,9 @@
 //! 15.2–15.8 k/s; polling for a lone commit only, 2.8–3.1, 5.9–6.8 and 17.9–19.6 k/s;
 //! no answer's window either while commits wait, 16 clients 15.4–17.6 → 18.0–20.7 k/s
 //! and 64 clients 29.5–29.9 → 32.1–32.4 k/s. A single durable client keeps the polling
-//! that saves its wake-up.
+//! for its commit (when the committer, not its own thread, makes it).
 //!
-//! No thread polls after the answer of a durable statement either. Its round trip is
+//! No thread polls after the answer of a durable statement. Its round trip is
 //! its fsync's, and polling for the client's next statement made it slower, not faster:
 //! one durable pgbench client, `--busy-poll 100` against 0 (alternated), 5.2–5.3 k
 //! against 5.3–6.1 k/s (five pairs, median +11 %), with 0.53 CPUs against 0.39.
