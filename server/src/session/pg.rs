@@ -1732,8 +1732,9 @@ impl ExtendedQueryHandler for Session {
             }
         }
         .instrument(span);
-        // Boxed once: each scope below wraps it by value, and moving the statement's
-        // whole state machine (several KiB) at every wrap cost 4 % of the CPU at 16 clients.
+        // Boxed once: each scope below wraps it by value, and moving the statement's whole
+        // state machine (several KiB) at every wrap took `memmove` to 6 % of the CPU at 16
+        // clients (3 % boxed).
         let result = Box::pin(result);
         let result = eddy_cluster::log::STATEMENT_DEADLINE
             .scope(

@@ -84,9 +84,9 @@ thread_local! {
     static ROUNDS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Called by a session once it has answered a message and is about to wait for the
-/// next: opens the window of its thread's poller.
-pub fn answered() {
+/// A session has answered a message and is about to wait for the next (`Active::next`):
+/// opens the window of its thread's poller.
+fn answered() {
     ANSWERED.set(Some(Instant::now()));
     // With many sessions active no window opens: the poller is left asleep, not woken
     // to find that out after every message.
@@ -135,9 +135,11 @@ impl Drop for Committing {
 pub struct Active(bool);
 
 impl Active {
-    /// Waits for the session's next message (`next`). A message already read (another of
-    /// the same packet) costs no timer.
+    /// Called once the session has answered its last message: opens its thread's polling
+    /// window (`answered`) and waits for the next message (`next`). A message already
+    /// read (another of the same packet) costs no timer.
     pub async fn next<F: Future>(&mut self, next: F) -> F::Output {
+        answered();
         let mut next = pin!(next);
         let ready = poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await;
         let out = match ready {

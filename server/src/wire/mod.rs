@@ -175,7 +175,6 @@ pub async fn serve<H: PgWireServerHandlers>(door: Arc<Door>, socket: TcpStream, 
                 next = socket.next() => next,
             }
         } else {
-            crate::wire::busy::answered();
             active.next(socket.next()).await
         };
         let message = match next {
