@@ -256,17 +256,27 @@ mod tests {
             assert_eq!(active(), before + 1, "a message makes the session active");
             session.next(async {}).await;
             assert_eq!(active(), before + 1, "counted once");
-            // The next message comes late: the session leaves while it waits.
+            // The next message comes late: the session leaves while it waits, but not
+            // before it has waited ACTIVE_FOR. (The wait is polled, not slept for a fixed
+            // time: on a loaded machine both timers can fire in the same tick, and then
+            // `join!` may look before the session's own timer has run.)
             let (send, late) = tokio::sync::oneshot::channel::<()>();
+            let waiting = Instant::now();
             let during = async {
-                tokio::time::sleep(ACTIVE_FOR * 3).await;
-                let during = active();
+                while active() != before && waiting.elapsed() < Duration::from_secs(10) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let (during, waited) = (active(), waiting.elapsed());
                 send.send(()).unwrap();
-                during
+                (during, waited)
             };
-            let (message, during) = tokio::join!(session.next(late), during);
+            let (message, (during, waited)) = tokio::join!(session.next(late), during);
             message.unwrap();
             assert_eq!(during, before, "still active after waiting ACTIVE_FOR");
+            assert!(
+                waited >= ACTIVE_FOR,
+                "left after {waited:?}, before ACTIVE_FOR"
+            );
             assert_eq!(active(), before + 1, "active again with the message");
             drop(session);
             assert_eq!(active(), before, "a closed session is not active");
@@ -290,7 +300,8 @@ mod tests {
     fn the_window_opens_when_a_session_answers_and_closes_after() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         std::thread::spawn(|| {
-            let window = Duration::from_millis(20);
+            // Long against the host taking the core away between two lines.
+            let window = Duration::from_millis(100);
             assert!(!open(window), "closed before any answer");
             answered();
             assert!(open(window));
@@ -337,7 +348,11 @@ mod tests {
     fn the_poller_runs_while_the_window_is_open_and_sleeps_after() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         runtime().block_on(async {
-            let window = Duration::from_millis(5);
+            // Windows and pauses are long against the host taking the core away: a
+            // loaded run saw a round end 20 ms after it began, and a 5 ms window can
+            // close before the poller first runs.
+            let window = Duration::from_millis(50);
+            let past_window = window * 4;
             let poller = tokio::spawn(poll(window));
             let rounds_after = |pause| async move {
                 tokio::time::sleep(pause).await;
@@ -346,14 +361,12 @@ mod tests {
             let idle = rounds_after(Duration::from_millis(20)).await;
             assert_eq!(idle, 0, "polled with no session answering");
             answered();
-            // Read well past the window: a round that began inside it may end late when
-            // the host takes the core away (a loaded run saw one round 20 ms after).
-            let polled = rounds_after(Duration::from_millis(100)).await;
+            let polled = rounds_after(past_window).await;
             assert!(polled > 0, "did not poll after an answer");
             let later = rounds_after(Duration::from_millis(20)).await;
             assert_eq!(later, polled, "still polling after the window closed");
             answered();
-            let again = rounds_after(Duration::from_millis(20)).await;
+            let again = rounds_after(past_window).await;
             assert!(again > later);
             // More active sessions than ACTIVE_POLL_MAX: an answer opens no window.
             let mut sessions: Vec<Active> = Vec::new();
@@ -362,12 +375,13 @@ mod tests {
                 session.next(async {}).await;
                 sessions.push(session);
             }
-            let busy = rounds_after(Duration::from_millis(20)).await;
+            // (Each `next` answered, and the first opened a window: let it close.)
+            let busy = rounds_after(past_window).await;
             answered();
-            assert_eq!(rounds_after(Duration::from_millis(20)).await, busy);
+            assert_eq!(rounds_after(past_window).await, busy);
             drop(sessions);
             answered();
-            assert!(rounds_after(Duration::from_millis(20)).await > busy);
+            assert!(rounds_after(past_window).await > busy);
             poller.abort();
         });
     }
