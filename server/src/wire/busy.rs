@@ -90,7 +90,7 @@ fn answered() {
     ANSWERED.set(Some(Instant::now()));
     // With many sessions active no window opens: the poller is left asleep, not woken
     // to find that out after every message.
-    if polls_after_answers(ACTIVE_ON_NODE.load(Ordering::Relaxed), *ACTIVE_POLL_MAX) {
+    if few_active() {
         wake_poller();
     }
 }
@@ -141,8 +141,7 @@ impl Active {
     pub async fn next<F: Future>(&mut self, next: F) -> F::Output {
         answered();
         let mut next = pin!(next);
-        let ready = poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await;
-        let out = match ready {
+        let out = match futures::poll!(next.as_mut()) {
             Poll::Ready(out) => out,
             Poll::Pending if self.0 => {
                 tokio::select! {
@@ -192,7 +191,7 @@ fn open(window: Duration) -> bool {
         (_, Some(since)) => return polls_for_commit(on_node, since),
     }
     on_node <= 1
-        && polls_after_answers(ACTIVE_ON_NODE.load(Ordering::Relaxed), *ACTIVE_POLL_MAX)
+        && few_active()
         && ANSWERED
             .get()
             .is_some_and(|at| at.elapsed() < window && !durable_answer(at, window))
@@ -210,6 +209,11 @@ fn durable_answer(at: Instant, window: Duration) -> bool {
 /// with at most `max` (`ACTIVE_POLL_MAX`).
 fn polls_after_answers(active: usize, max: usize) -> bool {
     active <= max
+}
+
+/// `polls_after_answers` for the node now.
+fn few_active() -> bool {
+    polls_after_answers(ACTIVE_ON_NODE.load(Ordering::Relaxed), *ACTIVE_POLL_MAX)
 }
 
 /// The poller of one session thread: runs forever on that thread's runtime.
