@@ -9,7 +9,9 @@
 //! same bytes, tagged, so a format-1 reader reads format-2 records (it ignores a header it
 //! does not know, and protobuf ignores an unknown field). Format 3 (`PACKED`) lets one
 //! task record carry many events, so a format-2 reader must not see one: it would read
-//! only the first event, or refuse the record.
+//! only the first event, or refuse the record. Format 4 (`HELD_BASE`) writes a count
+//! window's held events against a base event in group states, about a third of their
+//! size, so a format-3 reader must not be sent such a state.
 //!
 //! Invariants:
 //! - a node reads every format from `OLDEST` to `FORMAT`, and refuses a higher one with an
@@ -23,13 +25,17 @@
 //! did: the rolling-upgrade test starts its "old" nodes so.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 /// The format this build writes.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 /// The first format whose task records may pack many events (`log::kafka::produce`):
 /// a record's value is one encoded row after another.
 pub const PACKED: u32 = 3;
+/// The first format whose group states may hold a count window's events written against
+/// a base event (`exec::recent`), not each whole.
+pub const HELD_BASE: u32 = 4;
 /// The oldest format this build reads.
 pub const OLDEST: u32 = 1;
 
@@ -54,6 +60,24 @@ pub fn own() -> u32 {
             .and_then(|v| v.trim().parse::<u32>().ok())
             .map_or(FORMAT, |v| v.clamp(OLDEST, FORMAT))
     })
+}
+
+/// What `writes` gives once set; 0 until a cluster view says (`settle`).
+static WRITES: AtomicU32 = AtomicU32::new(0);
+
+/// The format this node writes what it persists and sends now: `own()`, or in a cluster
+/// the lowest format its live members read (`settle`). Group states follow it, since a
+/// task's checkpoint may move to any member.
+pub fn writes() -> u32 {
+    match WRITES.load(Ordering::Relaxed) {
+        0 => own(),
+        format => format,
+    }
+}
+
+/// Sets what `writes` gives: `format`, within what this node writes at most.
+pub fn settle(format: u32) {
+    WRITES.store(format.clamp(OLDEST, own()), Ordering::Relaxed);
 }
 
 /// Whether this build reads `found`; if not, why, naming `what` holds it.

@@ -61,6 +61,19 @@ impl<'a> Reader<'a> {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// A number `put_varint` wrote; `None` past the end or past ten bytes.
+    pub fn varint(&mut self) -> Option<u64> {
+        let mut v = 0_u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7F) << shift;
+            if b < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
 }
 
 /// Appends one value.
@@ -120,6 +133,58 @@ pub fn decode_value(r: &mut Reader<'_>) -> Option<Value> {
         TIMESTAMP => Value::Timestamp(r.i64()?),
         _ => return None,
     })
+}
+
+/// Appends `v` in LEB128: seven bits a byte, low first, the high bit set on all but the
+/// last.
+pub fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A signed number as `put_varint` writes it small: 0, -1, 1, -2, … as 0, 1, 2, 3, ….
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// The inverse of `zigzag`.
+pub fn unzigzag(v: u64) -> i64 {
+    (v >> 1) as i64 ^ -((v & 1) as i64)
+}
+
+/// Skips one value `encode_value` wrote, without building it; `None` if there is none.
+pub fn skip_value(r: &mut Reader<'_>) -> Option<()> {
+    let len = match r.u8()? {
+        NULL | FALSE | TRUE => 0,
+        INT | FLOAT | TIMESTAMP => 8,
+        NUMERIC => 16,
+        TEXT => r.u32()? as usize,
+        _ => return None,
+    };
+    r.take(len).map(|_| ())
+}
+
+/// Whether `bytes` are exactly what `encode_value(v)` writes (floats bit for bit).
+pub fn is_encoding_of(v: &Value, bytes: &[u8]) -> bool {
+    let (tag, payload) = match bytes.split_first() {
+        Some((tag, payload)) => (*tag, payload),
+        None => return false,
+    };
+    match v {
+        Value::Null => tag == NULL && payload.is_empty(),
+        Value::Bool(false) => tag == FALSE && payload.is_empty(),
+        Value::Bool(true) => tag == TRUE && payload.is_empty(),
+        Value::Int(i) => tag == INT && payload == i.to_le_bytes(),
+        Value::Numeric(n) => tag == NUMERIC && payload == n.get().to_le_bytes(),
+        Value::Float(f) => tag == FLOAT && payload == f.to_bits().to_le_bytes(),
+        Value::Timestamp(t) => tag == TIMESTAMP && payload == t.to_le_bytes(),
+        Value::Text(s) => {
+            tag == TEXT && payload.len() == 4 + s.len() && &payload[4..] == s.as_bytes()
+        }
+    }
 }
 
 /// Appends a row: its length, then its values.

@@ -544,7 +544,7 @@ async fn formats(port: u16) -> (BTreeMap<String, i32>, i32) {
 /// did (`EDDY_WRITE_FORMAT=1`: no record or transfer tagged, no `FORMAT` file), and each in
 /// turn stops with SIGTERM and starts again on its data directory as this build, while
 /// writers insert through every node. While an old node lives the new ones write format 1,
-/// which it reads; once every node is new, all write this build's format (3). Every
+/// which it reads; once every node is new, all write this build's format (`FORMAT`). Every
 /// acknowledged event counts exactly once on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_under_load_loses_nothing_and_applies_nothing_twice() {

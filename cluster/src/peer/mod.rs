@@ -354,8 +354,9 @@ impl Peer for Service {
                 crc: h.crc,
             })
             .collect();
-        // The transfer in the lowest format both read (its bytes are the same in every
-        // format so far: only the header says which).
+        // The transfer in the lowest format both read. Its files are as they were
+        // written: group states in the format this node wrote them (`format::writes`, the
+        // lowest its live members read), so an asker that is a live member reads them.
         let format = crate::format::own().min(r.format.max(crate::format::OLDEST));
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let fault = self.fault;
