@@ -217,6 +217,61 @@ mod tests {
     use super::*;
 
     #[test]
+    fn varints_and_zigzag_round_trip() {
+        let mut out = Vec::new();
+        let numbers = [0, 1, 127, 128, 300, u32::MAX as u64, u64::MAX - 1, u64::MAX];
+        for &n in &numbers {
+            put_varint(n, &mut out);
+        }
+        assert_eq!(out[..4], [0, 1, 127, 0x80]);
+        let mut r = Reader(&out);
+        for &n in &numbers {
+            assert_eq!(r.varint(), Some(n));
+        }
+        assert!(r.is_empty());
+        assert_eq!(Reader(&[0x80]).varint(), None, "cut short");
+        assert_eq!(Reader(&[0xFF; 11]).varint(), None, "past ten bytes");
+        for v in [0, -1, 1, -2, i64::MIN, i64::MAX] {
+            assert_eq!(unzigzag(zigzag(v)), v);
+        }
+        assert_eq!([zigzag(0), zigzag(-1), zigzag(1)], [0, 1, 2]);
+    }
+
+    #[test]
+    fn skip_value_and_is_encoding_of_agree_with_encode_value() {
+        let values = [
+            Value::Null,
+            Value::Bool(false),
+            Value::Bool(true),
+            Value::Int(-1),
+            Value::Float(-0.0),
+            Value::Timestamp(7),
+            Value::Numeric(i128::MIN.into()),
+            Value::Text("".into()),
+            Value::Text("a text of more than fifteen bytes".into()),
+        ];
+        for (i, v) in values.iter().enumerate() {
+            let mut out = Vec::new();
+            encode_value(v, &mut out);
+            out.push(0xEE);
+            let mut r = Reader(&out);
+            assert_eq!(skip_value(&mut r), Some(()), "{v:?}");
+            assert_eq!(r.0, [0xEE], "{v:?}");
+            let bytes = &out[..out.len() - 1];
+            for (j, w) in values.iter().enumerate() {
+                assert_eq!(is_encoding_of(w, bytes), i == j, "{w:?} against {v:?}");
+            }
+            assert!(skip_value(&mut Reader(&bytes[..bytes.len() - 1])).is_none(), "{v:?} cut short");
+        }
+        assert!(!is_encoding_of(&Value::Float(0.0), &{
+            let mut out = Vec::new();
+            encode_value(&Value::Float(-0.0), &mut out);
+            out
+        }));
+        assert!(skip_value(&mut Reader(&[0xEE])).is_none());
+    }
+
+    #[test]
     fn encoded_len_is_what_encode_value_writes() {
         let values = [
             Value::Null,

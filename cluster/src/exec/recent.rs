@@ -187,31 +187,24 @@ impl Recent {
             self.start = self.base;
         }
         // Events come mostly in order: the newest goes last, found without a walk.
-        let at = if self.len == 0 || (ts, seq) > self.newest {
-            None
-        } else {
-            let at = self.offset_before(ts, seq);
-            if at == self.start && self.len >= keep {
-                return false;
-            }
-            (at < self.bytes.len()).then_some(at)
-        };
+        let late = self.len > 0 && (ts, seq) < self.newest;
+        if late && self.len >= keep && self.offset_before(ts, seq) == self.start {
+            return false;
+        }
         SCRATCH.with_borrow_mut(|event| {
             event.clear();
             self.base().write_against(event, ts, seq, row);
-            match at {
-                None => {
-                    if self.make_room(event.len()) {
-                        // Re-based: the event is written against the new base.
-                        event.clear();
-                        self.base().write_against(event, ts, seq, row);
-                    }
-                    self.bytes.extend_from_slice(event);
-                    self.newest = (ts, seq);
-                }
-                Some(at) => {
-                    self.bytes.splice(at..at, event.iter().copied());
-                }
+            if self.make_room(event.len()) {
+                // Re-based: the event is written against the new base.
+                event.clear();
+                self.base().write_against(event, ts, seq, row);
+            }
+            if late {
+                let at = self.offset_before(ts, seq);
+                self.bytes.splice(at..at, event.iter().copied());
+            } else {
+                self.bytes.extend_from_slice(event);
+                self.newest = (ts, seq);
             }
         });
         self.len += 1;
