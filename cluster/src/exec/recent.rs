@@ -354,45 +354,65 @@ impl Recent {
         self.bytes.len()
     }
 
-    /// Room for `need` more bytes at the end: when the bytes of events that left are half
-    /// the live bytes or more, they go and the events are re-based on the oldest
-    /// (returns true: what was written against the old base must be written again);
-    /// else the buffer grows by half as much again. So an event costs a bounded share of
-    /// moves, and a buffer holds at most half again its events' size.
+    /// Whether the base is far from the held events: older than the newest by more than
+    /// eight times their span, in time or in arrival. Differences from it then cost a byte
+    /// or more each that a nearer base would save.
+    fn base_is_stale(&self) -> bool {
+        let base = self.base();
+        let mut r = Reader(&self.bytes[self.start..]);
+        let (ts, seq, _) = base.read_event(&mut r, false).expect(CORRUPT);
+        let far = |base: i128, oldest: i128, newest: i128| {
+            newest - base > 8 * (newest - oldest).max(1)
+        };
+        far(base.ts.into(), ts.into(), self.newest.0.into())
+            || far(base.seq.into(), seq.into(), self.newest.1.into())
+    }
+
+    /// Room for `need` more bytes at the end. When the bytes of events that left are half
+    /// the live bytes or more, they go: the held events move down to the base, or, if the
+    /// base is stale, are re-based on the oldest (returns true: what was written against
+    /// the old base must be written again), about once in eight spans of the window. Else
+    /// the buffer grows by half as much again. So an event costs a bounded share of moves
+    /// and re-encodings, and a buffer holds at most half again its events' size.
     fn make_room(&mut self, need: usize) -> bool {
         if self.bytes.capacity() - self.bytes.len() >= need {
             return false;
         }
         let live = self.bytes.len() - self.start;
-        if self.start - self.base >= need.max(live / 2) {
-            let mut rebased = Vec::with_capacity(self.bytes.capacity());
-            let base = {
-                let old = self.base();
-                let mut r = Reader(&self.bytes[self.start..]);
-                let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
-                let mut base = Vec::with_capacity(64);
-                write_whole(&mut base, ts, seq, &row);
-                let new = Base::read(&mut Reader(&base)).expect("just written");
-                rebased.extend_from_slice(&base);
-                new.write_against(&mut rebased, ts, seq, &row);
-                for _ in 1..self.len {
-                    let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
-                    new.write_against(&mut rebased, ts, seq, &row);
-                }
-                base.len()
-            };
-            self.base = base;
-            self.start = self.base;
-            self.bytes = rebased;
-            if self.bytes.capacity() - self.bytes.len() < need {
-                self.bytes.reserve_exact(need);
-            }
-            true
-        } else {
+        if self.start - self.base < need.max(live / 2) {
             self.bytes.reserve_exact(need.max(live / 2));
-            false
+            return false;
         }
+        if !self.base_is_stale() {
+            self.bytes.drain(self.base..self.start);
+            self.start = self.base;
+            return false;
+        }
+        let mut rebased = Vec::with_capacity(self.bytes.capacity());
+        let base = {
+            let old = self.base();
+            let mut r = Reader(&self.bytes[self.start..]);
+            let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
+            let mut base = Vec::with_capacity(64);
+            write_whole(&mut base, ts, seq, &row);
+            let new = Base::read(&mut Reader(&base)).expect("just written");
+            rebased.extend_from_slice(&base);
+            new.write_against(&mut rebased, ts, seq, &row);
+            for _ in 1..self.len {
+                let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
+                new.write_against(&mut rebased, ts, seq, &row);
+            }
+            base.len()
+        };
+        self.base = base;
+        self.start = self.base;
+        self.bytes = rebased;
+        if self.bytes.capacity() - self.bytes.len() < need {
+            self.bytes.reserve_exact(need);
+        }
+        true
     }
+
 }
 
 /// Appends an event whole: time, arrival, column count, then each value.
