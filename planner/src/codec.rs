@@ -261,7 +261,10 @@ mod tests {
             for (j, w) in values.iter().enumerate() {
                 assert_eq!(is_encoding_of(w, bytes), i == j, "{w:?} against {v:?}");
             }
-            assert!(skip_value(&mut Reader(&bytes[..bytes.len() - 1])).is_none(), "{v:?} cut short");
+            assert!(
+                skip_value(&mut Reader(&bytes[..bytes.len() - 1])).is_none(),
+                "{v:?} cut short"
+            );
         }
         assert!(!is_encoding_of(&Value::Float(0.0), &{
             let mut out = Vec::new();

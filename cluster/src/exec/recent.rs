@@ -37,8 +37,7 @@
 use smallvec::SmallVec;
 
 use eddy_planner::codec::{
-    decode_value, encode_value, is_encoding_of, put_varint, skip_value, unzigzag, zigzag,
-    Reader,
+    decode_value, encode_value, is_encoding_of, put_varint, skip_value, unzigzag, zigzag, Reader,
 };
 use eddy_planner::prefetch;
 use eddy_planner::types::Value;
@@ -102,7 +101,11 @@ impl<'a> Base<'a> {
 
     /// The base's integer in `column`, if it holds one.
     fn int(&self, column: usize) -> Option<i64> {
-        match self.values.get(column).map(|b| decode_value(&mut Reader(b))) {
+        match self
+            .values
+            .get(column)
+            .map(|b| decode_value(&mut Reader(b)))
+        {
             Some(Some(Value::Int(i))) => Some(i),
             _ => None,
         }
@@ -135,8 +138,8 @@ impl<'a> Base<'a> {
         let columns = r.varint()?;
         let mut row = HeldRow::new();
         for i in 0..columns as usize {
-            let value = match r.0.first()? {
-                &SAME => {
+            let value = match *r.0.first()? {
+                SAME => {
                     r.u8()?;
                     let b = self.values.get(i)?;
                     if !want_row {
@@ -144,11 +147,11 @@ impl<'a> Base<'a> {
                     }
                     decode_value(&mut Reader(b))?
                 }
-                &TIME => {
+                TIME => {
                     r.u8()?;
                     Value::Timestamp(ts)
                 }
-                &INT_DELTA => {
+                INT_DELTA => {
                     r.u8()?;
                     let d = unzigzag(r.varint()?);
                     Value::Int(self.int(i)?.wrapping_add(d))
@@ -361,9 +364,8 @@ impl Recent {
         let base = self.base();
         let mut r = Reader(&self.bytes[self.start..]);
         let (ts, seq, _) = base.read_event(&mut r, false).expect(CORRUPT);
-        let far = |base: i128, oldest: i128, newest: i128| {
-            newest - base > 8 * (newest - oldest).max(1)
-        };
+        let far =
+            |base: i128, oldest: i128, newest: i128| newest - base > 8 * (newest - oldest).max(1);
         far(base.ts.into(), ts.into(), self.newest.0.into())
             || far(base.seq.into(), seq.into(), self.newest.1.into())
     }
@@ -412,7 +414,6 @@ impl Recent {
         }
         true
     }
-
 }
 
 /// Appends an event whole: time, arrival, column count, then each value.
@@ -475,7 +476,7 @@ mod tests {
             // Not one byte more or less.
             out.push(0);
             assert_eq!(Recent::decode(&mut Reader(&out)), None, "format {format}");
-            if model.len() > 0 {
+            if !model.is_empty() {
                 out.truncate(out.len() - 2);
                 assert_eq!(Recent::decode(&mut Reader(&out)), None, "format {format}");
             }
@@ -545,7 +546,7 @@ mod tests {
             let pick = |n: u64| -> Value {
                 match n % 11 {
                     0 => Value::Null,
-                    1 => Value::Bool(n % 2 == 0),
+                    1 => Value::Bool(n.is_multiple_of(2)),
                     2 => Value::Int(n as i64),
                     3 => Value::Int(i64::MIN + (n % 7) as i64),
                     4 => Value::Numeric((n as i128 * -3).into()),
