@@ -121,10 +121,13 @@ impl<'a> Base<'a> {
             match v {
                 Value::Timestamp(t) if *t == ts => out.push(TIME),
                 _ if base.is_some_and(|b| is_encoding_of(v, b)) => out.push(SAME),
-                Value::Int(n) if self.int(i).is_some() => {
-                    out.push(INT_DELTA);
-                    put_varint(zigzag(n.wrapping_sub(self.int(i).expect("just read"))), out);
-                }
+                Value::Int(n) => match self.int(i) {
+                    Some(b) => {
+                        out.push(INT_DELTA);
+                        put_varint(zigzag(n.wrapping_sub(b)), out);
+                    }
+                    None => encode_value(v, out),
+                },
                 _ => encode_value(v, out),
             }
         }
