@@ -66,8 +66,9 @@ pub fn own() -> u32 {
 static WRITES: AtomicU32 = AtomicU32::new(0);
 
 /// The format this node writes what it persists and sends now: `own()`, or in a cluster
-/// the lowest format its live members read (`settle`). Group states follow it, since a
-/// task's checkpoint may move to any member.
+/// the lowest format its live members read (`settle`; the oldest until the node knows
+/// them). Kafka records and group states follow it, since a task's checkpoint may move to
+/// any member.
 pub fn writes() -> u32 {
     match WRITES.load(Ordering::Relaxed) {
         0 => own(),

@@ -193,20 +193,27 @@ impl Recent {
             self.start = self.base;
         }
         // Events come mostly in order: the newest goes last, found without a walk.
-        let late = self.len > 0 && (ts, seq) < self.newest;
-        if late && self.len >= keep && self.offset_before(ts, seq) == self.start {
+        // A late event's place, counted from the oldest (which `make_room` may move).
+        let late = (self.len > 0 && (ts, seq) < self.newest)
+            .then(|| self.offset_before(ts, seq) - self.start);
+        if late == Some(0) && self.len >= keep {
             return false;
         }
         SCRATCH.with_borrow_mut(|event| {
             event.clear();
             self.base().write_against(event, ts, seq, row);
-            if self.make_room(event.len()) {
-                // Re-based: the event is written against the new base.
+            let rebased = self.make_room(event.len());
+            if rebased {
+                // The event is written against the new base, and the others' sizes changed.
                 event.clear();
                 self.base().write_against(event, ts, seq, row);
             }
-            if late {
-                let at = self.offset_before(ts, seq);
+            if let Some(from_start) = late {
+                let at = if rebased {
+                    self.offset_before(ts, seq)
+                } else {
+                    self.start + from_start
+                };
                 self.bytes.splice(at..at, event.iter().copied());
             } else {
                 self.bytes.extend_from_slice(event);

@@ -405,7 +405,6 @@ impl Kafka {
     /// members read (`View::format`).
     fn settle_format(&self, view: &View) {
         let format = view.format(crate::format::own());
-        crate::format::settle(format);
         if self.publisher.set_format(format) {
             tracing::info!("kafka: writing format {format}, the lowest the live members read");
         }

@@ -130,9 +130,6 @@ impl Kafka {
         let stats: Arc<KafkaStats> = Arc::default();
         let admin = Admin::new(&config)?;
         let publisher = Publisher::new(&config, stats.clone())?;
-        // Until the membership view says what the live members read, this node persists
-        // what every build reads, as it publishes (`format::writes`).
-        crate::format::settle(crate::format::OLDEST);
         admin
             .create_topics(&[(config.catalog_topic(), 1, true)])
             .await?;

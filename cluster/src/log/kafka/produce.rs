@@ -8,7 +8,7 @@
 //! none.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -190,13 +190,15 @@ impl Publisher {
                 stats: stats.clone(),
             })
             .map_err(|e| kafka_error("creating the reply producer", e))?;
+        // Until the membership view says what the live members read, this node writes
+        // and persists what every build reads (`format::writes`).
+        format::settle(format::OLDEST);
         Ok(Publisher {
             config: config.clone(),
             producer,
             answerer: Answerer {
                 replier,
                 stats: stats.clone(),
-                format: Arc::new(AtomicU32::new(format::OLDEST)),
                 here: Arc::new(Here {
                     reply_topic: format!("{}-replies.{}", config.cluster, config.node),
                     pending: Mutex::default(),
@@ -212,15 +214,17 @@ impl Publisher {
         })
     }
 
-    /// The format to write a record in now.
+    /// The format to write a record in now (`format::writes`).
     pub(super) fn format(&self) -> u32 {
-        self.answerer.format.load(Ordering::Acquire)
+        format::writes()
     }
 
     /// Sets the format to write in (`View::format`, kept by the membership thread);
     /// whether it changed.
-    pub(super) fn set_format(&self, format: u32) -> bool {
-        self.answerer.format.swap(format, Ordering::AcqRel) != format
+    pub(super) fn set_format(&self, to: u32) -> bool {
+        let was = format::writes();
+        format::settle(to);
+        format::writes() != was
     }
 
     pub(super) fn reply_topic(&self) -> &str {
@@ -615,13 +619,11 @@ pub fn reply_to(m: &impl Message) -> Option<ReplyTo> {
 }
 
 /// How tasks answer on the askers' reply topics, from their shard threads: the reply
-/// producer, its counters, the format the node writes in (the lowest its live members
-/// read; the oldest until it knows them), and this node's own askers.
+/// producer, its counters, and this node's own askers. It writes in `format::writes`.
 #[derive(Clone)]
 pub(super) struct Answerer {
     replier: Replier,
     stats: Arc<KafkaStats>,
-    format: Arc<AtomicU32>,
     here: Arc<Here>,
 }
 
@@ -641,7 +643,7 @@ impl Answerer {
     /// with the generation of the newest plan this node has read (`PLAN_HEADER`).
     /// A statement of this node gets its record in place of Kafka.
     pub(super) fn send(&self, plan: u64, asks: Vec<(usize, ReplyTo)>, result: Result<Answers>) {
-        let format = self.format.load(Ordering::Acquire);
+        let format = format::writes();
         // (reply topic, request) → (slot, values wanted, the event's index in the batch)
         type Slots = Vec<(u32, bool, usize)>;
         let mut by_request: BTreeMap<(Arc<str>, u64), Slots> = BTreeMap::new();
