@@ -17,8 +17,9 @@
 //! instead of 62. An event's bytes depend only on the base, never on its neighbours, so
 //! a late event is placed with one splice and the oldest leaves by moving `start`. When
 //! the bytes of events that left are at least half the live ones and the buffer is
-//! full, `make_room` drops them and re-bases the held events on the oldest one, so the
-//! differences stay those of the events held.
+//! full, `make_room` drops them, moving the held events down to the base; once the base
+//! is eight spans of the held events old, it re-bases them on the oldest instead, so the
+//! differences stay about those of the events held.
 //!
 //! A checkpoint (`encode`) copies the base and the held events whole: mark `MARK`, from
 //! format `format::HELD_BASE`. For a reader of an older format it writes each event
