@@ -14,6 +14,7 @@ use eddy_server::ops::config;
 use eddy_server::ops::limits::LimitLayers;
 use eddy_server::serve::{default_io_threads, run_on, Config};
 use eddy_server::session::settings::Setting;
+use eddy_storage::chunk::Compression;
 use eddy_storage::{ReservoirConfig, RocksConfig};
 
 /// mimalloc: the engine allocates and frees across threads (the Kafka consumer thread
@@ -250,6 +251,9 @@ struct ServeArgs {
     /// Bytes of decoded chunks each task keeps in memory.
     #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "4MB", value_parser = bytes)]
     chunk_cache_bytes: usize,
+    /// LZ4 for reservoir chunks: auto (where it at least halves a chunk), lz4 or none.
+    #[arg(long, env = "EDDY_RESERVOIR_COMPRESSION", default_value = "auto")]
+    reservoir_compression: Compression,
     /// Group states in the write-back cache (L1), per GroupBy node of a task.
     #[arg(long, env = "EDDY_L1_ENTRIES", default_value_t = CacheConfig::default().l1_entries as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -481,6 +485,7 @@ fn serve(
             chunk_bytes_max: args.chunk_bytes_max,
             segment_bytes_max: args.segment_bytes_max as u64,
             cache_bytes_max: args.chunk_cache_bytes,
+            compression: args.reservoir_compression,
         },
         cache: CacheConfig {
             l1_entries: args.l1_entries as usize,

@@ -507,7 +507,9 @@ fn chunks_refuse_without_panicking() {
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
     use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use datafusion::arrow::record_batch::RecordBatch;
-    use eddy_storage::chunk::{check_payload, encode_chunk, ChunkHeader, HEADER_BYTES};
+    use eddy_storage::chunk::{
+        check_payload, encode_chunk, ChunkHeader, Compression, Compressor, HEADER_BYTES,
+    };
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("card", DataType::Utf8, true),
@@ -526,8 +528,15 @@ fn chunks_refuse_without_panicking() {
         ],
     )
     .unwrap();
-    let (_, chunk) = encode_chunk(&batch, 7, (10, 1), (30, 3)).unwrap();
-    fuzz("chunk", &[chunk], 5_000, |input| {
+    // Both payloads a reservoir writes: an LZ4 block, and the IPC stream alone.
+    let chunk = |mode| {
+        let compressor = Compressor::new(mode);
+        encode_chunk(&batch, &compressor, 7, (10, 1), (30, 3))
+            .unwrap()
+            .1
+    };
+    let chunks = [chunk(Compression::Lz4), chunk(Compression::None)];
+    fuzz("chunk", &chunks, 5_000, |input| {
         // As the reservoir reads a chunk: its header, then its payload, checked.
         if let Some(header) = ChunkHeader::decode(input) {
             let _ = check_payload(&header, &input[HEADER_BYTES..]);

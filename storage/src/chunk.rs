@@ -12,9 +12,13 @@
 //! stream; those chunks (and checkpointed open events so written) stay readable. One
 //! block for the whole stream costs about half the instructions per event to write, the
 //! most frequent cost of a sealed event. A payload tells its format by its first bytes:
-//! an IPC stream starts with the continuation marker, which is never a block's size.
+//! an IPC stream starts with the continuation marker, which is never a block's size. So
+//! a payload may also be the IPC stream alone, uncompressed: what `Compressor` writes
+//! where LZ4 does not pay, and what every reader of version 1 or 2 reads.
 
 use std::io::Cursor;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
 use arrow_ipc::reader::StreamReader;
@@ -87,19 +91,102 @@ impl ChunkHeader {
     }
 }
 
-/// The IPC stream of a batch, compressed as one LZ4 block with its size first.
-pub fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>, String> {
+/// How a reservoir's chunks are compressed (`eddy serve --reservoir-compression`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compression {
+    /// LZ4 where it pays: where it at least halves a chunk's bytes (`Compressor`).
+    #[default]
+    Auto,
+    /// Every chunk.
+    Lz4,
+    /// No chunk.
+    None,
+}
+
+impl FromStr for Compression {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Compression, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Compression::Auto),
+            "lz4" => Ok(Compression::Lz4),
+            "none" => Ok(Compression::None),
+            _ => Err(format!("\"{s}\" is not a compression: auto, lz4 or none")),
+        }
+    }
+}
+
+/// Under `Compression::Auto`, one chunk in this many is compressed to see what LZ4 saves
+/// on a reservoir's events; the chunks until the next sample follow what it saw.
+const SAMPLE_EVERY: u64 = 16;
+
+/// LZ4 pays where it divides a chunk's bytes by at least this. Below it, compressing at
+/// each seal and decompressing at each read back costs more than the disk it saves: on
+/// `bench/memory.sh`'s payments (1.9x), LZ4 took a third of the IO thread's time and
+/// cost a 7-day window a tenth of its rate, for 30 bytes an event of disk.
+const LZ4_PAYS_AT: usize = 2;
+
+/// Writes a reservoir's payloads, compressed as its `Compression` says. Shared by the
+/// reservoir and the writes it queues to the IO thread.
+#[derive(Debug)]
+pub struct Compressor {
+    mode: Compression,
+    /// Payloads written under `Auto`: which ones are samples.
+    written: AtomicU64,
+    /// What the last sample saw.
+    pays: AtomicBool,
+}
+
+impl Compressor {
+    pub fn new(mode: Compression) -> Compressor {
+        Compressor {
+            mode,
+            written: AtomicU64::new(0),
+            pays: AtomicBool::new(true),
+        }
+    }
+
+    /// The payload of `batch`: its IPC stream, as one LZ4 block with its size first or
+    /// alone.
+    pub fn payload(&self, batch: &RecordBatch) -> Result<Vec<u8>, String> {
+        let ipc = ipc_stream(batch)?;
+        let sample = match self.mode {
+            Compression::None => return Ok(ipc),
+            Compression::Lz4 => return lz4_block(&ipc),
+            Compression::Auto => self
+                .written
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(SAMPLE_EVERY),
+        };
+        if !sample {
+            return match self.pays.load(Ordering::Relaxed) {
+                true => lz4_block(&ipc),
+                false => Ok(ipc),
+            };
+        }
+        let block = lz4_block(&ipc)?;
+        let pays = block.len() * LZ4_PAYS_AT <= ipc.len();
+        self.pays.store(pays, Ordering::Relaxed);
+        Ok(if pays { block } else { ipc })
+    }
+}
+
+fn ipc_stream(batch: &RecordBatch) -> Result<Vec<u8>, String> {
     let mut ipc = Vec::with_capacity(batch.get_array_memory_size() + 1024);
     let mut writer = StreamWriter::try_new(&mut ipc, &batch.schema()).map_err(|e| e.to_string())?;
     writer.write(batch).map_err(|e| e.to_string())?;
     writer.finish().map_err(|e| e.to_string())?;
     drop(writer);
-    lz4::block::compress(&ipc, None, true).map_err(|e| e.to_string())
+    Ok(ipc)
+}
+
+fn lz4_block(ipc: &[u8]) -> Result<Vec<u8>, String> {
+    lz4::block::compress(ipc, None, true).map_err(|e| e.to_string())
 }
 
 /// The batch of a chunk's payload, once its length and checksum match its header: a
 /// damaged payload is refused before Arrow reads it. (A payload whose checksum matches
-/// is trusted to be one `encode_batch` wrote: Arrow allocates what its IPC messages
+/// is trusted to be one `Compressor` wrote: Arrow allocates what its IPC messages
 /// declare.)
 pub fn check_payload(header: &ChunkHeader, payload: &[u8]) -> Result<RecordBatch, String> {
     if payload.len() != header.payload_len as usize {
@@ -115,7 +202,7 @@ pub fn check_payload(header: &ChunkHeader, payload: &[u8]) -> Result<RecordBatch
     decode_batch(payload)
 }
 
-/// The batch of a payload written by `encode_batch`, of any version.
+/// The batch of a payload `Compressor` wrote, of any version.
 pub fn decode_batch(payload: &[u8]) -> Result<RecordBatch, String> {
     if payload.starts_with(&IPC_CONTINUATION) {
         return read_ipc(payload);
@@ -145,11 +232,12 @@ fn read_ipc(ipc: &[u8]) -> Result<RecordBatch, String> {
 /// A whole chunk (header and payload) for `batch` of events spanning `first..=last`.
 pub fn encode_chunk(
     batch: &RecordBatch,
+    compressor: &Compressor,
     schema_id: u32,
     first: Key,
     last: Key,
 ) -> Result<(ChunkHeader, Vec<u8>), String> {
-    let payload = encode_batch(batch)?;
+    let payload = compressor.payload(batch)?;
     let header = ChunkHeader {
         schema_id,
         rows: batch.num_rows() as u32,
@@ -187,12 +275,75 @@ mod tests {
             ),
         ])
         .unwrap();
-        let (header, bytes) = encode_chunk(&batch, 3, (1, 1), (9, 9)).unwrap();
+        let (header, bytes) = encode_chunk(&batch, &lz4(), 3, (1, 1), (9, 9)).unwrap();
         assert_eq!(ChunkHeader::decode(&bytes), Some(header));
         assert!((header.payload_len as u64) < header.raw_bytes / 2);
         let back = decode_batch(&bytes[HEADER_BYTES..]).unwrap();
         assert_eq!(back, batch);
         assert_eq!(ChunkHeader::decode(&bytes[1..]), None);
+    }
+
+    fn lz4() -> Compressor {
+        Compressor::new(Compression::Lz4)
+    }
+
+    /// Doubles from a xorshift: bytes LZ4 can do nothing with.
+    fn noise(n: usize) -> RecordBatch {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let values = (0..n).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f64::from_bits(x >> 2)
+        });
+        RecordBatch::try_from_iter(vec![(
+            "amount",
+            Arc::new(arrow_array::Float64Array::from_iter_values(values)) as _,
+        )])
+        .unwrap()
+    }
+
+    fn compressed(payload: &[u8]) -> bool {
+        !payload.starts_with(&IPC_CONTINUATION)
+    }
+
+    /// `Auto` compresses what LZ4 at least halves, writes the rest as the IPC stream
+    /// alone, and follows its last sample between samples: a reservoir whose events stop
+    /// compressing stops paying for LZ4 at its next sample, and takes it up again the
+    /// same way. Every payload reads back whole, whichever it is.
+    #[test]
+    fn auto_compresses_where_lz4_pays() {
+        // A card of ten, its amount: a batch LZ4 divides by more than two.
+        let good = RecordBatch::try_from_iter(vec![(
+            "card",
+            Arc::new(StringArray::from_iter_values(
+                (0..5000).map(|i| format!("card-{}", i % 10)),
+            )) as _,
+        )])
+        .unwrap();
+        let bad = noise(5000);
+        let auto = Compressor::new(Compression::Auto);
+        let write = |batch: &RecordBatch| {
+            let payload = auto.payload(batch).unwrap();
+            assert_eq!(&decode_batch(&payload).unwrap(), batch);
+            compressed(&payload)
+        };
+        // Sample 0 compresses well; until sample 1, everything is compressed, noise too.
+        assert!(write(&good));
+        assert!((1..SAMPLE_EVERY).all(|_| write(&bad)));
+        // Sample 1 is noise: until sample 2, nothing is compressed, not even what would pay.
+        assert!(!write(&bad));
+        assert!((1..SAMPLE_EVERY).all(|_| !write(&good)));
+        assert!(write(&good));
+        // The fixed modes never sample.
+        let none = Compressor::new(Compression::None);
+        assert!(!compressed(&none.payload(&good).unwrap()));
+        assert!(compressed(&lz4().payload(&bad).unwrap()));
+        assert_eq!("LZ4".parse(), Ok(Compression::Lz4));
+        assert!("zstd"
+            .parse::<Compression>()
+            .unwrap_err()
+            .contains("auto, lz4 or none"));
     }
 
     fn sample() -> RecordBatch {
@@ -247,7 +398,7 @@ mod tests {
         assert_eq!(check_payload(&header, &old[HEADER_BYTES..]).unwrap(), batch);
         // The payload is an IPC stream, not a block: the version is told by its bytes.
         assert!(old[HEADER_BYTES..].starts_with(&IPC_CONTINUATION));
-        let (_, new) = encode_chunk(&batch, 1, (1, 1), (2, 2)).unwrap();
+        let (_, new) = encode_chunk(&batch, &lz4(), 1, (1, 1), (2, 2)).unwrap();
         assert!(!new[HEADER_BYTES..].starts_with(&IPC_CONTINUATION));
         assert_eq!(decode_batch(&new[HEADER_BYTES..]).unwrap(), batch);
         let mut future = new.clone();
@@ -257,7 +408,7 @@ mod tests {
 
     #[test]
     fn refuses_a_block_that_claims_more_than_lz4_can_hold() {
-        let payload = encode_batch(&sample()).unwrap();
+        let payload = lz4().payload(&sample()).unwrap();
         let mut lying = payload.clone();
         lying[..4].copy_from_slice(&i32::MAX.to_le_bytes());
         let e = decode_batch(&lying).unwrap_err();

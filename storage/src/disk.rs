@@ -28,7 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 
 use crate::chunk::{
-    check_payload, decode_batch, encode_batch, encode_chunk, ChunkHeader, Key, HEADER_BYTES,
+    check_payload, decode_batch, encode_chunk, ChunkHeader, Compression, Compressor, Key,
+    HEADER_BYTES,
 };
 use crate::reservoir::{
     ChunkCodec, Durable, MemReservoir, Owed, PendingMark, Reservoir, ReservoirError,
@@ -42,6 +43,8 @@ pub struct ReservoirConfig {
     pub segment_bytes_max: u64,
     /// Bytes of decoded chunks kept in memory: by default `CACHED_CHUNKS` chunks.
     pub cache_bytes_max: usize,
+    /// Whether chunks are compressed with LZ4: by default where it pays.
+    pub compression: Compression,
 }
 
 /// Chunks the default cache holds. A delayed window reads with two scans, its head and
@@ -57,6 +60,7 @@ impl Default for ReservoirConfig {
             chunk_bytes_max,
             segment_bytes_max: 64 << 20,
             cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
+            compression: Compression::Auto,
         }
     }
 }
@@ -229,13 +233,20 @@ impl SegmentWriter {
 fn encode_events<E: Timed>(
     events: &[E],
     codec: &dyn ChunkCodec<E>,
+    compressor: &Compressor,
 ) -> Result<(ChunkHeader, Vec<u8>), String> {
     let (Some(first), Some(last)) = (events.first(), events.last()) else {
         return Err("an empty chunk".into());
     };
     let refs: Vec<&E> = events.iter().collect();
     let batch = codec.encode(&refs)?;
-    encode_chunk(&batch, codec.schema_id(), first.key(), last.key())
+    encode_chunk(
+        &batch,
+        compressor,
+        codec.schema_id(),
+        first.key(),
+        last.key(),
+    )
 }
 
 #[derive(Debug)]
@@ -301,6 +312,7 @@ pub struct DiskReservoir<E> {
     dir: PathBuf,
     config: ReservoirConfig,
     codec: Arc<dyn ChunkCodec<E>>,
+    compressor: Arc<Compressor>,
     /// Bumped when the codec changes: decodes from an older codec are discarded.
     generation: u64,
     chunks: VecDeque<ChunkRef>,
@@ -502,6 +514,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             dir: dir.to_path_buf(),
             config,
             codec,
+            compressor: Arc::new(Compressor::new(config.compression)),
             generation: 0,
             chunks: VecDeque::new(),
             next_chunk: 0,
@@ -862,9 +875,10 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         u.submitted = true;
         let (number, events) = (u.number, u.events.clone());
         let (codec, writer) = (self.codec.clone(), self.writer.clone());
+        let compressor = self.compressor.clone();
         let tx = self.written_tx.clone();
         let job: Job = Box::new(move || {
-            let result = encode_events(&events, codec.as_ref())
+            let result = encode_events(&events, codec.as_ref(), &compressor)
                 .map_err(WriteError::Failed)
                 .and_then(|(header, bytes)| {
                     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -1248,13 +1262,15 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         // The open events are shared, not copied; encoding them is the costly part.
         let unwritten = self.unwritten.iter().flat_map(|u| u.events.iter());
         let open: Vec<E> = unwritten.chain(self.open.iter()).cloned().collect();
-        let codec = self.codec.clone();
+        let (codec, compressor) = (self.codec.clone(), self.compressor.clone());
         Ok(PendingMark::new(durable, move || {
             let open = if open.is_empty() {
                 Vec::new()
             } else {
                 let open: Vec<&E> = open.iter().collect();
-                encode_batch(&codec.encode(&open).map_err(err)?).map_err(err)?
+                compressor
+                    .payload(&codec.encode(&open).map_err(err)?)
+                    .map_err(err)?
             };
             Ok(Mark { open, ..mark }.encode())
         }))
@@ -1320,6 +1336,7 @@ mod tests {
             chunk_bytes_max: 24 * 50,
             segment_bytes_max: 4096,
             cache_bytes_max: 24 * 200,
+            ..ReservoirConfig::default()
         }
     }
 
@@ -1462,6 +1479,7 @@ mod tests {
             chunk_bytes_max,
             segment_bytes_max: 4096,
             cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
+            compression: Compression::Auto,
         };
         let mut r =
             DiskReservoir::open(&dir, config, Arc::new(EvCodec), Some(io.clone()), None).unwrap();
@@ -1483,11 +1501,22 @@ mod tests {
     }
 
     /// Random inserts within a lateness, sealing, retention, range reads, checkpoints and
-    /// reboots (with and without a mark), against a sorted Vec.
+    /// reboots (with and without a mark), against a sorted Vec. Each reboot changes the
+    /// compression, so chunks written each way are read by a reservoir set another way.
     #[test]
     fn matches_a_sorted_model_across_reboots() {
         let dir = temp_dir("model");
         let io = IoThread::start("test-io");
+        let mut modes = [Compression::Auto, Compression::None, Compression::Lz4]
+            .into_iter()
+            .cycle();
+        let open = |dir: &Path, io: &IoThread, mark: Option<&[u8]>, mode: Compression| {
+            let config = ReservoirConfig {
+                compression: mode,
+                ..config()
+            };
+            DiskReservoir::open(dir, config, Arc::new(EvCodec), Some(io.clone()), mark).unwrap()
+        };
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             state ^= state << 13;
@@ -1495,7 +1524,7 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let mut r = open(&dir, &io, None);
+        let mut r = open(&dir, &io, None, modes.next().unwrap());
         let mut model: Vec<Ev> = Vec::new();
         /// The model when a checkpoint was taken.
         struct Saved {
@@ -1546,14 +1575,14 @@ mod tests {
                     drop(r);
                     match &checkpoint {
                         Some((mark, saved)) => {
-                            r = open(&dir, &io, Some(mark));
+                            r = open(&dir, &io, Some(mark), modes.next().unwrap());
                             model = saved.model.clone();
                             (t, seq) = (saved.t, saved.seq);
                             // The mark keeps the floor: what had expired stays expired.
                             floor = saved.floor;
                         }
                         None => {
-                            r = open(&dir, &io, None);
+                            r = open(&dir, &io, None, modes.next().unwrap());
                             model.clear();
                             floor = i64::MIN;
                         }

@@ -19,6 +19,7 @@ pub fn tiny_chunks() -> StorageConfig {
             chunk_bytes_max: 2048,
             segment_bytes_max: 16 << 10,
             cache_bytes_max: 16 << 10,
+            ..ReservoirConfig::default()
         },
         ..Default::default()
     }
