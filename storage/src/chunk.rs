@@ -122,8 +122,8 @@ const SAMPLE_EVERY: u64 = 16;
 
 /// LZ4 pays where it divides a chunk's bytes by at least this. Below it, compressing at
 /// each seal and decompressing at each read back costs more than the disk it saves: on
-/// `bench/memory.sh`'s payments (1.9x), LZ4 took a third of the IO thread's time and
-/// cost a 7-day window a tenth of its rate, for 30 bytes an event of disk.
+/// `bench/memory.sh`'s payments (1.7x), LZ4 took a third of the IO thread's time and
+/// cost a 7-day window a tenth of its rate, to save 22 of an event's 54 bytes of disk.
 const LZ4_PAYS_AT: usize = 2;
 
 /// Writes a reservoir's payloads, compressed as its `Compression` says. Shared by the
