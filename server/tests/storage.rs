@@ -1,18 +1,20 @@
 //! The disk-backed default across clean restarts: sealed chunks, group state in RocksDB
-//! behind tiny caches, a column added between chunks, and a damaged chunk.
+//! behind tiny caches, a column added between chunks, chunks written under one
+//! `--reservoir-compression` and read under another, and a damaged chunk.
 
 mod common;
 
-use common::{connect_port, simple_rows, spawn_eddy, temp_dir, TextRow};
+use common::{connect_port, simple_rows, spawn_eddy, spawn_eddy_with, temp_dir, TextRow};
 use eddy_cluster::route::partition_for;
 use eddy_planner::types::Value;
 
 /// The real `eddy` binary, with chunks of about fifteen events and group caches of a few
-/// entries (see `spawn_eddy`), stopped cleanly with SIGTERM and started again.
+/// entries (see `spawn_eddy`), stopped cleanly with SIGTERM and started again: first
+/// writing its chunks uncompressed, then reading them with LZ4 on, then by default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
     let dir = temp_dir("storage");
-    let (server, port) = spawn_eddy(&dir);
+    let (server, port) = spawn_eddy_with(&dir, &["--reservoir-compression", "none"]);
     let client = connect_port(port).await;
     client
         .batch_execute(
@@ -137,7 +139,13 @@ async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
 
     // A clean restart: everything comes back from the checkpoint taken at shutdown.
     server.terminate();
-    let (server, port) = spawn_eddy(&dir);
+    let payloads = chunk_payloads(&dir);
+    assert!(payloads.len() > 20, "{}", payloads.len());
+    assert!(
+        payloads.iter().all(|p| p.starts_with(&[0xff; 4])),
+        "under `none` every chunk is the Arrow IPC stream alone"
+    );
+    let (server, port) = spawn_eddy_with(&dir, &["--reservoir-compression", "lz4"]);
     let (card2, country2, events2, client) = read(connect_port(port).await).await;
     assert_eq!((&card2, &country2, &events2), (&card, &country, &events));
     drop(client);
@@ -175,6 +183,25 @@ async fn state_and_chunks_survive_restarts_and_damage_is_reported() {
         Some("1")
     );
     drop(server);
+}
+
+/// The payload of every chunk in the reservoir's segment files.
+fn chunk_payloads(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    use eddy_storage::chunk::{ChunkHeader, HEADER_BYTES};
+    let mut out = Vec::new();
+    for seg in walk(&dir.join("reservoir")) {
+        if seg.extension().is_none_or(|e| e != "seg") {
+            continue;
+        }
+        let bytes = std::fs::read(&seg).unwrap();
+        let mut at = 0;
+        while let Some(h) = bytes.get(at..).and_then(ChunkHeader::decode) {
+            let start = at + HEADER_BYTES;
+            at = start + h.payload_len as usize;
+            out.push(bytes[start..at].to_vec());
+        }
+    }
+    out
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
