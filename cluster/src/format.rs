@@ -76,9 +76,14 @@ pub fn writes() -> u32 {
     }
 }
 
-/// Sets what `writes` gives: `format`, within what this node writes at most.
-pub fn settle(format: u32) {
-    WRITES.store(format.clamp(OLDEST, own()), Ordering::Relaxed);
+/// Sets what `writes` gives: `format`, within what this node writes at most; whether
+/// that changed it.
+pub fn settle(format: u32) -> bool {
+    let to = format.clamp(OLDEST, own());
+    match WRITES.swap(to, Ordering::Relaxed) {
+        0 => own() != to,
+        was => was != to,
+    }
 }
 
 /// Whether this build reads `found`; if not, why, naming `what` holds it.

@@ -1490,7 +1490,7 @@ mod tests {
             chunk_bytes_max,
             segment_bytes_max: 4096,
             cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
-            compression: Compression::Auto,
+            ..ReservoirConfig::default()
         };
         let mut r =
             DiskReservoir::open(&dir, config, Arc::new(EvCodec), Some(io.clone()), None).unwrap();

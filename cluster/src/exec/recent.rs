@@ -404,14 +404,15 @@ impl Recent {
         let mut rebased = Vec::with_capacity(self.bytes.capacity());
         let base = {
             let old = self.base();
-            let mut r = Reader(&self.bytes[self.start..]);
-            let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
+            let held = &self.bytes[self.start..];
+            // The oldest, whole, is the new base; then every held event against it.
+            let (ts, seq, row) = old.read_event(&mut Reader(held), true).expect(CORRUPT);
             let mut base = Vec::with_capacity(64);
             write_whole(&mut base, ts, seq, &row);
             let new = Base::read(&mut Reader(&base)).expect("just written");
             rebased.extend_from_slice(&base);
-            new.write_against(&mut rebased, ts, seq, &row);
-            for _ in 1..self.len {
+            let mut r = Reader(held);
+            for _ in 0..self.len {
                 let (ts, seq, row) = old.read_event(&mut r, true).expect(CORRUPT);
                 new.write_against(&mut rebased, ts, seq, &row);
             }

@@ -109,7 +109,7 @@ impl Db {
                         // What this node knows of itself: whether the broker answers its
                         // beats, and how long its lease still runs.
                         let writes = if f.node == me {
-                            Cell::I32(kafka.writes_format() as i32)
+                            Cell::I32(eddy_cluster::format::writes() as i32)
                         } else {
                             Cell::Null
                         };

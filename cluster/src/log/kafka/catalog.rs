@@ -45,7 +45,7 @@ impl Kafka {
             ));
         }
         let catalog = self.config.catalog_topic();
-        let format = self.publisher.format();
+        let format = crate::format::writes();
         let mut deliveries = Vec::new();
         for (key, sql) in &records {
             let mut record = FutureRecord::to(&catalog).key(key.as_str());

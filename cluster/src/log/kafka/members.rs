@@ -381,7 +381,7 @@ impl Kafka {
         BaseRecord::to(topic)
             .key(key)
             .payload(body)
-            .headers(format_headers(self.publisher.format()))
+            .headers(format_headers(crate::format::writes()))
     }
 
     /// Publishes a node's facts on the cluster topic and waits until Kafka has them.
@@ -405,7 +405,7 @@ impl Kafka {
     /// members read (`View::format`).
     fn settle_format(&self, view: &View) {
         let format = view.format(crate::format::own());
-        if self.publisher.set_format(format) {
+        if crate::format::settle(format) {
             tracing::info!("kafka: writing format {format}, the lowest the live members read");
         }
     }

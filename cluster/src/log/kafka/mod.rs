@@ -186,12 +186,6 @@ impl Kafka {
             .ok_or_else(|| Error::internal("kafka: the node is shutting down"))
     }
 
-    /// The format this node writes its Kafka records and transfers in now
-    /// (`crate::format`): the lowest its live members read.
-    pub fn writes_format(&self) -> u32 {
-        self.publisher.format()
-    }
-
     pub fn config(&self) -> &KafkaConfig {
         &self.config
     }

@@ -214,19 +214,6 @@ impl Publisher {
         })
     }
 
-    /// The format to write a record in now (`format::writes`).
-    pub(super) fn format(&self) -> u32 {
-        format::writes()
-    }
-
-    /// Sets the format to write in (`View::format`, kept by the membership thread);
-    /// whether it changed.
-    pub(super) fn set_format(&self, to: u32) -> bool {
-        let was = format::writes();
-        format::settle(to);
-        format::writes() != was
-    }
-
     pub(super) fn reply_topic(&self) -> &str {
         &self.answerer.here.reply_topic
     }
@@ -283,7 +270,7 @@ impl Publisher {
         }
         // Each task's events take consecutive slots, so one record carries them
         // (`records`); `order` puts the answers back in the statement's order.
-        let format = self.format();
+        let format = format::writes();
         let (events, floors, order) = if format >= format::PACKED {
             by_task(events, floors)
         } else {
@@ -354,7 +341,7 @@ impl Publisher {
         stream: &StreamDef,
         events: &[(TaskId, Row)],
     ) -> Result<()> {
-        let records = self.records(stream, events, None, self.format());
+        let records = self.records(stream, events, None, format::writes());
         self.send_records(records, events.len()).await
     }
 
