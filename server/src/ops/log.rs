@@ -9,7 +9,10 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// Milliseconds above which a statement is logged; negative: never.
 static SLOW_MS: AtomicI64 = AtomicI64::new(1000);
@@ -17,19 +20,31 @@ static SLOW_MS: AtomicI64 = AtomicI64::new(1000);
 /// Installs the subscriber for the process (once; later calls only set the threshold).
 pub fn init(filter: &str, format: &str, slow_statement_ms: i64) -> anyhow::Result<()> {
     SLOW_MS.store(slow_statement_ms, Ordering::Relaxed);
-    let filter = EnvFilter::try_new(filter)
-        .map_err(|e| anyhow::anyhow!("--log {filter:?}: {e} (a level such as info, or a filter such as info,eddy_cluster=debug)"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
+    // A filter of targets and levels alone is a `Targets`, which costs nothing as a span
+    // is entered and left. `EnvFilter` (needed only for span and field directives) reads
+    // a lock that every thread shares at each enter and exit, and every session's future
+    // runs inside its `session` span: at 16 clients that was a cache line bounced between
+    // the session threads at every poll.
+    let filter: Box<dyn Layer<Registry> + Send + Sync> = match filter.parse::<Targets>() {
+        Ok(targets) => Box::new(targets),
+        Err(_) => Box::new(EnvFilter::try_new(filter).map_err(|e| {
+            anyhow::anyhow!(
+                "--log {filter:?}: {e} (a level such as info, or a filter such as \
+                 info,eddy_cluster=debug)"
+            )
+        })?),
+    };
+    let text = || {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+    };
     let installed = match format {
-        "json" => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
+        "json" => Registry::default()
+            .with(filter)
+            .with(text().json().with_current_span(true).with_span_list(true))
             .try_init(),
-        _ => builder.try_init(),
+        _ => Registry::default().with(filter).with(text()).try_init(),
     };
     // A second server in one process (the tests) keeps the first subscriber.
     drop(installed);

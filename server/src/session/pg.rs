@@ -1129,10 +1129,10 @@ impl Session {
     /// INSERTs and queries are bound once per catalog version; their fast path comes
     /// from the same binding as their shape (the INSERT's template, the query's plan).
     async fn bind(&self, prepared: &Prepared) -> eddy_planner::Result<Arc<Bound>> {
-        let catalog = self.db.catalog();
-        if let Some(b) = prepared.bound(&catalog) {
+        if let Some(b) = prepared.bound(|c| self.db.is_current(c)) {
             return Ok(b);
         }
+        let catalog = self.db.catalog();
         let (shape, fast) = match &prepared.stmt {
             Statement::Insert(insert) => {
                 let template = eddy_planner::bind::InsertTemplate::new(&catalog, insert)?;

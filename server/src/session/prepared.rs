@@ -60,13 +60,10 @@ impl Prepared {
         matches!(self.stmt, Statement::Insert(_) | Statement::Query(_))
     }
 
-    /// The binding made against `catalog`, if it is the current one.
-    pub fn bound(&self, catalog: &Arc<Catalog>) -> Option<Arc<Bound>> {
+    /// The binding kept, if `current` says its catalog is still the current one.
+    pub fn bound(&self, current: impl Fn(&Arc<Catalog>) -> bool) -> Option<Arc<Bound>> {
         let bound = self.bound.lock().expect("prepared lock");
-        bound
-            .as_ref()
-            .filter(|b| Arc::ptr_eq(&b.catalog, catalog))
-            .cloned()
+        bound.as_ref().filter(|b| current(&b.catalog)).cloned()
     }
 
     /// Keeps a binding for the executions to come (while its catalog is current).

@@ -70,7 +70,7 @@ async fn adopt(db: &Arc<Db>) -> Result<()> {
         kafka.install(&current, &next).await?;
     }
     persist(&db.data_dir, &next)?;
-    *db.catalog.write().expect("catalog lock") = next;
+    db.set_catalog(next);
     db.engine().checkpoint().await?;
     Ok(())
 }

@@ -164,7 +164,12 @@ impl Executed {
 type QueryContexts = HashMap<Arc<str>, datafusion::prelude::SessionContext>;
 
 pub struct Db {
-    pub(crate) catalog: RwLock<Arc<Catalog>>,
+    /// Read with `catalog`, replaced with `set_catalog`.
+    catalog: RwLock<Arc<Catalog>>,
+    /// The address of the current catalog, for `is_current`: a prepared statement checks
+    /// its binding against it at every execution, which the lock and the reference count
+    /// would make a cache line shared by every session thread.
+    current_catalog: std::sync::atomic::AtomicUsize,
     /// The DataFusion contexts of the current catalog, built once per catalog change and
     /// time zone.
     query_ctx: std::sync::Mutex<Option<(Arc<Catalog>, QueryContexts)>>,
@@ -282,6 +287,7 @@ impl Db {
         // What ALTER SYSTEM kept, under the limits and the session defaults alike.
         let kept = crate::ops::settings::load(data_dir)?;
         let db = Arc::new(Db {
+            current_catalog: std::sync::atomic::AtomicUsize::new(Arc::as_ptr(&catalog) as usize),
             catalog: RwLock::new(catalog),
             query_ctx: std::sync::Mutex::new(None),
             engine,
@@ -318,6 +324,24 @@ impl Db {
 
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().expect("catalog lock").clone()
+    }
+
+    /// Makes `next` the catalog statements run against.
+    pub(crate) fn set_catalog(&self, next: Arc<Catalog>) {
+        let mut current = self.catalog.write().expect("catalog lock");
+        self.current_catalog.store(
+            Arc::as_ptr(&next) as usize,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        *current = next;
+    }
+
+    /// Whether `catalog` is the current one, with no lock taken and no reference
+    /// counted. (Its holder keeps it alive, so no other catalog can have its address.)
+    pub fn is_current(&self, catalog: &Arc<Catalog>) -> bool {
+        self.current_catalog
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == Arc::as_ptr(catalog) as usize
     }
 
     /// Counts a statement as running until the guard goes (`eddy_connections`).
@@ -653,7 +677,7 @@ impl Db {
                 self.engine.apply_catalog(current).await?;
                 return Err(e);
             }
-            *self.catalog.write().expect("catalog lock") = next;
+            self.set_catalog(next);
             // Recovery restarts from a checkpoint that already has the new metrics.
             self.engine.checkpoint().await?;
         }
