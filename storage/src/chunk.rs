@@ -159,9 +159,10 @@ impl Compressor {
                 .is_multiple_of(SAMPLE_EVERY),
         };
         if !sample {
-            return match self.pays.load(Ordering::Relaxed) {
-                true => lz4_block(&ipc),
-                false => Ok(ipc),
+            return if self.pays.load(Ordering::Relaxed) {
+                lz4_block(&ipc)
+            } else {
+                Ok(ipc)
             };
         }
         let block = lz4_block(&ipc)?;

@@ -1358,7 +1358,20 @@ mod tests {
     }
 
     fn open(dir: &Path, io: &IoThread, mark: Option<&[u8]>) -> DiskReservoir<Ev> {
-        DiskReservoir::open(dir, config(), Arc::new(EvCodec), Some(io.clone()), mark).unwrap()
+        open_with(dir, io, mark, Compression::default())
+    }
+
+    fn open_with(
+        dir: &Path,
+        io: &IoThread,
+        mark: Option<&[u8]>,
+        compression: Compression,
+    ) -> DiskReservoir<Ev> {
+        let config = ReservoirConfig {
+            compression,
+            ..config()
+        };
+        DiskReservoir::open(dir, config, Arc::new(EvCodec), Some(io.clone()), mark).unwrap()
     }
 
     fn collect(r: &mut DiskReservoir<Ev>, a: i64, b: i64) -> Vec<Ev> {
@@ -1521,13 +1534,6 @@ mod tests {
         let mut modes = [Compression::Auto, Compression::None, Compression::Lz4]
             .into_iter()
             .cycle();
-        let open = |dir: &Path, io: &IoThread, mark: Option<&[u8]>, mode: Compression| {
-            let config = ReservoirConfig {
-                compression: mode,
-                ..config()
-            };
-            DiskReservoir::open(dir, config, Arc::new(EvCodec), Some(io.clone()), mark).unwrap()
-        };
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             state ^= state << 13;
@@ -1535,7 +1541,7 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let mut r = open(&dir, &io, None, modes.next().unwrap());
+        let mut r = open_with(&dir, &io, None, modes.next().unwrap());
         let mut model: Vec<Ev> = Vec::new();
         /// The model when a checkpoint was taken.
         struct Saved {
@@ -1586,14 +1592,14 @@ mod tests {
                     drop(r);
                     match &checkpoint {
                         Some((mark, saved)) => {
-                            r = open(&dir, &io, Some(mark), modes.next().unwrap());
+                            r = open_with(&dir, &io, Some(mark), modes.next().unwrap());
                             model = saved.model.clone();
                             (t, seq) = (saved.t, saved.seq);
                             // The mark keeps the floor: what had expired stays expired.
                             floor = saved.floor;
                         }
                         None => {
-                            r = open(&dir, &io, None, modes.next().unwrap());
+                            r = open_with(&dir, &io, None, modes.next().unwrap());
                             model.clear();
                             floor = i64::MIN;
                         }
