@@ -153,8 +153,9 @@ struct ServeArgs {
     #[arg(long, env = "EDDY_CHECKPOINT_INTERVAL", default_value_t = 10.0)]
     checkpoint_interval: f64,
     /// With `synchronous_commit = off`, the longest (milliseconds) an acknowledged
-    /// event waits for the fsync that makes it durable.
-    #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = 10)]
+    /// event waits for the fsync that makes it durable (as PostgreSQL's
+    /// `wal_writer_delay`, whose default is also 200).
+    #[arg(long, env = "EDDY_COMMIT_DELAY", default_value_t = eddy_server::serve::COMMIT_DELAY_MS)]
     commit_delay: u64,
     /// Sessions' default `synchronous_commit` (on: a statement is acknowledged once its
     /// events are fsynced; off: once written, with the fsync within the commit delay).

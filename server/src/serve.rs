@@ -11,7 +11,7 @@ use crate::sql::db::Db;
 use crate::wire::auth::Handlers;
 use crate::wire::Door;
 
-pub use crate::ops::config::{default_io_threads, Config};
+pub use crate::ops::config::{default_io_threads, Config, COMMIT_DELAY_MS};
 
 /// Stack of every thread that may plan SQL (session threads, the I/O runtime's workers):
 /// DataFusion's planner recurses over the statement, and the release build compiles it

@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, env = "EDDY_BUSY_POLL", default_value_t = eddy_server::wire::busy::DEFAULT_US)]
     busy_poll: u64,
     /// The server's `--commit-delay`, in milliseconds.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = eddy_server::serve::COMMIT_DELAY_MS)]
     commit_delay: u64,
     /// Run one mode: single_on, single_off, single_on_polling, single_off_polling
     /// (the client polls its socket between statements instead of sleeping, as a
