@@ -374,7 +374,7 @@ impl Config {
 /// task log written since the last, and ext4 commits its journal for each: at 10 ms a
 /// 4-partition stream made about 400 fdatasyncs a second, and pgbench at 16 clients
 /// (`INSERT … RETURNING`, commit off, alternated runs) did 64–67 k/s at 17.1–17.8 µs of CPU
-/// a statement, against 74–91 k/s at 13.2–15.9 µs with 200 ms.
+/// a statement, against 68–91 k/s at 13.2–16.9 µs with 200 ms.
 pub const COMMIT_DELAY_MS: u64 = 200;
 
 /// Session threads when none are asked for: one per core. Point lookups borrow idle
