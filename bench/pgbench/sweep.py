@@ -35,6 +35,11 @@ COLORS = {"eddy": "rgb(31,119,180)", "postgres": "rgb(214,39,40)", "floor": "rgb
 # number of clients, durable at every point.
 TARGETS_OFF = {1: 1.5, 16: 3.0, 64: 3.0}
 TARGET_DURABLE = 1.5
+# Eddy's throughput never falls as clients are added: each point at least this much of
+# the one before.
+TARGET_STEP = 0.95
+# p99.9 at 16 clients with commit off, in milliseconds.
+TARGET_P999_MS = {("off", 16): 5.0}
 
 
 def stat_ticks(pid):
@@ -243,21 +248,39 @@ def report(args):
           + ", ".join(f"throughput_{m}.svg, p99_{m}.svg" for m in modes))
 
 
+def met(ok):
+    return "**met**" if ok else "**not met**"
+
+
 def target_lines(mode, clients, at):
-    """Each target of the mode read against the floor of the same run: a target past
-    floor/PG is beyond what any server scores here with pgbench."""
+    """Every target of the mode, met or not in this run. A ratio target is also read
+    against the floor of the same run when there is one: a target past floor/PG is beyond
+    what any server scores here with pgbench."""
     md = []
     for n in clients:
         want = TARGET_DURABLE if mode == "on" else TARGETS_OFF.get(n)
         pg, ed, fl = at("postgres", mode, n), at("eddy", mode, n), at("floor", mode, n)
-        if not want or not pg or not pg["tps"] or not fl or not fl["tps"]:
+        if not want or not pg or not pg["tps"] or not ed:
             continue
-        ceiling = fl["tps"] / pg["tps"]
-        have = f"{ed['tps'] / pg['tps']:.2f}×" if ed else "-"
-        verdict = "within the floor" if ceiling >= want else "beyond the floor: no server reaches it here"
-        md.append(f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {have}, "
-                  f"floor {ceiling:.2f}×: {verdict}")
-    return ["", "Targets against the floor of this run:", ""] + md if md else []
+        ratio = ed["tps"] / pg["tps"]
+        line = f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {ratio:.2f}×: {met(ratio >= want)}"
+        if fl and fl["tps"]:
+            ceiling = fl["tps"] / pg["tps"]
+            verdict = "within the floor" if ceiling >= want else "beyond the floor: no server reaches it here"
+            line += f" (floor {ceiling:.2f}×: {verdict})"
+        md.append(line)
+    eddy = [(n, at("eddy", mode, n)) for n in sorted(clients)]
+    eddy = [(n, p) for n, p in eddy if p and p["tps"]]
+    for (a, pa), (b, pb) in zip(eddy, eddy[1:]):
+        step = pb["tps"] / pa["tps"]
+        md.append(f"- {a} → {b} clients: Eddy keeps {step:.2f}× of its throughput "
+                  f"(target ≥ {TARGET_STEP}): {met(step >= TARGET_STEP)}")
+    for (m, n), limit in TARGET_P999_MS.items():
+        ed = at("eddy", mode, n)
+        if m == mode and ed and ed["p999_ms"] is not None:
+            md.append(f"- {n} clients: Eddy's p99.9 {ed['p999_ms']} ms (target ≤ {limit} ms): "
+                      f"{met(ed['p999_ms'] <= limit)}")
+    return ["", "Targets in this run:", ""] + md if md else []
 
 
 def floor_lines(floor):

@@ -46,7 +46,8 @@
 #   than it with pgbench on this machine. SYSTEMS names it `floor`.
 # - `floor` runs first: its loopback echoes, plain and durable, with a minimal client
 #   (OUT_DIR/floor.json), reported as context at the end of sweep.md.
-# sweep.md reads each target against pgfloor's point of the same clients and mode.
+# sweep.md says whether each target was met in the run (ratios to PostgreSQL, each point
+# against the one before, p99.9), and reads ratio targets against pgfloor's point too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-10}
