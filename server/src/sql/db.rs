@@ -163,6 +163,11 @@ impl Executed {
 /// Query contexts of the current catalog, by session time zone.
 type QueryContexts = HashMap<Arc<str>, datafusion::prelude::SessionContext>;
 
+/// What `Db::is_current` compares: a catalog's address.
+fn address(catalog: &Arc<Catalog>) -> usize {
+    Arc::as_ptr(catalog) as usize
+}
+
 pub struct Db {
     /// Read with `catalog`, replaced with `set_catalog`.
     catalog: RwLock<Arc<Catalog>>,
@@ -287,7 +292,7 @@ impl Db {
         // What ALTER SYSTEM kept, under the limits and the session defaults alike.
         let kept = crate::ops::settings::load(data_dir)?;
         let db = Arc::new(Db {
-            current_catalog: std::sync::atomic::AtomicUsize::new(Arc::as_ptr(&catalog) as usize),
+            current_catalog: std::sync::atomic::AtomicUsize::new(address(&catalog)),
             catalog: RwLock::new(catalog),
             query_ctx: std::sync::Mutex::new(None),
             engine,
@@ -329,10 +334,8 @@ impl Db {
     /// Makes `next` the catalog statements run against.
     pub(crate) fn set_catalog(&self, next: Arc<Catalog>) {
         let mut current = self.catalog.write().expect("catalog lock");
-        self.current_catalog.store(
-            Arc::as_ptr(&next) as usize,
-            std::sync::atomic::Ordering::SeqCst,
-        );
+        self.current_catalog
+            .store(address(&next), std::sync::atomic::Ordering::SeqCst);
         *current = next;
     }
 
@@ -341,7 +344,7 @@ impl Db {
     pub fn is_current(&self, catalog: &Arc<Catalog>) -> bool {
         self.current_catalog
             .load(std::sync::atomic::Ordering::SeqCst)
-            == Arc::as_ptr(catalog) as usize
+            == address(catalog)
     }
 
     /// Counts a statement as running until the guard goes (`eddy_connections`).
