@@ -1422,6 +1422,7 @@ impl Harness {
                     chunk_bytes_max: 4096,
                     segment_bytes_max: 64 << 10,
                     cache_bytes_max: 16 << 10,
+                    shared_cache_bytes_max: 32 << 10,
                     ..ReservoirConfig::default()
                 },
                 cache: CacheConfig {

