@@ -88,10 +88,10 @@ pub struct IoThread {
 
 /// Bytes of decoded chunks that the reservoirs of one node keep beyond their own cache
 /// (`ReservoirConfig::cache_bytes_max`), first come, first served. A reservoir borrows
-/// for chunks a scan will still read (`Cached::victim_rank`), never for one every scan passed, and
-/// gives the bytes back as it drops chunks: so a long window's tail finds decoded the
-/// chunks written within the last tens of megabytes, while memory stays bounded by the
-/// node, not by the number of tasks or their windows.
+/// for chunks a scan will still read (`Cached::victim_rank`), never for one every scan
+/// passed, and gives the bytes back as it drops chunks: so a long window's tail finds
+/// decoded the chunks written within the last tens of megabytes, while memory stays
+/// bounded by the node, not by the number of tasks or their windows.
 struct SharedCache {
     max: usize,
     used: std::sync::atomic::AtomicUsize,
@@ -328,7 +328,7 @@ impl<E> Cached<E> {
     /// finds the oldest chunks written still decoded (the newest are given up instead,
     /// where least recently used gave up exactly the ones it reached next), and a delayed
     /// window keeps the chunks its head reaches next rather than those it read, which
-    /// its tail reaches only a window later. `true` in the second place: no scan will
+    /// its tail reaches only a window later. `false` in the second place: no scan will
     /// read it.
     fn victim_rank(&self, number: u64, scans: &[u64]) -> (bool, bool, u64, u64) {
         let ahead_of_scan = scans
@@ -1309,6 +1309,7 @@ impl<E: Timed + Clone + Send + Sync + 'static> Reservoir<E> for DiskReservoir<E>
         self.give_back_spare();
         let front = self.chunks.front().map(|c| c.number);
         self.hints.retain(|h| front.is_some_and(|f| f <= h.number));
+        self.scanned = self.scanned.filter(|n| front.is_some_and(|f| f <= *n));
         // A segment is dead when no live chunk is in it and it is not being written.
         while self.segments.len() > 1
             && self
