@@ -848,11 +848,12 @@ impl<E: Timed + Clone + Send + Sync + 'static> DiskReservoir<E> {
     /// it borrows only for chunks a scan will still read. Then gives back what it no
     /// longer needs.
     fn fit_cache(&mut self, keep: u64) {
+        // Where scans are; nothing here moves them.
+        let scans: Vec<u64> = (self.hints.iter().map(|h| h.number))
+            .chain(self.scanned)
+            .collect();
         while self.cache_bytes > self.config.cache_bytes_max + self.borrowed {
             let over = self.cache_bytes - self.config.cache_bytes_max - self.borrowed;
-            let scans: Vec<u64> = (self.hints.iter().map(|h| h.number))
-                .chain(self.scanned)
-                .collect();
             let victim = self
                 .cache
                 .iter()
@@ -1525,7 +1526,14 @@ mod tests {
     }
 
     /// `EvCodec`, counting its decodes.
-    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+    #[derive(Default)]
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl Counting {
+        fn decodes(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
 
     impl ChunkCodec<Ev> for Counting {
         fn schema_id(&self) -> u32 {
@@ -1553,9 +1561,9 @@ mod tests {
     fn a_long_windows_tail_finds_its_chunks_read_ahead() {
         let dir = temp_dir("ahead");
         let io = IoThread::start("test-io");
-        let decodes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let codec = Arc::new(Counting(decodes.clone()));
-        let mut r = DiskReservoir::open(&dir, config(), codec, Some(io.clone()), None).unwrap();
+        let codec = Arc::new(Counting::default());
+        let mut r =
+            DiskReservoir::open(&dir, config(), codec.clone(), Some(io.clone()), None).unwrap();
         let ev = |t: i64| Ev(t, t as u64, t);
         let mut t = forty_chunks_long_written(&mut r);
         // (a) The IO thread is held while the tail enters chunk 0 (read here, a miss) and
@@ -1587,7 +1595,7 @@ mod tests {
         let stats = r.stats();
         assert_eq!(stats.cache_misses, 1, "{stats:?}");
         // Ten chunks read, and at most the read-ahead past the last one: none twice.
-        let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
+        let decodes = codec.decodes();
         assert!(decodes <= 10 + PREFETCH_CHUNKS, "{decodes} decodes");
         drop(r);
         let _ = fs::remove_dir_all(&dir);
@@ -1667,13 +1675,12 @@ mod tests {
     fn a_long_windows_tail_finds_chunks_kept_from_their_write() {
         let dir = temp_dir("kept");
         let io = IoThread::start("test-io");
-        let decodes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let codec = Arc::new(Counting(decodes.clone()));
+        let codec = Arc::new(Counting::default());
         let config = ReservoirConfig {
             cache_bytes_max: CACHED_CHUNKS * 24 * 50,
             ..config()
         };
-        let mut r = DiskReservoir::open(&dir, config, codec, Some(io), None).unwrap();
+        let mut r = DiskReservoir::open(&dir, config, codec.clone(), Some(io), None).unwrap();
         let ev = |t: i64| Ev(t, t as u64, t);
         let mut tail = Vec::new();
         for t in 0..4000 {
@@ -1685,7 +1692,7 @@ mod tests {
         }
         assert_eq!(tail, (0..3000).map(ev).collect::<Vec<_>>());
         // The tail read 60 chunks.
-        let decodes = decodes.load(std::sync::atomic::Ordering::SeqCst);
+        let decodes = codec.decodes();
         assert!(
             decodes <= 50,
             "{decodes} decodes of 60 chunks: {:?}",
@@ -1704,11 +1711,15 @@ mod tests {
         let run = |shared: usize| {
             let dir = temp_dir(&format!("shared-{shared}"));
             let io = IoThread::sharing("test-io", shared);
-            let decodes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let codec = Arc::new(Counting(decodes.clone()));
-            let mut r =
-                DiskReservoir::open(&dir.join("a"), config(), codec, Some(io.clone()), None)
-                    .unwrap();
+            let codec = Arc::new(Counting::default());
+            let mut r = DiskReservoir::open(
+                &dir.join("a"),
+                config(),
+                codec.clone(),
+                Some(io.clone()),
+                None,
+            )
+            .unwrap();
             let mut other = DiskReservoir::open(
                 &dir.join("b"),
                 config(),
@@ -1735,7 +1746,7 @@ mod tests {
             drop((r, other));
             assert_eq!(io.shared.used.load(std::sync::atomic::Ordering::Relaxed), 0);
             let _ = fs::remove_dir_all(&dir);
-            (decodes.load(std::sync::atomic::Ordering::SeqCst), peak)
+            (codec.decodes(), peak)
         };
         let (alone, none) = run(0);
         assert_eq!(none, 0);
