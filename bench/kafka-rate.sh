@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One node in Kafka mode against one on the embedded log, for the same clients, in one run:
-#   [EDDY_BIN=…] [ROUNDS=N] bench/kafka-rate.sh [SECONDS] [CLIENTS_LIST] [COPY_ROWS]
+#   [EDDY_BIN=…] [ROUNDS=N] [WARMUP=S] bench/kafka-rate.sh [SECONDS] [CLIENTS_LIST] [COPY_ROWS]
 # (defaults 8, "1 16 64", 500000). Starts a Kafka broker (.ci/kafka, ZGC as in
 # bench/kafka-latency.sh) and two release `eddy serve`, one with `--kafka` and one without,
 # each with the sweep's stream and metric (bench/pgbench/sweep.sh: a 5-minute SLIDING
-# COUNT/SUM by card, 4 partitions). Then, ROUNDS times (default 2), the two servers in turn:
+# COUNT/SUM by card, 4 partitions). After WARMUP seconds (default 30) of unmeasured load on
+# the Kafka node (and 5 on the local one), ROUNDS times (default 2), the two servers in turn:
 # - pgbench -M prepared, one `INSERT … RETURNING card_5m.n, card_5m.s` per transaction,
 #   SECONDS at each number of clients, synchronous_commit on (the default: an answer waits
 #   for the local log's fsync, or for every in-sync replica of the Kafka broker);
@@ -18,6 +19,7 @@ seconds=${1:-8}
 clients_list=${2:-1 16 64}
 copy_rows=${3:-500000}
 rounds=${ROUNDS:-2}
+warmup=${WARMUP:-30}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
 if [ -z "${EDDY_BIN:-}" ]; then
   storage/rocksdb/build-lib
@@ -119,6 +121,16 @@ SQL
   printf '{"system": "%s", "point": "copy_%s_rows", "per_sec": %.0f}\n' "$system" "$copy_rows" \
     "$(echo "$copy_rows / ($end - $start)" | bc -l)" | tee -a "$points"
 }
+# Unmeasured load first: a fresh broker spends its first 20-30 s compiling its hot paths
+# (JIT) on one of the cores (as in bench/kafka-latency.sh). Without it, the first Kafka
+# point ran at about half its warm rate.
+warm() {
+  PGOPTIONS='-c synchronous_commit=on' pgbench -n -M prepared -T "$2" -c 4 -j 2 \
+    -D "base=$1" -D seq=0 -D "ts=$(date -u '+%Y-%m-%d %H:%M:%S')" \
+    -f "$work/insert.pgbench" -h 127.0.0.1 -p "$3" -U eddy eddy >/dev/null 2>&1
+}
+warm 900000000000000 "$warmup" "$kafka_port"
+warm 900000000000000 5 "$local_port"
 for _ in $(seq 1 "$rounds"); do
   measure local "$local_port"
   measure kafka "$kafka_port"

@@ -269,6 +269,73 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
     drop(eddy);
 }
 
+/// A single-record statement is applied on its own node as Kafka acknowledges it, not
+/// only once the task consumer reads it back (`Acks`), and the consumer skips it then.
+/// With clients racing on shared cards, both paths hand records over: each event is
+/// still applied exactly once and in offset order, so the counts the statements got
+/// back for a card are exactly 1..=n, and n is the card's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_statements_apply_at_acknowledgement_exactly_once() {
+    let dir = temp_dir("kafka-ack");
+    let cluster = cluster("ack");
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 2); \
+             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n FROM pay \
+             WINDOW INFINITE GROUP BY card;",
+        )
+        .await
+        .unwrap();
+    let (clients, each, cards) = (6i64, 40i64, 5i64);
+    let mut runs = Vec::new();
+    for c in 0..clients {
+        let client = connect_port(port).await;
+        runs.push(tokio::spawn(async move {
+            let insert = client
+                .prepare("INSERT INTO pay VALUES ($1, $2, $3) RETURNING card, by_card.n")
+                .await
+                .unwrap();
+            let mut got = Vec::new();
+            for i in 0..each {
+                let id = c * each + i;
+                let card = format!("c{}", id % cards);
+                // One time for all: no event is late, in whatever order they land.
+                let at = std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+                let row = client.query_one(&insert, &[&id, &at, &card]).await.unwrap();
+                got.push((row.get::<_, String>(0), row.get::<_, i64>(1)));
+            }
+            got
+        }));
+    }
+    let mut by_card: HashMap<String, Vec<i64>> = HashMap::new();
+    for run in runs {
+        for (card, n) in run.await.unwrap() {
+            by_card.entry(card).or_default().push(n);
+        }
+    }
+    for (card, mut ns) in by_card {
+        ns.sort();
+        let want: Vec<i64> = (1..=ns.len() as i64).collect();
+        assert_eq!(ns, want, "the counts card {card}'s statements got back");
+    }
+    let total = clients * each;
+    eventually(
+        &client,
+        "SELECT sum(n) FROM by_card",
+        &[row(&[&total.to_string()])],
+    )
+    .await;
+    let metrics = reqwest_metrics(&http).await;
+    let at_ack = counter(&metrics, "eddy_kafka_applied_at_ack_total");
+    let consumed = counter(&metrics, "eddy_kafka_consumed_total");
+    assert!(at_ack > 0, "{metrics}");
+    assert_eq!(at_ack + consumed, total as u64, "{metrics}");
+    drop(eddy);
+}
+
 /// A COPY of many batches sends the next batch to Kafka while the one before is applied
 /// (`Sequence`), and still keeps input order: in every partition the events follow the
 /// input, and with lateness 0 none of them is late. The tasks answer their own node in

@@ -1279,8 +1279,13 @@ impl Db {
                     &k.consumed,
                 ),
                 (
+                    "eddy_kafka_applied_at_ack_total",
+                    "Event records of this node's statements applied as Kafka acknowledged them.",
+                    &k.applied_at_ack,
+                ),
+                (
                     "eddy_kafka_skipped_total",
-                    "Redelivered records below a task's position, skipped.",
+                    "Records below a task's position, skipped: applied at acknowledgement, or redelivered.",
                     &k.skipped,
                 ),
                 (

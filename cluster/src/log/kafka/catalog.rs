@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::BaseRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_planner::catalog::Catalog;
 use eddy_planner::Result;
 
 use super::config::{kafka_error, watermarks};
-use super::produce::{format_headers, format_of};
+use super::produce::{format_headers, format_of, send};
 use super::Kafka;
 
 impl Kafka {
@@ -48,26 +48,25 @@ impl Kafka {
         let format = crate::format::writes();
         let mut deliveries = Vec::new();
         for (key, sql) in &records {
-            let mut record = FutureRecord::to(&catalog).key(key.as_str());
-            if let Some(sql) = sql {
-                record = record.payload(sql.as_str());
-            }
-            record = record.headers(format_headers(format));
-            let delivery = self
-                .publisher
-                .producer
-                .send_result(record)
-                .map_err(|(e, _)| kafka_error("publishing the catalog", e))?;
+            let delivery = send(&self.publisher.producer, |taken| {
+                let record = BaseRecord::with_opaque_to(&catalog, taken)
+                    .key(key.as_str())
+                    .headers(format_headers(format));
+                match sql {
+                    Some(sql) => record.payload(sql.as_str()),
+                    None => record,
+                }
+            })?;
             deliveries.push(delivery);
         }
         for d in deliveries {
-            let delivery = d
+            let offset = d
                 .await
                 .map_err(|_| kafka_error("publishing the catalog", "the producer went away"))?
-                .map_err(|(e, _)| kafka_error("publishing the catalog", e))?;
+                .map_err(|e| kafka_error("publishing the catalog", e))?;
             self.members
                 .catalog_published
-                .fetch_max(delivery.offset + 1, std::sync::atomic::Ordering::AcqRel);
+                .fetch_max(offset + 1, std::sync::atomic::Ordering::AcqRel);
         }
         Ok(())
     }

@@ -25,8 +25,8 @@ use eddy_planner::{Error, Result};
 
 use super::config::kafka_error;
 use super::fence::{unavailable, Fence};
-use super::produce::{format_of, reply_to, ReplyTo, REPLY_TIMEOUT};
-use super::{Kafka, POLL_BATCH_MAX, POLL_BYTES_MAX};
+use super::produce::{format_of, reply_to, Answerer, ReplyTo, REPLY_TIMEOUT};
+use super::{Kafka, KafkaStats, POLL_BATCH_MAX, POLL_BYTES_MAX};
 use crate::command::{IngestReply, Reply};
 use crate::membership::ClusterPlan;
 use crate::node::shards::Shards;
@@ -236,11 +236,40 @@ pub(super) struct TaskConsumer {
     recovering: Mutex<HashSet<TaskId>>,
     /// How tasks new to this node are recovered from peers (none: replayed).
     recovery: RwLock<Option<Arc<dyn Recover>>>,
+    /// Held from a position's move to its batch's hand-over (`Dispatch`), and while
+    /// `note_delivered` reads the positions: hand-overs of one partition reach its shard
+    /// in offset order, and a position counts as delivered only once its records were
+    /// handed over.
+    order: Mutex<()>,
 }
 
 impl TaskConsumer {
     fn reassign(&self) -> u64 {
         self.reassigns_asked.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The task of a partition and its role, if this node holds it and reads it now
+    /// (not while a peer's checkpoint comes first). Called under the positions lock.
+    fn reading(&self, topic: &str, partition: i32) -> Option<(TaskId, Arc<Role>)> {
+        let (stream, partitioner) = self
+            .routes
+            .read()
+            .expect("routes lock")
+            .get(topic)
+            .cloned()?;
+        let task = TaskId {
+            stream,
+            partitioner,
+            partition: partition as u32,
+        };
+        // Not held: a later plan took it away.
+        let role = self.held.lock().expect("held lock").get(&task).cloned()?;
+        let recovering = self
+            .recovering
+            .lock()
+            .expect("recovering lock")
+            .contains(&task);
+        (!recovering).then_some((task, role))
     }
 }
 
@@ -443,8 +472,8 @@ impl Kafka {
         }
     }
 
-    /// Brings `delivered` of tasks waiting to serve reads up to their positions: every
-    /// record below a position was handed to the shard before this runs (consumer thread).
+    /// Brings `delivered` of tasks waiting to serve reads up to their positions: under
+    /// the order lock, every record below a position was handed to the shard.
     fn note_delivered(&self) {
         let held = self.tasks.held.lock().expect("held lock");
         let mut waiting: Vec<(&TaskId, &Arc<Role>)> = held
@@ -457,6 +486,7 @@ impl Kafka {
         if waiting.is_empty() {
             return;
         }
+        let _order = self.tasks.order.lock().expect("order lock");
         let positions = self.tasks.positions.lock().expect("positions lock");
         let routes = self.tasks.routes.read().expect("routes lock");
         for (topic, (stream, partitioner)) in routes.iter() {
@@ -528,7 +558,8 @@ impl Kafka {
     }
 
     /// Starts the task consumer's thread: it reads the partitions of the tasks this node
-    /// holds and hands their records to the tasks' shards.
+    /// holds and hands their records to the tasks' shards. From then on a record of this
+    /// node's events producer is also handed over as Kafka acknowledges it (`Dispatch`).
     pub(crate) fn start_tasks(self: &Arc<Self>, shards: Shards) -> Result<()> {
         let consumer: BaseConsumer = self
             .config
@@ -538,12 +569,20 @@ impl Kafka {
             ))
             .create()
             .map_err(|e| kafka_error("creating the task consumer", e))?;
+        let dispatch = Arc::new(Dispatch {
+            tasks: self.tasks.clone(),
+            answerer: self.publisher.answerer.clone(),
+            fence: self.fence.clone(),
+            stats: self.stats.clone(),
+            shards,
+        });
+        self.publisher.dispatch_at_ack(Some(dispatch.clone()));
         self.tasks.consuming.store(true, Ordering::Release);
         self.tasks.reassign();
         let me = self.clone();
         let thread = std::thread::Builder::new()
             .name("eddy-kafka-tasks".into())
-            .spawn(move || me.run_tasks(consumer, shards))
+            .spawn(move || me.run_tasks(consumer, dispatch))
             .map_err(|e| Error::internal(format!("could not start a thread: {e}")))?;
         self.threads.lock().expect("threads lock").push(thread);
         Ok(())
@@ -602,7 +641,7 @@ impl Kafka {
         }
     }
 
-    fn run_tasks(self: Arc<Self>, consumer: BaseConsumer, shards: Shards) {
+    fn run_tasks(self: Arc<Self>, consumer: BaseConsumer, dispatch: Arc<Dispatch>) {
         let mut batch: Vec<rdkafka::message::OwnedMessage> = Vec::new();
         // Per assigned partition, the offset after the last record the consumer returned
         // (or where it was assigned to start).
@@ -639,16 +678,29 @@ impl Kafka {
                 }
                 wait = Duration::ZERO;
             }
-            if !batch.is_empty() && !self.dispatch(std::mem::take(&mut batch), &shards) {
+            if !batch.is_empty() && !dispatch.records(std::mem::take(&mut batch), false) {
                 return;
             }
-            if idle && !self.step_over_unreturned(&consumer, &mut returned, &shards) {
+            if idle && !dispatch.step_over_unreturned(&consumer, &mut returned) {
                 return;
             }
             self.note_delivered();
         }
     }
+}
 
+/// Hands records to their tasks' shards: the task consumer's thread with what it reads,
+/// and the events producer's delivery reports with what Kafka acknowledged (its own
+/// statements' records, applied here without waiting for the consumer to fetch them).
+pub(super) struct Dispatch {
+    tasks: Arc<TaskConsumer>,
+    answerer: Answerer,
+    fence: Arc<Fence>,
+    stats: Arc<KafkaStats>,
+    shards: Shards,
+}
+
+impl Dispatch {
     /// Moves each task past the offsets its consumer read but never returns: a
     /// transaction's commit or abort marker, and an aborted transaction's records
     /// (`txn`). Without this a task's position would stop short of its partition's end,
@@ -661,7 +713,6 @@ impl Kafka {
         &self,
         consumer: &BaseConsumer,
         returned: &mut HashMap<(String, i32), i64>,
-        shards: &Shards,
     ) -> bool {
         let Ok(read) = consumer.position() else {
             return true;
@@ -677,9 +728,10 @@ impl Kafka {
             if read_to <= last {
                 continue;
             }
+            let _order = self.tasks.order.lock().expect("order lock");
             let (task, role) = {
                 let mut positions = self.tasks.positions.lock().expect("positions lock");
-                let Some((task, role)) = self.reading(&key.0, key.1) else {
+                let Some((task, role)) = self.tasks.reading(&key.0, key.1) else {
                     continue;
                 };
                 let at = positions.entry(key.clone()).or_insert(0);
@@ -690,7 +742,7 @@ impl Kafka {
                 (task, role)
             };
             // An empty batch: the task's log end moves, and its checkpoint with it.
-            if !shards.deliver(
+            if !self.shards.deliver(
                 task,
                 Vec::new(),
                 false,
@@ -707,41 +759,16 @@ impl Kafka {
         true
     }
 
-    /// The task of a partition and its role, if this node holds it and reads it now
-    /// (not while a peer's checkpoint comes first). Called under the positions lock.
-    fn reading(&self, topic: &str, partition: i32) -> Option<(TaskId, Arc<Role>)> {
-        let (stream, partitioner) = self
-            .tasks
-            .routes
-            .read()
-            .expect("routes lock")
-            .get(topic)
-            .cloned()?;
-        let task = TaskId {
-            stream,
-            partitioner,
-            partition: partition as u32,
-        };
-        // Not held: a later plan took it away.
-        let role = self
-            .tasks
-            .held
-            .lock()
-            .expect("held lock")
-            .get(&task)
-            .cloned()?;
-        let recovering = self
-            .tasks
-            .recovering
-            .lock()
-            .expect("recovering lock")
-            .contains(&task);
-        (!recovering).then_some((task, role))
-    }
-
     /// Hands each partition's new records to its task's shard, in offset order; the
     /// task answers the events that ask for it once it applied them, if it is active.
-    fn dispatch(&self, records: Vec<rdkafka::message::OwnedMessage>, shards: &Shards) -> bool {
+    /// With `at_ack` (records Kafka just acknowledged to this node's producer) a record
+    /// is handed over only if it is next at its position, and else left to the consumer,
+    /// which reads the records before it first. Returns false once the shards are gone.
+    pub(super) fn records(
+        &self,
+        records: Vec<rdkafka::message::OwnedMessage>,
+        at_ack: bool,
+    ) -> bool {
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
         for m in records {
@@ -750,16 +777,20 @@ impl Kafka {
                 .or_default()
                 .push(m);
         }
+        let _order = self.tasks.order.lock().expect("order lock");
         for ((topic, partition), msgs) in by_partition {
             let mut rows = Vec::with_capacity(msgs.len());
             let mut asks = Vec::new();
             let (task, end, role) = {
                 let mut positions = self.tasks.positions.lock().expect("positions lock");
-                let Some((task, role)) = self.reading(&topic, partition) else {
+                let Some((task, role)) = self.tasks.reading(&topic, partition) else {
                     continue;
                 };
                 let next = positions.entry((topic.clone(), partition)).or_insert(0);
                 for m in &msgs {
+                    if at_ack && m.offset() != *next {
+                        continue;
+                    }
                     if m.offset() < *next {
                         self.stats.skipped.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -792,14 +823,17 @@ impl Kafka {
                 role.delivered.fetch_max(end, Ordering::AcqRel);
                 continue;
             }
-            self.stats
-                .consumed
-                .fetch_add(rows.len() as u64, Ordering::Relaxed);
+            let count = if at_ack {
+                &self.stats.applied_at_ack
+            } else {
+                &self.stats.consumed
+            };
+            count.fetch_add(rows.len() as u64, Ordering::Relaxed);
             let values = asks.iter().any(|(_, r)| r.values);
             let reply: Reply = if asks.is_empty() {
                 Box::new(|_| {})
             } else {
-                let answerer = self.publisher.answerer.clone();
+                let answerer = self.answerer.clone();
                 let (role, fence) = (role.clone(), self.fence.clone());
                 Box::new(move |result| {
                     role.answer(asks, result, &fence, |(_, asks, result)| {
@@ -807,7 +841,10 @@ impl Kafka {
                     })
                 })
             };
-            if !shards.deliver(task, rows, values, end as u64, None, reply) {
+            if !self
+                .shards
+                .deliver(task, rows, values, end as u64, None, reply)
+            {
                 return false;
             }
             role.delivered.fetch_max(end, Ordering::AcqRel);

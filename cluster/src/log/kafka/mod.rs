@@ -84,7 +84,11 @@ pub struct KafkaStats {
     /// Reply slots refused: answered under an older plan than the one that made their
     /// task active where it is (`produce::deliver_reply`).
     pub replies_refused: AtomicU64,
-    /// Records below a task's position, skipped (redelivered after a rebalance).
+    /// Event records this node's producer sent, handed to their tasks here as Kafka
+    /// acknowledged them (`consume::Dispatch`), before the consumer read them back.
+    pub applied_at_ack: AtomicU64,
+    /// Records below a task's position, skipped: applied as Kafka acknowledged them, or
+    /// redelivered after a rebalance.
     pub skipped: AtomicU64,
     pub dead_letters: AtomicU64,
     /// Assignments the task consumer received: one per rebalance of the group.
@@ -95,7 +99,7 @@ pub struct Kafka {
     config: KafkaConfig,
     admin: Admin,
     publisher: Publisher,
-    tasks: TaskConsumer,
+    tasks: Arc<TaskConsumer>,
     sources: Sources,
     members: Members,
     /// The node's lease and what it knows of the broker (`fence`).
@@ -165,7 +169,7 @@ impl Kafka {
             config,
             admin,
             publisher,
-            tasks: TaskConsumer::default(),
+            tasks: Arc::default(),
             sources: Sources::default(),
             members: Members::default(),
             fence,
@@ -262,6 +266,7 @@ impl Kafka {
     /// Stops the consumer threads.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
+        self.publisher.dispatch_at_ack(None);
         let mut threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
         let sources = std::mem::take(&mut *self.sources.runs.lock().expect("sources lock"));
         threads.extend(sources.into_values().map(|run| run.thread));

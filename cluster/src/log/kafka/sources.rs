@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::BaseRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_planner::bind::row_from_json;
@@ -21,6 +21,7 @@ use eddy_planner::catalog::{Catalog, StreamDef};
 use eddy_planner::{Error, Result};
 
 use super::config::kafka_error;
+use super::produce::send;
 use super::{Kafka, POLL_BATCH_MAX};
 use crate::exec::events::Row;
 use crate::exec::task::Task;
@@ -260,15 +261,14 @@ impl Kafka {
                 key: "eddy-origin",
                 value: Some(origin.as_bytes()),
             });
-        let record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&topic).payload(payload).headers(headers);
-        self.publisher
-            .producer
-            .send_result(record)
-            .map_err(|(e, _)| kafka_error("publishing a dead letter", e))?
-            .await
-            .map_err(|_| kafka_error("publishing a dead letter", "the producer went away"))?
-            .map_err(|(e, _)| kafka_error("publishing a dead letter", e))?;
+        send(&self.publisher.producer, |taken| {
+            BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, taken)
+                .payload(payload)
+                .headers(headers)
+        })?
+        .await
+        .map_err(|_| kafka_error("publishing a dead letter", "the producer went away"))?
+        .map_err(|e| kafka_error("publishing a dead letter", e))?;
         self.stats.dead_letters.fetch_add(1, Ordering::Relaxed);
         *self
             .sources

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use eddy_planner::{Error, ErrorKind, Result};
 
 use super::config::KafkaConfig;
+use super::produce::{Acks, Events};
 
 /// How many transactions a node runs at once: one per producer, each with its own
 /// `transactional.id`. A statement waits for a free one.
@@ -44,7 +45,7 @@ pub(super) struct Transactions {
 /// A producer, and whether `init_transactions` has completed for it. One that timed out
 /// is kept and asked again: librdkafka resumes where it stopped.
 struct Slot {
-    producer: FutureProducer,
+    producer: Events,
     ready: bool,
 }
 
@@ -127,7 +128,9 @@ impl Transactions {
 fn ready(config: &KafkaConfig, i: usize, slot: &mut Option<Slot>, timeout: Duration) -> Result<()> {
     if slot.is_none() {
         let id = format!("eddy-{}-{}-{i}", config.cluster, config.node);
-        let producer: FutureProducer = config
+        // No `Acks::dispatch`: a transaction's records are applied once committed, by the
+        // task consumer.
+        let producer: Events = config
             .producer()
             .set("transactional.id", &id)
             .set(
@@ -135,7 +138,7 @@ fn ready(config: &KafkaConfig, i: usize, slot: &mut Option<Slot>, timeout: Durat
                 TRANSACTION_TIMEOUT.as_millis().to_string(),
             )
             .set("message.timeout.ms", "10000")
-            .create()
+            .create_with_context(Acks::default())
             .map_err(|e| not_applied(&format!("kafka: creating a transactional producer: {e}")))?;
         *slot = Some(Slot {
             producer,
@@ -162,7 +165,7 @@ fn ready(config: &KafkaConfig, i: usize, slot: &mut Option<Slot>, timeout: Durat
 }
 
 impl Held {
-    pub(super) fn producer(&self) -> &FutureProducer {
+    pub(super) fn producer(&self) -> &Events {
         &self.slot.as_ref().expect("a held producer").producer
     }
 
