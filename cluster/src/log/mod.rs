@@ -171,6 +171,14 @@ pub trait EventLog: Send + Sync + std::fmt::Debug + Any {
         0
     }
 
+    /// Whether a session waiting for its durable statement should keep its thread polling
+    /// (`busy::Committing` in the server): yes for a wait on the disk, which needs no
+    /// core; no where the wait is other processes' and threads' work on the same cores
+    /// (Kafka: the broker's, and the client's).
+    fn poll_while_durable(&self) -> bool {
+        true
+    }
+
     /// The concrete log, for what only one kind has (counters, the catalog topic).
     fn as_any(&self) -> &dyn Any;
 }

@@ -726,7 +726,8 @@ impl Db {
         self.engine
             .admit(log_bytes(&plan.stream, values, n as u64, durable))?;
         let want = plan.returning.is_some();
-        let polling = durable.then(crate::wire::busy::Committing::start);
+        let polling = (durable && self.engine.log().poll_while_durable())
+            .then(crate::wire::busy::Committing::start);
         let started = Instant::now();
         let parts = plan
             .rows

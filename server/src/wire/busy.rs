@@ -19,6 +19,8 @@
 //! no answer's window either while commits wait, 16 clients 15.4–17.6 → 18.0–20.7 k/s
 //! and 64 clients 29.5–29.9 → 32.1–32.4 k/s. A single durable client keeps the polling
 //! for its commit (when the committer, not its own thread, makes it).
+//! In Kafka mode no thread polls for a commit (`EventLog::poll_while_durable`): the
+//! wait is the broker's work and librdkafka's threads', on the same cores.
 //!
 //! No thread polls after the answer of a durable statement. Its round trip is
 //! its fsync's, and polling for the client's next statement made it slower, not faster:

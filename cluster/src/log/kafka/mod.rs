@@ -448,6 +448,14 @@ impl EventLog for Kafka {
         self.config.statement_events
     }
 
+    /// A statement waits for the broker's answer and the librdkafka threads that carry
+    /// it: a session thread that polls meanwhile takes the core they need. One durable
+    /// pgbench client, two nodes side by side on one warm broker, `--busy-poll 0`
+    /// against 100: 2 325–2 488 against 1 604–1 924 statements/s.
+    fn poll_while_durable(&self) -> bool {
+        false
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
