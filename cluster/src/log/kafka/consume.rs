@@ -239,7 +239,8 @@ pub(super) struct TaskConsumer {
     /// Held from a position's move to its batch's hand-over (`Dispatch`), and while
     /// `note_delivered` reads the positions: hand-overs of one partition reach its shard
     /// in offset order, and a position counts as delivered only once its records were
-    /// handed over.
+    /// handed over. Taken first by whatever holds the positions and `held` (or
+    /// `recovering`) together, which `Dispatch` does in the other order on two threads.
     order: Mutex<()>,
 }
 
@@ -475,6 +476,7 @@ impl Kafka {
     /// Brings `delivered` of tasks waiting to serve reads up to their positions: under
     /// the order lock, every record below a position was handed to the shard.
     fn note_delivered(&self) {
+        let _order = self.tasks.order.lock().expect("order lock");
         let held = self.tasks.held.lock().expect("held lock");
         let mut waiting: Vec<(&TaskId, &Arc<Role>)> = held
             .iter()
@@ -486,7 +488,6 @@ impl Kafka {
         if waiting.is_empty() {
             return;
         }
-        let _order = self.tasks.order.lock().expect("order lock");
         let positions = self.tasks.positions.lock().expect("positions lock");
         let routes = self.tasks.routes.read().expect("routes lock");
         for (topic, (stream, partitioner)) in routes.iter() {
@@ -597,6 +598,7 @@ impl Kafka {
         let mut tpl = TopicPartitionList::new();
         returned.clear();
         {
+            let _order = self.tasks.order.lock().expect("order lock");
             let held = self.tasks.held.lock().expect("held lock");
             let recovering = self.tasks.recovering.lock().expect("recovering lock");
             let positions = self.tasks.positions.lock().expect("positions lock");
@@ -786,7 +788,12 @@ impl Dispatch {
                 let Some((task, role)) = self.tasks.reading(&topic, partition) else {
                     continue;
                 };
-                let next = positions.entry((topic.clone(), partition)).or_insert(0);
+                let key = (topic.clone(), partition);
+                // At an acknowledgement, a task with no position yet is left to the consumer.
+                if at_ack && !positions.contains_key(&key) {
+                    continue;
+                }
+                let next = positions.entry(key).or_insert(0);
                 for m in &msgs {
                     if at_ack && m.offset() != *next {
                         continue;
