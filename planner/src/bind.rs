@@ -702,8 +702,9 @@ pub struct InsertTemplate {
     pub stream: Arc<StreamDef>,
     /// Per VALUES row, (stream column, slot) for each column given.
     rows: Vec<Vec<(usize, Slot)>>,
-    /// The stream column each `$n` fills (`None` for a `$n` the statement skips, or one
-    /// inside an expression).
+    /// The stream column each `$n` fills; for one inside an expression, the type a cast
+    /// right on it gives (`$n::T`, as a column named `$n`); `None` for one the statement
+    /// skips, or in an expression with no such cast (it is then text).
     pub params: Vec<Option<ColumnDef>>,
     /// The VALUES cells that are expressions (`now()`, `$1 + 1`, `'c-' || $2`), each with
     /// the column it fills, in row order: the caller evaluates them per execution.
@@ -747,24 +748,38 @@ fn param_slot(params: &mut Vec<Option<ColumnDef>>, i: usize) -> &mut Option<Colu
     &mut params[i]
 }
 
-/// The `$n` (0-based) inside an expression.
-fn placeholders_in(expr: &Expr) -> Vec<usize> {
+/// The `$n` (0-based) inside an expression, each with the type a cast right on it
+/// gives (`$n::T`), if one does.
+fn placeholders_in(expr: &Expr) -> Vec<(usize, Option<ColumnType>)> {
     let mut out = Vec::new();
     let _ = datafusion::sql::sqlparser::ast::visit_expressions(expr, |e| {
-        if let Some(n) = placeholder(e) {
-            out.push(n);
+        if let Some((n, casts)) = placeholder_cast(e) {
+            out.push((n, casts.first().copied().flatten()));
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
     out
 }
 
-/// Where a `$n` stands (through casts and parentheses), its 0-based index.
-fn placeholder(expr: &Expr) -> Option<usize> {
+/// A `$n` under casts and parentheses: its 0-based index, and the casts' types from the
+/// innermost out (`None` for a type no column has). PostgreSQL gives `$n::T` the type
+/// `T`, whatever the cell's column.
+fn placeholder_cast(expr: &Expr) -> Option<(usize, Vec<Option<ColumnType>>)> {
     let mut e = expr;
+    let mut casts = Vec::new();
     while let Expr::Cast { expr, .. } | Expr::Nested(expr) = e {
+        if let Expr::Cast { data_type, .. } = e {
+            casts.push(ColumnType::parse(&data_type.to_string()));
+        }
         e = expr;
     }
+    casts.reverse();
+    let n = bare_placeholder(e)?;
+    Some((n, casts))
+}
+
+/// The 0-based index of a bare `$n`.
+fn bare_placeholder(e: &Expr) -> Option<usize> {
     match e {
         Expr::Value(v) => match &v.value {
             ast::Value::Placeholder(p) => p
@@ -808,7 +823,13 @@ impl InsertTemplate {
             let mut slots = Vec::with_capacity(exprs.len());
             for (expr, &col) in exprs.iter().zip(&targets) {
                 let def = &stream.columns[col];
-                let slot = match placeholder(expr) {
+                // A `$n` is the column's value when it is bare or cast only to the
+                // column's type; cast to another, it is that type's and is converted
+                // as an expression (`$2::text::timestamp`: `$2` is text).
+                let param = placeholder_cast(expr)
+                    .filter(|(_, casts)| casts.iter().all(|c| *c == Some(def.ty)))
+                    .map(|(i, _)| i);
+                let slot = match param {
                     // `DEFAULT` in VALUES: the column's default, as if it were left out.
                     None if is_default_keyword(expr) => {
                         Slot::Const(def.default.clone().unwrap_or(Value::Null))
@@ -819,8 +840,16 @@ impl InsertTemplate {
                     }
                     None if is_constant(expr) => Slot::Const(value_from_expr(expr, def)?),
                     None => {
-                        for i in placeholders_in(expr) {
-                            param_slot(&mut params, i);
+                        for (i, ty) in placeholders_in(expr) {
+                            let slot = param_slot(&mut params, i);
+                            if let (None, Some(ty)) = (&slot, ty) {
+                                *slot = Some(ColumnDef {
+                                    name: format!("${}", i + 1),
+                                    ty,
+                                    not_null: false,
+                                    default: None,
+                                });
+                            }
                         }
                         expressions.push((expr.clone(), def.clone()));
                         Slot::Expr(expressions.len() - 1)

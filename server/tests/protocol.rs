@@ -490,6 +490,57 @@ async fn a_streamed_insert_sends_its_notices_and_keeps_a_row_limit() {
     server.stop().await;
 }
 
+/// A parameter under a cast in VALUES has the cast's type, as PostgreSQL infers it:
+/// `$2::text::timestamp` is text though its column is a TIMESTAMP, and `$4::bigint`
+/// is a bigint in an INTEGER column; the cell is then converted as an expression. A
+/// cast to the column's own type keeps the prepared fast path's typing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cast_parameter_in_values_has_the_casts_type() {
+    use tokio_postgres::types::Type;
+    let (_dir, server, client) = with_stream_s("castparams").await;
+    let cast = client
+        .prepare(
+            "INSERT INTO s (id, ts, k, g, n) \
+             VALUES ($1, $2::text::timestamp, $3::text, $4::bigint, $5) \
+             RETURNING id, by_k.c, by_g.c",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        cast.params(),
+        [Type::INT8, Type::TEXT, Type::TEXT, Type::INT8, Type::INT4]
+    );
+    for (id, want) in [(1i64, 1i64), (2, 2)] {
+        let row = client
+            .query_one(&cast, &[&id, &"2027-01-01 00:00:05", &"c-1", &7i64, &3i32])
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                row.get::<_, i64>(0),
+                row.get::<_, i64>(1),
+                row.get::<_, i64>(2)
+            ),
+            (id, want, want)
+        );
+    }
+    let own = client
+        .prepare("INSERT INTO s (id, ts, k, g, n) VALUES ($1, $2::timestamp, $3, $4::int, $5)")
+        .await
+        .unwrap();
+    assert_eq!(
+        own.params(),
+        [
+            Type::INT8,
+            Type::TIMESTAMP,
+            Type::TEXT,
+            Type::INT4,
+            Type::INT4
+        ]
+    );
+    server.stop().await;
+}
+
 /// Prepared INSERTs bind their parameters without SQL, and prepared point lookups read
 /// the group directly: both must answer exactly as the same statement with its
 /// parameters written as literals, run through the simple protocol.
