@@ -739,6 +739,28 @@ fn is_constant(expr: &Expr) -> bool {
     }
 }
 
+/// Whether every cast in a constant cell is to its column's own type (or, between
+/// TIMESTAMP and TIMESTAMPTZ, to its kind): only then does reading the literal straight
+/// into the column (`value_from_expr`) give what PostgreSQL's casts would. Any other is
+/// evaluated as an expression, so `'abc'::int` into a TEXT column fails as the cast
+/// does (22P02) rather than store `abc`.
+fn casts_fit(expr: &Expr, ty: ColumnType) -> bool {
+    let timestamp = |t: ColumnType| matches!(t, ColumnType::Timestamp | ColumnType::TimestampTz);
+    match expr {
+        Expr::Nested(e) | Expr::UnaryOp { expr: e, .. } => casts_fit(e, ty),
+        Expr::Cast {
+            expr: e, data_type, ..
+        } => {
+            let fits = match ColumnType::parse(&data_type.to_string()) {
+                Some(t) => t == ty || (timestamp(t) && timestamp(ty)),
+                None => false,
+            };
+            fits && casts_fit(e, ty)
+        }
+        _ => true,
+    }
+}
+
 /// The place of `$(i+1)` in a template's parameters, made if the list is shorter: every
 /// `$n` a statement names has one.
 fn param_slot(params: &mut Vec<Option<ColumnDef>>, i: usize) -> &mut Option<ColumnDef> {
@@ -838,7 +860,9 @@ impl InsertTemplate {
                         *param_slot(&mut params, i) = Some(def.clone());
                         Slot::Param(i)
                     }
-                    None if is_constant(expr) => Slot::Const(value_from_expr(expr, def)?),
+                    None if is_constant(expr) && casts_fit(expr, def.ty) => {
+                        Slot::Const(value_from_expr(expr, def)?)
+                    }
                     None => {
                         for (i, ty) in placeholders_in(expr) {
                             let slot = param_slot(&mut params, i);
