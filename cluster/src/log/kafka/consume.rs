@@ -789,11 +789,13 @@ impl Dispatch {
                     continue;
                 };
                 let key = (topic.clone(), partition);
-                // At an acknowledgement, a task with no position yet is left to the consumer.
-                if at_ack && !positions.contains_key(&key) {
-                    continue;
-                }
-                let next = positions.entry(key).or_insert(0);
+                let next = match positions.get_mut(&key) {
+                    Some(next) => next,
+                    // At an acknowledgement, a task with no position yet is left to the
+                    // consumer.
+                    None if at_ack => continue,
+                    None => positions.entry(key).or_insert(0),
+                };
                 for m in &msgs {
                     if at_ack && m.offset() != *next {
                         continue;
