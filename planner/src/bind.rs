@@ -743,20 +743,21 @@ fn is_constant(expr: &Expr) -> bool {
 /// TIMESTAMP and TIMESTAMPTZ, to its kind): only then does reading the literal straight
 /// into the column (`value_from_expr`) give what PostgreSQL's casts would. Any other is
 /// evaluated as an expression, so `'abc'::int` into a TEXT column fails as the cast
-/// does (22P02) rather than store `abc`.
+/// does (22P02) rather than store `abc`. A typed literal (`TIMESTAMP '…'`) is a cast of
+/// its text: `TIMESTAMP '2026-01-01'` into a TEXT column stores the timestamp's text,
+/// `2026-01-01 00:00:00`, as PostgreSQL does.
 fn casts_fit(expr: &Expr, ty: ColumnType) -> bool {
     let timestamp = |t: ColumnType| matches!(t, ColumnType::Timestamp | ColumnType::TimestampTz);
+    let fits = |data_type: &ast::DataType| match ColumnType::parse(&data_type.to_string()) {
+        Some(t) => t == ty || (timestamp(t) && timestamp(ty)),
+        None => false,
+    };
     match expr {
         Expr::Nested(e) | Expr::UnaryOp { expr: e, .. } => casts_fit(e, ty),
         Expr::Cast {
             expr: e, data_type, ..
-        } => {
-            let fits = match ColumnType::parse(&data_type.to_string()) {
-                Some(t) => t == ty || (timestamp(t) && timestamp(ty)),
-                None => false,
-            };
-            fits && casts_fit(e, ty)
-        }
+        } => fits(data_type) && casts_fit(e, ty),
+        Expr::TypedString(t) => fits(&t.data_type),
         _ => true,
     }
 }
