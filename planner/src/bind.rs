@@ -777,7 +777,7 @@ fn placeholders_in(expr: &Expr) -> Vec<(usize, Option<ColumnType>)> {
     let mut out = Vec::new();
     let _ = datafusion::sql::sqlparser::ast::visit_expressions(expr, |e| {
         if let Some((n, casts)) = placeholder_cast(e) {
-            out.push((n, casts.first().copied().flatten()));
+            out.push((n, casts.last().copied().flatten()));
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
@@ -785,8 +785,8 @@ fn placeholders_in(expr: &Expr) -> Vec<(usize, Option<ColumnType>)> {
 }
 
 /// A `$n` under casts and parentheses: its 0-based index, and the casts' types from the
-/// innermost out (`None` for a type no column has). PostgreSQL gives `$n::T` the type
-/// `T`, whatever the cell's column.
+/// outermost in, so the last is the cast right on it (`None` for a type no column has).
+/// PostgreSQL gives `$n::T` the type `T`, whatever the cell's column.
 fn placeholder_cast(expr: &Expr) -> Option<(usize, Vec<Option<ColumnType>>)> {
     let mut e = expr;
     let mut casts = Vec::new();
@@ -796,9 +796,7 @@ fn placeholder_cast(expr: &Expr) -> Option<(usize, Vec<Option<ColumnType>>)> {
         }
         e = expr;
     }
-    casts.reverse();
-    let n = bare_placeholder(e)?;
-    Some((n, casts))
+    Some((bare_placeholder(e)?, casts))
 }
 
 /// The 0-based index of a bare `$n`.
