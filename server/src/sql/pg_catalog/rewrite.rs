@@ -1491,6 +1491,14 @@ impl Rewriter<'_> {
                 field, expr: inner, ..
             } => datetime::Part::named(&field.to_string())
                 .map(|part| Ok(call(part.function(), vec![inner.as_ref().clone()]))),
+            // `JSON '…'` is `'…'::json`.
+            Expr::TypedString(t) if matches!(t.data_type, DataType::JSON | DataType::JSONB) => {
+                let input = match t.data_type {
+                    DataType::JSON => "pg_json_in",
+                    _ => "pg_jsonb_in",
+                };
+                Some(Ok(call(input, vec![Expr::Value(t.value.clone())])))
+            }
             Expr::TypedString(t)
                 if matches!(
                     t.data_type,
