@@ -87,3 +87,10 @@ SELECT CAST(amount AS integer) + qty FROM payments WHERE id = 4;
 SELECT '2147483647'::int + 0, '-2147483648'::int;
 
 SELECT 'x'::text::varchar, 123::text::int;
+
+-- typed literals are casts of their text: a numeric keeps the scale it is written with
+SELECT NUMERIC '1.50', DECIMAL '2.500' + 1, NUMERIC(5,1) '1.25', pg_typeof(NUMERIC '7');
+
+SELECT JSON '{"b": 1,  "a": 2}', JSONB '{"b": 1.50, "a": 2}';
+
+SELECT BOOLEAN 'yes', INTEGER '42' + 1, DATE '2026-03-04' + 1, TIMESTAMP '2026-01-01 10:00' + INTERVAL '1 day 2 hours';
