@@ -25,7 +25,7 @@ use datafusion::arrow::datatypes::{DataType, TimeUnit};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::ScalarValue;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Cast, Expr, LogicalPlan, ScalarUDF};
 use datafusion::optimizer::AnalyzerRule;
 use eddy_planner::types::parse_timestamp;
@@ -336,6 +336,35 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
     })
     .collect();
     udfs.push(ScalarUDF::new_from_impl(AtTimeZone::default()));
+    // `to_date(text, pattern)` and `to_timestamp(text, pattern)` (the rewrite's
+    // `pg_to_timestamp(text, pattern, zone)`: the local time read in the session's zone,
+    // an instant).
+    udfs.push(super::functions::fallible_function(
+        "pg_to_date",
+        &[2],
+        DataType::Date32,
+        |a| match a {
+            [ScalarValue::Utf8(Some(t)), ScalarValue::Utf8(Some(p))] => {
+                let t = read_by_pattern(t, p)?;
+                let days = t.date().signed_duration_since(chrono::NaiveDate::default());
+                Ok(ScalarValue::Date32(Some(days.num_days() as i32)))
+            }
+            _ => Ok(ScalarValue::Date32(None)),
+        },
+    ));
+    udfs.push(super::functions::fallible_function(
+        "pg_to_timestamp",
+        &[3],
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        |a| match a {
+            [ScalarValue::Utf8(Some(t)), ScalarValue::Utf8(Some(p)), ScalarValue::Utf8(Some(zone))] => {
+                let local = read_by_pattern(t, p)?.and_utc().timestamp_micros();
+                let us = in_zone(local, zone).unwrap_or(local);
+                Ok(ScalarValue::TimestampMicrosecond(Some(us), Some("UTC".into())))
+            }
+            _ => Ok(ScalarValue::TimestampMicrosecond(None, Some("UTC".into()))),
+        },
+    ));
     // Timestamps (in any zone: the session's) and dates; not numbers.
     udfs.push(super::functions::fallible_function(
         "to_char",
@@ -545,9 +574,262 @@ fn field(
     Some(formatted)
 }
 
+/// Text read by a PostgreSQL template, as `to_timestamp(text, pattern)` and `to_date`
+/// read it: the patterns `to_char` writes (names in any case), `FM` ignored, `"…"`
+/// passing over as many characters, a blank in the pattern over any blanks, another
+/// separator over one separator (if there is one), and any other character over one.
+/// Blanks before a field are skipped, and a number is at most its field's width. A year
+/// of fewer digits than its field's is the one nearest 2020 (`YY` 95 is 1995). Missing
+/// fields are year 1, January, the 1st and midnight. Errors: 22007 for text a field
+/// cannot read, 22008 for a date or time that does not exist, 0A000 for a pattern
+/// (`TZ`, `OF`) read only by `to_char`.
+fn read_by_pattern(text: &str, pattern: &str) -> Result<NaiveDateTime> {
+    let error = |e: eddy_planner::Error| DataFusionError::External(Box::new(e));
+    let invalid = |value: &str, field: &str, detail: &str| {
+        let value: String = value.chars().take(field.len().max(4)).collect();
+        error(
+            eddy_planner::Error::new(
+                ErrorKind::InvalidDatetime,
+                format!("invalid value \"{value}\" for \"{field}\""),
+            )
+            .with_detail(detail),
+        )
+    };
+    let (mut year, mut month, mut day, mut ordinal) = (None, 1u32, 1u32, None);
+    let (mut hour, mut minute, mut second, mut micros) = (0u32, 0u32, 0u32, 0u32);
+    let (mut twelve, mut pm) = (false, None);
+    let mut input = text;
+    let mut rest = pattern;
+    while !rest.is_empty() {
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let end = quoted.find('"').unwrap_or(quoted.len());
+            for _ in quoted[..end].chars() {
+                let mut chars = input.chars();
+                chars.next();
+                input = chars.as_str();
+            }
+            rest = quoted.get(end + 1..).unwrap_or("");
+            continue;
+        }
+        let body = rest
+            .strip_prefix("FM")
+            .or_else(|| rest.strip_prefix("fm"))
+            .unwrap_or(rest);
+        let upper = body.get(..5).unwrap_or(body).to_ascii_uppercase();
+        let starts = |p: &str| upper.starts_with(p);
+        // (pattern length, widest number) of a numeric field.
+        let numeric = [
+            ("YYYY", 4),
+            ("YYY", 3),
+            ("YY", 2),
+            ("Y", 1),
+            ("HH24", 2),
+            ("HH12", 2),
+            ("HH", 2),
+            ("MI", 2),
+            ("SSSS", 5),
+            ("SS", 2),
+            ("MS", 3),
+            ("US", 6),
+            ("MM", 2),
+            ("DDD", 3),
+            ("DD", 2),
+        ]
+        .into_iter()
+        .find(|(p, _)| upper.starts_with(p));
+        if let Some((field, width)) = numeric {
+            input = input.trim_start();
+            let digits = input
+                .char_indices()
+                .take_while(|(i, c)| *i < width && c.is_ascii_digit())
+                .count();
+            let Ok(v) = input[..digits].parse::<u32>() else {
+                return Err(invalid(input, field, "Value must be an integer."));
+            };
+            match field {
+                "YYYY" => year = Some(v as i32),
+                "YYY" | "YY" | "Y" if digits < 4 => {
+                    year = Some(match v {
+                        0..70 => 2000 + v,
+                        70..100 => 1900 + v,
+                        100..520 => 2000 + v,
+                        _ => 1000 + v,
+                    } as i32)
+                }
+                "YYY" | "YY" | "Y" => year = Some(v as i32),
+                "HH24" => hour = v,
+                "HH12" | "HH" => (hour, twelve) = (v, true),
+                "MI" => minute = v,
+                "SSSS" => (hour, minute, second) = (v / 3600, v / 60 % 60, v % 60),
+                "SS" => second = v,
+                // A fraction: `SS.MS` of 12.3 is 300 milliseconds, as in PostgreSQL.
+                "MS" => micros = v * 10u32.pow(3 - digits as u32) * 1_000,
+                "US" => micros = v * 10u32.pow(6 - digits as u32),
+                "MM" => month = v,
+                "DDD" => ordinal = Some(v),
+                _ => day = v,
+            }
+            input = &input[digits..];
+            rest = &body[field.len()..];
+            continue;
+        }
+        // Names: the month's (full or its first three letters), the day's (read, not
+        // used) and the half of the day.
+        let name = |names: &[&str], short: bool, input: &mut &str| -> Option<usize> {
+            *input = input.trim_start();
+            names.iter().position(|n| {
+                let n = if short { &n[..3] } else { n };
+                let found = input
+                    .get(..n.len())
+                    .is_some_and(|head| head.eq_ignore_ascii_case(n));
+                if found {
+                    *input = &input[n.len()..];
+                }
+                found
+            })
+        };
+        let named = if starts("MONTH") {
+            Some((
+                5,
+                name(&MONTHS, false, &mut input).map(|m| month = m as u32 + 1),
+            ))
+        } else if starts("MON") {
+            Some((
+                3,
+                name(&MONTHS, true, &mut input).map(|m| month = m as u32 + 1),
+            ))
+        } else if starts("DAY") {
+            Some((3, name(&DAYS, false, &mut input).map(|_| ())))
+        } else if starts("DY") {
+            Some((2, name(&DAYS, true, &mut input).map(|_| ())))
+        } else if starts("A.M.") || starts("P.M.") {
+            let half = ["A.M.", "P.M."];
+            Some((4, name(&half, false, &mut input).map(|h| pm = Some(h == 1))))
+        } else if starts("AM") || starts("PM") {
+            Some((
+                2,
+                name(&["AM", "PM"], false, &mut input).map(|h| pm = Some(h == 1)),
+            ))
+        } else {
+            None
+        };
+        if let Some((len, found)) = named {
+            if found.is_none() {
+                let detail =
+                    "The given value did not match any of the allowed values for this field.";
+                return Err(invalid(input, &body[..len], detail));
+            }
+            rest = &body[len..];
+            continue;
+        }
+        if starts("TZ") || starts("OF") {
+            return Err(external(
+                ErrorKind::Unsupported,
+                &format!(
+                    "\"{}\" is not supported in to_timestamp and to_date",
+                    &body[..2]
+                ),
+            ));
+        }
+        let mut chars = rest.chars();
+        let c = chars.next().unwrap_or(' ');
+        rest = chars.as_str();
+        if c.is_whitespace() {
+            input = input.trim_start();
+        } else {
+            let mut at = input.chars();
+            if at
+                .next()
+                .is_some_and(|i| c.is_alphanumeric() || !(i.is_alphanumeric() || i.is_whitespace()))
+            {
+                input = at.as_str();
+            }
+        }
+    }
+    if twelve {
+        if !(1..=12).contains(&hour) {
+            return Err(error(
+                eddy_planner::Error::new(
+                    ErrorKind::DatetimeOutOfRange,
+                    format!("hour \"{hour}\" is invalid for the 12-hour clock"),
+                )
+                .with_hint("Use the 24-hour clock, or give an hour between 1 and 12."),
+            ));
+        }
+        hour %= 12;
+    }
+    if pm == Some(true) && hour < 12 {
+        hour += 12;
+    }
+    let year = year.unwrap_or(1);
+    let date = match ordinal {
+        Some(d) => chrono::NaiveDate::from_yo_opt(year, d),
+        None => chrono::NaiveDate::from_ymd_opt(year, month, day),
+    };
+    // 24:00:00 is the next midnight, as in PostgreSQL.
+    let (carry, hour) = if (hour, minute, second, micros) == (24, 0, 0, 0) {
+        (1, 0)
+    } else {
+        (0, hour)
+    };
+    date.and_then(|d| d.and_hms_micro_opt(hour, minute, second, micros))
+        .map(|t| t + chrono::Duration::days(carry))
+        .ok_or_else(|| {
+            external(
+                ErrorKind::DatetimeOutOfRange,
+                &format!("date/time field value out of range: \"{text}\""),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_text_by_postgresql_patterns() {
+        let read = |t: &str, p: &str| read_by_pattern(t, p).map(|t| t.to_string());
+        assert_eq!(
+            read("2026-11-01 06:00", "YYYY-MM-DD HH24:MI").unwrap(),
+            "2026-11-01 06:00:00"
+        );
+        assert_eq!(
+            read("01 Nov 2026", "DD Mon YYYY").unwrap(),
+            "2026-11-01 00:00:00"
+        );
+        assert_eq!(
+            read("05 DECEMBER 95", "DD MONTH YY").unwrap(),
+            "1995-12-05 00:00:00"
+        );
+        assert_eq!(read("20261101", "YYYYMMDD").unwrap(), "2026-11-01 00:00:00");
+        assert_eq!(
+            read("2026/11/01  7:05:03 PM", "YYYY-MM-DD HH:MI:SS AM").unwrap(),
+            "2026-11-01 19:05:03"
+        );
+        assert_eq!(
+            read("12:34:56.5", "HH24:MI:SS.MS").unwrap(),
+            "0001-01-01 12:34:56.500"
+        );
+        assert_eq!(
+            read("Sun 01 Nov 2026", "Dy DD Mon YYYY").unwrap(),
+            "2026-11-01 00:00:00"
+        );
+        assert_eq!(read("2026 305", "YYYY DDD").unwrap(), "2026-11-01 00:00:00");
+        assert_eq!(
+            read("2026T11", "YYYY\"T\"MM").unwrap(),
+            "2026-11-01 00:00:00"
+        );
+        assert!(read("abc", "YYYY")
+            .unwrap_err()
+            .to_string()
+            .contains("invalid value \"abc\" for \"YYYY\""));
+        assert!(read("2026-02-30", "YYYY-MM-DD")
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
+        assert!(read("13:00", "HH12:MI").is_err());
+        assert!(read("2026", "YYYY TZ").is_err());
+    }
 
     fn at(s: &str) -> NaiveDateTime {
         NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f").unwrap()

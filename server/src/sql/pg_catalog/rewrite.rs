@@ -850,6 +850,32 @@ fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Re
     }
 }
 
+/// `to_date(text, pattern)` and `to_timestamp(text, pattern)` read PostgreSQL's
+/// patterns (`datetime::read_by_pattern`); DataFusion's read strftime's. A timestamp's
+/// text is local time in the session's zone.
+fn by_pattern(name: &[String], list: &ast::FunctionArgumentList) -> Option<Result<Expr>> {
+    use ast::{FunctionArg::Unnamed, FunctionArgExpr::Expr as Arg};
+    let [Unnamed(Arg(text)), Unnamed(Arg(pattern))] = list.args.as_slice() else {
+        return None;
+    };
+    let (text, pattern) = (text.clone(), pattern.clone());
+    match name {
+        [n] if n == "to_date" => Some(Ok(call("pg_to_date", vec![text, pattern]))),
+        [n] if n == "to_timestamp" => {
+            let zone = crate::sql::query::with_session_time_zone(|z| z.to_string());
+            let zone = Expr::value(Value::SingleQuotedString(zone));
+            Some(Ok(Expr::Cast {
+                kind: ast::CastKind::Cast,
+                expr: Box::new(call("pg_to_timestamp", vec![text, pattern, zone])),
+                data_type: DataType::Timestamp(Some(6), ast::TimezoneInfo::WithTimeZone),
+                array: false,
+                format: None,
+            }))
+        }
+        _ => None,
+    }
+}
+
 pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
@@ -1451,6 +1477,9 @@ impl Rewriter<'_> {
                     }
                     FunctionArguments::List(list) if parts(&f.name) == ["make_interval"] => {
                         make_interval(list)
+                    }
+                    FunctionArguments::List(list) if matches!(parts(&f.name).as_slice(), [n] if n == "to_date" || n == "to_timestamp") => {
+                        by_pattern(&parts(&f.name), list)
                     }
                     FunctionArguments::List(list) => datetime_call(&parts(&f.name), list),
                     _ => None,
