@@ -279,9 +279,17 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
 
 /// PostgreSQL's text form of an interval (IntervalStyle `postgres`): `1 year 2 mons
 /// 3 days 04:05:06.5`, the clock part omitted when zero unless nothing else is there.
+/// As PostgreSQL's, a part after a negative one has its sign even when positive
+/// (`-1 days +02:03:00`).
 pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
     let mut parts = Vec::new();
-    let unit = |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    // Whether the part before was negative.
+    let mut before = false;
+    let mut unit = |n: i64, one: &str, many: &str| {
+        let plus = if before && n > 0 { "+" } else { "" };
+        before = n < 0;
+        format!("{plus}{n} {}", if n == 1 { one } else { many })
+    };
     let (years, months) = (months / 12, months % 12);
     if years != 0 {
         parts.push(unit(years as i64, "year", "years"));
@@ -293,7 +301,11 @@ pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
         parts.push(unit(days as i64, "day", "days"));
     }
     if nanos != 0 || parts.is_empty() {
-        let sign = if nanos < 0 { "-" } else { "" };
+        let sign = match nanos {
+            n if n < 0 => "-",
+            n if n > 0 && before => "+",
+            _ => "",
+        };
         let us = (nanos / 1_000).unsigned_abs();
         let (secs, frac) = (us / 1_000_000, us % 1_000_000);
         let mut clock = format!(
@@ -619,6 +631,11 @@ mod tests {
             "3 days 00:30:00.5"
         );
         assert_eq!(interval_text(0, 0, -90 * 60 * 1_000_000_000), "-01:30:00");
+        assert_eq!(
+            interval_text(0, -1, 2 * hour + 180_000_000_000),
+            "-1 days +02:03:00"
+        );
+        assert_eq!(interval_text(-10, 3, -hour), "-10 mons +3 days -01:00:00");
     }
 
     #[test]

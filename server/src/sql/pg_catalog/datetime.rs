@@ -574,6 +574,95 @@ fn field(
     Some(formatted)
 }
 
+/// Interval text in forms PostgreSQL reads and DataFusion does not, in the unit words
+/// DataFusion reads: a clock part (`1 day 02:30:00`, `-02:00`, `04:05:06.5`, as intervals
+/// print), ISO 8601 (`P1Y2M3DT4H5M6S`, `P2W`), and PostgreSQL's `@ … ago`. `h:mm` is hours
+/// and minutes, `m:ss.f` minutes and seconds; a sign before the clock part is the whole
+/// part's. None: text DataFusion reads as it is (`1 day 2 hours`), or no interval.
+pub(super) fn interval_units(text: &str) -> Option<String> {
+    let trimmed = text.trim();
+    if let Some(iso) = trimmed.strip_prefix('P') {
+        return iso_interval(iso);
+    }
+    let mut words: Vec<&str> = trimmed.split_whitespace().collect();
+    let at = words.first() == Some(&"@");
+    if at {
+        words.remove(0);
+    }
+    let ago = words.last().is_some_and(|w| w.eq_ignore_ascii_case("ago"));
+    if ago {
+        words.pop();
+    }
+    let clock = words.iter().any(|w| w.contains(':'));
+    if !(at || ago || clock) {
+        return None;
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for w in words {
+        if !w.contains(':') {
+            parts.push(w.to_string());
+            continue;
+        }
+        let (sign, body) = match w.strip_prefix('-') {
+            Some(b) => ("-", b),
+            None => ("", w.strip_prefix('+').unwrap_or(w)),
+        };
+        let fields: Vec<&str> = body.split(':').collect();
+        let ok = |f: &str| !f.is_empty() && f.chars().all(|c| c.is_ascii_digit() || c == '.');
+        if !fields.iter().all(|f| ok(f)) {
+            return None;
+        }
+        let units: &[&str] = match fields.len() {
+            2 if fields[1].contains('.') => &["minutes", "seconds"],
+            2 => &["hours", "minutes"],
+            3 => &["hours", "minutes", "seconds"],
+            _ => return None,
+        };
+        for (f, unit) in fields.iter().zip(units) {
+            parts.push(format!("{sign}{f} {unit}"));
+        }
+    }
+    if ago {
+        // Every number's sign turns: `1 day -2 hours ago` is `-1 day 2 hours`.
+        for p in parts.iter_mut() {
+            if p.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+                p.insert(0, '-');
+            } else if let Some(rest) = p.strip_prefix('-') {
+                *p = rest.to_string();
+            }
+        }
+    }
+    Some(parts.join(" "))
+}
+
+/// ISO 8601 duration text after its `P`, in unit words.
+fn iso_interval(iso: &str) -> Option<String> {
+    let mut parts = Vec::new();
+    let mut time = false;
+    let mut number = String::new();
+    for c in iso.chars() {
+        match c {
+            'T' | 't' if number.is_empty() => time = true,
+            '0'..='9' | '.' | '-' => number.push(c),
+            _ if number.is_empty() => return None,
+            _ => {
+                let unit = match (c.to_ascii_uppercase(), time) {
+                    ('Y', false) => "years",
+                    ('M', false) => "months",
+                    ('W', false) => "weeks",
+                    ('D', false) => "days",
+                    ('H', true) => "hours",
+                    ('M', true) => "minutes",
+                    ('S', true) => "seconds",
+                    _ => return None,
+                };
+                parts.push(format!("{} {unit}", std::mem::take(&mut number)));
+            }
+        }
+    }
+    (number.is_empty() && !parts.is_empty()).then(|| parts.join(" "))
+}
+
 /// Text read by a PostgreSQL template, as `to_timestamp(text, pattern)` and `to_date`
 /// read it: the patterns `to_char` writes (names in any case), `FM` ignored, `"…"`
 /// passing over as many characters, a blank in the pattern over any blanks, another
@@ -785,6 +874,25 @@ fn read_by_pattern(text: &str, pattern: &str) -> Result<NaiveDateTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interval_text_in_unit_words() {
+        let units = |t: &str| interval_units(t);
+        assert_eq!(units("1 day 2 hours"), None);
+        assert_eq!(
+            units("1 day 02:30:00").unwrap(),
+            "1 day 02 hours 30 minutes 00 seconds"
+        );
+        assert_eq!(units("-02:00").unwrap(), "-02 hours -00 minutes");
+        assert_eq!(units("05:06.5").unwrap(), "05 minutes 06.5 seconds");
+        assert_eq!(
+            units("P1Y2M3DT4H5M6.5S").unwrap(),
+            "1 years 2 months 3 days 4 hours 5 minutes 6.5 seconds"
+        );
+        assert_eq!(units("@ 1 day -2 hours ago").unwrap(), "-1 day 2 hours");
+        assert_eq!(units("P1X"), None);
+        assert_eq!(units("1:2:3:4"), None);
+    }
 
     #[test]
     fn reads_text_by_postgresql_patterns() {

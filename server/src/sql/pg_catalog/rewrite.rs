@@ -850,6 +850,18 @@ fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Re
     }
 }
 
+/// A string literal of interval text in DataFusion's unit words
+/// (`datetime::interval_units`).
+fn interval_units_in(e: &mut Expr) {
+    if let Expr::Value(v) = e {
+        if let Value::SingleQuotedString(text) = &mut v.value {
+            if let Some(units) = datetime::interval_units(text) {
+                *text = units;
+            }
+        }
+    }
+}
+
 /// `to_date(text, pattern)` and `to_timestamp(text, pattern)` read PostgreSQL's
 /// patterns (`datetime::read_by_pattern`); DataFusion's read strftime's. A timestamp's
 /// text is local time in the session's zone.
@@ -1496,6 +1508,10 @@ impl Rewriter<'_> {
                     }
                     None
                 }
+                DataType::Interval { .. } => {
+                    interval_units_in(inner);
+                    None
+                }
                 DataType::JSON => Some(Ok(call("pg_json_in", vec![inner.as_ref().clone()]))),
                 DataType::JSONB => Some(Ok(call("pg_jsonb_in", vec![inner.as_ref().clone()]))),
                 // PostgreSQL's text of every value (DataFusion writes intervals and
@@ -1520,6 +1536,19 @@ impl Rewriter<'_> {
                 field, expr: inner, ..
             } => datetime::Part::named(&field.to_string())
                 .map(|part| Ok(call(part.function(), vec![inner.as_ref().clone()]))),
+            // Interval text as PostgreSQL reads it (`1 day 02:30:00`, `P1DT2H`).
+            Expr::Interval(i) => {
+                interval_units_in(&mut i.value);
+                None
+            }
+            Expr::TypedString(t) if matches!(t.data_type, DataType::Interval { .. }) => {
+                if let Value::SingleQuotedString(text) = &mut t.value.value {
+                    if let Some(units) = datetime::interval_units(text) {
+                        *text = units;
+                    }
+                }
+                None
+            }
             // `JSON '…'` is `'…'::json`.
             Expr::TypedString(t) if matches!(t.data_type, DataType::JSON | DataType::JSONB) => {
                 let input = match t.data_type {
