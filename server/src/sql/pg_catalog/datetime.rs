@@ -897,46 +897,33 @@ mod tests {
     #[test]
     fn reads_text_by_postgresql_patterns() {
         let read = |t: &str, p: &str| read_by_pattern(t, p).map(|t| t.to_string());
-        assert_eq!(
-            read("2026-11-01 06:00", "YYYY-MM-DD HH24:MI").unwrap(),
-            "2026-11-01 06:00:00"
-        );
-        assert_eq!(
-            read("01 Nov 2026", "DD Mon YYYY").unwrap(),
-            "2026-11-01 00:00:00"
-        );
-        assert_eq!(
-            read("05 DECEMBER 95", "DD MONTH YY").unwrap(),
-            "1995-12-05 00:00:00"
-        );
-        assert_eq!(read("20261101", "YYYYMMDD").unwrap(), "2026-11-01 00:00:00");
-        assert_eq!(
-            read("2026/11/01  7:05:03 PM", "YYYY-MM-DD HH:MI:SS AM").unwrap(),
-            "2026-11-01 19:05:03"
-        );
-        assert_eq!(
-            read("12:34:56.5", "HH24:MI:SS.MS").unwrap(),
-            "0001-01-01 12:34:56.500"
-        );
-        assert_eq!(
-            read("Sun 01 Nov 2026", "Dy DD Mon YYYY").unwrap(),
-            "2026-11-01 00:00:00"
-        );
-        assert_eq!(read("2026 305", "YYYY DDD").unwrap(), "2026-11-01 00:00:00");
-        assert_eq!(
-            read("2026T11", "YYYY\"T\"MM").unwrap(),
-            "2026-11-01 00:00:00"
-        );
-        assert!(read("abc", "YYYY")
-            .unwrap_err()
-            .to_string()
-            .contains("invalid value \"abc\" for \"YYYY\""));
-        assert!(read("2026-02-30", "YYYY-MM-DD")
-            .unwrap_err()
-            .to_string()
-            .contains("out of range"));
-        assert!(read("13:00", "HH12:MI").is_err());
-        assert!(read("2026", "YYYY TZ").is_err());
+        for (text, pattern, read_as) in [
+            (
+                "2026-11-01 06:00",
+                "YYYY-MM-DD HH24:MI",
+                "2026-11-01 06:00:00",
+            ),
+            ("01 Nov 2026", "DD Mon YYYY", "2026-11-01 00:00:00"),
+            ("05 DECEMBER 95", "DD MONTH YY", "1995-12-05 00:00:00"),
+            ("20261101", "YYYYMMDD", "2026-11-01 00:00:00"),
+            (
+                "2026/11/01  7:05:03 PM",
+                "YYYY-MM-DD HH:MI:SS AM",
+                "2026-11-01 19:05:03",
+            ),
+            ("12:34:56.5", "HH24:MI:SS.MS", "0001-01-01 12:34:56.500"),
+            ("Sun 01 Nov 2026", "Dy DD Mon YYYY", "2026-11-01 00:00:00"),
+            ("2026 305", "YYYY DDD", "2026-11-01 00:00:00"),
+            ("2026T11", "YYYY\"T\"MM", "2026-11-01 00:00:00"),
+            ("2026-11-01", "yyyy-mm-dd", "2026-11-01 00:00:00"),
+        ] {
+            assert_eq!(read(text, pattern).unwrap(), read_as, "{text} by {pattern}");
+        }
+        let error = |t: &str, p: &str| read(t, p).unwrap_err().to_string();
+        assert!(error("abc", "YYYY").contains("invalid value \"abc\" for \"YYYY\""));
+        assert!(error("2026-02-30", "YYYY-MM-DD").contains("out of range"));
+        assert!(error("13:00", "HH12:MI").contains("12-hour clock"));
+        assert!(error("2026", "YYYY TZ").contains("not supported"));
     }
 
     fn at(s: &str) -> NaiveDateTime {

@@ -850,14 +850,18 @@ fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Re
     }
 }
 
-/// A string literal of interval text in DataFusion's unit words
+/// Interval text in a string literal, in DataFusion's unit words
 /// (`datetime::interval_units`).
 fn interval_units_in(e: &mut Expr) {
     if let Expr::Value(v) = e {
-        if let Value::SingleQuotedString(text) = &mut v.value {
-            if let Some(units) = datetime::interval_units(text) {
-                *text = units;
-            }
+        interval_units_of(&mut v.value);
+    }
+}
+
+fn interval_units_of(v: &mut Value) {
+    if let Value::SingleQuotedString(text) = v {
+        if let Some(units) = datetime::interval_units(text) {
+            *text = units;
         }
     }
 }
@@ -1542,11 +1546,7 @@ impl Rewriter<'_> {
                 None
             }
             Expr::TypedString(t) if matches!(t.data_type, DataType::Interval { .. }) => {
-                if let Value::SingleQuotedString(text) = &mut t.value.value {
-                    if let Some(units) = datetime::interval_units(text) {
-                        *text = units;
-                    }
-                }
+                interval_units_of(&mut t.value.value);
                 None
             }
             // `JSON '…'` is `'…'::json`.
