@@ -32,7 +32,6 @@ use eddy_planner::types::parse_timestamp;
 use eddy_planner::ErrorKind;
 
 use super::arith::{external, rewrite_expressions};
-use super::functions::function;
 
 /// Casts of text literals to timestamps and dates, read as PostgreSQL reads the text.
 /// Runs after DataFusion's type coercion, which adds the casts of comparisons.
@@ -165,6 +164,10 @@ pub(super) enum Part {
     Decade,
     Century,
     Millennium,
+    /// A timestamptz's UTC offset in the session's zone: seconds, hours, minutes.
+    Timezone,
+    TimezoneHour,
+    TimezoneMinute,
 }
 
 impl Part {
@@ -178,6 +181,9 @@ impl Part {
             "decade" | "decades" => Some(Part::Decade),
             "century" | "centuries" => Some(Part::Century),
             "millennium" | "millennia" | "millenniums" => Some(Part::Millennium),
+            "timezone" => Some(Part::Timezone),
+            "timezone_hour" => Some(Part::TimezoneHour),
+            "timezone_minute" => Some(Part::TimezoneMinute),
             _ => None,
         }
     }
@@ -191,7 +197,18 @@ impl Part {
             Part::Decade => "pg_extract_decade",
             Part::Century => "pg_extract_century",
             Part::Millennium => "pg_extract_millennium",
+            Part::Timezone => "pg_extract_timezone",
+            Part::TimezoneHour => "pg_extract_timezone_hour",
+            Part::TimezoneMinute => "pg_extract_timezone_minute",
         }
+    }
+
+    /// Whether the part is of a time zone, which only a timestamptz has.
+    fn of_zone(self) -> bool {
+        matches!(
+            self,
+            Part::Timezone | Part::TimezoneHour | Part::TimezoneMinute
+        )
     }
 
     /// `numeric`'s precision and scale for the part: microseconds, scaled.
@@ -201,12 +218,29 @@ impl Part {
             Part::Milliseconds => (8, 3),
             Part::Epoch => (38, 6),
             Part::Decade | Part::Century | Part::Millennium => (20, 0),
+            Part::Timezone | Part::TimezoneHour | Part::TimezoneMinute => (20, 0),
         }
     }
 
     /// The part of `v` in microseconds (the decimal's unscaled value), or None.
     fn micros(self, v: &ScalarValue) -> Option<i128> {
         const MINUTE: i128 = 60_000_000;
+        if self.of_zone() {
+            use chrono::{Offset, TimeZone};
+            let (DataType::Timestamp(_, Some(zone)), Some(Time::At(us))) =
+                (v.data_type(), time_of(v))
+            else {
+                return None;
+            };
+            let tz = crate::session::cells::time_zone(&zone)?;
+            let at = DateTime::from_timestamp_micros(us)?.naive_utc();
+            let seconds = tz.offset_from_utc_datetime(&at).fix().local_minus_utc() as i128;
+            return Some(match self {
+                Part::Timezone => seconds,
+                Part::TimezoneHour => seconds / 3600,
+                _ => seconds / 60 % 60,
+            });
+        }
         // PostgreSQL's: the first century is years 1 to 100, and year 0 is 1 BC.
         let units = |year: i128| match self {
             Part::Decade if year >= 0 => year / 10,
@@ -320,17 +354,33 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
         Part::Decade,
         Part::Century,
         Part::Millennium,
+        Part::Timezone,
+        Part::TimezoneHour,
+        Part::TimezoneMinute,
     ]
     .into_iter()
     .map(|part| {
         let (precision, scale) = part.decimal();
-        function(
+        super::functions::fallible_function(
             part.function(),
             &[1],
             DataType::Decimal128(precision, scale),
             move |a| {
+                // A time zone's parts of a value without one are an error, as in PostgreSQL.
+                if let Some(v) = a.first().filter(|v| part.of_zone() && !v.is_null()) {
+                    if !matches!(v.data_type(), DataType::Timestamp(_, Some(_))) {
+                        let unit = part.function().trim_start_matches("pg_extract_");
+                        return Err(external(
+                            ErrorKind::Unsupported,
+                            &format!(
+                                "unit \"{unit}\" not supported for type {}",
+                                super::numeric::type_name(&v.data_type())
+                            ),
+                        ));
+                    }
+                }
                 let us = a.first().and_then(|v| part.micros(v));
-                ScalarValue::Decimal128(us, precision, scale)
+                Ok(ScalarValue::Decimal128(us, precision, scale))
             },
         )
     })

@@ -240,7 +240,7 @@ struct NumericFunction {
 identified_by_name!(NumericFunction);
 
 /// The name `format_type` gives an Arrow type's PostgreSQL type.
-fn type_name(t: &DataType) -> &'static str {
+pub(super) fn type_name(t: &DataType) -> &'static str {
     let oid = crate::session::cells::pg_type_of_arrow(t).oid();
     super::functions::type_display(oid as i32).unwrap_or("unknown")
 }
