@@ -742,11 +742,11 @@ fn read_by_pattern(text: &str, pattern: &str) -> Result<NaiveDateTime> {
     while !rest.is_empty() {
         if let Some(quoted) = rest.strip_prefix('"') {
             let end = quoted.find('"').unwrap_or(quoted.len());
-            for _ in quoted[..end].chars() {
-                let mut chars = input.chars();
-                chars.next();
-                input = chars.as_str();
-            }
+            let skip = quoted[..end].chars().count();
+            input = input
+                .char_indices()
+                .nth(skip)
+                .map_or("", |(i, _)| &input[i..]);
             rest = quoted.get(end + 1..).unwrap_or("");
             continue;
         }

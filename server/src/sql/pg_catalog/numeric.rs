@@ -1462,21 +1462,6 @@ fn function_args(f: &mut ast::Function, aggregate: bool) -> Option<&mut Vec<Func
     }
 }
 
-/// `inner` cast to `numeric` or `numeric(p, s)`.
-fn numeric_cast(inner: Ast, info: ast::ExactNumberInfo) -> Ast {
-    let number = |n: u64| Ast::value(Value::Number(n.to_string(), false));
-    match info {
-        ast::ExactNumberInfo::PrecisionAndScale(p, s) => call(
-            "pg_numeric_typmod",
-            vec![inner, number(p), number(s as u64)],
-        ),
-        ast::ExactNumberInfo::Precision(p) => {
-            call("pg_numeric_typmod", vec![inner, number(p), number(0)])
-        }
-        ast::ExactNumberInfo::None => call("pg_numeric", vec![inner]),
-    }
-}
-
 /// Rewrites `e` where a numeric may be (`numeric`), and says whether `e` may now be one.
 fn visit(e: &mut Ast, numeric: bool) -> bool {
     if numeric {
@@ -1568,19 +1553,20 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
             ..
         } if numeric => {
             visit(inner, true);
-            *e = numeric_cast(inner.as_ref().clone(), *info);
+            let inner = inner.as_ref().clone();
+            let number = |n: u64| Ast::value(Value::Number(n.to_string(), false));
+            *e = match *info {
+                ast::ExactNumberInfo::PrecisionAndScale(p, s) => call(
+                    "pg_numeric_typmod",
+                    vec![inner, number(p), number(s as u64)],
+                ),
+                ast::ExactNumberInfo::Precision(p) => {
+                    call("pg_numeric_typmod", vec![inner, number(p), number(0)])
+                }
+                ast::ExactNumberInfo::None => call("pg_numeric", vec![inner]),
+            };
             true
         }
-        // `NUMERIC '1.50'` is `'1.50'::numeric`: it keeps the literal's scale.
-        Ast::TypedString(t) if numeric => match t.data_type {
-            ast::DataType::Numeric(info)
-            | ast::DataType::Decimal(info)
-            | ast::DataType::Dec(info) => {
-                *e = numeric_cast(Ast::Value(t.value.clone()), info);
-                true
-            }
-            _ => false,
-        },
         Ast::Function(f) if f.over.is_none() && f.filter.is_none() && f.within_group.is_empty() => {
             let name = super::rewrite::parts(&f.name);
             let [name] = name.as_slice() else {

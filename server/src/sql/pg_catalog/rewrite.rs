@@ -854,16 +854,37 @@ fn datetime_call(name: &[String], list: &ast::FunctionArgumentList) -> Option<Re
 /// (`datetime::interval_units`).
 fn interval_units_in(e: &mut Expr) {
     if let Expr::Value(v) = e {
-        interval_units_of(&mut v.value);
+        if let Value::SingleQuotedString(text) = &mut v.value {
+            if let Some(units) = datetime::interval_units(text) {
+                *text = units;
+            }
+        }
     }
 }
 
-fn interval_units_of(v: &mut Value) {
-    if let Value::SingleQuotedString(text) = v {
-        if let Some(units) = datetime::interval_units(text) {
-            *text = units;
-        }
-    }
+/// A typed literal `T '…'` as the cast `'…'::T`, as PostgreSQL reads it, for the types
+/// whose casts are rewritten: json and jsonb and interval here, numeric by
+/// `numeric::literals` (so `NUMERIC '1.50'` keeps its scale).
+fn typed_literal_cast(e: &Expr) -> Option<Expr> {
+    let Expr::TypedString(t) = e else {
+        return None;
+    };
+    matches!(
+        t.data_type,
+        DataType::JSON
+            | DataType::JSONB
+            | DataType::Interval { .. }
+            | DataType::Numeric(_)
+            | DataType::Decimal(_)
+            | DataType::Dec(_)
+    )
+    .then(|| Expr::Cast {
+        kind: ast::CastKind::Cast,
+        expr: Box::new(Expr::Value(t.value.clone())),
+        data_type: t.data_type.clone(),
+        array: false,
+        format: None,
+    })
 }
 
 /// `to_date(text, pattern)` and `to_timestamp(text, pattern)` read PostgreSQL's
@@ -1417,6 +1438,9 @@ impl Rewriter<'_> {
     }
 
     fn expr(&mut self, expr: &mut Expr) -> ControlFlow<DataFusionError> {
+        if let Some(cast) = typed_literal_cast(expr) {
+            *expr = cast;
+        }
         let replacement = match expr {
             // SQL's niladic functions, written without parentheses.
             Expr::Identifier(i)
@@ -1544,18 +1568,6 @@ impl Rewriter<'_> {
             Expr::Interval(i) => {
                 interval_units_in(&mut i.value);
                 None
-            }
-            Expr::TypedString(t) if matches!(t.data_type, DataType::Interval { .. }) => {
-                interval_units_of(&mut t.value.value);
-                None
-            }
-            // `JSON '…'` is `'…'::json`.
-            Expr::TypedString(t) if matches!(t.data_type, DataType::JSON | DataType::JSONB) => {
-                let input = match t.data_type {
-                    DataType::JSON => "pg_json_in",
-                    _ => "pg_jsonb_in",
-                };
-                Some(Ok(call(input, vec![Expr::Value(t.value.clone())])))
             }
             Expr::TypedString(t)
                 if matches!(
