@@ -787,10 +787,10 @@ impl PointLookup {
                     .metric_rows(&self.stream, &self.metric, Some(key))
                     .await
             }
+            // Boxed: a read of history is a large state machine, and lookups of the
+            // present would otherwise carry it.
             Some(t) => {
-                engine
-                    .metric_rows_as_of(&self.stream, &self.metric, t, Some(key))
-                    .await
+                Box::pin(engine.metric_rows_as_of(&self.stream, &self.metric, t, Some(key))).await
             }
         }
     }
