@@ -1518,10 +1518,10 @@ impl Rewriter<'_> {
                     FunctionArguments::List(list) if parts(&f.name) == ["make_interval"] => {
                         make_interval(list)
                     }
-                    FunctionArguments::List(list) if matches!(parts(&f.name).as_slice(), [n] if n == "to_date" || n == "to_timestamp") => {
-                        by_pattern(&parts(&f.name), list)
+                    FunctionArguments::List(list) => {
+                        let name = parts(&f.name);
+                        by_pattern(&name, list).or_else(|| datetime_call(&name, list))
                     }
-                    FunctionArguments::List(list) => datetime_call(&parts(&f.name), list),
                     _ => None,
                 }
             }
