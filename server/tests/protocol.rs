@@ -170,6 +170,79 @@ async fn extended_protocol_with_binary_parameters() {
     server.stop().await;
 }
 
+/// A result's bytes as the server sent them, whatever its type.
+struct Raw(Vec<u8>);
+
+impl<'a> postgres_types::FromSql<'a> for Raw {
+    fn from_sql(
+        _: &postgres_types::Type,
+        raw: &'a [u8],
+    ) -> Result<Raw, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Raw(raw.to_vec()))
+    }
+    fn accepts(_: &postgres_types::Type) -> bool {
+        true
+    }
+}
+
+/// Times of day and intervals are sent as TIME and INTERVAL, not as text: a driver reads
+/// them as its time and interval types, in binary (PostgreSQL's forms) as in text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_and_intervals_have_their_types_in_binary_and_text() {
+    use tokio_postgres::types::Type;
+    let dir = temp_dir("time-interval-types");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    let sql = "SELECT time '10:11:12.25' AS t, interval '1 year 2 mons 3 days 04:05:06.5' AS i, \
+               timestamp '2024-01-02' - timestamp '2024-01-01 01:00' AS d, \
+               interval '-1 day' + interval '2 hours' AS n";
+    // The extended protocol, results in binary.
+    let row = client.query_one(sql, &[]).await.unwrap();
+    let types: Vec<Type> = row.columns().iter().map(|c| c.type_().clone()).collect();
+    assert_eq!(
+        types,
+        [Type::TIME, Type::INTERVAL, Type::INTERVAL, Type::INTERVAL]
+    );
+    assert_eq!(
+        row.get::<_, chrono::NaiveTime>(0),
+        chrono::NaiveTime::from_hms_micro_opt(10, 11, 12, 250_000).unwrap()
+    );
+    // An interval's binary form: its microseconds, days and months.
+    let interval = |micros: i64, days: i32, months: i32| {
+        [
+            &micros.to_be_bytes()[..],
+            &days.to_be_bytes(),
+            &months.to_be_bytes(),
+        ]
+        .concat()
+    };
+    assert_eq!(
+        row.get::<_, Raw>(1).0,
+        interval(14_706_500_000, 3, 14),
+        "1 year 2 mons 3 days 04:05:06.5"
+    );
+    assert_eq!(row.get::<_, Raw>(2).0, interval(82_800_000_000, 0, 0));
+    assert_eq!(row.get::<_, Raw>(3).0, interval(7_200_000_000, -1, 0));
+    // The simple protocol, in text.
+    let text = simple_rows(&client, sql).await;
+    let want = [
+        "10:11:12.25",
+        "1 year 2 mons 3 days 04:05:06.5",
+        "23:00:00",
+        "-1 days +02:00:00",
+    ];
+    assert_eq!(text, [want.map(|t| Some(t.to_string())).to_vec()]);
+    let typeof_ = "SELECT pg_typeof(time '10:00'), pg_typeof(interval '1 day')";
+    assert_eq!(
+        simple_rows(&client, typeof_).await,
+        [vec![
+            Some("time without time zone".to_string()),
+            Some("interval".to_string())
+        ]]
+    );
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_request_stops_a_running_query() {
     let dir = temp_dir("cancel");

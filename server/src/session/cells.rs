@@ -44,6 +44,14 @@ pub enum Cell {
     TimestampTz(i64),
     /// Days since the Unix epoch.
     Date(i32),
+    /// A time of day, microseconds since midnight.
+    Time(i64),
+    /// An interval: PostgreSQL's months, days and microseconds, each kept apart.
+    Interval {
+        months: i32,
+        days: i32,
+        micros: i64,
+    },
     Numeric(i128, u32),
 }
 
@@ -96,6 +104,8 @@ pub fn pg_type_of_arrow(dt: &DataType) -> Type {
         DataType::Timestamp(_, Some(_)) => Type::TIMESTAMPTZ,
         DataType::Timestamp(_, None) => Type::TIMESTAMP,
         DataType::Date32 | DataType::Date64 => Type::DATE,
+        DataType::Time32(_) | DataType::Time64(_) => Type::TIME,
+        DataType::Interval(_) | DataType::Duration(_) => Type::INTERVAL,
         DataType::Decimal128(_, _) => Type::NUMERIC,
         _ => Type::TEXT,
     }
@@ -204,11 +214,15 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                     Cell::Null
                 } else {
                     let (m, d, ns) = months_days_nanos(i);
-                    let (d, ns) = match duration {
+                    let (days, ns) = match duration {
                         true => (d.saturating_add((ns / DAY_NS) as i32), ns % DAY_NS),
                         false => (d, ns),
                     };
-                    Cell::text(interval_text(m, d, ns))
+                    Cell::Interval {
+                        months: m,
+                        days,
+                        micros: ns / 1_000,
+                    }
                 });
             }
         }
@@ -254,17 +268,25 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                 }
             }
         }
+        DataType::Time32(_) | DataType::Time64(_) => {
+            let target = DataType::Time64(TimeUnit::Microsecond);
+            let casted = cast(array, &target).unwrap_or_else(|_| array.clone());
+            let a = casted.as_primitive::<datafusion::arrow::datatypes::Time64MicrosecondType>();
+            for i in 0..n {
+                out.push(if a.is_null(i) {
+                    Cell::Null
+                } else {
+                    Cell::Time(a.value(i))
+                });
+            }
+        }
         _ => {
             let casted = cast(array, &DataType::Utf8).ok();
-            // A time of day drops its fraction's trailing zeros (`09:30:30.5`).
-            let time = matches!(array.data_type(), DataType::Time32(_) | DataType::Time64(_));
             match casted.as_ref().map(|c| c.as_string::<i32>()) {
                 Some(a) => {
                     for i in 0..n {
                         out.push(if a.is_null(i) {
                             Cell::Null
-                        } else if time && a.value(i).contains('.') {
-                            Cell::text(a.value(i).trim_end_matches('0').trim_end_matches('.'))
                         } else {
                             Cell::text(a.value(i))
                         });
@@ -320,6 +342,17 @@ pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
         parts.push(clock);
     }
     parts.join(" ")
+}
+
+/// PostgreSQL's text form of a time of day: `09:30:30`, with the fraction's trailing
+/// zeros dropped (`09:30:30.5`).
+fn time_text(us: i64) -> String {
+    let (secs, frac) = (us.div_euclid(1_000_000), us.rem_euclid(1_000_000));
+    let mut text = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
+    if frac != 0 {
+        text.push_str(format!(".{frac:06}").trim_end_matches('0'));
+    }
+    text
 }
 
 /// PostgreSQL's text form of an array: `{a,b}`, an element quoted when it is empty,
@@ -395,6 +428,12 @@ impl Cell {
             Cell::Timestamp(us) => format_timestamp(*us),
             Cell::TimestampTz(us) => format_timestamptz(*us, chrono_tz::UTC),
             Cell::Date(d) => format_timestamp(*d as i64 * 86_400_000_000)[..10].to_string(),
+            Cell::Time(us) => time_text(*us),
+            Cell::Interval {
+                months,
+                days,
+                micros,
+            } => interval_text(*months, *days, micros.saturating_mul(1_000)),
             Cell::Numeric(v, scale) => decimal_text(*v, *scale),
         })
     }
@@ -448,6 +487,20 @@ impl Cell {
             Cell::Numeric(v, scale) => {
                 let d = Decimal::try_from_i128_with_scale(*v, *scale).ok();
                 enc.field(&d, ty, bin, opts)
+            }
+            // PostgreSQL's binary forms: a time is its microseconds since midnight; an
+            // interval its microseconds, then its days, then its months.
+            Cell::Time(us) => enc.field(&us.to_be_bytes().as_slice(), ty, bin, opts),
+            Cell::Interval {
+                months,
+                days,
+                micros,
+            } => {
+                let mut bytes = [0u8; 16];
+                bytes[..8].copy_from_slice(&micros.to_be_bytes());
+                bytes[8..12].copy_from_slice(&days.to_be_bytes());
+                bytes[12..].copy_from_slice(&months.to_be_bytes());
+                enc.field(&bytes.as_slice(), ty, bin, opts)
             }
         }
     }

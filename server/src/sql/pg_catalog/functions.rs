@@ -9,11 +9,12 @@ use std::sync::Arc;
 use datafusion::arrow::array::{new_empty_array, Array};
 use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::{DataType, Field, IntervalMonthDayNano, IntervalUnit};
+use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::scalar::ScalarStructBuilder;
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
     Volatility,
 };
 use datafusion::prelude::SessionContext;
@@ -226,8 +227,38 @@ pub(super) fn type_display(oid: i32) -> Option<&'static str> {
     TYPES.iter().find(|t| t.oid == oid).map(|t| t.display)
 }
 
+/// `generate_series` over integer constants of any width, as PostgreSQL's: DataFusion's
+/// takes bigint constants only (`generate_series(1, 3::int)`, and pgjdbc's type lookup's
+/// `array_upper(…)` bound, failed), so narrower ones are widened before it is called.
+#[derive(Debug)]
+struct WideSeries(Arc<dyn TableFunctionImpl>);
+
+impl TableFunctionImpl for WideSeries {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let exprs: Vec<Expr> = args
+            .exprs()
+            .iter()
+            .map(|e| match e {
+                Expr::Literal(v, meta) if v.data_type().is_integer() => {
+                    match v.cast_to(&DataType::Int64) {
+                        Ok(wide) => Expr::Literal(wide, meta.clone()),
+                        Err(_) => e.clone(),
+                    }
+                }
+                _ => e.clone(),
+            })
+            .collect();
+        self.0
+            .call_with_args(TableFunctionArgs::new(&exprs, args.session()))
+    }
+}
+
 /// Registers every catalog function over `snapshot`.
 pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
+    if let Ok(series) = ctx.table_function("generate_series") {
+        let inner = series.function().clone();
+        ctx.register_udtf("generate_series", Arc::new(WideSeries(inner)));
+    }
     use DataType::{Boolean, Int32, Int64, Utf8};
     let null_text = |_: &[ScalarValue]| text(None);
     let null_bigint = |_: &[ScalarValue]| ScalarValue::Int64(None);

@@ -130,7 +130,7 @@ const fn array_of(oid: i32, name: &'static str, display: &'static str, elem: i32
     }
 }
 
-pub(crate) const TYPES: [PgType; 22] = [
+pub(crate) const TYPES: [PgType; 24] = [
     ty(16, "bool", "boolean", 1, 1000, false),
     ty(18, "char", "\"char\"", 1, 1002, false),
     ty(19, "name", "name", 64, 1003, true),
@@ -143,6 +143,7 @@ pub(crate) const TYPES: [PgType; 22] = [
     ty(701, "float8", "double precision", 8, 1022, false),
     ty(1043, "varchar", "character varying", -1, 1015, true),
     ty(1082, "date", "date", 4, 1182, false),
+    ty(1083, "time", "time without time zone", 8, 1183, false),
     ty(
         1114,
         "timestamp",
@@ -159,6 +160,7 @@ pub(crate) const TYPES: [PgType; 22] = [
         1185,
         false,
     ),
+    ty(1186, "interval", "interval", 16, 1187, false),
     ty(1700, "numeric", "numeric", -1, 1231, false),
     array_of(1000, "_bool", "boolean[]", 16),
     array_of(1005, "_int2", "smallint[]", 21),

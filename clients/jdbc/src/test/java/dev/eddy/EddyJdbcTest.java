@@ -350,4 +350,27 @@ class EddyJdbcTest {
             }
         }
     }
+
+    @Test
+    void timesAndIntervalsHaveTheirTypes() throws SQLException {
+        String sql = "SELECT time '10:11:12' AS t, interval '1 day 02:30:00' AS i";
+        // prepareThreshold 1: the statement is server-prepared at once, and pgjdbc asks
+        // for the time in binary.
+        Properties binary = new Properties();
+        binary.setProperty("prepareThreshold", "1");
+        try (Connection c = connect(binary)) {
+            for (int run = 0; run < 3; run++) {
+                try (PreparedStatement ps = c.prepareStatement(sql); ResultSet rs = ps.executeQuery()) {
+                    ResultSetMetaData md = rs.getMetaData();
+                    assertEquals(Types.TIME, md.getColumnType(1));
+                    assertEquals("time", md.getColumnTypeName(1));
+                    assertEquals("interval", md.getColumnTypeName(2));
+                    assertTrue(rs.next());
+                    assertEquals(java.time.LocalTime.of(10, 11, 12), rs.getObject(1, java.time.LocalTime.class));
+                    assertEquals(new org.postgresql.util.PGInterval(0, 0, 1, 2, 30, 0), rs.getObject(2));
+                    assertFalse(rs.next());
+                }
+            }
+        }
+    }
 }
