@@ -243,6 +243,24 @@ async fn times_and_intervals_have_their_types_in_binary_and_text() {
     server.stop().await;
 }
 
+/// A bytea is sent as BYTEA: its bytes in binary, `\x` and hex in text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bytea_has_its_type_in_binary_and_text() {
+    use tokio_postgres::types::Type;
+    let dir = temp_dir("bytea-type");
+    let server = start(&dir).await;
+    let client = connect(&server).await;
+    let sql = "SELECT 'a\\000b'::bytea AS b";
+    let row = client.query_one(sql, &[]).await.unwrap();
+    assert_eq!(*row.columns()[0].type_(), Type::BYTEA);
+    assert_eq!(row.get::<_, Vec<u8>>(0), b"a\0b");
+    assert_eq!(
+        simple_rows(&client, sql).await,
+        [vec![Some("\\x610062".to_string())]]
+    );
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_request_stops_a_running_query() {
     let dir = temp_dir("cancel");

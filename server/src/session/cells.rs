@@ -3,6 +3,7 @@
 //! Invariant: text output matches PostgreSQL's own formatting (floats shortest-exact,
 //! timestamps ISO, booleans t/f), so psql and sqllogictest see what PostgreSQL would show.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
@@ -52,6 +53,8 @@ pub enum Cell {
         days: i32,
         micros: i64,
     },
+    /// A bytea's bytes.
+    Bytes(Vec<u8>),
     Numeric(i128, u32),
 }
 
@@ -106,6 +109,10 @@ pub fn pg_type_of_arrow(dt: &DataType) -> Type {
         DataType::Date32 | DataType::Date64 => Type::DATE,
         DataType::Time32(_) | DataType::Time64(_) => Type::TIME,
         DataType::Interval(_) | DataType::Duration(_) => Type::INTERVAL,
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => Type::BYTEA,
         DataType::Decimal128(_, _) => Type::NUMERIC,
         _ => Type::TEXT,
     }
@@ -223,6 +230,20 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                         days,
                         micros: ns / 1_000,
                     }
+                });
+            }
+        }
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => {
+            let casted = cast(array, &DataType::LargeBinary).unwrap_or_else(|_| array.clone());
+            let a = casted.as_binary::<i64>();
+            for i in 0..n {
+                out.push(if a.is_null(i) {
+                    Cell::Null
+                } else {
+                    Cell::Bytes(a.value(i).to_vec())
                 });
             }
         }
@@ -344,6 +365,17 @@ pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
     parts.join(" ")
 }
 
+/// PostgreSQL's text form of a bytea (`bytea_output = hex`): `\x` and two hex digits a
+/// byte.
+fn bytea_text(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(2 + 2 * bytes.len());
+    text.push_str("\\x");
+    for b in bytes {
+        let _ = write!(text, "{b:02x}");
+    }
+    text
+}
+
 /// PostgreSQL's text form of a time of day: `09:30:30`, with the fraction's trailing
 /// zeros dropped (`09:30:30.5`).
 fn time_text(us: i64) -> String {
@@ -435,6 +467,7 @@ impl Cell {
                 micros,
             } => interval_text(*months, *days, micros.saturating_mul(1_000)),
             Cell::Numeric(v, scale) => decimal_text(*v, *scale),
+            Cell::Bytes(b) => bytea_text(b),
         })
     }
 
@@ -488,6 +521,7 @@ impl Cell {
                 let d = Decimal::try_from_i128_with_scale(*v, *scale).ok();
                 enc.field(&d, ty, bin, opts)
             }
+            Cell::Bytes(b) => enc.field(&b.as_slice(), ty, bin, opts),
             // PostgreSQL's binary forms: a time is its microseconds since midnight; an
             // interval its microseconds, then its days, then its months.
             Cell::Time(us) => enc.field(&us.to_be_bytes().as_slice(), ty, bin, opts),

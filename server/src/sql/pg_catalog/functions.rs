@@ -131,6 +131,62 @@ pub(super) fn row_by_row(
     Ok(ColumnarValue::Array(concat(&arrays)?))
 }
 
+/// A bytea from PostgreSQL's text of one: `\x` and hex digits (pairs may be apart by
+/// spaces), else the escape form, where `\\` is a backslash and `\nnn` an octal byte.
+fn bytea_in(text: &str) -> Result<Vec<u8>> {
+    let invalid = || {
+        external(
+            ErrorKind::InvalidText,
+            "invalid input syntax for type bytea",
+        )
+    };
+    if let Some(hex) = text.strip_prefix("\\x") {
+        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        if digits.len() % 2 != 0 {
+            return Err(external(
+                ErrorKind::InvalidText,
+                "invalid hexadecimal data: odd number of digits",
+            ));
+        }
+        return digits
+            .chunks(2)
+            .map(|pair| {
+                let pair = std::str::from_utf8(pair).map_err(|_| invalid())?;
+                u8::from_str_radix(pair, 16).map_err(|_| {
+                    external(
+                        ErrorKind::InvalidText,
+                        &format!("invalid hexadecimal digit: \"{pair}\""),
+                    )
+                })
+            })
+            .collect();
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if bytes.get(i + 1) == Some(&b'\\') => {
+                out.push(b'\\');
+                i += 2;
+            }
+            b'\\' => {
+                let octal = bytes.get(i + 1..i + 4).filter(|d| {
+                    matches!(d[0], b'0'..=b'3') && d[1..].iter().all(|c| matches!(c, b'0'..=b'7'))
+                });
+                let digits = octal.ok_or_else(invalid)?;
+                out.push(digits.iter().fold(0u8, |n, d| n * 8 + (d - b'0')));
+                i += 4;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// An oid argument as PostgreSQL reads one: an integer, or its text.
 fn oid(v: &ScalarValue) -> Option<i32> {
     match v {
@@ -331,12 +387,16 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 _ => None,
             })
         }),
+        // Of a bytea, its bytes; of anything else, its text.
         function("md5", &[1], Utf8, |a| {
-            text(
-                a.first()
+            text(match a.first() {
+                Some(ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b))) => {
+                    Some(format!("{:x}", md5::compute(b)))
+                }
+                v => v
                     .and_then(pg_text)
                     .map(|s| format!("{:x}", md5::compute(s))),
-            )
+            })
         }),
         fallible_function("format", &[], Utf8, format),
         fallible_function("age", &[2], interval(), age),
@@ -386,6 +446,17 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 }
                 .into(),
             ))
+        }),
+        fallible_function("pg_bytea_in", &[1], DataType::Binary, |a| {
+            Ok(ScalarValue::Binary(match a.first() {
+                Some(ScalarValue::Utf8(Some(t)) | ScalarValue::LargeUtf8(Some(t))) => {
+                    Some(bytea_in(t)?)
+                }
+                Some(ScalarValue::Binary(b) | ScalarValue::LargeBinary(b)) => b.clone(),
+                Some(v) if v.is_null() => None,
+                Some(v) => Some(bytea_in(&v.to_string())?),
+                None => None,
+            }))
         }),
         function("array_upper", &[2], Int32, |a| match a.first() {
             Some(ScalarValue::List(l)) if !l.is_null(0) && !l.value(0).is_empty() => {

@@ -130,8 +130,9 @@ const fn array_of(oid: i32, name: &'static str, display: &'static str, elem: i32
     }
 }
 
-pub(crate) const TYPES: [PgType; 24] = [
+pub(crate) const TYPES: [PgType; 25] = [
     ty(16, "bool", "boolean", 1, 1000, false),
+    ty(17, "bytea", "bytea", -1, 1001, false),
     ty(18, "char", "\"char\"", 1, 1002, false),
     ty(19, "name", "name", 64, 1003, true),
     ty(20, "int8", "bigint", 8, 1016, false),

@@ -873,6 +873,7 @@ fn typed_literal_cast(e: &Expr) -> Option<Expr> {
         t.data_type,
         DataType::JSON
             | DataType::JSONB
+            | DataType::Bytea
             | DataType::Interval { .. }
             | DataType::Numeric(_)
             | DataType::Decimal(_)
@@ -1540,6 +1541,7 @@ impl Rewriter<'_> {
                     interval_units_in(inner);
                     None
                 }
+                DataType::Bytea => Some(Ok(call("pg_bytea_in", vec![inner.as_ref().clone()]))),
                 DataType::JSON => Some(Ok(call("pg_json_in", vec![inner.as_ref().clone()]))),
                 DataType::JSONB => Some(Ok(call("pg_jsonb_in", vec![inner.as_ref().clone()]))),
                 // PostgreSQL's text of every value (DataFusion writes intervals and
