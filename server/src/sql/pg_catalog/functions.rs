@@ -187,6 +187,48 @@ fn bytea_in(text: &str) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The regex of a SIMILAR TO pattern, as PostgreSQL's `similar_escape` makes it: the
+/// whole text must match; `%` is any text and `_` any character; `(` groups without
+/// capturing; `.`, `^`, `$` and `\` are themselves; the character after `escape` is
+/// itself; inside brackets, characters are kept.
+fn similar_to_regex(pattern: &str, escape: Option<char>) -> String {
+    let mut regex = String::from("^(?:");
+    let (mut escaped, mut in_class) = (false, false);
+    for c in pattern.chars() {
+        if escaped {
+            regex.push('\\');
+            regex.push(c);
+            escaped = false;
+        } else if Some(c) == escape {
+            escaped = true;
+        } else if in_class {
+            if c == '\\' {
+                regex.push('\\');
+            }
+            regex.push(c);
+            in_class = c != ']';
+        } else {
+            match c {
+                '%' => regex.push_str(".*"),
+                '_' => regex.push('.'),
+                '(' => regex.push_str("(?:"),
+                '[' => {
+                    regex.push('[');
+                    in_class = true;
+                }
+                '.' | '^' | '$' | '\\' => {
+                    regex.push('\\');
+                    regex.push(c);
+                }
+                c => regex.push(c),
+            }
+        }
+    }
+    // An escape at the end escapes nothing, as in PostgreSQL 15.
+    regex.push_str(")$");
+    regex
+}
+
 /// An oid argument as PostgreSQL reads one: an integer, or its text.
 fn oid(v: &ScalarValue) -> Option<i32> {
     match v {
@@ -457,6 +499,18 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 Some(v) => Some(bytea_in(&v.to_string())?),
                 None => None,
             }))
+        }),
+        function("pg_similar_to_regex", &[1, 2], Utf8, |a| {
+            let escape = match a.get(1) {
+                None => Some('\\'),
+                Some(v) if v.is_null() => return text(None),
+                Some(v) => pg_text(v).and_then(|e| e.chars().next()),
+            };
+            text(
+                a.first()
+                    .and_then(pg_text)
+                    .map(|p| similar_to_regex(&p, escape)),
+            )
         }),
         function("array_upper", &[2], Int32, |a| match a.first() {
             Some(ScalarValue::List(l)) if !l.is_null(0) && !l.value(0).is_empty() => {

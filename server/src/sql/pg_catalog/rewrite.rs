@@ -1455,6 +1455,47 @@ impl Rewriter<'_> {
             {
                 Some(Ok(call(&parts(&f.name)[0], vec![])))
             }
+            // `|/ x`, `||/ x` and `@ x`: PostgreSQL's square root and cube root (of a
+            // float8) and absolute value.
+            Expr::UnaryOp {
+                op:
+                    op @ (ast::UnaryOperator::PGSquareRoot
+                    | ast::UnaryOperator::PGCubeRoot
+                    | ast::UnaryOperator::PGAbs),
+                expr: inner,
+            } => {
+                let float = || Expr::Cast {
+                    kind: ast::CastKind::Cast,
+                    expr: inner.clone(),
+                    data_type: DataType::DoublePrecision,
+                    array: false,
+                    format: None,
+                };
+                Some(Ok(match op {
+                    ast::UnaryOperator::PGSquareRoot => call("sqrt", vec![float()]),
+                    ast::UnaryOperator::PGCubeRoot => call("cbrt", vec![float()]),
+                    _ => call("abs", vec![inner.as_ref().clone()]),
+                }))
+            }
+            // `a SIMILAR TO p [ESCAPE e]`: a match of the whole of `a` with the SQL pattern
+            // `p` (`%` and `_`, the escape's next character literal), as a regex.
+            Expr::SimilarTo {
+                negated,
+                expr: inner,
+                pattern,
+                escape_char,
+            } => {
+                let mut args = vec![pattern.as_ref().clone()];
+                args.extend(escape_char.iter().map(|e| Expr::Value(e.clone())));
+                Some(Ok(Expr::Nested(Box::new(Expr::BinaryOp {
+                    left: Box::new(Expr::Nested(inner.clone())),
+                    op: match negated {
+                        true => BinaryOperator::PGRegexNotMatch,
+                        false => BinaryOperator::PGRegexMatch,
+                    },
+                    right: Box::new(call("pg_similar_to_regex", args)),
+                }))))
+            }
             // ~x is -1 - x in two's complement (no overflow at either end).
             Expr::UnaryOp {
                 op: ast::UnaryOperator::BitwiseNot,
