@@ -264,6 +264,119 @@ fn cast_error(message: &str) -> Option<Error> {
     ))
 }
 
+/// The regex of a SIMILAR TO pattern, as PostgreSQL's `similar_escape` makes it: the
+/// whole text must match; `%` is any text and `_` any character; `(` groups without
+/// capturing; `.`, `^`, `$` and `\` are themselves; the character after `escape` is
+/// itself; inside brackets, characters are kept.
+pub fn similar_to_regex(pattern: &str, escape: Option<char>) -> String {
+    let mut regex = String::from("^(?:");
+    let (mut escaped, mut in_class) = (false, false);
+    for c in pattern.chars() {
+        if escaped {
+            regex.push('\\');
+            regex.push(c);
+            escaped = false;
+        } else if Some(c) == escape {
+            escaped = true;
+        } else if in_class {
+            if c == '\\' {
+                regex.push('\\');
+            }
+            regex.push(c);
+            in_class = c != ']';
+        } else {
+            match c {
+                '%' => regex.push_str(".*"),
+                '_' => regex.push('.'),
+                '(' => regex.push_str("(?:"),
+                '[' => {
+                    regex.push('[');
+                    in_class = true;
+                }
+                '.' | '^' | '$' | '\\' => {
+                    regex.push('\\');
+                    regex.push(c);
+                }
+                c => regex.push(c),
+            }
+        }
+    }
+    // An escape at the end escapes nothing, as in PostgreSQL 15.
+    regex.push_str(")$");
+    regex
+}
+
+/// `text` with each `a [NOT] SIMILAR TO 'p' [ESCAPE 'e']` as PostgreSQL's, a regex match
+/// of the whole of `a` (DataFusion's own searches `p` as a regex anywhere in `a`); the
+/// pattern must be a constant. `text` itself when it has none.
+fn similar_to_as_regex(text: &str) -> Result<std::borrow::Cow<'_, str>> {
+    use datafusion::sql::sqlparser::ast::{self, visit_expressions_mut, Expr};
+    use std::ops::ControlFlow;
+    if !text.to_ascii_lowercase().contains("similar") {
+        return Ok(text.into());
+    }
+    let dialect = datafusion::sql::sqlparser::dialect::PostgreSqlDialect {};
+    let mut expr = datafusion::sql::sqlparser::parser::Parser::new(&dialect)
+        .try_with_sql(text)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(crate::sql::parser_error)?;
+    let mut found = false;
+    let rewritten = visit_expressions_mut(&mut expr, |e| {
+        let Expr::SimilarTo {
+            negated,
+            expr: inner,
+            pattern,
+            escape_char,
+        } = e
+        else {
+            return ControlFlow::Continue(());
+        };
+        let constant = |e: &Expr| match e {
+            Expr::Value(v) => match &v.value {
+                ast::Value::SingleQuotedString(s) => Some(Some(s.clone())),
+                ast::Value::Null => Some(None),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(p) = constant(pattern) else {
+            return ControlFlow::Break(
+                Error::new(
+                    ErrorKind::Unsupported,
+                    "SIMILAR TO in a metric's WHERE takes a constant pattern",
+                )
+                .with_hint("Write the pattern as a string literal, or use ~ with a regex."),
+            );
+        };
+        let escape = match escape_char.as_ref().map(|v| &v.value) {
+            None => Some('\\'),
+            Some(ast::Value::SingleQuotedString(e)) => e.chars().next(),
+            Some(_) => None,
+        };
+        let regex = match p {
+            Some(p) => ast::Value::SingleQuotedString(similar_to_regex(&p, escape)),
+            None => ast::Value::Null,
+        };
+        found = true;
+        *e = Expr::Nested(Box::new(Expr::BinaryOp {
+            left: Box::new(Expr::Nested(inner.clone())),
+            op: match negated {
+                true => ast::BinaryOperator::PGRegexNotMatch,
+                false => ast::BinaryOperator::PGRegexMatch,
+            },
+            right: Box::new(Expr::value(regex)),
+        }));
+        ControlFlow::Continue(())
+    });
+    if let ControlFlow::Break(e) = rewritten {
+        return Err(e);
+    }
+    Ok(match found {
+        true => expr.to_string().into(),
+        false => text.into(),
+    })
+}
+
 impl Filter {
     /// Compiles `text` against the stream's columns; fails on unknown columns and on
     /// predicates that are not boolean.
@@ -271,7 +384,7 @@ impl Filter {
         let schema = stream_schema(stream);
         let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(datafusion_error)?;
         let logical = session()
-            .parse_sql_expr(text, &df_schema)
+            .parse_sql_expr(&similar_to_as_regex(text)?, &df_schema)
             .map_err(datafusion_error)?;
         // Coerce types and fold constants now, so that a bad literal ('abc' compared
         // with a number) fails at CREATE METRIC, not at every later INSERT.

@@ -142,7 +142,7 @@ fn bytea_in(text: &str) -> Result<Vec<u8>> {
     };
     if let Some(hex) = text.strip_prefix("\\x") {
         let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-        if digits.len() % 2 != 0 {
+        if !digits.len().is_multiple_of(2) {
             return Err(external(
                 ErrorKind::InvalidText,
                 "invalid hexadecimal data: odd number of digits",
@@ -185,48 +185,6 @@ fn bytea_in(text: &str) -> Result<Vec<u8>> {
         }
     }
     Ok(out)
-}
-
-/// The regex of a SIMILAR TO pattern, as PostgreSQL's `similar_escape` makes it: the
-/// whole text must match; `%` is any text and `_` any character; `(` groups without
-/// capturing; `.`, `^`, `$` and `\` are themselves; the character after `escape` is
-/// itself; inside brackets, characters are kept.
-fn similar_to_regex(pattern: &str, escape: Option<char>) -> String {
-    let mut regex = String::from("^(?:");
-    let (mut escaped, mut in_class) = (false, false);
-    for c in pattern.chars() {
-        if escaped {
-            regex.push('\\');
-            regex.push(c);
-            escaped = false;
-        } else if Some(c) == escape {
-            escaped = true;
-        } else if in_class {
-            if c == '\\' {
-                regex.push('\\');
-            }
-            regex.push(c);
-            in_class = c != ']';
-        } else {
-            match c {
-                '%' => regex.push_str(".*"),
-                '_' => regex.push('.'),
-                '(' => regex.push_str("(?:"),
-                '[' => {
-                    regex.push('[');
-                    in_class = true;
-                }
-                '.' | '^' | '$' | '\\' => {
-                    regex.push('\\');
-                    regex.push(c);
-                }
-                c => regex.push(c),
-            }
-        }
-    }
-    // An escape at the end escapes nothing, as in PostgreSQL 15.
-    regex.push_str(")$");
-    regex
 }
 
 /// An oid argument as PostgreSQL reads one: an integer, or its text.
@@ -509,7 +467,7 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
             text(
                 a.first()
                     .and_then(pg_text)
-                    .map(|p| similar_to_regex(&p, escape)),
+                    .map(|p| eddy_planner::filter::similar_to_regex(&p, escape)),
             )
         }),
         function("array_upper", &[2], Int32, |a| match a.first() {
