@@ -11,6 +11,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{DFSchema, DataFusionError, SchemaError};
 use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
@@ -386,15 +387,20 @@ impl Filter {
         let logical = session()
             .parse_sql_expr(&similar_to_as_regex(text)?, &df_schema)
             .map_err(datafusion_error)?;
-        // Coerce types and fold constants now, so that a bad literal ('abc' compared
-        // with a number) fails at CREATE METRIC, not at every later INSERT.
+        // Coerce types with PostgreSQL's integer literals, make the arithmetic
+        // PostgreSQL's (`arith`: an event whose arithmetic fails does not pass), and fold
+        // constants now, so that a bad literal ('abc' compared with a number) fails at
+        // CREATE METRIC, not at every later INSERT.
         let simplify = SimplifyContext::builder()
             .with_schema(Arc::new(df_schema.clone()))
             .build();
         let simplifier = ExprSimplifier::new(simplify);
-        let logical = simplifier
-            .coerce(logical, &df_schema)
-            .and_then(|e| simplifier.simplify(e))
+        let logical = logical
+            .transform_up(|e| Ok(crate::arith::int_literal(e)))
+            .map(|t| t.data)
+            .and_then(|e| simplifier.coerce(e, &df_schema))
+            .and_then(|e| e.transform_up(|e| crate::arith::checked(e, &df_schema)))
+            .and_then(|t| simplifier.simplify(t.data))
             .map_err(datafusion_error)?;
         let expr = session()
             .create_physical_expr(logical, &df_schema)
@@ -410,9 +416,11 @@ impl Filter {
             text: text.to_string(),
             expr,
         };
-        filter.probe(stream).map_err(|e| {
-            Error::unsupported(format!("WHERE {text} cannot be evaluated per event: {}", e.message))
-                .with_hint("Metric filters may use the stream's columns, constants, operators and deterministic functions.")
+        filter.probe(stream).map_err(|e| match e.kind {
+            // Constant arithmetic that fails (`2147483647 + 1`) fails as in PostgreSQL.
+            ErrorKind::NumericOutOfRange | ErrorKind::DivisionByZero => e,
+            _ => Error::unsupported(format!("WHERE {text} cannot be evaluated per event: {}", e.message))
+                .with_hint("Metric filters may use the stream's columns, constants, operators and deterministic functions."),
         })?;
         Ok(filter)
     }

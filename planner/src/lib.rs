@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod aggregate;
+pub mod arith;
 pub mod bind;
 pub mod catalog;
 pub mod codec;
