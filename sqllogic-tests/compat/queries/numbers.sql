@@ -102,3 +102,6 @@ SELECT 4611686018427387904 * 2;
 SELECT amount FROM payments WHERE id = 12;
 
 SELECT cbrt(27::float8), 2 ^ 0.5;
+
+-- |/, ||/ and @: square root, cube root, absolute value.
+SELECT |/ 16.0, ||/ 27.0, @ -5, @ -2.5;

@@ -51,3 +51,6 @@ SELECT h, count(p.id) FROM generate_series(0, 23, 6) AS h LEFT JOIN payments p O
 SELECT card, unnest(ARRAY[n, n * 2]) AS v FROM card_totals WHERE card = 'c-1';
 
 SELECT * FROM generate_series(TIMESTAMP '2026-11-01 00:00', TIMESTAMP '2026-11-01 01:00', INTERVAL '20 minutes');
+
+-- generate_series takes integer bounds of any width.
+SELECT * FROM generate_series(1::smallint, 7, 3::int) AS g;

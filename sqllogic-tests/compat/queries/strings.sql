@@ -91,3 +91,14 @@ SELECT E'tab\there', 'it''s', $$dollar 'quoted'$$;
 SELECT 'x' || 1 || true, 1 || 'x';
 
 SELECT lower(card) = 'c-6', card FROM payments WHERE id = 12;
+
+-- SIMILAR TO matches the whole text with an SQL pattern: % and _ are wildcards, . is
+-- itself, groups and alternatives are regex's, ESCAPE names the escape character.
+SELECT id, merchant FROM payments WHERE merchant SIMILAR TO '%(a|e)_' ORDER BY id;
+
+SELECT 'abc' SIMILAR TO 'a%', 'abc' SIMILAR TO 'a.c', 'a.c' SIMILAR TO 'a.c', 'a%' SIMILAR TO 'a#%' ESCAPE '#', 'abc' NOT SIMILAR TO '_b%';
+
+-- bytea reads hex and escape text and prints hex.
+SELECT 'abc'::bytea, '\x41 42'::bytea, 'a\000b'::bytea, length('\x0102'::bytea), md5('\x61'::bytea), pg_typeof('x'::bytea);
+
+SELECT '\x4'::bytea;

@@ -142,3 +142,6 @@ SELECT TIMESTAMPTZ '2026-10-25 01:30:00+01';
 SET TIME ZONE 'UTC';
 
 SHOW TimeZone;
+
+-- Intervals and times of day: their text and their types.
+SELECT interval '1 day 2 hours', time '10:11:12.5', pg_typeof(interval '1 day'), pg_typeof(time '10:00'), timestamp '2026-01-02' - timestamp '2026-01-01 01:00';

@@ -141,25 +141,26 @@ fn bytea_in(text: &str) -> Result<Vec<u8>> {
         )
     };
     if let Some(hex) = text.strip_prefix("\\x") {
-        let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        // PostgreSQL's errors of hex text are 22023.
+        let digits: Vec<char> = hex.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        if let Some(bad) = digits.iter().find(|c| !c.is_ascii_hexdigit()) {
+            return Err(external(
+                ErrorKind::InvalidParameter,
+                &format!("invalid hexadecimal digit: \"{bad}\""),
+            ));
+        }
         if !digits.len().is_multiple_of(2) {
             return Err(external(
-                ErrorKind::InvalidText,
+                ErrorKind::InvalidParameter,
                 "invalid hexadecimal data: odd number of digits",
             ));
         }
-        return digits
+        return Ok(digits
             .chunks(2)
             .map(|pair| {
-                let pair = std::str::from_utf8(pair).map_err(|_| invalid())?;
-                u8::from_str_radix(pair, 16).map_err(|_| {
-                    external(
-                        ErrorKind::InvalidText,
-                        &format!("invalid hexadecimal digit: \"{pair}\""),
-                    )
-                })
+                (pair[0].to_digit(16).unwrap_or(0) * 16 + pair[1].to_digit(16).unwrap_or(0)) as u8
             })
-            .collect();
+            .collect());
     }
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
