@@ -349,18 +349,10 @@ pub fn interval_text(months: i32, days: i32, nanos: i64) -> String {
             n if n > 0 && before => "+",
             _ => "",
         };
-        let us = (nanos / 1_000).unsigned_abs();
-        let (secs, frac) = (us / 1_000_000, us % 1_000_000);
-        let mut clock = format!(
-            "{sign}{:02}:{:02}:{:02}",
-            secs / 3600,
-            secs / 60 % 60,
-            secs % 60
-        );
-        if frac != 0 {
-            clock.push_str(format!(".{frac:06}").trim_end_matches('0'));
-        }
-        parts.push(clock);
+        parts.push(format!(
+            "{sign}{}",
+            clock_text((nanos / 1_000).unsigned_abs())
+        ));
     }
     parts.join(" ")
 }
@@ -379,7 +371,13 @@ fn bytea_text(bytes: &[u8]) -> String {
 /// PostgreSQL's text form of a time of day: `09:30:30`, with the fraction's trailing
 /// zeros dropped (`09:30:30.5`).
 fn time_text(us: i64) -> String {
-    let (secs, frac) = (us.div_euclid(1_000_000), us.rem_euclid(1_000_000));
+    clock_text(us.max(0) as u64)
+}
+
+/// `hh:mm:ss` of `us` microseconds, with the fraction's trailing zeros dropped; an
+/// interval's clock part and a time of day.
+fn clock_text(us: u64) -> String {
+    let (secs, frac) = (us / 1_000_000, us % 1_000_000);
     let mut text = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
     if frac != 0 {
         text.push_str(format!(".{frac:06}").trim_end_matches('0'));
