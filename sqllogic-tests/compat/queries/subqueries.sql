@@ -73,3 +73,6 @@ WITH last AS (SELECT card, max(ts) AS ts FROM payments GROUP BY card) SELECT p.c
 SELECT card FROM card_totals WHERE total > 400 UNION SELECT card FROM card_stats WHERE merchants < 5 ORDER BY card;
 
 SELECT id, amount FROM payments WHERE id IN (SELECT id FROM payments ORDER BY amount DESC NULLS LAST, id LIMIT 3) ORDER BY amount;
+
+-- A recursive CTE counting with an integer.
+WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 5) SELECT n FROM t ORDER BY n;

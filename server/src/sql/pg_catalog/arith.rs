@@ -56,7 +56,14 @@ pub(super) struct IntLiterals;
 
 impl AnalyzerRule for IntLiterals {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        let plan = rewrite_expressions(plan, &|e, _| Ok(arith::int_literal(e)))?;
+        // A recursive CTE's work table keeps the types it was planned with, so a query
+        // with one keeps bigint literals (its integer columns are bigint where
+        // PostgreSQL's are integer; the values are the same).
+        let recursive = plan.exists(|n| Ok(matches!(n, LogicalPlan::RecursiveQuery(_))))?;
+        let plan = match recursive {
+            true => plan,
+            false => rewrite_expressions(plan, &|e, _| Ok(arith::int_literal(e)))?,
+        };
         union_types(&plan)?;
         Ok(plan)
     }
