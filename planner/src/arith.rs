@@ -294,16 +294,14 @@ fn float_overflow(l: &ArrayRef, r: &ArrayRef, out: &ArrayRef) -> bool {
 /// Whether a float divisor holds a zero where the dividend is not NULL (NULL / 0 is
 /// NULL, as in PostgreSQL).
 fn has_zero(l: &ArrayRef, r: &ArrayRef) -> bool {
-    let zero_at = |i: usize| {
-        if let Some(a) = r.as_any().downcast_ref::<Float64Array>() {
-            return a.is_valid(i) && a.value(i) == 0.0;
-        }
-        if let Some(a) = r.as_any().downcast_ref::<Float32Array>() {
-            return a.is_valid(i) && a.value(i) == 0.0;
-        }
-        false
-    };
-    (0..r.len()).any(|i| zero_at(i) && l.is_valid(i))
+    let zero_at = |zero: &dyn Fn(usize) -> bool| (0..r.len()).any(|i| zero(i) && l.is_valid(i));
+    if let Some(a) = r.as_any().downcast_ref::<Float64Array>() {
+        return zero_at(&|i| a.is_valid(i) && a.value(i) == 0.0);
+    }
+    if let Some(a) = r.as_any().downcast_ref::<Float32Array>() {
+        return zero_at(&|i| a.is_valid(i) && a.value(i) == 0.0);
+    }
+    false
 }
 
 /// `a` as integer type `to`: rounded first if it is a float, and 22003 for a value out

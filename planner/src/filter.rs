@@ -307,6 +307,24 @@ pub fn similar_to_regex(pattern: &str, escape: Option<char>) -> String {
     regex
 }
 
+/// `(a) ~ regex`, or `!~` when `negated`: what `a [NOT] SIMILAR TO p` becomes, with
+/// `regex` the pattern's (`similar_to_regex`).
+pub fn regex_match(
+    negated: bool,
+    a: &datafusion::sql::sqlparser::ast::Expr,
+    regex: datafusion::sql::sqlparser::ast::Expr,
+) -> datafusion::sql::sqlparser::ast::Expr {
+    use datafusion::sql::sqlparser::ast::{BinaryOperator, Expr};
+    Expr::Nested(Box::new(Expr::BinaryOp {
+        left: Box::new(Expr::Nested(Box::new(a.clone()))),
+        op: match negated {
+            true => BinaryOperator::PGRegexNotMatch,
+            false => BinaryOperator::PGRegexMatch,
+        },
+        right: Box::new(regex),
+    }))
+}
+
 /// `text` with each `a [NOT] SIMILAR TO 'p' [ESCAPE 'e']` as PostgreSQL's, a regex match
 /// of the whole of `a` (DataFusion's own searches `p` as a regex anywhere in `a`); the
 /// pattern must be a constant. `text` itself when it has none.
@@ -359,14 +377,7 @@ fn similar_to_as_regex(text: &str) -> Result<std::borrow::Cow<'_, str>> {
             None => ast::Value::Null,
         };
         found = true;
-        *e = Expr::Nested(Box::new(Expr::BinaryOp {
-            left: Box::new(Expr::Nested(inner.clone())),
-            op: match negated {
-                true => ast::BinaryOperator::PGRegexNotMatch,
-                false => ast::BinaryOperator::PGRegexMatch,
-            },
-            right: Box::new(Expr::value(regex)),
-        }));
+        *e = regex_match(*negated, inner, Expr::value(regex));
         ControlFlow::Continue(())
     });
     if let ControlFlow::Break(e) = rewritten {

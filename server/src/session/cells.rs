@@ -9,8 +9,9 @@ use std::sync::Arc;
 use bytes::{BufMut, BytesMut};
 use chrono::{DateTime, NaiveDate};
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Decimal128Array, Float32Array, Float64Array,
-    Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array, UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Decimal128Array, Float32Array,
+    Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, LargeBinaryArray,
+    Time64MicrosecondArray, TimestampMicrosecondArray, UInt16Array, UInt32Array, UInt64Array,
     UInt8Array,
 };
 use datafusion::arrow::compute::cast;
@@ -139,9 +140,18 @@ pub fn cell_of(v: &Value, ty: ResultType) -> Cell {
 pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
     let n = array.len();
     let mut out = Vec::with_capacity(n);
+    // `prim!(ArrayType, cell)` reads the column itself; `prim!(as DataType, ArrayType,
+    // cell)` reads the column cast to `DataType` first.
     macro_rules! prim {
-        ($ty:ty, $variant:expr) => {{
-            let a = array.as_any().downcast_ref::<$ty>().expect("array type");
+        (as $to:expr, $ty:ty, $variant:expr) => {{
+            let casted = cast(array, &$to).unwrap_or_else(|_| array.clone());
+            prim!(@ casted, $ty, $variant)
+        }};
+        ($ty:ty, $variant:expr) => {
+            prim!(@ array, $ty, $variant)
+        };
+        (@ $array:expr, $ty:ty, $variant:expr) => {{
+            let a = $array.as_any().downcast_ref::<$ty>().expect("array type");
             for i in 0..n {
                 out.push(if a.is_null(i) {
                     Cell::Null
@@ -236,17 +246,11 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
         DataType::Binary
         | DataType::LargeBinary
         | DataType::BinaryView
-        | DataType::FixedSizeBinary(_) => {
-            let casted = cast(array, &DataType::LargeBinary).unwrap_or_else(|_| array.clone());
-            let a = casted.as_binary::<i64>();
-            for i in 0..n {
-                out.push(if a.is_null(i) {
-                    Cell::Null
-                } else {
-                    Cell::Bytes(a.value(i).to_vec())
-                });
-            }
-        }
+        | DataType::FixedSizeBinary(_) => prim!(
+            as DataType::LargeBinary,
+            LargeBinaryArray,
+            |v: &[u8]| Cell::Bytes(v.to_vec())
+        ),
         DataType::List(_) => {
             let a = array.as_list::<i32>();
             for i in 0..n {
@@ -257,50 +261,23 @@ pub fn cells_of_array(array: &ArrayRef) -> Vec<Cell> {
                 });
             }
         }
-        DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64 => {
-            let is_date = !matches!(array.data_type(), DataType::Timestamp(_, _));
-            let zoned = matches!(array.data_type(), DataType::Timestamp(_, Some(_)));
-            let target = if is_date {
-                DataType::Date32
-            } else {
-                DataType::Timestamp(TimeUnit::Microsecond, None)
-            };
-            let casted = cast(array, &target).unwrap_or_else(|_| array.clone());
-            if is_date {
-                let a = casted.as_primitive::<datafusion::arrow::datatypes::Date32Type>();
-                for i in 0..n {
-                    out.push(if a.is_null(i) {
-                        Cell::Null
-                    } else {
-                        Cell::Date(a.value(i))
-                    });
+        DataType::Date32 | DataType::Date64 => prim!(as DataType::Date32, Date32Array, Cell::Date),
+        DataType::Timestamp(_, zone) => {
+            let zoned = zone.is_some();
+            prim!(
+                as DataType::Timestamp(TimeUnit::Microsecond, None),
+                TimestampMicrosecondArray,
+                |v: i64| match zoned {
+                    true => Cell::TimestampTz(v),
+                    false => Cell::Timestamp(v),
                 }
-            } else {
-                let a =
-                    casted.as_primitive::<datafusion::arrow::datatypes::TimestampMicrosecondType>();
-                for i in 0..n {
-                    out.push(if a.is_null(i) {
-                        Cell::Null
-                    } else if zoned {
-                        Cell::TimestampTz(a.value(i))
-                    } else {
-                        Cell::Timestamp(a.value(i))
-                    });
-                }
-            }
+            )
         }
-        DataType::Time32(_) | DataType::Time64(_) => {
-            let target = DataType::Time64(TimeUnit::Microsecond);
-            let casted = cast(array, &target).unwrap_or_else(|_| array.clone());
-            let a = casted.as_primitive::<datafusion::arrow::datatypes::Time64MicrosecondType>();
-            for i in 0..n {
-                out.push(if a.is_null(i) {
-                    Cell::Null
-                } else {
-                    Cell::Time(a.value(i))
-                });
-            }
-        }
+        DataType::Time32(_) | DataType::Time64(_) => prim!(
+            as DataType::Time64(TimeUnit::Microsecond),
+            Time64MicrosecondArray,
+            Cell::Time
+        ),
         _ => {
             let casted = cast(array, &DataType::Utf8).ok();
             match casted.as_ref().map(|c| c.as_string::<i32>()) {

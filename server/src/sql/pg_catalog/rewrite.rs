@@ -1487,14 +1487,10 @@ impl Rewriter<'_> {
             } => {
                 let mut args = vec![pattern.as_ref().clone()];
                 args.extend(escape_char.iter().map(|e| Expr::Value(e.clone())));
-                Some(Ok(Expr::Nested(Box::new(Expr::BinaryOp {
-                    left: Box::new(Expr::Nested(inner.clone())),
-                    op: match negated {
-                        true => BinaryOperator::PGRegexNotMatch,
-                        false => BinaryOperator::PGRegexMatch,
-                    },
-                    right: Box::new(call("pg_similar_to_regex", args)),
-                }))))
+                let regex = call("pg_similar_to_regex", args);
+                Some(Ok(eddy_planner::filter::regex_match(
+                    *negated, inner, regex,
+                )))
             }
             // ~x is -1 - x in two's complement (no overflow at either end).
             Expr::UnaryOp {
