@@ -2,7 +2,10 @@
 # Eddy against PostgreSQL 15, in one run on this machine:
 #   bench/pgbench/compare.sh [SECONDS] [CLIENTS] [GROUPS] [ROUNDS]
 # 1. prepared point lookups (pgbench), ROUNDS runs of each server in turn (default 3):
-#    this machine's noise moves one run by ±15 %, so the medians are compared;
+#    this machine's noise moves one run by ±15 %, so the medians are compared. `pgfloor`
+#    (bench/src/bin/pgfloor.rs: a server that answers every statement with one row and
+#    does no work) runs in the same turns: what no server can beat with this client on
+#    this machine, so a target is also read as a share of it (`floor_tps`);
 # 2. per-event scoring, one event per round trip from psycopg (bench/pgbench/score.py),
 #    with synchronous_commit on and off.
 # Eddy (release build) gets a stream and a metric with GROUPS groups (COPY); PostgreSQL
@@ -32,9 +35,12 @@ chmod 755 "$work"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 eport=$(free_port)
 pport=$(free_port)
+fport=$(free_port)
 eddy_pid=""
+floor_pid=""
 cleanup() {
   [ -n "$eddy_pid" ] && kill -TERM "$eddy_pid" 2>/dev/null && wait "$eddy_pid" 2>/dev/null || true
+  [ -n "$floor_pid" ] && kill -TERM "$floor_pid" 2>/dev/null && wait "$floor_pid" 2>/dev/null || true
   if [ -f "$work/pg/postmaster.pid" ]; then
     kill -INT "$(head -1 "$work/pg/postmaster.pid")" 2>/dev/null || true
     sleep 1
@@ -79,6 +85,8 @@ ANALYZE pgb_card;
 SQL
 
 sed "s/random(1, 4)/random(1, $groups)/" bench/pgbench/point_lookup.sql >"$work/lookup.sql"
+"$CARGO_TARGET_DIR/release/pgfloor" --port "$fport" >/dev/null &
+floor_pid=$!
 tps() {
   pgbench -n -M prepared -f "$work/lookup.sql" -T "$seconds" -c "$clients" -j "$clients" \
     -h 127.0.0.1 -p "$1" -U "$2" "$3" 2>/dev/null | awk '/^tps/ {print $3; exit}'
@@ -86,16 +94,19 @@ tps() {
 # Alternating, so a slow stretch of the machine lands on both servers.
 eddy_runs=()
 pg_runs=()
+floor_runs=()
 for _ in $(seq 1 "$rounds"); do
   eddy_runs+=("$(tps "$eport" eddy eddy)")
   pg_runs+=("$(tps "$pport" postgres postgres)")
+  floor_runs+=("$(tps "$fport" eddy eddy)")
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 list() { local IFS=,; echo "[$*]"; }
 eddy_tps=$(median "${eddy_runs[@]}")
 pg_tps=$(median "${pg_runs[@]}")
+floor_tps=$(median "${floor_runs[@]}")
 for sync in on off; do
   python3 bench/pgbench/score.py eddy "host=127.0.0.1 port=$eport user=eddy dbname=eddy" "$seconds" "$groups" "$sync"
   python3 bench/pgbench/score.py postgres "host=127.0.0.1 port=$pport user=postgres dbname=postgres" "$seconds" "$groups" "$sync"
 done
-echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"rounds\": $rounds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps, \"eddy_runs\": $(list "${eddy_runs[@]}"), \"postgresql15_runs\": $(list "${pg_runs[@]}")}}"
+echo "{\"point_lookup\": {\"groups\": $groups, \"clients\": $clients, \"seconds\": $seconds, \"rounds\": $rounds, \"eddy_tps\": $eddy_tps, \"postgresql15_tps\": $pg_tps, \"floor_tps\": $floor_tps, \"eddy_runs\": $(list "${eddy_runs[@]}"), \"postgresql15_runs\": $(list "${pg_runs[@]}"), \"floor_runs\": $(list "${floor_runs[@]}")}}"
