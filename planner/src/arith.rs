@@ -9,9 +9,9 @@
 //! - A float divided by zero fails with 22012, where DataFusion gives Infinity or NaN;
 //!   float `+`, `-`, `*` and `/` that overflow to infinity fail with 22003.
 //! - A cast to an integer type rounds (half to even from a float, half away from zero
-//!   from a numeric literal) and fails with 22003 out of the type's range, where
-//!   DataFusion truncates or fails with its own message; `round` of a float rounds half
-//!   to even.
+//!   from a numeric literal or a decimal) and fails with 22003 out of the type's range,
+//!   where DataFusion truncates or fails with its own message; `round` of a float rounds
+//!   half to even; `ceil` and `floor` of a decimal have scale 0.
 //!
 //! [`int_literal`] applies before DataFusion coerces types, so the narrower literals take
 //! part in coercion as PostgreSQL's do; [`checked`] once every operand has its final
@@ -21,10 +21,12 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Decimal128Array, Float32Array, Float64Array,
+};
 use datafusion::arrow::compute::kernels::numeric;
 use datafusion::arrow::compute::{cast, cast_with_options, CastOptions};
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, TimeUnit};
 use datafusion::arrow::error::ArrowError;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, ScalarValue};
@@ -104,7 +106,8 @@ pub fn checked(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                 return Ok(Transformed::no(e));
             };
             let narrower = checked_int(&from) && width(&from) > width(c.field.data_type());
-            if !(from.is_floating() || narrower) {
+            let decimal = matches!(from, DataType::Decimal128(..));
+            if !(from.is_floating() || narrower || decimal) {
                 return Ok(Transformed::no(e));
             }
             let half_even = !is_numeric_literal(&c.expr);
@@ -115,6 +118,33 @@ pub fn checked(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                 Op::ToInt(c.field.data_type().clone(), half_even),
                 vec![*c.expr],
             )
+        }
+        // ceil and floor of a decimal have scale 0, as a numeric's do (DataFusion keeps
+        // the argument's scale: `ceil(2.5::numeric)` printed `3.0000000000`).
+        Expr::ScalarFunction(f) if matches!(f.name(), "ceil" | "floor") && f.args.len() == 1 => {
+            let Ok(DataType::Decimal128(p, s)) = f.args[0].get_type(schema) else {
+                return Ok(Transformed::no(e));
+            };
+            if s <= 0 {
+                return Ok(Transformed::no(e));
+            }
+            // Rounding may carry into one more digit before the point (99.5 to 100):
+            // the argument widens first, as DataFusion's result has its precision.
+            let wide = (p + 1).min(38);
+            let digits = ((p as i16 - s as i16 + 1).clamp(1, 38)) as u8;
+            let Expr::ScalarFunction(mut f) = e else {
+                unreachable!("matched above");
+            };
+            f.args[0] = Expr::Cast(datafusion::logical_expr::Cast::new(
+                Box::new(f.args[0].clone()),
+                DataType::Decimal128(wide, s),
+            ));
+            Ok(Transformed::yes(Expr::Cast(
+                datafusion::logical_expr::Cast::new(
+                    Box::new(Expr::ScalarFunction(f)),
+                    DataType::Decimal128(digits, 0),
+                ),
+            )))
         }
         Expr::ScalarFunction(f)
             if f.name() == "round"
@@ -304,21 +334,36 @@ fn has_zero(l: &ArrayRef, r: &ArrayRef) -> bool {
     false
 }
 
-/// `a` as integer type `to`: rounded first if it is a float, and 22003 for a value out
-/// of `to`'s range (Arrow's unsafe cast fails where a safe one would give NULL).
+/// `a` as integer type `to`: rounded first if it is a float (half to even, or away from
+/// zero) or a decimal (away from zero, as a numeric is), and 22003 for a value out of
+/// `to`'s range (Arrow's unsafe cast fails where a safe one would give NULL).
 fn to_int(a: &ArrayRef, to: &DataType, half_even: bool) -> Result<ArrayRef> {
     let rounded;
-    let from = if a.data_type().is_floating() {
-        let f = cast(a, &DataType::Float64)?;
-        let f = f.as_any().downcast_ref::<Float64Array>().expect("cast");
-        let r: Float64Array = f.unary(|v| match half_even {
-            true => v.round_ties_even(),
-            false => v.round(),
-        });
-        rounded = Arc::new(r) as ArrayRef;
-        &rounded
-    } else {
-        a
+    let from = match a.data_type() {
+        t if t.is_floating() => {
+            let f = cast(a, &DataType::Float64)?;
+            let f = f.as_any().downcast_ref::<Float64Array>().expect("cast");
+            let r: Float64Array = f.unary(|v| match half_even {
+                true => v.round_ties_even(),
+                false => v.round(),
+            });
+            rounded = Arc::new(r) as ArrayRef;
+            &rounded
+        }
+        DataType::Decimal128(_, scale) if *scale > 0 => {
+            let unit = 10i128.pow(*scale as u32);
+            let d = a.as_primitive::<Decimal128Type>();
+            let r: Decimal128Array = d.unary(|v| {
+                let (q, rem) = (v / unit, v % unit);
+                match rem.abs() * 2 >= unit {
+                    true => q + v.signum(),
+                    false => q,
+                }
+            });
+            rounded = Arc::new(r.with_precision_and_scale(38, 0)?) as ArrayRef;
+            &rounded
+        }
+        _ => a,
     };
     let strict = CastOptions {
         safe: false,

@@ -76,3 +76,11 @@ SELECT id, amount FROM payments WHERE id IN (SELECT id FROM payments ORDER BY am
 
 -- A recursive CTE counting with an integer.
 WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 5) SELECT n FROM t ORDER BY n;
+
+-- A cast to numeric inside a subquery: the literal's own scale, PostgreSQL's / and %,
+-- rounding casts to integers, ceil and floor of scale 0, and a float reads it as a float.
+SELECT v, v % 1, mod(v, 1), v / 3, ceil(v), floor(v), v::int FROM (SELECT 2.55::numeric AS v) s;
+
+SELECT v + 1, v * 2, (-v)::int, v > 2.5, v * 2.5::float8 FROM (SELECT 2.50::numeric AS v) s;
+
+WITH c AS (SELECT 1.5::numeric AS x, 4::numeric AS y) SELECT x / y, y % x, x * y FROM c;

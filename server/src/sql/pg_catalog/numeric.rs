@@ -1287,7 +1287,7 @@ impl ExprPlanner for NumericPlanner {
         let (left, right) = (field(&expr.left), field(&expr.right));
         let numeric_side = |f: &Option<FieldRef>| f.as_deref().is_some_and(is_numeric);
         if !numeric_side(&left) && !numeric_side(&right) {
-            return Ok(PlannerResult::Original(expr));
+            return Ok(decimal_binary(expr, &left, &right, |op| self.function(op)));
         }
         if expr.op == BinaryOperator::StringConcat {
             return Ok(PlannerResult::Original(expr));
@@ -1325,6 +1325,56 @@ impl ExprPlanner for NumericPlanner {
             right: float(expr.right, &right),
         }))
     }
+}
+
+/// An operator over DataFusion's decimals (a cast to `numeric` or `decimal(p, s)` outside
+/// the outermost SELECT's items), as PostgreSQL's numeric: with a float, the decimal is
+/// read as a float (DataFusion made the float a `decimal(30, 15)`, which fails past
+/// 10^15); `/` and `%` with an integer or a decimal are exact with PostgreSQL's scales
+/// (DataFusion's `%` of two scales answered 0, and its `/` another scale). `+`, `-`,
+/// `*` and comparisons stay DataFusion's, whose values and scales are PostgreSQL's.
+fn decimal_binary<'a>(
+    expr: RawBinaryExpr,
+    left: &Option<FieldRef>,
+    right: &Option<FieldRef>,
+    function: impl Fn(&BinaryOperator) -> Option<&'a Arc<ScalarUDF>>,
+) -> PlannerResult<RawBinaryExpr> {
+    let ty = |f: &Option<FieldRef>| f.as_deref().map(|f| f.data_type().clone());
+    let (l, r) = (ty(left), ty(right));
+    let decimal = |t: &Option<DataType>| matches!(t, Some(DataType::Decimal128(..)));
+    if !decimal(&l) && !decimal(&r) {
+        return PlannerResult::Original(expr);
+    }
+    let float = |t: &Option<DataType>| t.as_ref().is_some_and(DataType::is_floating);
+    if float(&l) || float(&r) {
+        let cast = |e: Expr, t: &Option<DataType>| match decimal(t) {
+            true => Expr::Cast(datafusion::logical_expr::Cast::new(
+                Box::new(e),
+                DataType::Float64,
+            )),
+            false => e,
+        };
+        return PlannerResult::Original(RawBinaryExpr {
+            op: expr.op,
+            left: cast(expr.left, &l),
+            right: cast(expr.right, &r),
+        });
+    }
+    let exact = |t: &Option<DataType>| {
+        decimal(t)
+            || t.as_ref()
+                .is_some_and(|t| t.is_integer() || *t == DataType::Null)
+    };
+    if matches!(expr.op, BinaryOperator::Divide | BinaryOperator::Modulo) && exact(&l) && exact(&r)
+    {
+        if let Some(f) = function(&expr.op) {
+            return PlannerResult::Planned(Expr::ScalarFunction(ScalarFunction::new_udf(
+                f.clone(),
+                vec![expr.left, expr.right],
+            )));
+        }
+    }
+    PlannerResult::Original(expr)
 }
 
 /// ORDER BY a numeric orders by its value, not its text.
@@ -1413,6 +1463,33 @@ fn decimal_literal(e: &Ast) -> Option<String> {
 
 fn call(name: &str, args: Vec<Ast>) -> Ast {
     super::rewrite::call(name, args)
+}
+
+/// A number literal cast to `numeric`, as a decimal of the literal's own precision and
+/// scale (`2.50::numeric` is `decimal(3, 2)`), where DataFusion's `numeric` is
+/// `decimal(38, 10)`: a subquery's `2.5::numeric` printed `2.5000000000`. `None` for
+/// anything else, exponents, and literals past `decimal(38)`.
+pub(super) fn literal_as_decimal(e: &Ast) -> Option<Ast> {
+    let Ast::Value(v) = e else { return None };
+    let Value::Number(n, _) = &v.value else {
+        return None;
+    };
+    let (int, frac) = n.split_once('.').unwrap_or((n, ""));
+    if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let scale = frac.len() as u64;
+    let precision = (int.trim_start_matches('0').len() as u64 + scale).max(1);
+    (precision <= 38).then(|| Ast::Cast {
+        kind: ast::CastKind::Cast,
+        expr: Box::new(Ast::value(Value::SingleQuotedString(n.clone()))),
+        data_type: ast::DataType::Decimal(ast::ExactNumberInfo::PrecisionAndScale(
+            precision,
+            scale as i64,
+        )),
+        array: false,
+        format: None,
+    })
 }
 
 const FUNCTIONS: &[&str] = &[

@@ -52,7 +52,7 @@ use super::arith::external;
 use super::json;
 
 use super::{
-    datetime, PgType, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG,
+    datetime, numeric, PgType, Snapshot, NAMESPACE_INFORMATION_SCHEMA, NAMESPACE_PG_CATALOG,
     NAMESPACE_PUBLIC, TYPES,
 };
 
@@ -1579,6 +1579,10 @@ impl Rewriter<'_> {
                     None
                 }
                 DataType::Bytea => Some(Ok(call("pg_bytea_in", vec![inner.as_ref().clone()]))),
+                DataType::Numeric(ast::ExactNumberInfo::None)
+                | DataType::Decimal(ast::ExactNumberInfo::None) => {
+                    numeric::literal_as_decimal(inner).map(Ok)
+                }
                 DataType::JSON => Some(Ok(call("pg_json_in", vec![inner.as_ref().clone()]))),
                 DataType::JSONB => Some(Ok(call("pg_jsonb_in", vec![inner.as_ref().clone()]))),
                 // PostgreSQL's text of every value (DataFusion writes intervals and
