@@ -98,3 +98,20 @@ SELECT count(*) FROM payments HAVING count(*) > 10;
 SELECT count(DISTINCT qty), sum(DISTINCT qty), avg(DISTINCT qty) FROM payments WHERE qty < 100;
 
 SELECT card, count(*) FROM payments GROUP BY card HAVING sum(amount) > 300 AND count(merchant) > 5 ORDER BY card;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT count(*) FILTER (WHERE amount > 100), count(DISTINCT card), bool_and(amount > 0), bool_or(qty > 5) FROM payments;
+
+SELECT string_agg(card, ',' ORDER BY card DESC) FROM (SELECT DISTINCT card FROM payments) c;
+
+SELECT card, array_agg(id ORDER BY id) FROM payments GROUP BY card ORDER BY card LIMIT 3;
+
+SELECT card, count(*) FROM payments GROUP BY card HAVING count(*) > 2 ORDER BY 2 DESC, 1;
+
+SELECT avg(qty), sum(qty), avg(amount)::numeric(10,2) FROM payments;
+
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount), mode() WITHIN GROUP (ORDER BY card) FROM payments;
+
+SELECT min(ts), max(ts), max(ts) - min(ts) FROM payments;
+
+SELECT count(*), count(note), count(DISTINCT note) FROM payments;

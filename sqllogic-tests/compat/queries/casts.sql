@@ -94,3 +94,8 @@ SELECT NUMERIC '1.50', DECIMAL '2.500' + 1, NUMERIC(5,1) '1.25', pg_typeof(NUMER
 SELECT JSON '{"b": 1,  "a": 2}', JSONB '{"b": 1.50, "a": 2}';
 
 SELECT BOOLEAN 'yes', INTEGER '42' + 1, DATE '2026-03-04' + 1, TIMESTAMP '2026-01-01 10:00' + INTERVAL '1 day 2 hours';
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT 1::bool, 'yes'::bool, 't'::boolean AND NULL, NULL OR true, NOT NULL;
+
+SELECT 1e3::int, '12'::int + 1, '3.5'::float8::int, 32767::int2, (-2147483648)::int4;

@@ -78,3 +78,8 @@ SELECT id FROM payments WHERE amount IN (12.5, 4.5);
 SELECT id FROM payments WHERE (amount > 100) IS NOT TRUE;
 
 SELECT id FROM payments WHERE (qty > 5) IS UNKNOWN;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT id FROM payments WHERE note LIKE '%a%' OR note ILIKE 'B%' ORDER BY id;
+
+SELECT id FROM payments WHERE card IN ('c1', 'c2') AND amount BETWEEN 10 AND 100 ORDER BY id;

@@ -105,3 +105,14 @@ SELECT cbrt(27::float8), 2 ^ 0.5;
 
 -- |/, ||/ and @: square root, cube root, absolute value.
 SELECT |/ 16.0, ||/ 27.0, @ -5, @ -2.5;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT qty / 2, qty % 3, -qty / 2, qty::float8 / 2 FROM payments WHERE qty IS NOT NULL ORDER BY id LIMIT 5;
+
+SELECT 7 / 2, 7.0 / 2, -7 / 2, 7 % -3, -7 % 3, 2 ^ 10, 10 / 4 * 4;
+
+SELECT abs(-5), sign(-2.5), mod(-7, 3), gcd(12, 18), lcm(4, 6), factorial(5);
+
+SELECT round(2.345, 2), round(-2.5), trunc(2.789, 1), ceil(-0.5), floor(-0.5);
+
+SELECT 10::float8 / 3, 1e-7::float8, 1.5e300::float8 * 1e8, 'Infinity'::float8, '-inf'::float8 < 0;

@@ -71,3 +71,8 @@ SELECT id FROM payments ORDER BY id LIMIT 0;
 SELECT id, ts FROM payments ORDER BY ts::date DESC, amount DESC NULLS LAST, id LIMIT 7;
 
 SELECT id, qty FROM payments ORDER BY qty DESC NULLS FIRST, id LIMIT 8;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT DISTINCT ON (card) card, id FROM payments ORDER BY card, id DESC;
+
+SELECT id FROM payments ORDER BY amount DESC NULLS FIRST, id LIMIT 3 OFFSET 2;

@@ -75,3 +75,10 @@ SELECT * FROM card_stats ORDER BY card;
 SELECT card, n FROM card_totals WHERE card = 'c-1';
 
 SELECT card, total / n AS mean FROM card_totals WHERE card IN ('c-1', 'c-4');
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT nullif(qty, 2), coalesce(note, '-'), greatest(qty, 3), least(amount, 50) FROM payments ORDER BY id LIMIT 5;
+
+SELECT id, CASE WHEN amount > 100 THEN 'big' WHEN amount > 10 THEN 'mid' ELSE 'small' END FROM payments ORDER BY id LIMIT 6;
+
+SELECT ARRAY[1,2] || 3, array_length(ARRAY[1,2,3], 1), cardinality(ARRAY[[1,2],[3,4]]), (ARRAY[1,2,3])[2];

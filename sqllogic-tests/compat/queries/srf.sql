@@ -54,3 +54,8 @@ SELECT * FROM generate_series(TIMESTAMP '2026-11-01 00:00', TIMESTAMP '2026-11-0
 
 -- generate_series takes integer bounds of any width.
 SELECT * FROM generate_series(1::smallint, 7, 3::int) AS g;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT generate_series(1, 3), generate_series(timestamp '2026-01-01', timestamp '2026-01-02', interval '12 hours');
+
+SELECT * FROM unnest(ARRAY[1, 2, 3]) WITH ORDINALITY AS t(v, i);

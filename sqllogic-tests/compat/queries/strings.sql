@@ -102,3 +102,18 @@ SELECT 'abc' SIMILAR TO 'a%', 'abc' SIMILAR TO 'a.c', 'a.c' SIMILAR TO 'a.c', 'a
 SELECT 'abc'::bytea, '\x41 42'::bytea, 'a\000b'::bytea, length('\x0102'::bytea), md5('\x61'::bytea), pg_typeof('x'::bytea);
 
 SELECT '\x4'::bytea;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT upper(card), initcap(merchant), lpad(card, 8, '*'), rpad(card, 8), reverse(card), repeat('ab', 2) FROM payments ORDER BY id LIMIT 3;
+
+SELECT split_part('a,b,c', ',', 2), position('b' IN 'abc'), strpos('abc', 'c'), substr('abcdef', 2, 3), left('abc', -1), right('abc', 2);
+
+SELECT translate('abc', 'ab', 'xy'), replace('aaa', 'a', 'bb'), btrim('  x  '), ltrim('xxy', 'x'), chr(65), ascii('A');
+
+SELECT format('%s-%s', 1, 'a'), format('%I', 'A b'), format('%L', 'it''s'), quote_literal('x'), quote_ident('Y');
+
+SELECT regexp_replace('abc123', '[0-9]+', 'N'), regexp_replace('aaa', 'a', 'b', 'g'), 'abc' ~ '^a', 'abc' ~* 'B', 'abc' !~ 'z';
+
+SELECT length(note), char_length(card), octet_length('é'), bit_length('ab') FROM payments ORDER BY id LIMIT 3;
+
+SELECT 'a' || NULL, concat('a', NULL, 'b'), concat_ws('-', 'a', NULL, 'b'), 'x' || 1 || 2.5;

@@ -84,3 +84,8 @@ SELECT v, v % 1, mod(v, 1), v / 3, ceil(v), floor(v), v::int FROM (SELECT 2.55::
 SELECT v + 1, v * 2, (-v)::int, v > 2.5, v * 2.5::float8 FROM (SELECT 2.50::numeric AS v) s;
 
 WITH c AS (SELECT 1.5::numeric AS x, 4::numeric AS y) SELECT x / y, y % x, x * y FROM c;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT card FROM payments EXCEPT SELECT card FROM payments WHERE amount > 100 ORDER BY 1;
+
+SELECT card FROM payments INTERSECT SELECT card FROM payments WHERE qty > 3 ORDER BY 1;

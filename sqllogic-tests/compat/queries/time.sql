@@ -145,3 +145,18 @@ SHOW TimeZone;
 
 -- Intervals and times of day: their text and their types.
 SELECT interval '1 day 2 hours', time '10:11:12.5', pg_typeof(interval '1 day'), pg_typeof(time '10:00'), timestamp '2026-01-02' - timestamp '2026-01-01 01:00';
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT date_trunc('hour', ts), count(*) FROM payments GROUP BY 1 ORDER BY 1 LIMIT 5;
+
+SELECT extract(dow FROM ts), extract(epoch FROM ts), extract(week FROM ts) FROM payments ORDER BY id LIMIT 3;
+
+SELECT ts + interval '1 month', ts - interval '36 hours', age(timestamp '2026-12-01', ts) FROM payments ORDER BY id LIMIT 3;
+
+SELECT to_char(timestamp '2026-03-05 14:07:09', 'YYYY-MM-DD HH24:MI:SS Dy Mon'), to_char(date '2026-03-05', 'DD/MM/YY');
+
+SELECT '2026-02-28'::date + 1, '2026-12-31'::date - '2026-01-01'::date, date '2026-03-01' - interval '1 day';
+
+SELECT make_date(2026, 2, 28), make_timestamp(2026, 1, 2, 3, 4, 5.5), to_timestamp(1800000000)::timestamp;
+
+SELECT now() > timestamp '2020-01-01', current_date > date '2020-01-01';

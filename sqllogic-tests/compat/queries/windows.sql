@@ -66,3 +66,10 @@ SELECT id, row_number() OVER (ORDER BY amount DESC NULLS LAST, id) AS rn, rank()
 SELECT card, id, sum(amount) OVER (PARTITION BY card ORDER BY ts, id) AS running FROM payments WHERE card IN ('c-3', 'c-10') ORDER BY card, ts, id;
 
 SELECT DISTINCT card, count(*) OVER (PARTITION BY card) FROM payments ORDER BY card;
+
+-- Everyday queries, run against both servers in stop 101.
+SELECT card, amount, lag(amount) OVER (PARTITION BY card ORDER BY ts) FROM payments ORDER BY card, ts LIMIT 6;
+
+SELECT card, sum(amount) OVER (ORDER BY id ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM payments ORDER BY id LIMIT 5;
+
+SELECT ntile(3) OVER (ORDER BY id), percent_rank() OVER (ORDER BY amount), cume_dist() OVER (ORDER BY amount) FROM payments ORDER BY id LIMIT 5;

@@ -10,7 +10,7 @@
 
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    DataType, Expr, Ident, Query, SelectItem, SetExpr, Statement, TrimWhereField,
+    AccessExpr, DataType, Expr, Ident, Query, SelectItem, SetExpr, Statement, TrimWhereField,
 };
 use eddy_planner::sql::normalize_ident;
 
@@ -94,6 +94,11 @@ fn figure(e: &Expr) -> (Option<String>, u8) {
         Expr::Floor { .. } => named("floor"),
         Expr::AtTimeZone { .. } => named("timezone"),
         Expr::Array(_) => named("array"),
+        // A subscript takes its array's name (`(ARRAY[1, 2])[1]` is `array`), a field its own.
+        Expr::CompoundFieldAccess { root, access_chain } => match access_chain.last() {
+            Some(AccessExpr::Dot(Expr::Identifier(i))) => (Some(normalize_ident(i)), 2),
+            _ => figure(root),
+        },
         Expr::Exists { .. } => named("exists"),
         // A scalar subquery is named after its one column.
         Expr::Subquery(q) => match q.body.as_ref() {

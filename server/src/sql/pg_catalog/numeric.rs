@@ -103,9 +103,13 @@ fn at_least_scale_0(d: BigDecimal) -> BigDecimal {
     }
 }
 
-/// PostgreSQL's text of `d`: plain digits, as many after the point as its scale.
+/// PostgreSQL's text of `d`: plain digits, as many after the point as its scale, and no
+/// sign on a zero (`ceil(-0.5)` is `0`, where bigdecimal's rounding printed `-0`).
 pub fn text(d: &BigDecimal) -> String {
-    d.to_plain_string()
+    match d.is_zero() {
+        true => BigDecimal::zero().with_scale(scale(d)).to_plain_string(),
+        false => d.to_plain_string(),
+    }
 }
 
 fn scale(d: &BigDecimal) -> i64 {
@@ -1642,6 +1646,25 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
                 }
                 ast::ExactNumberInfo::None => call("pg_numeric", vec![inner]),
             };
+            true
+        }
+        // sqlparser reads `ceil(x)` and `floor(x)` as their own expressions (for
+        // `CEIL(x TO DAY)`), not as calls.
+        Ast::Ceil {
+            expr: inner,
+            field: ast::CeilFloorKind::DateTimeField(ast::DateTimeField::NoDateTime),
+        }
+        | Ast::Floor {
+            expr: inner,
+            field: ast::CeilFloorKind::DateTimeField(ast::DateTimeField::NoDateTime),
+        } if numeric => {
+            visit(inner, true);
+            let inner = inner.as_ref().clone();
+            let name = match e {
+                Ast::Ceil { .. } => "pg_numeric_ceil",
+                _ => "pg_numeric_floor",
+            };
+            *e = call(name, vec![inner]);
             true
         }
         Ast::Function(f) if f.over.is_none() && f.filter.is_none() && f.within_group.is_empty() => {
