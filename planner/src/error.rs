@@ -25,6 +25,9 @@ pub enum ErrorKind {
     InvalidSchemaName,
     /// A bad bucket count or bounds in `width_bucket`.
     InvalidWidthBucket,
+    /// A LIKE pattern that ends with its escape character, or an escape of more than one
+    /// character.
+    InvalidEscapeSequence,
     /// An argument outside a power or root function's domain (`sqrt(-1)`).
     InvalidPowerArgument,
     /// The logarithm of zero or of a negative number.
@@ -99,6 +102,7 @@ impl ErrorKind {
             ErrorKind::WrongObjectType => "42809",
             ErrorKind::CantChangeParameter => "55P02",
             ErrorKind::InvalidWidthBucket => "2201G",
+            ErrorKind::InvalidEscapeSequence => "22025",
             ErrorKind::InvalidPowerArgument => "2201F",
             ErrorKind::InvalidLogArgument => "2201E",
             ErrorKind::InvalidSchemaName => "3F000",

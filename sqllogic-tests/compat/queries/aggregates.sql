@@ -115,3 +115,18 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount), mode() WITHIN GROUP 
 SELECT min(ts), max(ts), max(ts) - min(ts) FROM payments;
 
 SELECT count(*), count(note), count(DISTINCT note) FROM payments;
+
+-- More everyday queries (stop 101).
+SELECT sum(amount), avg(amount), min(amount), count(*) FROM payments WHERE id < 0;
+
+SELECT card, sum(qty) FROM payments GROUP BY ROLLUP (card) ORDER BY card NULLS LAST LIMIT 4;
+
+SELECT card, merchant, count(*) FROM payments GROUP BY GROUPING SETS ((card), (merchant)) ORDER BY card NULLS LAST, merchant NULLS LAST LIMIT 5;
+
+SELECT coalesce(max(note), 'none') FROM payments WHERE id > 1000;
+
+SELECT count(*) FILTER (WHERE note IS NULL) * 1.0 / count(*) FROM payments;
+
+SELECT card, string_agg(DISTINCT merchant, '|' ORDER BY merchant) FROM payments GROUP BY card ORDER BY card LIMIT 3;
+
+SELECT id % 3 AS g, sum(amount) FROM payments GROUP BY g ORDER BY g;

@@ -99,3 +99,8 @@ SELECT BOOLEAN 'yes', INTEGER '42' + 1, DATE '2026-03-04' + 1, TIMESTAMP '2026-0
 SELECT 1::bool, 'yes'::bool, 't'::boolean AND NULL, NULL OR true, NOT NULL;
 
 SELECT 1e3::int, '12'::int + 1, '3.5'::float8::int, 32767::int2, (-2147483648)::int4;
+
+-- More everyday queries (stop 101).
+SELECT x, x::text, x::varchar(2), x::char(5) FROM (VALUES ('hello')) t(x);
+
+SELECT 'true'::boolean::int, 3.9::float8::bigint, '  42 '::int, '1e3'::float8::int, 'NaN'::float8;

@@ -94,3 +94,18 @@ SELECT 1 / (qty - qty) FROM payments WHERE id = 1;
 SELECT id FROM payments GROUP BY id HAVING card = 'c-1';
 
 SELECT lag(amount) OVER (ORDER BY nosuch) FROM payments;
+
+-- More everyday queries (stop 101).
+SELECT 2147483647 + 1;
+
+SELECT 9223372036854775807::bigint + 1;
+
+SELECT (-32768)::smallint - 1::smallint;
+
+SELECT 5 / 0;
+
+SELECT 5.0 / 0;
+
+SELECT 'abc'::int;
+
+SELECT '2026-13-01'::date;

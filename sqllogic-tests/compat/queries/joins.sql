@@ -57,3 +57,8 @@ SELECT a.id AS earlier, b.id AS later FROM payments a JOIN payments b ON b.card 
 SELECT c.card, count(p.id) FROM card_totals c LEFT JOIN payments p ON p.card = c.card AND p.amount > 1000 GROUP BY c.card ORDER BY c.card;
 
 SELECT p.id, x.card FROM payments p FULL OUTER JOIN (SELECT card FROM card_totals WHERE n < 5) x ON x.card = p.card WHERE p.id < 3 OR p.id IS NULL ORDER BY p.id;
+
+-- More everyday queries (stop 101).
+SELECT p.id, q.id FROM payments p LEFT JOIN payments q ON q.id = p.id + 100 ORDER BY p.id LIMIT 3;
+
+SELECT a.card, count(*) FROM payments a JOIN card_totals t USING (card) GROUP BY a.card ORDER BY a.card LIMIT 3;

@@ -54,3 +54,6 @@ SELECT '{"b": 1,  "a": [1,2]}'::json, '{"b": 1,  "a": [1,2]}'::jsonb;
 SELECT jsonb_agg(amount ORDER BY id) FROM payments WHERE card = 'c-10';
 
 SELECT id, json_build_object('ts', ts, 'ok', amount > 10, 'note', note) FROM payments WHERE id IN (3, 5) ORDER BY id;
+
+-- More everyday queries (stop 101).
+SELECT json_build_object('a', 1, 'b', 'x'), '{"a":[1,2]}'::jsonb -> 'a' ->> 1, jsonb_array_length('[1,2,3]');

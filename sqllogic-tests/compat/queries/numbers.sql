@@ -116,3 +116,10 @@ SELECT abs(-5), sign(-2.5), mod(-7, 3), gcd(12, 18), lcm(4, 6), factorial(5);
 SELECT round(2.345, 2), round(-2.5), trunc(2.789, 1), ceil(-0.5), floor(-0.5);
 
 SELECT 10::float8 / 3, 1e-7::float8, 1.5e300::float8 * 1e8, 'Infinity'::float8, '-inf'::float8 < 0;
+
+-- More everyday queries (stop 101).
+SELECT 1.0::float8 / 3, 100.0::float8 * 1.1, 0.1::float8 + 0.2::float8, 1e16::float8 + 1;
+
+SELECT round(1.005::float8 * 100), sqrt(2::float8), pi(), degrees(pi()), sin(0), atan2(1, 1);
+
+SELECT log(100), log10(1000), ln(exp(1)), exp(0), power(2, 0.5), 2 ^ -1;

@@ -76,3 +76,6 @@ SELECT id, qty FROM payments ORDER BY qty DESC NULLS FIRST, id LIMIT 8;
 SELECT DISTINCT ON (card) card, id FROM payments ORDER BY card, id DESC;
 
 SELECT id FROM payments ORDER BY amount DESC NULLS FIRST, id LIMIT 3 OFFSET 2;
+
+-- More everyday queries (stop 101).
+SELECT id, amount FROM payments ORDER BY amount NULLS LAST, id LIMIT ALL OFFSET 45;

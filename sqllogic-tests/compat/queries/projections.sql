@@ -82,3 +82,8 @@ SELECT nullif(qty, 2), coalesce(note, '-'), greatest(qty, 3), least(amount, 50) 
 SELECT id, CASE WHEN amount > 100 THEN 'big' WHEN amount > 10 THEN 'mid' ELSE 'small' END FROM payments ORDER BY id LIMIT 6;
 
 SELECT ARRAY[1,2] || 3, array_length(ARRAY[1,2,3], 1), cardinality(ARRAY[[1,2],[3,4]]), (ARRAY[1,2,3])[2];
+
+-- More everyday queries (stop 101).
+SELECT NULL = NULL, NULL IS NULL, NULL IS DISTINCT FROM 1, 1 IS NOT DISTINCT FROM 1, NULL::int + 1;
+
+SELECT array_to_string(ARRAY['a', NULL, 'c'], ',', '*'), string_to_array('a,b,,c', ','), array_position(ARRAY[5,6,7], 6), ARRAY[1,2,3] @> ARRAY[2];

@@ -117,3 +117,16 @@ SELECT regexp_replace('abc123', '[0-9]+', 'N'), regexp_replace('aaa', 'a', 'b', 
 SELECT length(note), char_length(card), octet_length('é'), bit_length('ab') FROM payments ORDER BY id LIMIT 3;
 
 SELECT 'a' || NULL, concat('a', NULL, 'b'), concat_ws('-', 'a', NULL, 'b'), 'x' || 1 || 2.5;
+
+-- More everyday queries (stop 101).
+SELECT 'abc' LIKE 'a_c', 'a%c' LIKE 'a\%c', 'ABC' ILIKE 'abc', 'abc' NOT LIKE '%d', 'a_c' LIKE 'a$_c' ESCAPE '$';
+
+SELECT substring('hello' FROM 2 FOR 3), substring('hello', 3), overlay('hello' PLACING 'XX' FROM 2 FOR 2), trim(both 'x' FROM 'xxaxx');
+
+SELECT md5('abc'), encode('abc'::bytea, 'base64'), decode('YWJj', 'base64'), encode('abc', 'hex');
+
+SELECT starts_with('abc', 'ab'), 'abc' ^@ 'a', length('héllo'), upper('straße'), lower('ÀB');
+
+SELECT to_char(1234.5::numeric, '9999.99'), to_char(timestamp '2026-07-04 09:05:00', 'HH12:MI AM'), to_char(interval '25 hours', 'HH24:MI');
+
+SELECT random() < 2, length(gen_random_uuid()::text);

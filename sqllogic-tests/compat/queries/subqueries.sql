@@ -89,3 +89,14 @@ WITH c AS (SELECT 1.5::numeric AS x, 4::numeric AS y) SELECT x / y, y % x, x * y
 SELECT card FROM payments EXCEPT SELECT card FROM payments WHERE amount > 100 ORDER BY 1;
 
 SELECT card FROM payments INTERSECT SELECT card FROM payments WHERE qty > 3 ORDER BY 1;
+
+-- More everyday queries (stop 101).
+SELECT count(*) FROM payments WHERE amount > ALL (SELECT amount FROM payments WHERE card = 'c1');
+
+SELECT id FROM payments p WHERE EXISTS (SELECT 1 FROM payments q WHERE q.card = p.card AND q.id > p.id + 20) ORDER BY id;
+
+SELECT id FROM payments WHERE id NOT IN (SELECT qty FROM payments WHERE qty IS NOT NULL) ORDER BY id LIMIT 5;
+
+SELECT id FROM payments WHERE id NOT IN (SELECT qty FROM payments) ORDER BY id LIMIT 5;
+
+SELECT (SELECT count(*) FROM payments q WHERE q.card = p.card) AS n, p.id FROM payments p ORDER BY p.id LIMIT 4;

@@ -160,3 +160,12 @@ SELECT '2026-02-28'::date + 1, '2026-12-31'::date - '2026-01-01'::date, date '20
 SELECT make_date(2026, 2, 28), make_timestamp(2026, 1, 2, 3, 4, 5.5), to_timestamp(1800000000)::timestamp;
 
 SELECT now() > timestamp '2020-01-01', current_date > date '2020-01-01';
+
+-- More everyday queries (stop 101).
+SELECT interval '1 day' * 2, interval '90 minutes', interval '1 year 2 months', interval '1 day' / 3, justify_hours(interval '30 hours');
+
+SELECT extract(hour FROM interval '3 days 4 hours'), extract(epoch FROM interval '1 day'), date_part('minute', timestamp '2026-01-01 10:42:00');
+
+SELECT '2026-01-31'::date + interval '1 month', timestamp '2026-03-29 01:30' + interval '1 hour', date_trunc('week', timestamp '2026-03-05 10:00');
+
+SELECT '1 day'::interval > '23 hours'::interval, '2026-01-01'::date < '2026-01-02'::timestamp;

@@ -73,3 +73,12 @@ SELECT card, amount, lag(amount) OVER (PARTITION BY card ORDER BY ts) FROM payme
 SELECT card, sum(amount) OVER (ORDER BY id ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) FROM payments ORDER BY id LIMIT 5;
 
 SELECT ntile(3) OVER (ORDER BY id), percent_rank() OVER (ORDER BY amount), cume_dist() OVER (ORDER BY amount) FROM payments ORDER BY id LIMIT 5;
+
+-- More everyday queries (stop 101).
+SELECT id, first_value(id) OVER w, last_value(id) OVER w, nth_value(id, 2) OVER w FROM payments WINDOW w AS (PARTITION BY card ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) ORDER BY id LIMIT 5;
+
+SELECT id, rank() OVER (ORDER BY card), dense_rank() OVER (ORDER BY card), row_number() OVER (ORDER BY card, id) FROM payments ORDER BY id LIMIT 6;
+
+SELECT id, avg(amount) OVER (PARTITION BY card) FROM payments ORDER BY id LIMIT 5;
+
+SELECT id, count(*) OVER (ORDER BY ts RANGE BETWEEN interval '1 hour' PRECEDING AND CURRENT ROW) FROM payments ORDER BY id LIMIT 5;
