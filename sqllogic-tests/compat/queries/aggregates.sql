@@ -130,3 +130,12 @@ SELECT count(*) FILTER (WHERE note IS NULL) * 1.0 / count(*) FROM payments;
 SELECT card, string_agg(DISTINCT merchant, '|' ORDER BY merchant) FROM payments GROUP BY card ORDER BY card LIMIT 3;
 
 SELECT id % 3 AS g, sum(amount) FROM payments GROUP BY g ORDER BY g;
+
+-- Queries over the metrics and the stream as a service would run them (stop 101).
+SELECT card, count(*) AS n, round(avg(amount)::numeric, 2) FROM payments GROUP BY card HAVING avg(amount) > 20 ORDER BY card;
+
+SELECT merchant, percentile_disc(0.5) WITHIN GROUP (ORDER BY amount) FROM payments GROUP BY merchant ORDER BY merchant NULLS LAST;
+
+SELECT card, max(amount) FILTER (WHERE qty > 1), min(ts) FILTER (WHERE note IS NOT NULL) FROM payments GROUP BY card ORDER BY card LIMIT 4;
+
+SELECT card, array_agg(DISTINCT merchant ORDER BY merchant) FILTER (WHERE merchant IS NOT NULL) FROM payments GROUP BY card ORDER BY card LIMIT 3;

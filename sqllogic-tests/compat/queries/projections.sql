@@ -87,3 +87,28 @@ SELECT ARRAY[1,2] || 3, array_length(ARRAY[1,2,3], 1), cardinality(ARRAY[[1,2],[
 SELECT NULL = NULL, NULL IS NULL, NULL IS DISTINCT FROM 1, 1 IS NOT DISTINCT FROM 1, NULL::int + 1;
 
 SELECT array_to_string(ARRAY['a', NULL, 'c'], ',', '*'), string_to_array('a,b,,c', ','), array_position(ARRAY[5,6,7], 6), ARRAY[1,2,3] @> ARRAY[2];
+
+-- Queries over the metrics and the stream as a service would run them (stop 101).
+SELECT card, n, total FROM card_totals WHERE total > 100 ORDER BY total DESC, card LIMIT 3;
+
+SELECT t.card, t.n, s.merchants FROM card_totals t JOIN card_stats s ON s.card = t.card ORDER BY t.card LIMIT 4;
+
+SELECT merchant, n, avg_amount FROM merchant_totals ORDER BY merchant NULLS FIRST;
+
+SELECT count(*), sum(n) FROM card_totals;
+
+SELECT card, last_ts - first_ts AS span FROM card_stats ORDER BY span DESC, card LIMIT 3;
+
+SELECT card, ts, amount FROM payments WHERE (card, ts) > ('c3', timestamp '2026-10-25 00:00') ORDER BY card, ts LIMIT 3;
+
+SELECT CASE card WHEN 'c1' THEN 1 WHEN 'c2' THEN 2 END, count(*) FROM payments GROUP BY 1 ORDER BY 1 NULLS LAST;
+
+SELECT id, amount::int, amount::bigint, amount::real, amount::numeric(8,1) FROM payments ORDER BY id LIMIT 4;
+
+SELECT sum(qty)::float8 / count(*), sum(qty) / count(*), sum(qty) * 1.0 / count(*) FROM payments;
+
+SELECT max(length(note)), min(note), max(note) FROM payments;
+
+SELECT note, count(*) FROM payments GROUP BY note ORDER BY count(*) DESC, note NULLS FIRST LIMIT 3;
+
+SELECT left(card, 1) || '-' || right(card, 1), lower(merchant) = 'acme' FROM payments ORDER BY id LIMIT 3;

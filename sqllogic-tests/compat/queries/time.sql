@@ -169,3 +169,24 @@ SELECT extract(hour FROM interval '3 days 4 hours'), extract(epoch FROM interval
 SELECT '2026-01-31'::date + interval '1 month', timestamp '2026-03-29 01:30' + interval '1 hour', date_trunc('week', timestamp '2026-03-05 10:00');
 
 SELECT '1 day'::interval > '23 hours'::interval, '2026-01-01'::date < '2026-01-02'::timestamp;
+
+-- Queries over the metrics and the stream as a service would run them (stop 101).
+SELECT date_bin(interval '15 minutes', ts, timestamp '2026-01-01'), count(*) FROM payments GROUP BY 1 ORDER BY 1 LIMIT 4;
+
+SELECT id FROM payments WHERE ts >= timestamp '2026-10-25 01:00' AND ts < timestamp '2026-10-25 03:00' ORDER BY id;
+
+SELECT id, ts::date, ts::time, to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.MS') FROM payments ORDER BY id LIMIT 4;
+
+SELECT extract(year FROM ts), extract(quarter FROM ts), extract(doy FROM ts), extract(isodow FROM ts), extract(microseconds FROM ts) FROM payments ORDER BY id LIMIT 3;
+
+SELECT ts AT TIME ZONE 'Europe/Paris', (ts AT TIME ZONE 'UTC') AT TIME ZONE 'America/New_York' FROM payments ORDER BY id LIMIT 3;
+
+SET TIME ZONE 'Europe/Paris';
+
+SELECT timestamptz '2026-10-25 02:30:00+02', timestamptz '2026-10-25 01:30:00 UTC', '2026-03-29 02:30'::timestamptz;
+
+SELECT date_trunc('day', timestamptz '2026-10-25 12:00:00+00'), extract(timezone FROM timestamptz '2026-07-01 00:00:00+00');
+
+SELECT timestamptz '2026-10-24 12:00:00+02' + interval '1 day', timestamptz '2026-10-24 12:00:00+02' + interval '24 hours';
+
+RESET TIME ZONE;

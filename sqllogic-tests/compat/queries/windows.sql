@@ -82,3 +82,12 @@ SELECT id, rank() OVER (ORDER BY card), dense_rank() OVER (ORDER BY card), row_n
 SELECT id, avg(amount) OVER (PARTITION BY card) FROM payments ORDER BY id LIMIT 5;
 
 SELECT id, count(*) OVER (ORDER BY ts RANGE BETWEEN interval '1 hour' PRECEDING AND CURRENT ROW) FROM payments ORDER BY id LIMIT 5;
+
+-- Queries over the metrics and the stream as a service would run them (stop 101).
+SELECT card, amount, amount - avg(amount) OVER (PARTITION BY card) AS diff FROM payments WHERE card = 'c1' ORDER BY id;
+
+SELECT id, amount, sum(amount) OVER (PARTITION BY card ORDER BY ts ROWS UNBOUNDED PRECEDING) FROM payments WHERE card IN ('c1', 'c2') ORDER BY card, ts;
+
+SELECT id, lead(amount, 2, 0) OVER (ORDER BY id), lag(card) OVER (ORDER BY id) FROM payments ORDER BY id LIMIT 4;
+
+SELECT count(*) OVER (), id FROM payments ORDER BY id LIMIT 2;

@@ -55,8 +55,13 @@ impl AnalyzerRule for TimeLiterals {
             if !dated(text) {
                 return Ok(Transformed::no(e));
             }
-            // A timestamp without a time zone ignores an offset in its text, as
-            // PostgreSQL's does: '… 01:30:00+02' is 01:30.
+            // A time zone named after the time ('… 01:30:00 UTC', '… Europe/Paris').
+            let (text, named) = match zone_named(text) {
+                Some((local, zone)) => (local, Some(zone)),
+                None => (text.as_str(), None),
+            };
+            // A timestamp without a time zone ignores an offset or a zone in its text,
+            // as PostgreSQL's does: '… 01:30:00+02' is 01:30.
             let read = match to {
                 DataType::Timestamp(_, None) | DataType::Date32 => without_offset(text),
                 _ => text,
@@ -71,7 +76,7 @@ impl AnalyzerRule for TimeLiterals {
             // local time there (the session's), as in PostgreSQL.
             if let DataType::Timestamp(_, Some(zone)) = to {
                 if !has_offset(text) {
-                    us = match in_zone(us, zone) {
+                    us = match in_zone(us, named.unwrap_or(zone)) {
                         Some(utc) => utc,
                         None => return Ok(Transformed::no(e)),
                     };
@@ -104,6 +109,18 @@ pub(super) fn timestamp_text(text: &str) -> Option<String> {
         return None;
     }
     parse_timestamp(without_offset(text)).map(eddy_planner::types::format_timestamp)
+}
+
+/// Timestamp text that ends with a time zone's name (`… 01:30:00 UTC`,
+/// `… 12:00 America/New_York`), as its local time and the zone.
+fn zone_named(text: &str) -> Option<(&str, &str)> {
+    let (local, zone) = text.trim_end().rsplit_once(' ')?;
+    let named = zone.starts_with(|c: char| c.is_ascii_alphabetic())
+        && !zone.eq_ignore_ascii_case("z")
+        && zone
+            .parse::<datafusion::arrow::array::timezone::Tz>()
+            .is_ok();
+    named.then_some((local.trim_end(), zone))
 }
 
 /// Whether timestamp text (`dated`) names its UTC offset (`Z`, `+01`, `-05:00`).
