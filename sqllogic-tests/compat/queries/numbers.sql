@@ -123,3 +123,8 @@ SELECT 1.0::float8 / 3, 100.0::float8 * 1.1, 0.1::float8 + 0.2::float8, 1e16::fl
 SELECT round(1.005::float8 * 100), sqrt(2::float8), pi(), degrees(pi()), sin(0), atan2(1, 1);
 
 SELECT log(100), log10(1000), ln(exp(1)), exp(0), power(2, 0.5), 2 ^ -1;
+
+-- to_char of numbers: places, groups, signs, fill mode, rounding and overflow.
+SELECT to_char(amount, 'FM999,990.00'), to_char(amount, '9999999.9'), to_char(qty, 'S000'), to_char(-amount, '99999PR') FROM payments ORDER BY id LIMIT 6;
+
+SELECT to_char(sum(amount), 'FM9,999,999.00'), to_char(avg(qty), '990.999') FROM payments;

@@ -432,7 +432,7 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
             _ => Ok(ScalarValue::TimestampMicrosecond(None, Some("UTC".into()))),
         },
     ));
-    // Timestamps (in any zone: the session's) and dates; not numbers.
+    // Timestamps (in any zone: the session's), dates and numbers.
     udfs.push(super::functions::fallible_function(
         "to_char",
         &[2],
@@ -445,6 +445,13 @@ pub(super) fn functions() -> Vec<ScalarUDF> {
             }
             [v, _] if v.is_null() || matches!(time_of(v), Some(Time::At(_))) => {
                 Ok(ScalarValue::Utf8(None))
+            }
+            [v, ScalarValue::Utf8(Some(pattern))]
+                if v.data_type().is_numeric() || matches!(v, ScalarValue::Utf8(_)) =>
+            {
+                Ok(ScalarValue::Utf8(super::numeric::to_char_number(
+                    v, pattern,
+                )?))
             }
             [v, _] => Err(super::arith::external(
                 ErrorKind::Unsupported,

@@ -1331,6 +1331,237 @@ impl ExprPlanner for NumericPlanner {
     }
 }
 
+/// One element of a number's `to_char` pattern.
+#[derive(Clone, Copy, PartialEq)]
+enum NumPart {
+    /// `9`: a digit, or a blank where the number has none.
+    Nine,
+    /// `0`: a digit, or a zero where the number has none.
+    Zero,
+    /// `.` or `D`: the decimal point.
+    Point,
+    /// `,` or `G`: a group separator, shown once a digit is.
+    Group,
+    /// `S`: the sign, `+` or `-`, next to the number.
+    Sign,
+    /// `MI`: `-`, or a blank.
+    Minus,
+    /// `PL`: `+`, or a blank.
+    Plus,
+    /// `SG`: `+` or `-`, where it stands.
+    SignHere,
+    /// `PR`: angle brackets around a negative number.
+    Brackets,
+}
+
+/// `to_char` of a number, as PostgreSQL's: `9`, `0`, `.` (`D`), `,` (`G`), `S`, `MI`,
+/// `PL`, `SG`, `PR` and `FM`; any other pattern fails with 0A000 rather than print
+/// something else. The number is rounded to the pattern's decimals (a numeric half away
+/// from zero, a float as printf rounds it); one too wide shows `#` for each digit.
+pub(super) fn to_char_number(value: &ScalarValue, pattern: &str) -> Result<Option<String>> {
+    let mut parts = Vec::new();
+    let mut fill_mode = false;
+    let upper = pattern.to_ascii_uppercase();
+    let mut rest = upper.as_str();
+    while let Some(c) = rest.chars().next() {
+        let (part, len) = match c {
+            '9' => (Some(NumPart::Nine), 1),
+            '0' => (Some(NumPart::Zero), 1),
+            '.' | 'D' => (Some(NumPart::Point), 1),
+            ',' | 'G' => (Some(NumPart::Group), 1),
+            'S' if rest.starts_with("SG") => (Some(NumPart::SignHere), 2),
+            'S' => (Some(NumPart::Sign), 1),
+            'M' if rest.starts_with("MI") => (Some(NumPart::Minus), 2),
+            'P' if rest.starts_with("PL") => (Some(NumPart::Plus), 2),
+            'P' if rest.starts_with("PR") => (Some(NumPart::Brackets), 2),
+            'F' if rest.starts_with("FM") => {
+                fill_mode = true;
+                (None, 2)
+            }
+            _ => {
+                return Err(external(
+                    ErrorKind::Unsupported,
+                    &format!(
+                        "to_char of a number with \"{}\" in its pattern is not supported",
+                        &rest[..c.len_utf8()]
+                    ),
+                ))
+            }
+        };
+        parts.extend(part);
+        rest = &rest[len..];
+    }
+    let digit = |p: &NumPart| matches!(p, NumPart::Nine | NumPart::Zero);
+    let point = parts.iter().position(|p| *p == NumPart::Point);
+    let int_places = parts[..point.unwrap_or(parts.len())]
+        .iter()
+        .filter(|p| digit(p))
+        .count();
+    let decimals = point.map_or(0, |i| parts[i + 1..].iter().filter(|p| digit(p)).count());
+    let Some((negative, int, frac)) = rounded_digits(value, decimals)? else {
+        return Ok(None);
+    };
+    let overflow = int.len() > int_places;
+    // A point with no decimals after it shows only when the number is too wide.
+    let point_shown = point.is_some() && (decimals > 0 || overflow);
+    // Below one, no zero shows before a point (` .50`); zero alone shows one (` 0`), and
+    // so does a zero in fill mode (`0.`).
+    let zero = int == "0" && frac.bytes().all(|b| b == b'0');
+    let zero_decimals = point.is_some_and(|i| parts[i + 1..].contains(&NumPart::Zero));
+    let int = match point_shown {
+        true if int == "0" && !(fill_mode && zero && !zero_decimals) => String::new(),
+        _ => int,
+    };
+    let zero_from = parts.iter().position(|p| *p == NumPart::Zero);
+    let mut texts: Vec<String> = Vec::with_capacity(parts.len() + 1);
+    let (mut blanks, mut int_digits, mut frac_digits) = (
+        int_places.saturating_sub(int.len()),
+        int.chars(),
+        frac.chars(),
+    );
+    let (mut shown, mut past_point, mut first) = (false, false, None);
+    for (i, part) in parts.iter().enumerate() {
+        let text = match part {
+            NumPart::Nine | NumPart::Zero if overflow => "#".to_string(),
+            NumPart::Nine | NumPart::Zero if past_point => {
+                frac_digits.next().map(String::from).unwrap_or_default()
+            }
+            NumPart::Nine | NumPart::Zero if blanks > 0 => {
+                blanks -= 1;
+                match zero_from.is_some_and(|z| z <= i) {
+                    true => {
+                        shown = true;
+                        first.get_or_insert(i);
+                        "0".to_string()
+                    }
+                    false => " ".to_string(),
+                }
+            }
+            NumPart::Nine | NumPart::Zero => {
+                shown = true;
+                first.get_or_insert(i);
+                int_digits.next().map(String::from).unwrap_or_default()
+            }
+            NumPart::Point => {
+                past_point = true;
+                first.get_or_insert(i);
+                match point_shown {
+                    true => ".".to_string(),
+                    false => String::new(),
+                }
+            }
+            NumPart::Group if shown || overflow => ",".to_string(),
+            NumPart::Group | NumPart::Sign => " ".to_string(),
+            NumPart::Minus => if negative { "-" } else { " " }.to_string(),
+            NumPart::Plus => if negative { " " } else { "+" }.to_string(),
+            NumPart::SignHere => if negative { "-" } else { "+" }.to_string(),
+            NumPart::Brackets => if negative { ">" } else { " " }.to_string(),
+        };
+        texts.push(text);
+    }
+    let first = first.unwrap_or(parts.len());
+    // A sign that goes next to the number takes the last blank before it; the implicit
+    // sign and PR's `<` have a place of their own in front.
+    let leading_sign = parts[..first].contains(&NumPart::Sign);
+    let trailing_sign = parts[first..].contains(&NumPart::Sign);
+    // PL shows only a plus: a minus still goes next to the number.
+    let explicit = parts
+        .iter()
+        .any(|p| matches!(p, NumPart::Minus | NumPart::SignHere | NumPart::Brackets))
+        || leading_sign
+        || trailing_sign;
+    // The implicit sign's own place is in front, after a leading PL.
+    let own_at = parts[..first]
+        .iter()
+        .rposition(|p| *p == NumPart::Plus)
+        .map_or(0, |i| i + 1);
+    let mut first = first;
+    let mut next_to_number = |texts: &mut Vec<String>, sign: &str, own_place: bool| {
+        if own_place {
+            texts.insert(own_at, " ".to_string());
+            first += 1;
+        }
+        if let Some(i) = texts[..first].iter().rposition(|t| t == " ") {
+            texts[i] = sign.to_string();
+        }
+    };
+    if leading_sign {
+        next_to_number(&mut texts, if negative { "-" } else { "+" }, false);
+    } else if parts.contains(&NumPart::Brackets) {
+        next_to_number(&mut texts, if negative { "<" } else { " " }, true);
+    } else if !explicit {
+        next_to_number(&mut texts, if negative { "-" } else { " " }, true);
+    }
+    if trailing_sign {
+        if let Some(i) = parts.iter().rposition(|p| *p == NumPart::Sign) {
+            let offset = texts.len() - parts.len();
+            texts[i + offset] = if negative { "-" } else { "+" }.to_string();
+        }
+    }
+    if fill_mode {
+        // No trailing zeros in `9` decimals (up to a `0` place or another digit), and
+        // no blank placeholders (`FMPL99` of 5 is `+5`).
+        if let Some(p) = point {
+            let offset = texts.len() - parts.len();
+            for i in (p + 1..parts.len()).rev() {
+                match parts[i] {
+                    NumPart::Nine if texts[i + offset] == "0" => texts[i + offset].clear(),
+                    NumPart::Nine | NumPart::Zero => break,
+                    _ => {}
+                }
+            }
+        }
+        texts.retain(|t| t != " ");
+    }
+    Ok(Some(texts.concat()))
+}
+
+/// A number rounded to `decimals` digits after the point (a numeric half away from zero,
+/// a float as printf rounds it): whether it is below zero, its integer digits (`0` for
+/// none) and its decimals.
+fn rounded_digits(value: &ScalarValue, decimals: usize) -> Result<Option<(bool, String, String)>> {
+    let text = match value {
+        v if v.is_null() => return Ok(None),
+        ScalarValue::Float64(Some(_)) | ScalarValue::Float32(Some(_)) => {
+            let f = match value {
+                ScalarValue::Float32(Some(f)) => *f as f64,
+                ScalarValue::Float64(Some(f)) => *f,
+                _ => unreachable!("matched above"),
+            };
+            if !f.is_finite() {
+                return Err(external(
+                    ErrorKind::Unsupported,
+                    "to_char of a float that is not finite is not supported",
+                ));
+            }
+            // A float keeps its sign when it rounds to zero (`-0.00`), as printf's does.
+            let t = format!("{f:.decimals$}");
+            return Ok(Some(split_digits(&t, f.is_sign_negative())));
+        }
+        v => match self::value(v)? {
+            Some(d) => text(&round(&d, decimals as i64)),
+            None => return Ok(None),
+        },
+    };
+    Ok(Some(split_digits(&text, false)))
+}
+
+/// A number's text (`-12.50`) as whether it is negative (or `negative_zero` for a
+/// float's `-0`), its integer digits (`0` for none) and its decimals.
+fn split_digits(text: &str, negative_zero: bool) -> (bool, String, String) {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let zero = int.bytes().all(|b| b == b'0') && frac.bytes().all(|b| b == b'0');
+    let int = match int.trim_start_matches('0') {
+        "" => "0".to_string(),
+        i => i.to_string(),
+    };
+    (negative && (!zero || negative_zero), int, frac.to_string())
+}
+
 /// An operator over DataFusion's decimals (a cast to `numeric` or `decimal(p, s)` outside
 /// the outermost SELECT's items), as PostgreSQL's numeric: with a float, the decimal is
 /// read as a float (DataFusion made the float a `decimal(30, 15)`, which fails past
