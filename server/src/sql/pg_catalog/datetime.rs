@@ -56,7 +56,7 @@ impl AnalyzerRule for TimeLiterals {
                 return Ok(Transformed::no(e));
             }
             // A time zone named after the time ('… 01:30:00 UTC', '… Europe/Paris').
-            let (text, named) = match zone_named(text) {
+            let (text, named) = match zone_named(text)? {
                 Some((local, zone)) => (local, Some(zone)),
                 None => (text.as_str(), None),
             };
@@ -112,15 +112,23 @@ pub(super) fn timestamp_text(text: &str) -> Option<String> {
 }
 
 /// Timestamp text that ends with a time zone's name (`… 01:30:00 UTC`,
-/// `… 12:00 America/New_York`), as its local time and the zone.
-fn zone_named(text: &str) -> Option<(&str, &str)> {
-    let (local, zone) = text.trim_end().rsplit_once(' ')?;
-    let named = zone.starts_with(|c: char| c.is_ascii_alphabetic())
-        && !zone.eq_ignore_ascii_case("z")
-        && zone
-            .parse::<datafusion::arrow::array::timezone::Tz>()
-            .is_ok();
-    named.then_some((local.trim_end(), zone))
+/// `… 12:00 America/New_York`), as its local time and the zone; a region's name that
+/// names no zone (`… Mars/Base`) fails with 22023, as in PostgreSQL.
+fn zone_named(text: &str) -> Result<Option<(&str, &str)>> {
+    let Some((local, zone)) = text.trim_end().rsplit_once(' ') else {
+        return Ok(None);
+    };
+    if !zone.starts_with(|c: char| c.is_ascii_alphabetic()) || zone.eq_ignore_ascii_case("z") {
+        return Ok(None);
+    }
+    match zone.parse::<datafusion::arrow::array::timezone::Tz>() {
+        Ok(_) => Ok(Some((local.trim_end(), zone))),
+        Err(_) if zone.contains('/') => Err(external(
+            ErrorKind::InvalidParameter,
+            &format!("time zone \"{}\" not recognized", zone.to_ascii_lowercase()),
+        )),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Whether timestamp text (`dated`) names its UTC offset (`Z`, `+01`, `-05:00`).
