@@ -325,13 +325,78 @@ pub fn regex_match(
     }))
 }
 
-/// `text` with each `a [NOT] SIMILAR TO 'p' [ESCAPE 'e']` as PostgreSQL's, a regex match
-/// of the whole of `a` (DataFusion's own searches `p` as a regex anywhere in `a`); the
-/// pattern must be a constant. `text` itself when it has none.
-fn similar_to_as_regex(text: &str) -> Result<std::borrow::Cow<'_, str>> {
+/// `a LIKE p ESCAPE e` (or ILIKE) with a constant pattern and another escape than the
+/// backslash, the only one DataFusion takes, rewritten in place with the backslash: the
+/// escape makes the next character literal, a backslash is then an ordinary character,
+/// and an empty escape means none. A pattern that ends with its escape, or an escape of
+/// more than one character, fails with 22025 as in PostgreSQL. Whether `e` changed.
+pub fn like_escape(e: &mut datafusion::sql::sqlparser::ast::Expr) -> Result<bool> {
+    use datafusion::sql::sqlparser::ast::{Expr, Value};
+    let (Expr::Like {
+        pattern,
+        escape_char: escape @ Some(_),
+        ..
+    }
+    | Expr::ILike {
+        pattern,
+        escape_char: escape @ Some(_),
+        ..
+    }) = e
+    else {
+        return Ok(false);
+    };
+    let (Expr::Value(p), Some(Value::SingleQuotedString(e))) =
+        (pattern.as_ref(), escape.as_ref().map(|e| &e.value))
+    else {
+        return Ok(false);
+    };
+    let Value::SingleQuotedString(p) = &p.value else {
+        return Ok(false);
+    };
+    let mut chars = e.chars();
+    let escape_char = match (chars.next(), chars.next()) {
+        (None, _) => None,
+        (Some(c), None) => Some(c),
+        _ => {
+            return Err(
+                Error::new(ErrorKind::InvalidEscapeSequence, "invalid escape string")
+                    .with_hint("Escape string must be empty or one character."),
+            )
+        }
+    };
+    let mut out = String::with_capacity(p.len() + 4);
+    let mut it = p.chars();
+    while let Some(c) = it.next() {
+        match c {
+            c if Some(c) == escape_char => {
+                let Some(next) = it.next() else {
+                    return Err(Error::new(
+                        ErrorKind::InvalidEscapeSequence,
+                        "LIKE pattern must not end with escape character",
+                    ));
+                };
+                out.push('\\');
+                out.push(next);
+            }
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    **pattern = Expr::value(Value::SingleQuotedString(out));
+    *escape = None;
+    Ok(true)
+}
+
+/// `text` with PostgreSQL's patterns where DataFusion's differ: each
+/// `a [NOT] SIMILAR TO 'p' [ESCAPE 'e']` a regex match of the whole of `a` (DataFusion's
+/// own searches `p` as a regex anywhere in `a`), the pattern a constant; each LIKE with
+/// another escape than the backslash rewritten (`like_escape`). `text` itself when it
+/// has none.
+fn postgres_patterns(text: &str) -> Result<std::borrow::Cow<'_, str>> {
     use datafusion::sql::sqlparser::ast::{self, visit_expressions_mut, Expr};
     use std::ops::ControlFlow;
-    if !text.to_ascii_lowercase().contains("similar") {
+    let lower = text.to_ascii_lowercase();
+    if !lower.contains("similar") && !lower.contains("escape") {
         return Ok(text.into());
     }
     let dialect = datafusion::sql::sqlparser::dialect::PostgreSqlDialect {};
@@ -341,6 +406,10 @@ fn similar_to_as_regex(text: &str) -> Result<std::borrow::Cow<'_, str>> {
         .map_err(crate::sql::parser_error)?;
     let mut found = false;
     let rewritten = visit_expressions_mut(&mut expr, |e| {
+        match like_escape(e) {
+            Ok(changed) => found |= changed,
+            Err(e) => return ControlFlow::Break(e),
+        }
         let Expr::SimilarTo {
             negated,
             expr: inner,
@@ -396,7 +465,7 @@ impl Filter {
         let schema = stream_schema(stream);
         let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(datafusion_error)?;
         let logical = session()
-            .parse_sql_expr(&similar_to_as_regex(text)?, &df_schema)
+            .parse_sql_expr(&postgres_patterns(text)?, &df_schema)
             .map_err(datafusion_error)?;
         // Coerce types with PostgreSQL's integer literals, make the arithmetic
         // PostgreSQL's (`arith`: an event whose arithmetic fails does not pass), and fold

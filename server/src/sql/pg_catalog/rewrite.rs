@@ -671,42 +671,6 @@ const RENAMED: [(&str, &str); 5] = [
     ("gen_random_uuid", "uuid"),
 ];
 
-/// A LIKE pattern written with escape character `escape` (one character, or none when
-/// empty), rewritten with the backslash as its escape, with PostgreSQL's errors for an
-/// escape of more than one character and a pattern that ends with its escape.
-fn backslash_escaped(pattern: &str, escape: &str) -> Result<String> {
-    let mut chars = escape.chars();
-    let escape = match (chars.next(), chars.next()) {
-        (None, _) => None,
-        (Some(c), None) => Some(c),
-        _ => {
-            return Err(DataFusionError::External(Box::new(
-                eddy_planner::Error::new(ErrorKind::InvalidEscapeSequence, "invalid escape string")
-                    .with_hint("Escape string must be empty or one character."),
-            )))
-        }
-    };
-    let mut out = String::with_capacity(pattern.len() + 4);
-    let mut it = pattern.chars();
-    while let Some(c) = it.next() {
-        match c {
-            c if Some(c) == escape => {
-                let Some(next) = it.next() else {
-                    return Err(external(
-                        ErrorKind::InvalidEscapeSequence,
-                        "LIKE pattern must not end with escape character",
-                    ));
-                };
-                out.push('\\');
-                out.push(next);
-            }
-            '\\' => out.push_str("\\\\"),
-            c => out.push(c),
-        }
-    }
-    Ok(out)
-}
-
 /// An interval literal (`INTERVAL '1 hour'`, or one rewritten into a product already).
 fn is_interval(e: &Expr) -> bool {
     match e {
@@ -1539,35 +1503,11 @@ impl Rewriter<'_> {
                 "starts_with",
                 vec![left.as_ref().clone(), right.as_ref().clone()],
             ))),
-            // `LIKE p ESCAPE e` with another escape than the backslash, the only one
-            // DataFusion takes: a constant pattern is rewritten with the backslash.
-            Expr::Like {
-                pattern,
-                escape_char: escape @ Some(_),
-                ..
-            }
-            | Expr::ILike {
-                pattern,
-                escape_char: escape @ Some(_),
-                ..
-            } => {
-                match (
-                    string_literal(pattern).map(str::to_owned),
-                    escape.as_ref().map(|e| &e.value),
-                ) {
-                    (Some(text), Some(Value::SingleQuotedString(e))) => {
-                        match backslash_escaped(&text, e) {
-                            Ok(with_backslash) => {
-                                **pattern = Expr::value(Value::SingleQuotedString(with_backslash));
-                                *escape = None;
-                                None
-                            }
-                            Err(e) => Some(Err(e)),
-                        }
-                    }
-                    _ => None,
-                }
-            }
+            // `LIKE p ESCAPE e` with another escape than the backslash (the only one
+            // DataFusion takes), as metric filters read it.
+            Expr::Like { .. } | Expr::ILike { .. } => eddy_planner::filter::like_escape(expr)
+                .err()
+                .map(|e| Err(DataFusionError::External(Box::new(e)))),
             // ~x is -1 - x in two's complement (no overflow at either end).
             Expr::UnaryOp {
                 op: ast::UnaryOperator::BitwiseNot,
