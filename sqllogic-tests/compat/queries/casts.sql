@@ -104,3 +104,10 @@ SELECT 1e3::int, '12'::int + 1, '3.5'::float8::int, 32767::int2, (-2147483648)::
 SELECT x, x::text, x::varchar(2), x::char(5) FROM (VALUES ('hello')) t(x);
 
 SELECT 'true'::boolean::int, 3.9::float8::bigint, '  42 '::int, '1e3'::float8::int, 'NaN'::float8;
+
+-- char(n): cut to n characters (1 without a length); trailing blanks do not count
+SELECT 'abcdef'::char(3), 'abcdef'::character(2), 'abc'::char, CAST('xyz' AS CHARACTER(3));
+
+SELECT length('ab '::char(5)), length('a   '::bpchar), 'ab'::char(5) = 'ab  '::char(3), 'ab'::char(5) || 'x', '[' || 'ab'::char(4)::text || ']';
+
+SELECT x::char(2), length(x::char(10)) FROM (VALUES ('hello'), ('hi  '), (NULL)) t(x) ORDER BY 1;

@@ -916,6 +916,11 @@ fn by_pattern(name: &[String], list: &ast::FunctionArgumentList) -> Option<Resul
     }
 }
 
+/// The literal `' '`: the blank char(n) pads with.
+fn blank() -> Expr {
+    Expr::value(Value::SingleQuotedString(" ".into()))
+}
+
 pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
@@ -1615,6 +1620,32 @@ impl Rewriter<'_> {
                     let n = Expr::value(Value::Number(length.to_string(), false));
                     let text = call("pg_text", vec![inner.as_ref().clone()]);
                     Some(Ok(call("left", vec![text, n])))
+                }
+                // char(n) (bpchar): the text cut to n characters (1 without a length), whose
+                // trailing blanks PostgreSQL ignores in length, comparisons, concatenation
+                // and casts to text, so they are dropped here. (Shown unpadded: `'ab'::char(3)`
+                // prints `ab`, not `ab `.)
+                DataType::Char(length) | DataType::Character(length) => {
+                    let text = call("pg_text", vec![inner.as_ref().clone()]);
+                    let cut = match length {
+                        None => Some(1),
+                        Some(ast::CharacterLength::IntegerLength { length, .. }) => Some(*length),
+                        Some(ast::CharacterLength::Max) => None,
+                    };
+                    let text = match cut {
+                        Some(n) => call(
+                            "left",
+                            vec![text, Expr::value(Value::Number(n.to_string(), false))],
+                        ),
+                        None => text,
+                    };
+                    Some(Ok(call("rtrim", vec![text, blank()])))
+                }
+                DataType::Custom(name, modifiers)
+                    if modifiers.is_empty() && name.to_string().eq_ignore_ascii_case("bpchar") =>
+                {
+                    let text = call("pg_text", vec![inner.as_ref().clone()]);
+                    Some(Ok(call("rtrim", vec![text, blank()])))
                 }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
