@@ -269,6 +269,29 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
     drop(eddy);
 }
 
+/// A node in a cluster of its own, with a stream `pay` of `partitions` partitions by card
+/// and a metric `by_card` counting each card's events; its data directory, PostgreSQL
+/// port, HTTP address and cluster name.
+async fn counting_node(
+    name: &str,
+    partitions: u32,
+) -> (common::TempDir, common::Eddy, u16, String, String) {
+    let dir = temp_dir(&format!("kafka-{name}"));
+    let cluster = cluster(name);
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
+    connect_port(port)
+        .await
+        .batch_execute(&format!(
+            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = {partitions}); \
+             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n FROM pay \
+             WINDOW INFINITE GROUP BY card;"
+        ))
+        .await
+        .unwrap();
+    (dir, eddy, port, http, cluster)
+}
+
 /// A single-record statement is applied on its own node as Kafka acknowledges it, not
 /// only once the task consumer reads it back (`Acks`), and the consumer skips it then.
 /// With clients racing on shared cards, both paths hand records over: each event is
@@ -276,19 +299,8 @@ async fn insert_returning_gathers_every_partitioner_through_kafka() {
 /// back for a card are exactly 1..=n, and n is the card's count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_statements_apply_at_acknowledgement_exactly_once() {
-    let dir = temp_dir("kafka-ack");
-    let cluster = cluster("ack");
-    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
+    let (_dir, eddy, port, http, _) = counting_node("ack", 2).await;
     let client = connect_port(port).await;
-    client
-        .batch_execute(
-            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
-             WITH (event_time = 'ts', partition_by = 'card', partitions = 2); \
-             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n FROM pay \
-             WINDOW INFINITE GROUP BY card;",
-        )
-        .await
-        .unwrap();
     let (clients, each, cards) = (6i64, 40i64, 5i64);
     let mut runs = Vec::new();
     for c in 0..clients {
@@ -344,19 +356,8 @@ async fn own_statements_apply_at_acknowledgement_exactly_once() {
 /// within a pause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_task_consumer_still_applies_other_writers_records() {
-    let dir = temp_dir("kafka-quiet");
-    let cluster = cluster("quiet");
-    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
+    let (_dir, eddy, port, http, cluster) = counting_node("quiet", 1).await;
     let client = connect_port(port).await;
-    client
-        .batch_execute(
-            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
-             WITH (event_time = 'ts', partition_by = 'card', partitions = 1); \
-             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n FROM pay \
-             WINDOW INFINITE GROUP BY card;",
-        )
-        .await
-        .unwrap();
     let insert = client
         .prepare("INSERT INTO pay VALUES ($1, $2, $3) RETURNING by_card.n")
         .await
@@ -369,6 +370,7 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
         .create()
         .unwrap();
     let topic = format!("{cluster}.pay.card");
+    // Writes an event for card c0 into the task's partition, as another producer.
     let other = |id: i64| {
         let mut payload = Vec::new();
         eddy_planner::codec::encode_row(
@@ -379,18 +381,33 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
             ],
             &mut payload,
         );
-        payload
+        let (producer, topic) = (&producer, &topic);
+        async move {
+            producer
+                .send(
+                    FutureRecord::to(topic)
+                        .partition(0)
+                        .key("c0")
+                        .payload(&payload),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    // Inserts an event for card c0 through the node; its count.
+    let own = |id: i64| {
+        let (client, insert, card) = (&client, &insert, &card);
+        async move {
+            let row = client.query_one(insert, &[&id, &at, card]).await.unwrap();
+            row.get::<_, i64>(0)
+        }
     };
     let mut n = 0;
     for _ in 0..200 {
         n += 1;
         id += 1;
-        let got: i64 = client
-            .query_one(&insert, &[&id, &at, &card])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(got, n);
+        assert_eq!(own(id).await, n);
     }
     let metrics = reqwest_metrics(&http).await;
     assert!(
@@ -399,38 +416,13 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
     );
     // Another writer's record, then one of the node's own: its count includes the other.
     for round in 0..5 {
-        let payload = other(1_000_000 + round);
-        producer
-            .send(
-                FutureRecord::to(&topic)
-                    .partition(0)
-                    .key("c0")
-                    .payload(&payload),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        other(1_000_000 + round).await;
         n += 2;
         id += 1;
-        let got: i64 = client
-            .query_one(&insert, &[&id, &at, &card])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(got, n, "round {round}");
+        assert_eq!(own(id).await, n, "round {round}");
     }
     // Another writer's record with none of the node's own after it.
-    let payload = other(2_000_000);
-    producer
-        .send(
-            FutureRecord::to(&topic)
-                .partition(0)
-                .key("c0")
-                .payload(&payload),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    other(2_000_000).await;
     n += 1;
     eventually(
         &client,

@@ -282,11 +282,6 @@ impl Quiet {
             .expect("quiet lock");
         *woken = false;
     }
-
-    /// Forgets a wake that came while no pause ran: the round that follows reads it.
-    fn clear(&self) {
-        *self.woken.lock().expect("quiet lock") = false;
-    }
 }
 
 impl TaskConsumer {
@@ -725,9 +720,9 @@ impl Kafka {
                 }
                 wait = Duration::ZERO;
             }
+            // (A wake that came while no pause ran ends the next one at once: at worst
+            // one fetch more.)
             let read = batch.len();
-            // A wake before this round's records were read is for one of them.
-            self.tasks.quiet.clear();
             let skipped = match read {
                 0 => 0,
                 _ => match dispatch.records(std::mem::take(&mut batch), false) {

@@ -921,6 +921,19 @@ fn blank() -> Expr {
     Expr::value(Value::SingleQuotedString(" ".into()))
 }
 
+/// `e`'s PostgreSQL text, cut to its first `n` characters (`None`: all of it), as a cast
+/// to varchar(n) or char(n) cuts it.
+fn left_chars(e: &Expr, n: Option<u64>) -> Expr {
+    let text = call("pg_text", vec![e.clone()]);
+    match n {
+        Some(n) => call(
+            "left",
+            vec![text, Expr::value(Value::Number(n.to_string(), false))],
+        ),
+        None => text,
+    }
+}
+
 pub(super) fn call(name: &str, args: Vec<Expr>) -> Expr {
     Expr::Function(ast::Function {
         name: ObjectName::from(vec![Ident::new(name)]),
@@ -1616,36 +1629,23 @@ impl Rewriter<'_> {
                 | DataType::CharacterVarying(Some(ast::CharacterLength::IntegerLength {
                     length,
                     ..
-                })) => {
-                    let n = Expr::value(Value::Number(length.to_string(), false));
-                    let text = call("pg_text", vec![inner.as_ref().clone()]);
-                    Some(Ok(call("left", vec![text, n])))
-                }
+                })) => Some(Ok(left_chars(inner, Some(*length)))),
                 // char(n) (bpchar): the text cut to n characters (1 without a length), whose
                 // trailing blanks PostgreSQL ignores in length, comparisons, concatenation
                 // and casts to text, so they are dropped here. (Shown unpadded: `'ab'::char(3)`
                 // prints `ab`, not `ab `.)
                 DataType::Char(length) | DataType::Character(length) => {
-                    let text = call("pg_text", vec![inner.as_ref().clone()]);
                     let cut = match length {
                         None => Some(1),
                         Some(ast::CharacterLength::IntegerLength { length, .. }) => Some(*length),
                         Some(ast::CharacterLength::Max) => None,
                     };
-                    let text = match cut {
-                        Some(n) => call(
-                            "left",
-                            vec![text, Expr::value(Value::Number(n.to_string(), false))],
-                        ),
-                        None => text,
-                    };
-                    Some(Ok(call("rtrim", vec![text, blank()])))
+                    Some(Ok(call("rtrim", vec![left_chars(inner, cut), blank()])))
                 }
                 DataType::Custom(name, modifiers)
                     if modifiers.is_empty() && name.to_string().eq_ignore_ascii_case("bpchar") =>
                 {
-                    let text = call("pg_text", vec![inner.as_ref().clone()]);
-                    Some(Ok(call("rtrim", vec![text, blank()])))
+                    Some(Ok(call("rtrim", vec![left_chars(inner, None), blank()])))
                 }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
