@@ -130,3 +130,6 @@ SELECT starts_with('abc', 'ab'), 'abc' ^@ 'a', length('héllo'), upper('straße'
 SELECT to_char(1234.5::numeric, '9999.99'), to_char(timestamp '2026-07-04 09:05:00', 'HH12:MI AM'), to_char(interval '25 hours', 'HH24:MI');
 
 SELECT random() < 2, length(gen_random_uuid()::text);
+
+-- SHA-2 digests (bytea)
+SELECT sha256('abc'::bytea), sha224('abc'), encode(sha512('\x00ff'::bytea), 'hex'), sha384(''::bytea), sha256(NULL::bytea);

@@ -205,6 +205,20 @@ fn text(s: Option<String>) -> ScalarValue {
 }
 
 /// A function of any arguments, `arities` of them.
+/// A SHA-2 digest of a bytea's bytes (or of anything else's text), as a bytea:
+/// PostgreSQL's `sha224` … `sha512`.
+fn digest<D: sha2::Digest>(name: &'static str) -> ScalarUDF {
+    function(name, &[1], DataType::Binary, |a| {
+        let bytes = match a.first() {
+            Some(ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b))) => {
+                Some(b.clone())
+            }
+            v => v.and_then(pg_text).map(String::into_bytes),
+        };
+        ScalarValue::Binary(bytes.map(|b| D::digest(&b).to_vec()))
+    })
+}
+
 pub(super) fn function(
     name: &'static str,
     arities: &[usize],
@@ -399,6 +413,10 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                     .map(|s| format!("{:x}", md5::compute(s))),
             })
         }),
+        digest::<sha2::Sha224>("sha224"),
+        digest::<sha2::Sha256>("sha256"),
+        digest::<sha2::Sha384>("sha384"),
+        digest::<sha2::Sha512>("sha512"),
         fallible_function("format", &[], Utf8, format),
         fallible_function("age", &[2], interval(), age),
         fallible_function("make_interval", &[7], interval(), make_interval),
