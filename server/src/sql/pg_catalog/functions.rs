@@ -204,21 +204,22 @@ fn text(s: Option<String>) -> ScalarValue {
     ScalarValue::Utf8(s)
 }
 
-/// A function of any arguments, `arities` of them.
-/// A SHA-2 digest of a bytea's bytes (or of anything else's text), as a bytea:
-/// PostgreSQL's `sha224` … `sha512`.
+/// What a digest reads: a bytea's bytes, or anything else's text.
+fn digest_input(v: Option<&ScalarValue>) -> Option<std::borrow::Cow<'_, [u8]>> {
+    match v {
+        Some(ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b))) => Some(b.into()),
+        v => v.and_then(pg_text).map(|s| s.into_bytes().into()),
+    }
+}
+
+/// A SHA-2 digest (`digest_input`) as a bytea: PostgreSQL's `sha224` … `sha512`.
 fn digest<D: sha2::Digest>(name: &'static str) -> ScalarUDF {
     function(name, &[1], DataType::Binary, |a| {
-        let bytes = match a.first() {
-            Some(ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b))) => {
-                Some(b.clone())
-            }
-            v => v.and_then(pg_text).map(String::into_bytes),
-        };
-        ScalarValue::Binary(bytes.map(|b| D::digest(&b).to_vec()))
+        ScalarValue::Binary(digest_input(a.first()).map(|b| D::digest(&b).to_vec()))
     })
 }
 
+/// A function of any arguments, `arities` of them.
 pub(super) fn function(
     name: &'static str,
     arities: &[usize],
@@ -402,16 +403,9 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
                 _ => None,
             })
         }),
-        // Of a bytea, its bytes; of anything else, its text.
+        // In hex, of `digest_input`.
         function("md5", &[1], Utf8, |a| {
-            text(match a.first() {
-                Some(ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b))) => {
-                    Some(format!("{:x}", md5::compute(b)))
-                }
-                v => v
-                    .and_then(pg_text)
-                    .map(|s| format!("{:x}", md5::compute(s))),
-            })
+            text(digest_input(a.first()).map(|b| format!("{:x}", md5::compute(b))))
         }),
         digest::<sha2::Sha224>("sha224"),
         digest::<sha2::Sha256>("sha256"),

@@ -1520,30 +1520,23 @@ pub(super) fn to_char_number(value: &ScalarValue, pattern: &str) -> Result<Optio
 /// a float as printf rounds it): whether it is below zero, its integer digits (`0` for
 /// none) and its decimals.
 fn rounded_digits(value: &ScalarValue, decimals: usize) -> Result<Option<(bool, String, String)>> {
-    let text = match value {
-        v if v.is_null() => return Ok(None),
-        ScalarValue::Float64(Some(_)) | ScalarValue::Float32(Some(_)) => {
-            let f = match value {
-                ScalarValue::Float32(Some(f)) => *f as f64,
-                ScalarValue::Float64(Some(f)) => *f,
-                _ => unreachable!("matched above"),
-            };
-            if !f.is_finite() {
-                return Err(external(
-                    ErrorKind::Unsupported,
-                    "to_char of a float that is not finite is not supported",
-                ));
-            }
-            // A float keeps its sign when it rounds to zero (`-0.00`), as printf's does.
-            let t = format!("{f:.decimals$}");
-            return Ok(Some(split_digits(&t, f.is_sign_negative())));
-        }
-        v => match self::value(v)? {
-            Some(d) => text(&round(&d, decimals as i64)),
-            None => return Ok(None),
-        },
+    let float = match value {
+        ScalarValue::Float32(Some(f)) => Some(*f as f64),
+        ScalarValue::Float64(Some(f)) => Some(*f),
+        _ => None,
     };
-    Ok(Some(split_digits(&text, false)))
+    if let Some(f) = float {
+        if !f.is_finite() {
+            return Err(external(
+                ErrorKind::Unsupported,
+                "to_char of a float that is not finite is not supported",
+            ));
+        }
+        // A float keeps its sign when it rounds to zero (`-0.00`), as printf's does.
+        let t = format!("{f:.decimals$}");
+        return Ok(Some(split_digits(&t, f.is_sign_negative())));
+    }
+    Ok(self::value(value)?.map(|d| split_digits(&text(&round(&d, decimals as i64)), false)))
 }
 
 /// A number's text (`-12.50`) as whether it is negative (or `negative_zero` for a

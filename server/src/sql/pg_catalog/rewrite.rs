@@ -916,9 +916,11 @@ fn by_pattern(name: &[String], list: &ast::FunctionArgumentList) -> Option<Resul
     }
 }
 
-/// The literal `' '`: the blank char(n) pads with.
-fn blank() -> Expr {
-    Expr::value(Value::SingleQuotedString(" ".into()))
+/// A cast to char(n) (`left_chars`): its trailing blanks dropped, since PostgreSQL
+/// ignores them in length, comparisons, concatenation and casts to text.
+fn bpchar(e: &Expr, n: Option<u64>) -> Expr {
+    let blank = Expr::value(Value::SingleQuotedString(" ".into()));
+    call("rtrim", vec![left_chars(e, n), blank])
 }
 
 /// `e`'s PostgreSQL text, cut to its first `n` characters (`None`: all of it), as a cast
@@ -1630,22 +1632,20 @@ impl Rewriter<'_> {
                     length,
                     ..
                 })) => Some(Ok(left_chars(inner, Some(*length)))),
-                // char(n) (bpchar): the text cut to n characters (1 without a length), whose
-                // trailing blanks PostgreSQL ignores in length, comparisons, concatenation
-                // and casts to text, so they are dropped here. (Shown unpadded: `'ab'::char(3)`
-                // prints `ab`, not `ab `.)
+                // char(n): n characters (1 without a length), shown unpadded
+                // (`'ab'::char(3)` prints `ab`, not `ab `).
                 DataType::Char(length) | DataType::Character(length) => {
                     let cut = match length {
                         None => Some(1),
                         Some(ast::CharacterLength::IntegerLength { length, .. }) => Some(*length),
                         Some(ast::CharacterLength::Max) => None,
                     };
-                    Some(Ok(call("rtrim", vec![left_chars(inner, cut), blank()])))
+                    Some(Ok(bpchar(inner, cut)))
                 }
                 DataType::Custom(name, modifiers)
                     if modifiers.is_empty() && name.to_string().eq_ignore_ascii_case("bpchar") =>
                 {
-                    Some(Ok(call("rtrim", vec![left_chars(inner, None), blank()])))
+                    Some(Ok(bpchar(inner, None)))
                 }
                 ty => pg_type_name(ty).and_then(|n| self.cast(inner, &n).transpose()),
             },
