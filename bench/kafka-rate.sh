@@ -108,13 +108,14 @@ measure() {
     printf '{"system": "%s", "point": "insert_%s_clients", "per_sec": %.0f}\n' "$system" "$n" "${tps:-0}" |
       tee -a "$points"
   done
-  printf '{"system": "%s", "point": "copy_%s_rows", "per_sec": %.0f}\n' "$system" "$copy_rows" \
-    "$(copy_once "$port")" | tee -a "$points"
-}
-# copy_once PORT: COPY copy.csv into a fresh stream with the same metric; prints rows/s.
-copy_once() {
-  local port=$1 start end
   run=$((run + 1))
+  printf '{"system": "%s", "point": "copy_%s_rows", "per_sec": %.0f}\n' "$system" "$copy_rows" \
+    "$(copy_once "$port" "$run")" | tee -a "$points"
+}
+# copy_once PORT N: COPY copy.csv into a fresh stream bulk_N with the same metric; prints
+# rows/s. (N comes from the caller: a command substitution's subshell could not count.)
+copy_once() {
+  local port=$1 run=$2 start end
   psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U eddy -d eddy >/dev/null <<SQL
 CREATE STREAM bulk_$run (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL, amount DOUBLE PRECISION)
     WITH (event_time = 'ts', partition_by = 'card', partitions = 4);
@@ -136,7 +137,8 @@ warm() {
   PGOPTIONS='-c synchronous_commit=on' pgbench -n -M prepared -T "$2" -c 4 -j 2 \
     -D "base=$1" -D seq=0 -D "ts=$(date -u '+%Y-%m-%d %H:%M:%S')" \
     -f "$work/insert.pgbench" -h 127.0.0.1 -p "$3" -U eddy eddy >/dev/null 2>&1
-  copy_once "$3" >/dev/null
+  run=$((run + 1))
+  copy_once "$3" "$run" >/dev/null
 }
 warm 900000000000000 "$warmup" "$kafka_port"
 warm 900000000000000 5 "$local_port"
