@@ -242,46 +242,6 @@ pub(super) struct TaskConsumer {
     /// handed over. Taken first by whatever holds the positions and `held` (or
     /// `recovering`) together, which `Dispatch` does in the other order on two threads.
     order: Mutex<()>,
-    /// Wakes the consumer thread from a quiet pause (`QUIET`).
-    quiet: Quiet,
-}
-
-/// How long the task consumer stops fetching after a round whose every record this node
-/// had already applied as Kafka acknowledged it (its own statements', `Acks`). Without
-/// it the consumer fetched each of the producer's requests back at once, one fetch round
-/// trip, a broker request and two thread wake-ups per request, only to skip what it read.
-/// pgbench, 16 clients, durable, one node on a warm broker: 10.1–10.3 k statements/s
-/// before, 13.3–13.7 k with the pause (the broker's CPU per statement 60 → 36 µs).
-/// A record the producer's acknowledgement finds behind a gap (one this node did not
-/// send, before its own) wakes the consumer at once (`Quiet::wake`); one after the node's
-/// own records, with none of the node's own following it, waits at most this long.
-/// Rounds with any record of another writer (external producers, other nodes) never
-/// pause, so a topic others write does not wait.
-pub(super) const QUIET: Duration = Duration::from_millis(5);
-
-/// A pause of the task consumer, ended early by `wake`.
-#[derive(Default)]
-struct Quiet {
-    woken: Mutex<bool>,
-    cv: std::sync::Condvar,
-}
-
-impl Quiet {
-    /// Ends the pause now (or the next one at once, if none runs).
-    fn wake(&self) {
-        *self.woken.lock().expect("quiet lock") = true;
-        self.cv.notify_one();
-    }
-
-    /// Waits up to `most`, or until `wake`.
-    fn wait(&self, most: Duration) {
-        let woken = self.woken.lock().expect("quiet lock");
-        let (mut woken, _) = self
-            .cv
-            .wait_timeout_while(woken, most, |woken| !*woken)
-            .expect("quiet lock");
-        *woken = false;
-    }
 }
 
 impl TaskConsumer {
@@ -720,38 +680,13 @@ impl Kafka {
                 }
                 wait = Duration::ZERO;
             }
-            // (A wake that came while no pause ran ends the next one at once: at worst
-            // one fetch more.)
-            let read = batch.len();
-            let skipped = match read {
-                0 => 0,
-                _ => match dispatch.records(std::mem::take(&mut batch), false) {
-                    Some(skipped) => skipped,
-                    None => return,
-                },
-            };
+            if !batch.is_empty() && !dispatch.records(std::mem::take(&mut batch), false) {
+                return;
+            }
             if idle && !dispatch.step_over_unreturned(&consumer, &mut returned) {
                 return;
             }
             self.note_delivered();
-            if read > 0 && skipped == read {
-                self.pause_fetching(&consumer);
-            }
-        }
-    }
-
-    /// Stops fetching for `QUIET`, or until an acknowledgement finds a gap (see `QUIET`).
-    fn pause_fetching(&self, consumer: &BaseConsumer) {
-        let Ok(assigned) = consumer.assignment() else {
-            return;
-        };
-        if assigned.count() == 0 || consumer.pause(&assigned).is_err() {
-            return;
-        }
-        self.stats.quiet_pauses.fetch_add(1, Ordering::Relaxed);
-        self.tasks.quiet.wait(QUIET);
-        if let Err(e) = consumer.resume(&assigned) {
-            tracing::warn!("kafka: resuming the task consumer: {e}");
         }
     }
 }
@@ -830,14 +765,12 @@ impl Dispatch {
     /// task answers the events that ask for it once it applied them, if it is active.
     /// With `at_ack` (records Kafka just acknowledged to this node's producer) a record
     /// is handed over only if it is next at its position, and else left to the consumer,
-    /// which reads the records before it first (woken, if it pauses). Returns how many
-    /// records were skipped as already applied, or `None` once the shards are gone.
+    /// which reads the records before it first. Returns false once the shards are gone.
     pub(super) fn records(
         &self,
         records: Vec<rdkafka::message::OwnedMessage>,
         at_ack: bool,
-    ) -> Option<usize> {
-        let mut skipped = 0;
+    ) -> bool {
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
         for m in records {
@@ -860,22 +793,15 @@ impl Dispatch {
                     Some(next) => next,
                     // At an acknowledgement, a task with no position yet is left to the
                     // consumer.
-                    None if at_ack => {
-                        self.tasks.quiet.wake();
-                        continue;
-                    }
+                    None if at_ack => continue,
                     None => positions.entry(key).or_insert(0),
                 };
                 for m in &msgs {
                     if at_ack && m.offset() != *next {
-                        if m.offset() > *next {
-                            self.tasks.quiet.wake();
-                        }
                         continue;
                     }
                     if m.offset() < *next {
                         self.stats.skipped.fetch_add(1, Ordering::Relaxed);
-                        skipped += 1;
                         continue;
                     }
                     *next = m.offset() + 1;
@@ -928,11 +854,11 @@ impl Dispatch {
                 .shards
                 .deliver(task, rows, values, end as u64, None, reply)
             {
-                return None;
+                return false;
             }
             role.delivered.fetch_max(end, Ordering::AcqRel);
         }
-        Some(skipped)
+        true
     }
 }
 
