@@ -348,6 +348,111 @@ async fn own_statements_apply_at_acknowledgement_exactly_once() {
     drop(eddy);
 }
 
+/// While every record the task consumer reads is one its node already applied as Kafka
+/// acknowledged it, the consumer pauses its fetching (`consume::QUIET`), and still
+/// applies what another producer writes into the task's partition: before the node's
+/// next statement of its own (whose acknowledgement finds the record ahead of it and
+/// wakes the consumer), so that statement counts it; and, with none after it, on its own
+/// within a pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_task_consumer_still_applies_other_writers_records() {
+    let dir = temp_dir("kafka-quiet");
+    let cluster = cluster("quiet");
+    let (eddy, port, http) = spawn_kafka_eddy(&dir, &cluster);
+    let client = connect_port(port).await;
+    client
+        .batch_execute(
+            "CREATE STREAM pay (id BIGINT NOT NULL, ts TIMESTAMP NOT NULL, card TEXT NOT NULL) \
+             WITH (event_time = 'ts', partition_by = 'card', partitions = 1); \
+             CREATE METRIC by_card AS SELECT card, COUNT(*) AS n FROM pay \
+             WINDOW INFINITE GROUP BY card;",
+        )
+        .await
+        .unwrap();
+    let insert = client
+        .prepare("INSERT INTO pay VALUES ($1, $2, $3) RETURNING by_card.n")
+        .await
+        .unwrap();
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+    let card = "c0".to_string();
+    let mut id = 0i64;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_addr())
+        .create()
+        .unwrap();
+    let topic = format!("{cluster}.pay.card");
+    let other = |id: i64| {
+        let mut payload = Vec::new();
+        eddy_planner::codec::encode_row(
+            &[
+                Value::Int(id),
+                Value::Timestamp(1_767_225_600_000_000),
+                Value::Text("c0".into()),
+            ],
+            &mut payload,
+        );
+        payload
+    };
+    let mut n = 0;
+    for _ in 0..200 {
+        n += 1;
+        id += 1;
+        let got: i64 = client
+            .query_one(&insert, &[&id, &at, &card])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(got, n);
+    }
+    let metrics = reqwest_metrics(&http).await;
+    assert!(
+        counter(&metrics, "eddy_kafka_quiet_pauses_total") > 0,
+        "{metrics}"
+    );
+    // Another writer's record, then one of the node's own: its count includes the other.
+    for round in 0..5 {
+        let payload = other(1_000_000 + round);
+        producer
+            .send(
+                FutureRecord::to(&topic)
+                    .partition(0)
+                    .key("c0")
+                    .payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        n += 2;
+        id += 1;
+        let got: i64 = client
+            .query_one(&insert, &[&id, &at, &card])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(got, n, "round {round}");
+    }
+    // Another writer's record with none of the node's own after it.
+    let payload = other(2_000_000);
+    producer
+        .send(
+            FutureRecord::to(&topic)
+                .partition(0)
+                .key("c0")
+                .payload(&payload),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    n += 1;
+    eventually(
+        &client,
+        "SELECT n FROM by_card WHERE card = 'c0'",
+        &[row(&[&n.to_string()])],
+    )
+    .await;
+    drop(eddy);
+}
+
 /// A COPY of many batches sends the next batch to Kafka while the one before is applied
 /// (`Sequence`), and still keeps input order: in every partition the events follow the
 /// input, and with lateness 0 none of them is late. The tasks answer their own node in

@@ -1290,6 +1290,11 @@ impl Db {
                     &k.skipped,
                 ),
                 (
+                    "eddy_kafka_quiet_pauses_total",
+                    "Pauses of the task consumer's fetching after rounds of records already applied at acknowledgement.",
+                    &k.quiet_pauses,
+                ),
+                (
                     "eddy_kafka_replies_sent_total",
                     "Reply records sent by tasks.",
                     &k.replies_sent,

@@ -242,6 +242,55 @@ pub(super) struct TaskConsumer {
     /// handed over. Taken first by whatever holds the positions and `held` (or
     /// `recovering`) together, which `Dispatch` does in the other order on two threads.
     order: Mutex<()>,
+    /// Wakes the consumer thread from a quiet pause (`QUIET`).
+    quiet: Quiet,
+}
+
+/// How long the task consumer stops fetching after a round whose every record this node
+/// had already applied as Kafka acknowledged it (its own statements', `Acks`): `QUIET`
+/// after the first such round, doubled after each next one up to `QUIET_MAX`, and back to
+/// `QUIET` once a round holds any other record or an acknowledgement wakes it. Without
+/// the pause the consumer fetched each of the producer's requests back at once, a fetch
+/// round trip, a broker request and two thread wake-ups per request, only to skip what it
+/// read. Measured (pgbench, 16 clients, durable, one node on a warm broker, alternated):
+/// no pause 8.1–10.0 k statements/s, a fixed 5 ms 10.9–11.7 k, a fixed 20 ms 11.9–12.2 k.
+///
+/// A record the producer's acknowledgement finds behind a gap (one this node did not
+/// send, before its own) wakes the consumer at once (`Quiet::wake`); one after the node's
+/// own records, with none of the node's own following it, waits at most the pause.
+/// Rounds with any record of another writer (external producers, other nodes) never
+/// pause, so a topic others write does not wait.
+pub(super) const QUIET: Duration = Duration::from_millis(5);
+pub(super) const QUIET_MAX: Duration = Duration::from_millis(20);
+
+/// A pause of the task consumer, ended early by `wake`.
+#[derive(Default)]
+struct Quiet {
+    woken: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Quiet {
+    /// Ends the pause now (or the next one at once, if none runs).
+    fn wake(&self) {
+        *self.woken.lock().expect("quiet lock") = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits up to `most`, or until `wake`; returns whether it was woken.
+    fn wait(&self, most: Duration) -> bool {
+        let woken = self.woken.lock().expect("quiet lock");
+        let (mut woken, _) = self
+            .cv
+            .wait_timeout_while(woken, most, |woken| !*woken)
+            .expect("quiet lock");
+        std::mem::take(&mut *woken)
+    }
+
+    /// Forgets a wake that came while no pause ran: the round that follows reads it.
+    fn clear(&self) {
+        *self.woken.lock().expect("quiet lock") = false;
+    }
 }
 
 impl TaskConsumer {
@@ -590,11 +639,17 @@ impl Kafka {
     }
 
     /// Assigns the consumer the partitions of the held tasks whose topics the catalog
-    /// has, each from its position.
-    /// Assigns the held tasks' partitions from their positions, and notes those in
-    /// `returned` (in place of what it held).
-    fn assign_held(&self, consumer: &BaseConsumer, returned: &mut HashMap<(String, i32), i64>) {
-        let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
+    /// has, each from its position, and notes those in `returned` (in place of what it
+    /// held). `asked`, for an assignment asked for (a new plan or catalog): the topics'
+    /// metadata is fetched first (a topic created a moment ago must not look unknown), and
+    /// the assignment is counted. Not for the end of a quiet pause (`pause_fetching`).
+    fn assign_held(
+        &self,
+        consumer: &BaseConsumer,
+        returned: &mut HashMap<(String, i32), i64>,
+        asked: bool,
+    ) {
+        let asks = self.tasks.reassigns_asked.load(Ordering::Acquire);
         let mut tpl = TopicPartitionList::new();
         returned.clear();
         {
@@ -623,10 +678,10 @@ impl Kafka {
         let result = if tpl.count() == 0 {
             consumer.unassign()
         } else {
-            // Fresh metadata first: a topic created a moment ago must not look unknown.
             let topics: std::collections::BTreeSet<String> = tpl
                 .elements()
                 .iter()
+                .filter(|_| asked)
                 .map(|e| e.topic().to_string())
                 .collect();
             for topic in topics {
@@ -636,8 +691,10 @@ impl Kafka {
         };
         match result {
             Ok(()) => {
-                self.stats.assignments.fetch_add(1, Ordering::Relaxed);
-                self.tasks.reassigns_made.fetch_max(asked, Ordering::AcqRel);
+                if asked {
+                    self.stats.assignments.fetch_add(1, Ordering::Relaxed);
+                }
+                self.tasks.reassigns_made.fetch_max(asks, Ordering::AcqRel);
             }
             Err(e) => tracing::warn!("kafka: assigning partitions: {e}"),
         }
@@ -649,10 +706,11 @@ impl Kafka {
         // (or where it was assigned to start).
         let mut returned: HashMap<(String, i32), i64> = HashMap::new();
         let mut made = 0;
+        let mut quiet = QUIET;
         while !self.stop.load(Ordering::Acquire) {
             let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
             if asked > made {
-                self.assign_held(&consumer, &mut returned);
+                self.assign_held(&consumer, &mut returned, true);
                 made = asked;
             }
             let mut wait = Duration::from_millis(20);
@@ -680,14 +738,56 @@ impl Kafka {
                 }
                 wait = Duration::ZERO;
             }
-            if !batch.is_empty() && !dispatch.records(std::mem::take(&mut batch), false) {
-                return;
-            }
+            let read = batch.len();
+            // A wake before this round's records were read is for one of them.
+            self.tasks.quiet.clear();
+            let skipped = match read {
+                0 => 0,
+                _ => match dispatch.records(std::mem::take(&mut batch), false) {
+                    Some(skipped) => skipped,
+                    None => return,
+                },
+            };
             if idle && !dispatch.step_over_unreturned(&consumer, &mut returned) {
                 return;
             }
             self.note_delivered();
+            if read > 0 && skipped == read {
+                let woken = self.pause_fetching(&consumer, &mut returned, quiet);
+                quiet = if woken {
+                    QUIET
+                } else {
+                    (quiet * 2).min(QUIET_MAX)
+                };
+            } else if read > skipped {
+                quiet = QUIET;
+            }
         }
+    }
+
+    /// Stops fetching for `most`, or until an acknowledgement finds a gap (see `QUIET`),
+    /// by giving up the assignment, then assigns the held tasks' partitions again from
+    /// their positions: past what was applied at acknowledgement, so the node's own
+    /// records are not fetched back at all.
+    ///
+    /// Not `pause` and `resume`: librdkafka's broker thread, with nothing to fetch, sleeps
+    /// up to a second and a resume does not wake it. Measured, rounds came once a second,
+    /// and a record of another writer could wait that long. An assignment wakes it.
+    /// Returns whether an acknowledgement woke it.
+    fn pause_fetching(
+        &self,
+        consumer: &BaseConsumer,
+        returned: &mut HashMap<(String, i32), i64>,
+        most: Duration,
+    ) -> bool {
+        if let Err(e) = consumer.unassign() {
+            tracing::warn!("kafka: pausing the task consumer: {e}");
+            return true;
+        }
+        self.stats.quiet_pauses.fetch_add(1, Ordering::Relaxed);
+        let woken = self.tasks.quiet.wait(most);
+        self.assign_held(consumer, returned, false);
+        woken
     }
 }
 
@@ -765,12 +865,14 @@ impl Dispatch {
     /// task answers the events that ask for it once it applied them, if it is active.
     /// With `at_ack` (records Kafka just acknowledged to this node's producer) a record
     /// is handed over only if it is next at its position, and else left to the consumer,
-    /// which reads the records before it first. Returns false once the shards are gone.
+    /// which reads the records before it first (woken, if it pauses). Returns how many
+    /// records were skipped as already applied, or `None` once the shards are gone.
     pub(super) fn records(
         &self,
         records: Vec<rdkafka::message::OwnedMessage>,
         at_ack: bool,
-    ) -> bool {
+    ) -> Option<usize> {
+        let mut skipped = 0;
         let mut by_partition: BTreeMap<(String, i32), Vec<rdkafka::message::OwnedMessage>> =
             BTreeMap::new();
         for m in records {
@@ -793,15 +895,22 @@ impl Dispatch {
                     Some(next) => next,
                     // At an acknowledgement, a task with no position yet is left to the
                     // consumer.
-                    None if at_ack => continue,
+                    None if at_ack => {
+                        self.tasks.quiet.wake();
+                        continue;
+                    }
                     None => positions.entry(key).or_insert(0),
                 };
                 for m in &msgs {
                     if at_ack && m.offset() != *next {
+                        if m.offset() > *next {
+                            self.tasks.quiet.wake();
+                        }
                         continue;
                     }
                     if m.offset() < *next {
                         self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+                        skipped += 1;
                         continue;
                     }
                     *next = m.offset() + 1;
@@ -854,11 +963,11 @@ impl Dispatch {
                 .shards
                 .deliver(task, rows, values, end as u64, None, reply)
             {
-                return false;
+                return None;
             }
             role.delivered.fetch_max(end, Ordering::AcqRel);
         }
-        true
+        Some(skipped)
     }
 }
 

@@ -90,6 +90,9 @@ pub struct KafkaStats {
     /// Records below a task's position, skipped: applied as Kafka acknowledged them, or
     /// redelivered after a rebalance.
     pub skipped: AtomicU64,
+    /// Pauses of the task consumer after a round of records all applied already
+    /// (`consume::QUIET`).
+    pub quiet_pauses: AtomicU64,
     pub dead_letters: AtomicU64,
     /// Assignments the task consumer received: one per rebalance of the group.
     pub assignments: AtomicU64,
