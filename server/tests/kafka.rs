@@ -393,16 +393,33 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
         );
         payload
     };
+    let send_other = |id: i64| {
+        let payload = other(id);
+        let (producer, topic) = (&producer, &topic);
+        async move {
+            let record = FutureRecord::to(topic)
+                .partition(0)
+                .key("c0")
+                .payload(&payload);
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+    };
+    // One of the node's own events; its card's count.
+    let own = |id: i64| {
+        let (client, insert, at, card) = (&client, &insert, &at, &card);
+        async move {
+            let row = client.query_one(insert, &[&id, at, card]).await.unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
     let mut n = 0;
     for _ in 0..200 {
         n += 1;
         id += 1;
-        let got: i64 = client
-            .query_one(&insert, &[&id, &at, &card])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(got, n);
+        assert_eq!(own(id).await, n);
     }
     let metrics = reqwest_metrics(&http).await;
     assert!(
@@ -411,38 +428,13 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
     );
     // Another writer's record, then one of the node's own: its count includes the other.
     for round in 0..5 {
-        let payload = other(1_000_000 + round);
-        producer
-            .send(
-                FutureRecord::to(&topic)
-                    .partition(0)
-                    .key("c0")
-                    .payload(&payload),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        send_other(1_000_000 + round).await;
         n += 2;
         id += 1;
-        let got: i64 = client
-            .query_one(&insert, &[&id, &at, &card])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(got, n, "round {round}");
+        assert_eq!(own(id).await, n, "round {round}");
     }
     // Another writer's record with none of the node's own after it.
-    let payload = other(2_000_000);
-    producer
-        .send(
-            FutureRecord::to(&topic)
-                .partition(0)
-                .key("c0")
-                .payload(&payload),
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    send_other(2_000_000).await;
     n += 1;
     eventually(
         &client,
