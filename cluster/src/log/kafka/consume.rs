@@ -643,12 +643,13 @@ impl Kafka {
     /// held). `asked`, for an assignment asked for (a new plan or catalog): the topics'
     /// metadata is fetched first (a topic created a moment ago must not look unknown), and
     /// the assignment is counted. Not for the end of a quiet pause (`pause_fetching`).
+    /// Returns whether the consumer took the assignment.
     fn assign_held(
         &self,
         consumer: &BaseConsumer,
         returned: &mut HashMap<(String, i32), i64>,
         asked: bool,
-    ) {
+    ) -> bool {
         let asks = self.tasks.reassigns_asked.load(Ordering::Acquire);
         let mut tpl = TopicPartitionList::new();
         returned.clear();
@@ -695,8 +696,12 @@ impl Kafka {
                     self.stats.assignments.fetch_add(1, Ordering::Relaxed);
                 }
                 self.tasks.reassigns_made.fetch_max(asks, Ordering::AcqRel);
+                true
             }
-            Err(e) => tracing::warn!("kafka: assigning partitions: {e}"),
+            Err(e) => {
+                tracing::warn!("kafka: assigning partitions: {e}");
+                false
+            }
         }
     }
 
@@ -710,7 +715,7 @@ impl Kafka {
         while !self.stop.load(Ordering::Acquire) {
             let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
             if asked > made {
-                self.assign_held(&consumer, &mut returned, true);
+                let _ = self.assign_held(&consumer, &mut returned, true);
                 made = asked;
             }
             let mut wait = Duration::from_millis(20);
@@ -753,7 +758,7 @@ impl Kafka {
             }
             self.note_delivered();
             if read > 0 && skipped == read {
-                let woken = self.pause_fetching(&consumer, &mut returned, quiet);
+                let woken = self.pause_fetching(&consumer, &mut returned, quiet, made);
                 quiet = if woken {
                     QUIET
                 } else {
@@ -773,12 +778,14 @@ impl Kafka {
     /// Not `pause` and `resume`: librdkafka's broker thread, with nothing to fetch, sleeps
     /// up to a second and a resume does not wake it. Measured, rounds came once a second,
     /// and a record of another writer could wait that long. An assignment wakes it.
-    /// Returns whether an acknowledgement woke it.
+    /// `made`: the assignments asked for that the loop has made. Returns whether an
+    /// acknowledgement woke it.
     fn pause_fetching(
         &self,
         consumer: &BaseConsumer,
         returned: &mut HashMap<(String, i32), i64>,
         most: Duration,
+        made: u64,
     ) -> bool {
         if let Err(e) = consumer.unassign() {
             tracing::warn!("kafka: pausing the task consumer: {e}");
@@ -786,7 +793,12 @@ impl Kafka {
         }
         self.stats.quiet_pauses.fetch_add(1, Ordering::Relaxed);
         let woken = self.tasks.quiet.wait(most);
-        self.assign_held(consumer, returned, false);
+        // An assignment asked for meanwhile (a new plan or catalog) is made next by the
+        // loop, with fresh metadata. One that fails is asked for again.
+        let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
+        if asked <= made && !self.assign_held(consumer, returned, false) {
+            self.tasks.reassign();
+        }
         woken
     }
 }
