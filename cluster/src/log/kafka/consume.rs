@@ -261,7 +261,7 @@ pub(super) struct TaskConsumer {
 /// Rounds with any record of another writer (external producers, other nodes) never
 /// pause, so a topic others write does not wait.
 pub(super) const QUIET: Duration = Duration::from_millis(5);
-pub(super) const QUIET_MAX: Duration = Duration::from_millis(20);
+const QUIET_MAX: Duration = Duration::from_millis(20);
 
 /// A pause of the task consumer, ended early by `wake`.
 #[derive(Default)]
@@ -640,17 +640,17 @@ impl Kafka {
 
     /// Assigns the consumer the partitions of the held tasks whose topics the catalog
     /// has, each from its position, and notes those in `returned` (in place of what it
-    /// held). `asked`, for an assignment asked for (a new plan or catalog): the topics'
-    /// metadata is fetched first (a topic created a moment ago must not look unknown), and
-    /// the assignment is counted. Not for the end of a quiet pause (`pause_fetching`).
-    /// Returns whether the consumer took the assignment.
+    /// held). With `replan` (a new plan or catalog asked for it) the topics' metadata is
+    /// fetched first (a topic created a moment ago must not look unknown), and the
+    /// assignment is counted; without it (the end of a quiet pause, `pause_fetching`)
+    /// neither. Returns whether the consumer took the assignment.
     fn assign_held(
         &self,
         consumer: &BaseConsumer,
         returned: &mut HashMap<(String, i32), i64>,
-        asked: bool,
+        replan: bool,
     ) -> bool {
-        let asks = self.tasks.reassigns_asked.load(Ordering::Acquire);
+        let asked = self.tasks.reassigns_asked.load(Ordering::Acquire);
         let mut tpl = TopicPartitionList::new();
         returned.clear();
         {
@@ -679,23 +679,22 @@ impl Kafka {
         let result = if tpl.count() == 0 {
             consumer.unassign()
         } else {
-            let topics: std::collections::BTreeSet<String> = tpl
-                .elements()
-                .iter()
-                .filter(|_| asked)
-                .map(|e| e.topic().to_string())
-                .collect();
-            for topic in topics {
-                let _ = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
+            if replan {
+                let elements = tpl.elements();
+                let topics: std::collections::BTreeSet<&str> =
+                    elements.iter().map(|e| e.topic()).collect();
+                for topic in topics {
+                    let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(5));
+                }
             }
             consumer.assign(&tpl)
         };
         match result {
             Ok(()) => {
-                if asked {
+                if replan {
                     self.stats.assignments.fetch_add(1, Ordering::Relaxed);
                 }
-                self.tasks.reassigns_made.fetch_max(asks, Ordering::AcqRel);
+                self.tasks.reassigns_made.fetch_max(asked, Ordering::AcqRel);
                 true
             }
             Err(e) => {
