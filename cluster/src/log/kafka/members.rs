@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use eddy_planner::catalog::Catalog;
@@ -24,6 +24,7 @@ use eddy_planner::{Error, Result};
 
 use super::catalog::{live_statements, Latest};
 use super::config::{kafka_error, wait_until};
+use super::polled::Polled;
 use super::produce::{format_headers, format_of};
 use super::Kafka;
 use crate::membership::lease::{lease_for, Beat, Beats, Handover};
@@ -147,7 +148,7 @@ impl Kafka {
             return Ok(0);
         }
         facts.leaving = true;
-        let producer: ThreadedProducer<DefaultProducerContext> = self
+        let producer: Polled<DefaultProducerContext> = self
             .config
             .producer()
             .create()
@@ -170,7 +171,7 @@ impl Kafka {
     /// thread that follows the cluster. `stale`: the tasks it has checkpoints of.
     pub(super) fn start_members(self: &Arc<Self>, stale: Vec<TaskId>) -> Result<()> {
         let topic = self.config.cluster_topic();
-        let producer: ThreadedProducer<DefaultProducerContext> = self
+        let producer: Polled<DefaultProducerContext> = self
             .config
             .producer()
             .create()
@@ -227,7 +228,7 @@ impl Kafka {
         self: Arc<Self>,
         group: BaseConsumer,
         tail: BaseConsumer,
-        producer: ThreadedProducer<DefaultProducerContext>,
+        producer: Polled<DefaultProducerContext>,
     ) {
         let (topic, catalog) = (self.config.cluster_topic(), self.config.catalog_topic());
         let session = self.config.session_timeout;
@@ -387,7 +388,7 @@ impl Kafka {
     /// Publishes a node's facts on the cluster topic and waits until Kafka has them.
     fn announce(
         &self,
-        producer: &ThreadedProducer<DefaultProducerContext>,
+        producer: &Polled<DefaultProducerContext>,
         topic: &str,
         facts: &NodeFacts,
     ) -> Result<()> {

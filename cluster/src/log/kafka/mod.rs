@@ -32,6 +32,7 @@ mod config;
 mod consume;
 pub mod fence;
 mod members;
+mod polled;
 mod produce;
 mod sources;
 mod txn;

@@ -17,7 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::oneshot;
 
@@ -28,6 +28,7 @@ use eddy_planner::{Error, Result};
 
 use super::config::{kafka_error, wait_until, watermarks, KafkaConfig};
 use super::consume::Dispatch;
+use super::polled::Polled;
 use super::txn::{self, Transactions};
 use super::KafkaStats;
 use crate::command::{Answer, Answers};
@@ -151,11 +152,11 @@ impl ProducerContext for ReplyContext {
     }
 }
 
-pub(super) type Replier = ThreadedProducer<ReplyContext>;
+pub(super) type Replier = Polled<ReplyContext>;
 
 /// A producer of events (or catalog records, dead letters): each record's delivery report
 /// goes to its sender (`Taken`), on the producer's own polling thread.
-pub(super) type Events = ThreadedProducer<Acks>;
+pub(super) type Events = Polled<Acks>;
 
 /// Once Kafka took a record: its offset, or why Kafka did not take it.
 pub(super) type Taken = oneshot::Receiver<std::result::Result<i64, KafkaError>>;
