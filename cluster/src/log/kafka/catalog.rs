@@ -75,7 +75,7 @@ impl Kafka {
     pub fn read_catalog(&self) -> Result<Vec<String>> {
         let consumer: BaseConsumer = self
             .config
-            .consumer(&format!("eddy-catalog-reader.{}", self.config.node))
+            .reader(&format!("eddy-catalog-reader.{}", self.config.node))
             .create()
             .map_err(|e| kafka_error("creating the catalog reader", e))?;
         let catalog = self.config.catalog_topic();

@@ -137,6 +137,17 @@ impl KafkaConfig {
         self.with_properties(c)
     }
 
+    /// Consumers of topics written seldom: the reply topic and the cluster and catalog
+    /// topics. A record that reaches the broker while a fetch waits there answers that
+    /// fetch at once, so a long wait delays nothing; it only spares the idle fetches.
+    /// With the 5 ms wait of `consumer`, an idle node's four consumers cost the broker
+    /// 118 ticks of CPU in 8 s (15 % of a core), against 14 for the broker alone.
+    pub(crate) fn reader(&self, group: &str) -> ClientConfig {
+        let mut c = self.consumer(group);
+        c.set("fetch.wait.max.ms", "100");
+        self.with_properties(c)
+    }
+
     /// Consumers that subscribe in a group (tasks, external topics). Static members: a
     /// restarted node takes its partitions back at once instead of waiting for the
     /// session of its previous life to time out, so the session can be long enough to
@@ -182,7 +193,7 @@ impl KafkaConfig {
     /// The group member of the live-node group: its session is the failure detector.
     pub(crate) fn liveness(&self) -> ClientConfig {
         let session = self.session_timeout.as_millis().max(1000);
-        let mut c = self.consumer(&self.members_group());
+        let mut c = self.reader(&self.members_group());
         c.set("session.timeout.ms", session.to_string())
             .set("heartbeat.interval.ms", (session / 12).max(100).to_string());
         self.with_properties(c)

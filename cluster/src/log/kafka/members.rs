@@ -188,7 +188,7 @@ impl Kafka {
         };
         let tail: BaseConsumer = self
             .config
-            .consumer(&format!("eddy-cluster-reader.{}", self.config.node))
+            .reader(&format!("eddy-cluster-reader.{}", self.config.node))
             .create()
             .map_err(|e| kafka_error("creating the cluster reader", e))?;
         let mut tpl = TopicPartitionList::new();

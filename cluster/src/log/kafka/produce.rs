@@ -499,7 +499,7 @@ impl Publisher {
     pub(super) fn start_replies(&self, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
         let consumer: BaseConsumer = self
             .config
-            .consumer(&format!("eddy-replies.{}", self.config.node))
+            .reader(&format!("eddy-replies.{}", self.config.node))
             .create()
             .map_err(|e| kafka_error("creating the reply consumer", e))?;
         let (_, high) = watermarks(consumer.client(), self.reply_topic(), 0)?;
