@@ -29,6 +29,7 @@ use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer, Producer
 /// producer; the last one dropped stops the thread.
 pub(super) struct Polled<C: ProducerContext + 'static>(Arc<Serving<C>>);
 
+/// What the clones share: the producer, and the eventfd and thread that serve it.
 struct Serving<C: ProducerContext + 'static> {
     producer: Arc<BaseProducer<C>>,
     stop: Arc<OwnedFd>,
@@ -41,11 +42,8 @@ impl<C: ProducerContext + 'static> Clone for Polled<C> {
     }
 }
 
-/// A handle on a producer's main queue, owned by its serving thread.
+/// A handle on a producer's main queue, made and dropped by its serving thread.
 struct Queue(*mut rdsys::rd_kafka_queue_t);
-
-// SAFETY: librdkafka's queue handles may be used from any thread.
-unsafe impl Send for Queue {}
 
 impl Drop for Queue {
     fn drop(&mut self) {
