@@ -381,7 +381,8 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
         .create()
         .unwrap();
     let topic = format!("{cluster}.pay.card");
-    let other = |id: i64| {
+    // Another writer's event: a record it puts straight into the task's partition.
+    let send_other = |id: i64| {
         let mut payload = Vec::new();
         eddy_planner::codec::encode_row(
             &[
@@ -391,10 +392,6 @@ async fn a_quiet_task_consumer_still_applies_other_writers_records() {
             ],
             &mut payload,
         );
-        payload
-    };
-    let send_other = |id: i64| {
-        let payload = other(id);
         let (producer, topic) = (&producer, &topic);
         async move {
             let record = FutureRecord::to(topic)

@@ -745,13 +745,12 @@ impl Kafka {
             let read = batch.len();
             // A wake before this round's records were read is for one of them.
             self.tasks.quiet.clear();
-            let skipped = match read {
-                0 => 0,
-                _ => match dispatch.records(std::mem::take(&mut batch), false) {
-                    Some(skipped) => skipped,
-                    None => return,
-                },
+            let skipped = if read == 0 {
+                Some(0)
+            } else {
+                dispatch.records(std::mem::take(&mut batch), false)
             };
+            let Some(skipped) = skipped else { return };
             if idle && !dispatch.step_over_unreturned(&consumer, &mut returned) {
                 return;
             }
