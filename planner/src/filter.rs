@@ -109,7 +109,9 @@ fn postgresql_error(message: &str) -> Option<Error> {
     };
     // A function or operator that exists, but not for these argument types: 42883, as
     // PostgreSQL finds no function of that signature.
-    if message.contains("failed to match any signature") {
+    if message.contains("failed to match any signature")
+        || message.starts_with("Failed to coerce arguments to satisfy a call to '")
+    {
         let name = message.split('\'').nth(1).unwrap_or("?");
         return Some(
             Error::new(

@@ -581,6 +581,8 @@ pub(super) fn register(ctx: &SessionContext, snapshot: Arc<Snapshot>) {
         function("shobj_description", &[2], Utf8, null_text),
     ];
     ctx.register_udf(ScalarUDF::new_from_impl(Upper::default()));
+    ctx.register_udf(ScalarUDF::new_from_impl(Length::new(Counts::Characters)));
+    ctx.register_udf(ScalarUDF::new_from_impl(Length::new(Counts::Bytes)));
     for udf in udfs.into_iter().chain(super::datetime::functions()) {
         ctx.register_udf(udf);
     }
@@ -1045,6 +1047,97 @@ impl ScalarUDFImpl for Upper {
                 false => ColumnarValue::Array(upper),
             },
         )
+    }
+}
+
+/// What `Length` counts in a text: its characters (`length`, `char_length`,
+/// `character_length`) or its bytes (`octet_length`). A bytea's length is its bytes either
+/// way.
+#[derive(Debug, PartialEq, Eq, Hash, Clone, Copy)]
+enum Counts {
+    Characters,
+    Bytes,
+}
+
+/// The length functions as PostgreSQL counts. DataFusion's read a bytea as UTF-8 text,
+/// so `length('\xe282ac'::bytea)` was 1 (one character) where PostgreSQL gives 3, a byte
+/// that is not UTF-8 was an error, and `octet_length` refused a bytea. (PostgreSQL has
+/// no `char_length(bytea)`; here it is the bytes, as `length`.)
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Length {
+    counts: Counts,
+    aliases: Vec<String>,
+    signature: Signature,
+}
+
+impl Length {
+    fn new(counts: Counts) -> Length {
+        let bytes = [
+            DataType::Binary,
+            DataType::LargeBinary,
+            DataType::BinaryView,
+        ];
+        // The bytea forms first: a text form tried first refuses a bytea for good.
+        let mut accepts: Vec<TypeSignature> = bytes.map(|t| TypeSignature::Exact(vec![t])).into();
+        accepts.push(TypeSignature::String(1));
+        Length {
+            counts,
+            aliases: match counts {
+                Counts::Characters => vec!["length".into(), "char_length".into()],
+                Counts::Bytes => Vec::new(),
+            },
+            signature: Signature::one_of(accepts, Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for Length {
+    fn name(&self) -> &str {
+        match self.counts {
+            Counts::Characters => "character_length",
+            Counts::Bytes => "octet_length",
+        }
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Int32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        use datafusion::arrow::array::{AsArray, Int32Array};
+        let scalar = matches!(args.args[0], ColumnarValue::Scalar(_));
+        let array = ColumnarValue::values_to_arrays(&args.args)?.remove(0);
+        let counted: Int32Array = match (array.data_type(), self.counts) {
+            (DataType::Binary | DataType::LargeBinary | DataType::BinaryView, _) => {
+                let bytes = datafusion::arrow::compute::cast(&array, &DataType::LargeBinary)?;
+                let bytes = bytes.as_binary::<i64>();
+                bytes.iter().map(|b| b.map(|b| b.len() as i32)).collect()
+            }
+            (_, counts) => {
+                let text = datafusion::arrow::compute::cast(&array, &DataType::LargeUtf8)?;
+                let text = text.as_string::<i64>();
+                text.iter()
+                    .map(|s| {
+                        s.map(|s| match counts {
+                            Counts::Characters => s.chars().count() as i32,
+                            Counts::Bytes => s.len() as i32,
+                        })
+                    })
+                    .collect()
+            }
+        };
+        Ok(match scalar {
+            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&counted, 0)?),
+            false => ColumnarValue::Array(Arc::new(counted)),
+        })
     }
 }
 
