@@ -666,6 +666,19 @@ fn functions() -> Vec<ScalarUDF> {
             numeric(|a| Ok((&a[0] * &a[1]).with_scale(scale(&a[0]) + scale(&a[1])))),
         ),
         udf("pg_numeric_div", &[2], numeric(|a| div(&a[0], &a[1]))),
+        // div(y, x): the integer quotient, truncated toward zero. PostgreSQL has it for
+        // numerics alone, so integers and floats are read as numerics. The remainder is
+        // exact, so the quotient of what is left is a whole number.
+        udf(
+            "div",
+            &[2],
+            numeric(|a| match a[1].is_zero() {
+                true => Err(external(ErrorKind::DivisionByZero, "division by zero")),
+                false => {
+                    Ok(((&a[0] - &a[0] % &a[1]) / &a[1]).with_scale_round(0, RoundingMode::Down))
+                }
+            }),
+        ),
         udf(
             "pg_numeric_mod",
             &[2],
@@ -1901,6 +1914,7 @@ fn visit(e: &mut Ast, numeric: bool) -> bool {
                 _ if !numeric => None,
                 "ceiling" => Some("pg_numeric_ceil".to_string()),
                 "pow" => Some("pg_numeric_power".to_string()),
+                "div" => Some("div".to_string()),
                 n if FUNCTIONS.contains(&n) => Some(format!("pg_numeric_{n}")),
                 n if AGGREGATES.contains(&n) => Some(format!("pg_{n}")),
                 _ => None,
