@@ -128,3 +128,8 @@ SELECT log(100), log10(1000), ln(exp(1)), exp(0), power(2, 0.5), 2 ^ -1;
 SELECT to_char(amount, 'FM999,990.00'), to_char(amount, '9999999.9'), to_char(qty, 'S000'), to_char(-amount, '99999PR') FROM payments ORDER BY id LIMIT 6;
 
 SELECT to_char(sum(amount), 'FM9,999,999.00'), to_char(avg(qty), '990.999') FROM payments;
+
+-- div: the integer quotient of numerics, truncated toward zero.
+SELECT div(9, 4), div(-7, 2), div(9.5, 2), div(123456789012345678901234567890, 7), pg_typeof(div(9, 4));
+
+SELECT div(1, 0);

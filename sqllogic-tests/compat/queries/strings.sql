@@ -133,3 +133,6 @@ SELECT random() < 2, length(gen_random_uuid()::text);
 
 -- SHA-2 digests (bytea)
 SELECT sha256('abc'::bytea), sha224('abc'), encode(sha512('\x00ff'::bytea), 'hex'), sha384(''::bytea), sha256(NULL::bytea);
+
+-- length and octet_length of a bytea count its bytes.
+SELECT length('\xe282ac'::bytea), octet_length('\xe282ac'::bytea), length('\xff00'::bytea), octet_length('€');

@@ -100,3 +100,10 @@ SELECT id FROM payments WHERE id NOT IN (SELECT qty FROM payments WHERE qty IS N
 SELECT id FROM payments WHERE id NOT IN (SELECT qty FROM payments) ORDER BY id LIMIT 5;
 
 SELECT (SELECT count(*) FROM payments q WHERE q.card = p.card) AS n, p.id FROM payments p ORDER BY p.id LIMIT 4;
+
+-- [NOT] EXISTS as a value in the select list: uncorrelated, correlated, around a grouped subquery.
+SELECT EXISTS (SELECT 1 FROM payments WHERE amount > 1000), NOT EXISTS (SELECT 1 FROM payments WHERE amount > 1e7);
+
+SELECT p.id, EXISTS (SELECT 1 FROM payments q WHERE q.card = p.card AND q.amount > 100) AS big FROM payments p ORDER BY p.id LIMIT 6;
+
+SELECT EXISTS (SELECT card FROM payments GROUP BY card HAVING count(*) > 3), EXISTS (SELECT max(amount) FROM payments WHERE amount < 0);

@@ -99,7 +99,11 @@ fn figure(e: &Expr) -> (Option<String>, u8) {
             Some(AccessExpr::Dot(Expr::Identifier(i))) => (Some(normalize_ident(i)), 2),
             _ => figure(root),
         },
-        Expr::Exists { .. } => named("exists"),
+        // `NOT EXISTS` is a NOT around it to PostgreSQL, and so has no name.
+        Expr::Exists { negated, .. } => match negated {
+            false => named("exists"),
+            true => (None, 0),
+        },
         // A scalar subquery is named after its one column.
         Expr::Subquery(q) => match q.body.as_ref() {
             SetExpr::Select(s) => match s.projection.first() {

@@ -447,6 +447,92 @@ impl Rewriter<'_> {
         })
     }
 
+    /// `[NOT] EXISTS (subquery)` in a select list, which DataFusion plans only as a filter,
+    /// as a scalar subquery that counts the rows. A plain SELECT keeps its FROM and WHERE
+    /// and counts instead of projecting, so a subquery correlated by equalities is
+    /// decorrelated as any scalar subquery is; any other (grouped, DISTINCT, LIMIT, set
+    /// operations, aggregates) is counted whole, from a derived table.
+    fn exists_as_count(&self, e: &mut Expr) {
+        match e {
+            Expr::Exists { subquery, negated } => {
+                let test = match negated {
+                    true => "count(*) = 0",
+                    false => "count(*) > 0",
+                };
+                if let Some(counted) = self.counted(subquery, test) {
+                    *e = Expr::Subquery(Box::new(counted));
+                }
+            }
+            Expr::Nested(inner)
+            | Expr::UnaryOp { expr: inner, .. }
+            | Expr::Cast { expr: inner, .. }
+            | Expr::IsNull(inner)
+            | Expr::IsNotNull(inner)
+            | Expr::IsTrue(inner)
+            | Expr::IsFalse(inner)
+            | Expr::IsNotTrue(inner)
+            | Expr::IsNotFalse(inner) => self.exists_as_count(inner),
+            Expr::BinaryOp { left, right, .. } => {
+                self.exists_as_count(left);
+                self.exists_as_count(right);
+            }
+            Expr::Case {
+                operand,
+                conditions,
+                else_result,
+                ..
+            } => {
+                for e in operand.iter_mut().chain(else_result.iter_mut()) {
+                    self.exists_as_count(e);
+                }
+                for when in conditions.iter_mut() {
+                    self.exists_as_count(&mut when.condition);
+                    self.exists_as_count(&mut when.result);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `subquery` as one row holding `test` of its row count (`exists_as_count`).
+    fn counted(&self, subquery: &Query, test: &str) -> Option<Query> {
+        let parse = |sql: &str| {
+            Parser::new(&PostgreSqlDialect {})
+                .try_with_sql(sql)
+                .and_then(|mut p| p.parse_query())
+                .ok()
+        };
+        let plain = |s: &Select| {
+            subquery.with.is_none()
+                && subquery.limit_clause.is_none()
+                && subquery.fetch.is_none()
+                && subquery.locks.is_empty()
+                && s.distinct.is_none()
+                && s.top.is_none()
+                && matches!(&s.group_by, ast::GroupByExpr::Expressions(by, modifiers)
+                    if by.is_empty() && modifiers.is_empty())
+                && s.having.is_none()
+                && s.named_window.is_empty()
+                && s.qualify.is_none()
+                && !self.aggregates(&s.projection)
+        };
+        match subquery.body.as_ref() {
+            SetExpr::Select(s) if plain(s) => {
+                let counting = parse(&format!("SELECT {test}"))?;
+                let SetExpr::Select(counting) = *counting.body else {
+                    return None;
+                };
+                let mut counted = subquery.clone();
+                counted.order_by = None;
+                if let SetExpr::Select(s) = counted.body.as_mut() {
+                    s.projection = counting.projection;
+                }
+                Some(counted)
+            }
+            _ => parse(&format!("SELECT {test} FROM ({subquery}) AS eddy_exists")).map(|q| *q),
+        }
+    }
+
     /// Whether any item calls an aggregate or window function (outside subqueries).
     fn aggregates(&self, items: &[SelectItem]) -> bool {
         let mut find = Find::Aggregate {
@@ -597,6 +683,11 @@ impl Rewriter<'_> {
 
     fn select(&self, select: &mut Select) {
         using_columns_first(select);
+        for item in select.projection.iter_mut() {
+            if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
+                self.exists_as_count(e);
+            }
+        }
         // A set-returning function in the select list gives one row per element.
         for item in select.projection.iter_mut() {
             if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
