@@ -683,15 +683,12 @@ impl Rewriter<'_> {
 
     fn select(&self, select: &mut Select) {
         using_columns_first(select);
-        for item in select.projection.iter_mut() {
-            if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
-                self.exists_as_count(e);
-            }
-        }
-        // A set-returning function in the select list gives one row per element.
+        // A set-returning function in the select list gives one row per element; EXISTS
+        // is a value there too.
         for item in select.projection.iter_mut() {
             if let SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } = item {
                 unnest_series(e);
+                self.exists_as_count(e);
             }
         }
         if self.returns_nothing(select) {
