@@ -468,8 +468,23 @@ fn parse_any_timestamp(text: &str) -> Option<i64> {
     if !rest.is_empty() {
         let end = rest.find(['Z', '+', '-']).unwrap_or(rest.len());
         let (clock, zone) = rest.split_at(end);
-        let mut cp = clock.trim().split(':');
+        // A 12-hour clock, as PostgreSQL reads one: `1:30 PM` is 13:30, `12:05 AM` 00:05.
+        let clock = clock.trim();
+        let (clock, pm) = match clock.len().checked_sub(2).and_then(|i| clock.get(i..)) {
+            Some(m) if m.eq_ignore_ascii_case("am") || m.eq_ignore_ascii_case("pm") => (
+                clock[..clock.len() - 2].trim_end(),
+                Some(m.eq_ignore_ascii_case("pm")),
+            ),
+            _ => (clock, None),
+        };
+        let mut cp = clock.split(':');
         h = cp.next()?.parse().ok()?;
+        if let Some(pm) = pm {
+            if !(1..=12).contains(&h) {
+                return None;
+            }
+            h = h % 12 + if pm { 12 } else { 0 };
+        }
         mi = cp.next()?.parse().ok()?;
         let sec = cp.next().unwrap_or("0");
         let (sw, sf) = sec.split_once('.').unwrap_or((sec, ""));
@@ -681,6 +696,20 @@ mod tests {
         assert_eq!(parse_timestamp("2026-02-29 00:00:00"), None);
         assert_eq!(parse_timestamp("2026-04-31"), None);
         assert!(parse_timestamp("2028-02-29 00:00:00").is_some());
+        // A 12-hour clock.
+        for (text, read) in [
+            ("2026-11-22 1:30 PM", "2026-11-22 13:30:00"),
+            ("2026-11-22 12:05:09 am", "2026-11-22 00:05:09"),
+            ("2026-11-22 12:00 PM", "2026-11-22 12:00:00"),
+            ("2026-11-22 11:59:59.5pm", "2026-11-22 23:59:59.5"),
+        ] {
+            assert_eq!(
+                parse_timestamp(text).map(format_timestamp).as_deref(),
+                Some(read)
+            );
+        }
+        assert_eq!(parse_timestamp("2026-11-22 13:30 PM"), None);
+        assert_eq!(parse_timestamp("2026-11-22 0:30 AM"), None);
         // A fraction is rounded to the microsecond; a short one is padded.
         assert_eq!(
             parse_timestamp("1970-01-01 00:00:00.1234567"),

@@ -190,3 +190,10 @@ SELECT date_trunc('day', timestamptz '2026-10-25 12:00:00+00'), extract(timezone
 SELECT timestamptz '2026-10-24 12:00:00+02' + interval '1 day', timestamptz '2026-10-24 12:00:00+02' + interval '24 hours';
 
 RESET TIME ZONE;
+
+-- Interval text with signed numbers and a bare day count before a clock part; a 12-hour clock in timestamp text.
+SELECT interval '-1 day +2 hours', interval '1 2:03:04', interval '+3 days', interval '1 day -2 hours';
+
+SELECT timestamp '2024-01-01 1:30 PM', '2024-01-01 12:05 AM'::timestamp, '2024-01-01 12:00:00 pm'::timestamp;
+
+SELECT '2024-01-01 13:30 PM'::timestamp;

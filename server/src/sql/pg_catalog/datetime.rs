@@ -676,13 +676,27 @@ pub(super) fn interval_units(text: &str) -> Option<String> {
         words.pop();
     }
     let clock = words.iter().any(|w| w.contains(':'));
-    if !(at || ago || clock) {
+    // A number may carry a plus sign (`-1 day +2 hours`), which DataFusion refuses.
+    let number = |w: &str| {
+        let w = w.strip_prefix(['+', '-']).unwrap_or(w);
+        !w.is_empty() && w.chars().all(|c| c.is_ascii_digit() || c == '.')
+    };
+    let plus = words.iter().any(|w| {
+        w.strip_prefix('+')
+            .is_some_and(|n| number(n) && !n.starts_with('-'))
+    });
+    if !(at || ago || clock || plus) {
         return None;
     }
     let mut parts: Vec<String> = Vec::new();
-    for w in words {
+    for (i, &w) in words.iter().enumerate() {
         if !w.contains(':') {
-            parts.push(w.to_string());
+            let w = w.strip_prefix('+').filter(|n| number(n)).unwrap_or(w);
+            // A bare number before the clock part is days (`1 2:03:04`).
+            match number(w) && words.get(i + 1).is_some_and(|next| next.contains(':')) {
+                true => parts.push(format!("{w} days")),
+                false => parts.push(w.to_string()),
+            }
             continue;
         }
         let (sign, body) = match w.strip_prefix('-') {
@@ -972,6 +986,13 @@ mod tests {
             "1 years 2 months 3 days 4 hours 5 minutes 6.5 seconds"
         );
         assert_eq!(units("@ 1 day -2 hours ago").unwrap(), "-1 day 2 hours");
+        assert_eq!(units("-1 day +2 hours").unwrap(), "-1 day 2 hours");
+        assert_eq!(units("+3 days").unwrap(), "3 days");
+        assert_eq!(
+            units("1 2:03:04").unwrap(),
+            "1 days 2 hours 03 minutes 04 seconds"
+        );
+        assert_eq!(units("1 day -2 hours"), None);
         assert_eq!(units("P1X"), None);
         assert_eq!(units("1:2:3:4"), None);
     }
