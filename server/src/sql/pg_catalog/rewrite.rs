@@ -494,6 +494,28 @@ impl Rewriter<'_> {
         }
     }
 
+    /// The SELECT of `query` if it has one row per row its FROM and WHERE give: no
+    /// grouping, aggregate, DISTINCT, LIMIT or set operation. Such a query's rows can be
+    /// tested where they come from, so that a correlated one stays decorrelatable.
+    fn plain<'q>(&self, query: &'q Query) -> Option<&'q Select> {
+        let SetExpr::Select(s) = query.body.as_ref() else {
+            return None;
+        };
+        let plain = query.with.is_none()
+            && query.limit_clause.is_none()
+            && query.fetch.is_none()
+            && query.locks.is_empty()
+            && s.distinct.is_none()
+            && s.top.is_none()
+            && matches!(&s.group_by, ast::GroupByExpr::Expressions(by, modifiers)
+                if by.is_empty() && modifiers.is_empty())
+            && s.having.is_none()
+            && s.named_window.is_empty()
+            && s.qualify.is_none()
+            && !self.aggregates(&s.projection);
+        plain.then_some(s.as_ref())
+    }
+
     /// `subquery` as one row holding `test` of its row count (`exists_as_count`).
     fn counted(&self, subquery: &Query, test: &str) -> Option<Query> {
         let parse = |sql: &str| {
@@ -502,22 +524,8 @@ impl Rewriter<'_> {
                 .and_then(|mut p| p.parse_query())
                 .ok()
         };
-        let plain = |s: &Select| {
-            subquery.with.is_none()
-                && subquery.limit_clause.is_none()
-                && subquery.fetch.is_none()
-                && subquery.locks.is_empty()
-                && s.distinct.is_none()
-                && s.top.is_none()
-                && matches!(&s.group_by, ast::GroupByExpr::Expressions(by, modifiers)
-                    if by.is_empty() && modifiers.is_empty())
-                && s.having.is_none()
-                && s.named_window.is_empty()
-                && s.qualify.is_none()
-                && !self.aggregates(&s.projection)
-        };
-        match subquery.body.as_ref() {
-            SetExpr::Select(s) if plain(s) => {
+        match self.plain(subquery) {
+            Some(_) => {
                 let counting = parse(&format!("SELECT {test}"))?;
                 let SetExpr::Select(counting) = *counting.body else {
                     return None;
@@ -530,6 +538,112 @@ impl Rewriter<'_> {
                 Some(counted)
             }
             _ => parse(&format!("SELECT {test} FROM ({subquery}) AS eddy_exists")).map(|q| *q),
+        }
+    }
+
+    /// `(a, b) IN (subquery)` in a WHERE clause, which DataFusion refuses (one column
+    /// only), as `EXISTS` of a row of the subquery equal to `(a, b)`, column by column:
+    /// tested in the subquery's own FROM and WHERE where it is `plain` (so a correlated
+    /// one stays correlated as EXISTS allows), else over its rows as a derived table.
+    /// Only where the WHERE reaches it through AND, OR and parentheses: there an unknown
+    /// (a NULL compared) filters the row out as false does, so the two agree; under NOT
+    /// they would not.
+    fn row_in_as_exists(&self, e: &mut Expr) {
+        match e {
+            Expr::Nested(inner) => return self.row_in_as_exists(inner),
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::And | BinaryOperator::Or,
+                right,
+            } => {
+                self.row_in_as_exists(left);
+                return self.row_in_as_exists(right);
+            }
+            _ => {}
+        }
+        let Expr::InSubquery {
+            expr,
+            subquery,
+            negated: false,
+        } = &*e
+        else {
+            return;
+        };
+        let Expr::Tuple(row) = expr.as_ref() else {
+            return;
+        };
+        let equal = |columns: Vec<String>| {
+            let pairs = row
+                .iter()
+                .zip(columns)
+                .map(|(v, c)| format!("({c}) = ({v})"));
+            pairs.collect::<Vec<_>>().join(" AND ")
+        };
+        // The row is compared inside the subquery's own FROM only when none of its names
+        // could be taken for the subquery's (`card` would mean the inner card there).
+        let captured = |s: &Select| {
+            let inner = inner_names(s);
+            row.iter().any(|v| {
+                ast::visit_expressions(v, |e| match e {
+                    Expr::Identifier(_) => ControlFlow::Break(()),
+                    Expr::CompoundIdentifier(p)
+                        if p.len() < 2 || inner.contains(&normalize_ident(&p[p.len() - 2])) =>
+                    {
+                        ControlFlow::Break(())
+                    }
+                    _ => ControlFlow::Continue(()),
+                })
+                .is_break()
+            })
+        };
+        // Over the subquery's rows as a derived table, a correlated subquery would lose
+        // its outer names: it keeps PostgreSQL's form, and DataFusion's error.
+        let correlated = match subquery.body.as_ref() {
+            SetExpr::Select(s) => s
+                .selection
+                .as_ref()
+                .is_some_and(|w| references_outer(w, &inner_names(s))),
+            _ => false,
+        };
+        let plain = self.plain(subquery).filter(|s| !captured(s)).and_then(|s| {
+            let columns: Option<Vec<String>> = s
+                .projection
+                .iter()
+                .map(|item| match item {
+                    SelectItem::UnnamedExpr(c) | SelectItem::ExprWithAlias { expr: c, .. } => {
+                        Some(c.to_string())
+                    }
+                    _ => None,
+                })
+                .collect();
+            let columns = columns.filter(|c| c.len() == row.len())?;
+            let from: Vec<String> = s.from.iter().map(|f| f.to_string()).collect();
+            let filter = match &s.selection {
+                Some(w) => format!("({w}) AND {}", equal(columns)),
+                None => equal(columns),
+            };
+            Some(format!(
+                "EXISTS (SELECT 1 FROM {} WHERE {filter})",
+                from.join(", ")
+            ))
+        });
+        if plain.is_none() && correlated {
+            return;
+        }
+        let sql = plain.unwrap_or_else(|| {
+            let names: Vec<String> = (1..=row.len()).map(|i| format!("eddy_c{i}")).collect();
+            let columns = names.iter().map(|n| format!("eddy_in.{n}")).collect();
+            format!(
+                "EXISTS (SELECT 1 FROM ({subquery}) AS eddy_in ({}) WHERE {})",
+                names.join(", "),
+                equal(columns)
+            )
+        });
+        if let Ok(exists) = Parser::new(&PostgreSqlDialect {})
+            .try_with_sql(&sql)
+            .and_then(|mut p| p.parse_expr())
+        {
+            *e = exists;
         }
     }
 
@@ -683,6 +797,9 @@ impl Rewriter<'_> {
 
     fn select(&self, select: &mut Select) {
         using_columns_first(select);
+        if let Some(w) = select.selection.as_mut() {
+            self.row_in_as_exists(w);
+        }
         // A set-returning function in the select list gives one row per element; EXISTS
         // is a value there too.
         for item in select.projection.iter_mut() {
