@@ -518,27 +518,18 @@ impl Rewriter<'_> {
 
     /// `subquery` as one row holding `test` of its row count (`exists_as_count`).
     fn counted(&self, subquery: &Query, test: &str) -> Option<Query> {
-        let parse = |sql: &str| {
-            Parser::new(&PostgreSqlDialect {})
-                .try_with_sql(sql)
-                .and_then(|mut p| p.parse_query())
-                .ok()
-        };
-        match self.plain(subquery) {
-            Some(_) => {
-                let counting = parse(&format!("SELECT {test}"))?;
-                let SetExpr::Select(counting) = *counting.body else {
-                    return None;
-                };
-                let mut counted = subquery.clone();
-                counted.order_by = None;
-                if let SetExpr::Select(s) = counted.body.as_mut() {
-                    s.projection = counting.projection;
-                }
-                Some(counted)
-            }
-            _ => parse(&format!("SELECT {test} FROM ({subquery}) AS eddy_exists")).map(|q| *q),
+        if self.plain(subquery).is_none() {
+            return parse_query(&format!("SELECT {test} FROM ({subquery}) AS eddy_exists")).ok();
         }
+        let SetExpr::Select(counting) = *parse_query(&format!("SELECT {test}")).ok()?.body else {
+            return None;
+        };
+        let mut counted = subquery.clone();
+        counted.order_by = None;
+        if let SetExpr::Select(s) = counted.body.as_mut() {
+            s.projection = counting.projection;
+        }
+        Some(counted)
     }
 
     /// `(a, b) IN (subquery)` in a WHERE clause, which DataFusion refuses (one column
@@ -639,10 +630,7 @@ impl Rewriter<'_> {
                 equal(columns)
             )
         });
-        if let Ok(exists) = Parser::new(&PostgreSqlDialect {})
-            .try_with_sql(&sql)
-            .and_then(|mut p| p.parse_expr())
-        {
+        if let Ok(exists) = parse_expr(&sql) {
             *e = exists;
         }
     }
