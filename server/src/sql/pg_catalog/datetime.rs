@@ -677,21 +677,18 @@ pub(super) fn interval_units(text: &str) -> Option<String> {
     }
     let clock = words.iter().any(|w| w.contains(':'));
     // A number may carry a plus sign (`-1 day +2 hours`), which DataFusion refuses.
-    let number = |w: &str| {
-        let w = w.strip_prefix(['+', '-']).unwrap_or(w);
-        !w.is_empty() && w.chars().all(|c| c.is_ascii_digit() || c == '.')
-    };
-    let plus = words.iter().any(|w| {
-        w.strip_prefix('+')
-            .is_some_and(|n| number(n) && !n.starts_with('-'))
-    });
+    let digits = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_digit() || c == '.');
+    let number = |w: &str| digits(w.strip_prefix(['+', '-']).unwrap_or(w));
+    let plus = words
+        .iter()
+        .any(|w| w.strip_prefix('+').is_some_and(digits));
     if !(at || ago || clock || plus) {
         return None;
     }
     let mut parts: Vec<String> = Vec::new();
     for (i, &w) in words.iter().enumerate() {
         if !w.contains(':') {
-            let w = w.strip_prefix('+').filter(|n| number(n)).unwrap_or(w);
+            let w = w.strip_prefix('+').filter(|n| digits(n)).unwrap_or(w);
             // A bare number before the clock part is days (`1 2:03:04`).
             match number(w) && words.get(i + 1).is_some_and(|next| next.contains(':')) {
                 true => parts.push(format!("{w} days")),

@@ -1111,33 +1111,29 @@ impl ScalarUDFImpl for Length {
         Ok(DataType::Int32)
     }
 
+    /// Bytes by Arrow's `length` kernel, characters by DataFusion's own `character_length`
+    /// (which reads only text here), both as int4.
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        use datafusion::arrow::array::{AsArray, Int32Array};
-        let scalar = matches!(args.args[0], ColumnarValue::Scalar(_));
-        let array = ColumnarValue::values_to_arrays(&args.args)?.remove(0);
-        let counted: Int32Array = match (array.data_type(), self.counts) {
-            (DataType::Binary | DataType::LargeBinary | DataType::BinaryView, _) => {
-                let bytes = datafusion::arrow::compute::cast(&array, &DataType::LargeBinary)?;
-                let bytes = bytes.as_binary::<i64>();
-                bytes.iter().map(|b| b.map(|b| b.len() as i32)).collect()
+        let bytea = matches!(
+            args.args[0].data_type(),
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+        );
+        let counted = match (bytea, self.counts) {
+            (false, Counts::Characters) => {
+                datafusion::functions::unicode::character_length().invoke_with_args(args)?
             }
-            (_, counts) => {
-                let text = datafusion::arrow::compute::cast(&array, &DataType::LargeUtf8)?;
-                let text = text.as_string::<i64>();
-                text.iter()
-                    .map(|s| {
-                        s.map(|s| match counts {
-                            Counts::Characters => s.chars().count() as i32,
-                            Counts::Bytes => s.len() as i32,
-                        })
-                    })
-                    .collect()
+            _ => {
+                let length = datafusion::arrow::compute::kernels::length::length;
+                match &args.args[0] {
+                    ColumnarValue::Array(a) => ColumnarValue::Array(length(a)?),
+                    ColumnarValue::Scalar(v) => ColumnarValue::Scalar(ScalarValue::try_from_array(
+                        &length(&v.to_array()?)?,
+                        0,
+                    )?),
+                }
             }
         };
-        Ok(match scalar {
-            true => ColumnarValue::Scalar(ScalarValue::try_from_array(&counted, 0)?),
-            false => ColumnarValue::Array(Arc::new(counted)),
-        })
+        counted.cast_to(&DataType::Int32, None)
     }
 }
 
