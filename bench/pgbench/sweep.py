@@ -13,6 +13,9 @@
     python3 sweep.py report POINTS.jsonl OUT_DIR [--floor FLOOR.json]
         sweep.json, sweep.md, and per synchronous_commit mode throughput_MODE.svg and
         p99_MODE.svg (both systems against the number of clients, log-2 x axis). With
+        several rounds per point (sweep.sh's ROUNDS), a system's point is its median round
+        by throughput, a ratio to PostgreSQL is the median of the rounds' ratios (each
+        round's runs are back to back), and the table gives each throughput's range. With
         --floor (the output of bench's `floor`, run at the sweep's start), its loopback
         echoes too, plain and durable, as context: the floor each target is read against
         is pgfloor's point, measured right after PostgreSQL's.
@@ -118,6 +121,7 @@ def point(args):
         "threads": min(args.clients, 2),
         "seconds": args.seconds,
         "cards": args.cards,
+        "round": args.round,
         "transactions": processed,
         "tps": round(tps, 1),
         "p50_ms": ms(0.5),
@@ -136,7 +140,8 @@ def point(args):
     print(json.dumps(result))
     print(
         f"{NAMES[args.system]:<13} synchronous_commit={args.mode:<3} clients={args.clients:<4} "
-        f"{tps:10.1f} tps  p50 {fmt(result['p50_ms'])} ms  p99 {fmt(result['p99_ms'])} ms  "
+        + (f"round {args.round}  " if args.round > 1 else "")
+        + f"{tps:10.1f} tps  p50 {fmt(result['p50_ms'])} ms  p99 {fmt(result['p99_ms'])} ms  "
         f"p99.9 {fmt(result['p999_ms'])} ms  failed {failed + aborted}  "
         f"cpu {cpu_s:.2f} s ({fmt(result['cpu_us_per_event'])} us/event)  "
         f"SHOW synchronous_commit: {args.seen}"
@@ -172,11 +177,30 @@ def report(args):
         json.dump(doc, f, indent=2)
         f.write("\n")
 
+    def rounds_of(system, mode, n):
+        return [p for p in points if (p["system"], p["synchronous_commit"], p["clients"]) == (system, mode, n)]
+
     def at(system, mode, n):
-        return next(
-            (p for p in points if (p["system"], p["synchronous_commit"], p["clients"]) == (system, mode, n)),
-            None,
-        )
+        """The system's median round at the point (the lower one of an even count)."""
+        runs = sorted(rounds_of(system, mode, n), key=lambda p: p["tps"])
+        return runs[(len(runs) - 1) // 2] if runs else None
+
+    def over_pg(system, mode, n):
+        """The median over the rounds of the system's throughput over PostgreSQL's."""
+        pg = {p.get("round", 1): p["tps"] for p in rounds_of("postgres", mode, n)}
+        ratios = sorted(p["tps"] / pg[r] for p in rounds_of(system, mode, n)
+                        if pg.get(r := p.get("round", 1)))
+        return ratios[(len(ratios) - 1) // 2] if ratios else None
+
+    def tps_cell(system, mode, n):
+        p = at(system, mode, n)
+        if not p:
+            return "-"
+        runs = [q["tps"] for q in rounds_of(system, mode, n)]
+        spread = f" ({fmt(min(runs), 6)}–{fmt(max(runs), 6)})" if len(runs) > 1 else ""
+        return fmt(p["tps"], 6) + spread
+
+    rounds = max((p.get("round", 1) for p in points), default=1)
 
     def get(p, key, digits=3):
         return fmt(p[key], digits) if p and p[key] is not None else "-"
@@ -187,7 +211,10 @@ def report(args):
         f"{doc['date']}, {doc['nproc']} cores, {doc['seconds']} s per point, {doc['cards']} cards; "
         "one event per transaction (pgbench -M prepared, -j min(clients, 2)). "
         "Latency per transaction from pgbench's logs; CPU is the server's (all of PostgreSQL's "
-        "processes) per event. Commands in sweep.json.",
+        "processes) per event. Commands in sweep.json."
+        + (f" {rounds} rounds per point, each running the systems back to back: a system's "
+           "figures are its median round's (by throughput, with the range of its rounds), and "
+           "a ratio is the median of the rounds' ratios." if rounds > 1 else ""),
     ]
     for mode in modes:
         md += [
@@ -200,25 +227,27 @@ def report(args):
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for n in clients:
-            pg, ed, fl = at("postgres", mode, n), at("eddy", mode, n), at("floor", mode, n)
+            pg, ed = at("postgres", mode, n), at("eddy", mode, n)
 
-            def over_pg(p):
-                return f"{p['tps'] / pg['tps']:.2f}" if pg and p and pg["tps"] else "-"
+            def ratio(system):
+                r = over_pg(system, mode, n)
+                return f"{r:.2f}" if r is not None else "-"
 
-            def fails(p):
-                return str(p["failed"] + p["aborted_clients"]) if p else "-"
+            def fails(system):
+                runs = rounds_of(system, mode, n)
+                return str(sum(p["failed"] + p["aborted_clients"] for p in runs)) if runs else "-"
 
             md.append(
-                f"| {n} | {get(pg, 'tps', 6)} | {get(ed, 'tps', 6)} | {over_pg(ed)} "
-                f"| {get(fl, 'tps', 6)} | {over_pg(fl)} "
+                f"| {n} | {tps_cell('postgres', mode, n)} | {tps_cell('eddy', mode, n)} | {ratio('eddy')} "
+                f"| {tps_cell('floor', mode, n)} | {ratio('floor')} "
                 f"| {get(pg, 'p99_ms')} / {get(ed, 'p99_ms')} | {get(pg, 'p999_ms')} / {get(ed, 'p999_ms')} "
-                f"| {get(pg, 'cpu_us_per_event')} / {get(ed, 'cpu_us_per_event')} | {fails(pg)} / {fails(ed)} |"
+                f"| {get(pg, 'cpu_us_per_event')} / {get(ed, 'cpu_us_per_event')} | {fails('postgres')} / {fails('eddy')} |"
             )
         seen = {
             NAMES[s]: sorted({p["synchronous_commit_seen"] for p in points if p["system"] == s and p["synchronous_commit"] == mode})
             for s in ("postgres", "eddy")
         }
-        md += target_lines(mode, clients, at)
+        md += target_lines(mode, clients, at, over_pg)
         md += ["", "`SHOW synchronous_commit` under the same PGOPTIONS after each run: "
                + "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items() if v) + "."]
         for key, name, title, unit, log in (
@@ -226,8 +255,8 @@ def report(args):
             ("p99_ms", "p99", "p99 latency per transaction", "milliseconds (log scale)", True),
         ):
             series = [
-                (NAMES[s], COLORS[s], [(p["clients"], p[key]) for p in points
-                                       if p["system"] == s and p["synchronous_commit"] == mode and p[key]])
+                (NAMES[s], COLORS[s], [(n, p[key]) for n in clients
+                                       if (p := at(s, mode, n)) and p[key]])
                 for s in ("postgres", "eddy", "floor")
             ]
             svg = plot(
@@ -252,20 +281,19 @@ def met(ok):
     return "**met**" if ok else "**not met**"
 
 
-def target_lines(mode, clients, at):
+def target_lines(mode, clients, at, over_pg):
     """Every target of the mode, met or not in this run. A ratio target is also read
     against the floor of the same run when there is one: a target past floor/PG is beyond
     what any server scores here with pgbench."""
     md = []
     for n in clients:
         want = TARGET_DURABLE if mode == "on" else TARGETS_OFF.get(n)
-        pg, ed, fl = at("postgres", mode, n), at("eddy", mode, n), at("floor", mode, n)
-        if not want or not pg or not pg["tps"] or not ed:
+        ratio = over_pg("eddy", mode, n)
+        if not want or ratio is None:
             continue
-        ratio = ed["tps"] / pg["tps"]
         line = f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {ratio:.2f}×: {met(ratio >= want)}"
-        if fl and fl["tps"]:
-            ceiling = fl["tps"] / pg["tps"]
+        ceiling = over_pg("floor", mode, n)
+        if ceiling is not None:
             verdict = "within the floor" if ceiling >= want else "beyond the floor: no server reaches it here"
             line += f" (floor {ceiling:.2f}×: {verdict})"
         md.append(line)
@@ -394,6 +422,7 @@ def main():
         p.add_argument("--" + name, type=int, required=True)
     for name in ("cpu0", "cpu1"):
         p.add_argument("--" + name, type=float, required=True)
+    p.add_argument("--round", type=int, default=1)
     p.add_argument("logs", nargs="*")
     r = sub.add_parser("report")
     r.add_argument("points")

@@ -27,7 +27,10 @@
 #
 # Nothing is built: the Eddy binary is ${EDDY_BIN:-$CARGO_TARGET_DIR/release/eddy}
 # (CARGO_TARGET_DIR defaults to ~/.cache/eddy-target). SYSTEMS="postgres" (or "eddy")
-# runs one side only (default "eddy postgres"); MODES="on" (or "off") one synchronous_commit. PostgreSQL is Debian's postgresql-15
+# runs one side only (default "eddy postgres"); MODES="on" (or "off") one synchronous_commit.
+# ROUNDS=N (default 1) runs each point N times, the systems back to back in each round, and
+# reports each system's median round and the median of the rounds' ratios (this machine's
+# throughput moves by a third from one minute to the next). PostgreSQL is Debian's postgresql-15
 # (installed if missing), a throwaway cluster in a temporary directory with
 # max_connections=300; Eddy's default max_connections is 500. Both listen on loopback only
 # and are stopped by PID at the end. Per point it prints throughput, latency percentiles
@@ -52,6 +55,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 seconds=${1:-10}
 clients_list=${2:-1 4 16 64 256}
+rounds=${ROUNDS:-1}
 cards=${3:-100000}
 out=$(realpath -m "${4:-$root/bench/results/sweep}")
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/eddy-target}"
@@ -179,9 +183,9 @@ fi
 points="$work/points.jsonl"
 : >"$points"
 run=0
-# One pgbench run: SYSTEM MODE CLIENTS. Appends the point to $points and prints it.
+# One pgbench run: SYSTEM MODE CLIENTS ROUND. Appends the point to $points and prints it.
 point() {
-  local system=$1 mode=$2 n=$3 port user pid
+  local system=$1 mode=$2 n=$3 round=$4 port user pid
   local script=$system
   case $system in
     eddy) port=$eport user=eddy pid=$eddy_pid ;;
@@ -190,7 +194,7 @@ point() {
       script=eddy user=floor
       if [ "$mode" = on ]; then port=$fport_on pid=${floor_pids[1]}; else port=$fport_off pid=${floor_pids[0]}; fi ;;
   esac
-  local j=$((n < 2 ? n : 2)) tag="${system}_${mode}_$n" rc=0
+  local j=$((n < 2 ? n : 2)) tag="${system}_${mode}_${n}_r$round" rc=0
   run=$((run + 1))
   local cmd=(pgbench -n -M prepared -T "$seconds" -c "$n" -j "$j" --log "--log-prefix=$logs/$tag"
     -D "base=$((run * 1000000000000))" -D seq=0 -D "cards=$cards" -D "ts=$(date -u '+%Y-%m-%d %H:%M:%S')"
@@ -203,7 +207,7 @@ point() {
   read -r cpu1 _ < <(python3 "$py" cpu "$pid" "$children")
   seen=$(PGOPTIONS="-c synchronous_commit=$mode" psql -X -h 127.0.0.1 -p "$port" -U "$user" -d "$user" \
     -Atc 'SHOW synchronous_commit' 2>&1 | tr '\n' ' ' | sed 's/ $//') || true
-  python3 "$py" point --system "$system" --mode "$mode" --clients "$n" --seconds "$seconds" \
+  python3 "$py" point --system "$system" --mode "$mode" --clients "$n" --round "$round" --seconds "$seconds" \
     --cards "$cards" --rc "$rc" --cpu0 "$cpu0" --cpu1 "$cpu1" --seen="$seen" \
     --pgbench-out "$out/runs/$tag.txt" --command="${command% }" \
     "$logs/$tag".* >>"$points"
@@ -212,10 +216,12 @@ point() {
 
 for mode in ${MODES:-off on}; do
   for n in $clients_list; do
-    for system in eddy postgres floor; do
-      # The durable floor has no group commit: it bounds one client only.
-      if [ "$system" = floor ] && [ "$mode" = on ] && [ "$n" != 1 ]; then continue; fi
-      if [[ " $systems " == *" $system "* ]]; then point "$system" "$mode" "$n"; fi
+    for round in $(seq 1 "$rounds"); do
+      for system in eddy postgres floor; do
+        # The durable floor has no group commit: it bounds one client only.
+        if [ "$system" = floor ] && [ "$mode" = on ] && [ "$n" != 1 ]; then continue; fi
+        if [[ " $systems " == *" $system "* ]]; then point "$system" "$mode" "$n" "$round"; fi
+      done
     done
   done
 done
