@@ -186,11 +186,10 @@ def report(args):
         return runs[(len(runs) - 1) // 2] if runs else None
 
     def over_pg(system, mode, n):
-        """The median over the rounds of the system's throughput over PostgreSQL's."""
+        """The system's throughput over PostgreSQL's in each round, sorted."""
         pg = {p.get("round", 1): p["tps"] for p in rounds_of("postgres", mode, n)}
-        ratios = sorted(p["tps"] / pg[r] for p in rounds_of(system, mode, n)
-                        if pg.get(r := p.get("round", 1)))
-        return ratios[(len(ratios) - 1) // 2] if ratios else None
+        return sorted(p["tps"] / pg[r] for p in rounds_of(system, mode, n)
+                      if pg.get(r := p.get("round", 1)))
 
     def tps_cell(system, mode, n):
         p = at(system, mode, n)
@@ -230,8 +229,8 @@ def report(args):
             pg, ed = at("postgres", mode, n), at("eddy", mode, n)
 
             def ratio(system):
-                r = over_pg(system, mode, n)
-                return f"{r:.2f}" if r is not None else "-"
+                r = median(over_pg(system, mode, n))
+                return hundredths(r) if r is not None else "-"
 
             def fails(system):
                 runs = rounds_of(system, mode, n)
@@ -281,6 +280,17 @@ def met(ok):
     return "**met**" if ok else "**not met**"
 
 
+def median(sorted_values):
+    """The middle value (the lower one of an even count), or None."""
+    return sorted_values[(len(sorted_values) - 1) // 2] if sorted_values else None
+
+
+def hundredths(ratio):
+    """A ratio cut (not rounded) to two decimals: 1.498 shows as 1.49, never as a 1.50 that
+    misses a 1.5 target."""
+    return f"{math.floor(ratio * 100) / 100:.2f}"
+
+
 def target_lines(mode, clients, at, over_pg):
     """Every target of the mode, met or not in this run. A ratio target is also read
     against the floor of the same run when there is one: a target past floor/PG is beyond
@@ -288,20 +298,24 @@ def target_lines(mode, clients, at, over_pg):
     md = []
     for n in clients:
         want = TARGET_DURABLE if mode == "on" else TARGETS_OFF.get(n)
-        ratio = over_pg("eddy", mode, n)
+        ratios = over_pg("eddy", mode, n)
+        ratio = median(ratios)
         if not want or ratio is None:
             continue
-        line = f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {ratio:.2f}×: {met(ratio >= want)}"
-        ceiling = over_pg("floor", mode, n)
+        line = f"- {n} client{'s' if n > 1 else ''}: target {want}× PostgreSQL, Eddy {hundredths(ratio)}×"
+        if len(ratios) > 1:
+            line += f" (rounds {', '.join(hundredths(r) for r in ratios)})"
+        line += f": {met(ratio >= want)}"
+        ceiling = median(over_pg("floor", mode, n))
         if ceiling is not None:
             verdict = "within the floor" if ceiling >= want else "beyond the floor: no server reaches it here"
-            line += f" (floor {ceiling:.2f}×: {verdict})"
+            line += f" (floor {hundredths(ceiling)}×: {verdict})"
         md.append(line)
     eddy = [(n, at("eddy", mode, n)) for n in sorted(clients)]
     eddy = [(n, p) for n, p in eddy if p and p["tps"]]
     for (a, pa), (b, pb) in zip(eddy, eddy[1:]):
         step = pb["tps"] / pa["tps"]
-        md.append(f"- {a} → {b} clients: Eddy keeps {step:.2f}× of its throughput "
+        md.append(f"- {a} → {b} clients: Eddy keeps {hundredths(step)}× of its throughput "
                   f"(target ≥ {TARGET_STEP}): {met(step >= TARGET_STEP)}")
     for (m, n), limit in TARGET_P999_MS.items():
         ed = at("eddy", mode, n)
