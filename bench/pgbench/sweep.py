@@ -181,9 +181,8 @@ def report(args):
         return [p for p in points if (p["system"], p["synchronous_commit"], p["clients"]) == (system, mode, n)]
 
     def at(system, mode, n):
-        """The system's median round at the point (the lower one of an even count)."""
-        runs = sorted(rounds_of(system, mode, n), key=lambda p: p["tps"])
-        return runs[(len(runs) - 1) // 2] if runs else None
+        """The system's median round at the point, by throughput."""
+        return median(sorted(rounds_of(system, mode, n), key=lambda p: p["tps"]))
 
     def over_pg(system, mode, n):
         """The system's throughput over PostgreSQL's in each round, sorted."""
@@ -281,7 +280,7 @@ def met(ok):
 
 
 def median(sorted_values):
-    """The middle value (the lower one of an even count), or None."""
+    """The middle one of sorted values (the lower of an even count), or None."""
     return sorted_values[(len(sorted_values) - 1) // 2] if sorted_values else None
 
 
