@@ -218,14 +218,15 @@ fn consumer(a: &Args, topic: &str, partitions: i32) -> anyhow::Result<BaseConsum
     Ok(consumer)
 }
 
-/// A producer with the settings of Eddy's statement and reply producers
-/// (`KafkaConfig::statement_producer`).
+/// A producer with the settings of Eddy's reply producer (`KafkaConfig::statement_producer`,
+/// reporting failed deliveries only): nothing here reads a successful delivery's report.
 fn producer(a: &Args) -> anyhow::Result<ThreadedProducer<DefaultProducerContext>> {
     Ok(client(a)
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("linger.ms", "0")
         .set("max.in.flight.requests.per.connection", "1")
+        .set("delivery.report.only.error", "true")
         .create()?)
 }
 
