@@ -20,10 +20,11 @@ test:
 # rounds per point, by default 3, compared by their medians), and the
 # unavailability per fault kind (bench/nemesis.sh; NEMESIS_ARGS="RUNS SECONDS OUT_FILE"),
 # and the end-to-end latency through Kafka beside the bare Kafka round trip
-# (bench/kafka-latency.sh; KAFKA_LATENCY_ARGS, by default 5 k, 25 k and 50 k events/s), and
+# (bench/kafka-latency.sh; KAFKA_LATENCY_ARGS, by default 5 k, 25 k and 50 k events/s, three
+# alternated rounds each), and
 # a Kafka-mode node's rate against the embedded log's for the same clients
 # (bench/kafka-rate.sh; KAFKA_RATE_ARGS="SECONDS CLIENTS_LIST COPY_ROWS").
-KAFKA_LATENCY_ARGS ?= --rates 5000,25000,50000 --seconds 20
+KAFKA_LATENCY_ARGS ?= --rates 5000,25000,50000 --seconds 20 --rounds 3
 SWEEP_ROUNDS ?= 3
 bench:
 	storage/rocksdb/build-lib

@@ -9,11 +9,13 @@
 //! Before Eddy, each rate runs the bare Kafka round trip: the same events to a topic of
 //! its own, answered at once by an echo in this process. Its latency is the floor of
 //! Eddy's, and each line gives Eddy's p99.9 as a multiple of that floor's in the same run.
+//! With `--rounds N`, each rate runs N times, the bare round trip and Eddy in turn, and a
+//! last table gives each rate's ratio by round and their median.
 //!
 //! Usage (a broker and an `eddy serve --kafka` running; `bench/kafka-latency.sh` starts
 //! both):
 //!   cargo run --release -p eddy-bench --bin kafka_latency -- \
-//!     --kafka 127.0.0.1:9092 --pg 127.0.0.1:5433 --rates 5000,20000,50000 --seconds 20
+//!     --kafka 127.0.0.1:9092 --pg 127.0.0.1:5433 --rates 5000,20000,50000 --seconds 20 [--rounds 3]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +45,9 @@ struct Args {
     pg: String,
     cluster: String,
     rates: Vec<u64>,
+    /// Runs of each rate, the bare round trip and Eddy in turn each time: one run's
+    /// p99.9 is a few hundred events, and a stall of the machine moves it.
+    rounds: usize,
     seconds: u64,
     warmup_seconds: u64,
     /// Seconds of one unmeasured run at the first rate before the measured ones: a fresh
@@ -58,6 +63,7 @@ fn args() -> anyhow::Result<Args> {
         pg: "127.0.0.1:5433".into(),
         cluster: "eddy".into(),
         rates: vec![5_000, 20_000, 50_000],
+        rounds: 1,
         seconds: 20,
         warmup_seconds: 3,
         prewarm_seconds: 0,
@@ -76,6 +82,7 @@ fn args() -> anyhow::Result<Args> {
                     .map(|r| r.trim().parse())
                     .collect::<Result<_, _>>()?
             }
+            "--rounds" => a.rounds = value()?.parse::<usize>()?.max(1),
             "--seconds" => a.seconds = value()?.parse()?,
             "--warmup" => a.warmup_seconds = value()?.parse()?,
             "--prewarm" => a.prewarm_seconds = value()?.parse()?,
@@ -106,18 +113,41 @@ async fn main() -> anyhow::Result<()> {
             warmup_seconds: seconds,
             timeline: false,
         };
-        run(&pg, &a, &prewarm, a.rates.len(), rate).await?;
+        run(&pg, &a, &prewarm, 0, rate).await?;
     }
-    println!("rate_per_s,path,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors,p99_9_vs_kafka");
+    println!(
+        "rate_per_s,round,path,events,answered,p50_ms,p99_ms,p99_9_ms,max_ms,errors,p99_9_vs_kafka"
+    );
     let measured = Phase {
         seconds: a.seconds,
         warmup_seconds: a.warmup_seconds,
         timeline: a.timeline,
     };
+    let mut ratios = Vec::new();
     for (n, &rate) in a.rates.iter().enumerate() {
-        let (kafka, eddy) = run(&pg, &a, &measured, n, rate).await?;
-        println!("{}", kafka.line("kafka", &kafka));
-        println!("{}", eddy.line("eddy", &kafka));
+        let mut each = Vec::new();
+        for round in 1..=a.rounds {
+            let (kafka, eddy) = run(&pg, &a, &measured, n * a.rounds + round, rate).await?;
+            println!("{}", kafka.line(round, "kafka", &kafka));
+            println!("{}", eddy.line(round, "eddy", &kafka));
+            each.push(eddy.ms[2] / kafka.ms[2]);
+        }
+        ratios.push((rate, each));
+    }
+    if a.rounds > 1 {
+        // Each round's ratio compares two runs a few seconds apart; their median is the
+        // reading least moved by the machine's stalls.
+        println!();
+        println!("rate_per_s,rounds,p99_9_vs_kafka_median,p99_9_vs_kafka_by_round");
+        for (rate, each) in ratios {
+            let by_round: Vec<String> = each.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "{rate},{},{:.2},{}",
+                each.len(),
+                median(&each),
+                by_round.join(" ")
+            );
+        }
     }
     Ok(())
 }
@@ -277,16 +307,28 @@ struct Latency {
 
 impl Latency {
     /// The CSV line, with p99.9 as a multiple of the bare round trip's in `kafka`.
-    fn line(&self, path: &str, kafka: &Latency) -> String {
+    fn line(&self, round: usize, path: &str, kafka: &Latency) -> String {
         let [p50, p99, p999, max] = self.ms;
         format!(
-            "{},{path},{},{},{p50:.2},{p99:.2},{p999:.2},{max:.2},{},{:.2}",
+            "{},{round},{path},{},{},{p50:.2},{p99:.2},{p999:.2},{max:.2},{},{:.2}",
             self.rate,
             self.events,
             self.answered,
             self.errors,
             p999 / kafka.ms[2]
         )
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
     }
 }
 
