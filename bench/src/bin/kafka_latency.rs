@@ -15,7 +15,8 @@
 //! Usage (a broker and an `eddy serve --kafka` running; `bench/kafka-latency.sh` starts
 //! both):
 //!   cargo run --release -p eddy-bench --bin kafka_latency -- \
-//!     --kafka 127.0.0.1:9092 --pg 127.0.0.1:5433 --rates 5000,20000,50000 --seconds 20 [--rounds 3]
+//!     --kafka 127.0.0.1:9092 --pg 127.0.0.1:5433 --rates 5000,20000,50000 --seconds 20 \
+//!     --rounds 3
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
