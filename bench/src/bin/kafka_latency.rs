@@ -131,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
             let (kafka, eddy) = run(&pg, &a, &measured, n * a.rounds + round, rate).await?;
             println!("{}", kafka.line(round, "kafka", &kafka));
             println!("{}", eddy.line(round, "eddy", &kafka));
-            each.push(eddy.ms[2] / kafka.ms[2]);
+            each.push(eddy.p999_over(&kafka));
         }
         ratios.push((rate, each));
     }
@@ -307,7 +307,12 @@ struct Latency {
 }
 
 impl Latency {
-    /// The CSV line, with p99.9 as a multiple of the bare round trip's in `kafka`.
+    /// This p99.9 as a multiple of the bare round trip's in `kafka`.
+    fn p999_over(&self, kafka: &Latency) -> f64 {
+        self.ms[2] / kafka.ms[2]
+    }
+
+    /// The CSV line, with `p999_over` the bare round trip's in `kafka`.
     fn line(&self, round: usize, path: &str, kafka: &Latency) -> String {
         let [p50, p99, p999, max] = self.ms;
         format!(
@@ -316,7 +321,7 @@ impl Latency {
             self.events,
             self.answered,
             self.errors,
-            p999 / kafka.ms[2]
+            self.p999_over(kafka)
         )
     }
 }
