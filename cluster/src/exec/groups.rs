@@ -866,8 +866,8 @@ mod tests {
         assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
         let row = [Value::Int(7), Value::Text("a".into()), Value::Null];
         let mut recent = Recent::default();
-        recent.insert(10, 1, &row, 2);
-        recent.insert(12, 5, &row, 2);
+        recent.push(10, 1, &row, 2, &mut Default::default());
+        recent.push(12, 5, &row, 2, &mut Default::default());
         s.recent = Some(Box::new(recent));
         assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
         let mut main = Vec::new();

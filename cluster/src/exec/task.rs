@@ -38,6 +38,7 @@ use crate::exec::groups::{Backing, CacheConfig, CacheStats, GroupState, GroupTab
 use crate::exec::history::HistoryPage;
 use crate::exec::key::{pack, unpack, Hashed, KeyRef};
 use crate::exec::passes::Passes;
+use crate::exec::recent::{HeldRow, Pushed};
 use crate::exec::watch::{Change, WatchId, WatchTarget, Watcher};
 
 /// A task's checkpoint record as the task was when it was taken, encoded off the event
@@ -1917,18 +1918,19 @@ fn enter_group(g: &mut GroupExec, key: Hashed<'_>, e: &Event, epoch: i64, keep: 
     }
     if let Some(n) = keep {
         let recent = state.recent.get_or_insert_with(Default::default);
-        if !recent.insert(e.ts, e.seq, &e.row, n) {
-            return;
-        }
-        if recent.len() > n {
-            let old = recent.pop_front().expect("over its size");
-            state.count -= 1;
-            for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
-                // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
-                s.remove(
-                    a.func,
-                    a.arg.and_then(|c| old.get(c)).unwrap_or(&Value::Null),
-                );
+        let mut old = HeldRow::new();
+        match recent.push(e.ts, e.seq, &e.row, n, &mut old) {
+            Pushed::Refused => return,
+            Pushed::Placed => {}
+            Pushed::Displaced => {
+                state.count -= 1;
+                for (a, s) in g.aggs.iter().zip(state.states.iter_mut()) {
+                    // A row kept from before ALTER STREAM … ADD COLUMN is shorter.
+                    s.remove(
+                        a.func,
+                        a.arg.and_then(|c| old.get(c)).unwrap_or(&Value::Null),
+                    );
+                }
             }
         }
     }
