@@ -132,7 +132,18 @@ impl GroupState {
         out.into_boxed_slice()
     }
 
-    fn unpack(bytes: &[u8]) -> Option<GroupState> {
+    /// A copy, with the held events only if `held`.
+    fn copy(&self, held: bool) -> GroupState {
+        GroupState {
+            count: self.count,
+            epoch: self.epoch,
+            recent: if held { self.recent.clone() } else { None },
+            states: self.states.clone(),
+        }
+    }
+
+    /// What `pack` wrote; with the held events only if `held`.
+    fn unpack(bytes: &[u8], held: bool) -> Option<GroupState> {
         let mut r = Reader(bytes);
         let count = r.i64()?;
         let epoch = r.i64()?;
@@ -142,7 +153,7 @@ impl GroupState {
             let len = r.u32()? as usize;
             states.push(AggState::decode(r.take(len)?)?);
         }
-        let recent = decode_recent(&mut r)?;
+        let recent = if held { decode_recent(&mut r)? } else { None };
         Some(GroupState {
             count,
             epoch,
@@ -151,9 +162,10 @@ impl GroupState {
         })
     }
 
-    /// A group's Aggregates value, with a placeholder in each auxiliary slot; returns
-    /// those slots too, for the caller to fill from the auxiliary family.
-    fn decode(bytes: &[u8]) -> Option<(GroupState, Vec<AuxSlot>)> {
+    /// A group's Aggregates value, with a placeholder in each auxiliary slot, and its
+    /// held events only if `held`; returns the auxiliary slots too, for the caller to
+    /// fill from the auxiliary family.
+    fn decode(bytes: &[u8], held: bool) -> Option<(GroupState, Vec<AuxSlot>)> {
         let mut r = Reader(bytes);
         let count = r.i64()?;
         let epoch = r.i64()?;
@@ -170,7 +182,7 @@ impl GroupState {
                 states.push(AggState::decode(bytes)?);
             }
         }
-        let recent = decode_recent(&mut r)?;
+        let recent = if held { decode_recent(&mut r)? } else { None };
         Some((
             GroupState {
                 count,
@@ -486,7 +498,7 @@ impl GroupTable {
                 return None;
             }
         };
-        let Some((mut state, aux)) = GroupState::decode(&bytes) else {
+        let Some((mut state, aux)) = GroupState::decode(&bytes, true) else {
             self.fail(format!(
                 "the state store holds an unreadable group state under key {k:02x?}"
             ));
@@ -529,7 +541,7 @@ impl GroupTable {
         }
         let (h, l2) = (key.hash, self.l2.remove(key));
         let key = key.key.to_packed();
-        let state = match l2.and_then(|b| GroupState::unpack(&b)) {
+        let state = match l2.and_then(|b| GroupState::unpack(&b, true)) {
             Some(s) => {
                 self.stats.l2_hits += 1;
                 Some(s)
@@ -643,19 +655,37 @@ impl GroupTable {
         }
     }
 
-    /// Every group with a state, in no particular order.
-    pub fn entries(&mut self) -> Vec<(Vec<u8>, GroupState)> {
-        let Some(b) = self.backing.clone() else {
-            return self
-                .l1
-                .iter()
-                .filter_map(|(k, s)| Some((k.as_bytes().to_vec(), s.state.clone()?)))
-                .collect();
+    /// Every group with a state, in no particular order, with its held events (a count
+    /// window's, `GroupState::recent`) only if `held`: a read of the aggregates leaves
+    /// them out, and they are most of such a state's bytes. While every stored state is
+    /// in L1 or L2 as well (`complete`), the store is not read.
+    pub fn entries(&mut self, held: bool) -> Vec<(Vec<u8>, GroupState)> {
+        let cached = |l1: &SplitMap<Slot>| -> Vec<(Vec<u8>, GroupState)> {
+            l1.iter()
+                .filter_map(|(k, s)| Some((k.as_bytes().to_vec(), s.state.as_ref()?.copy(held))))
+                .collect()
         };
+        let Some(b) = self.backing.clone() else {
+            return cached(&self.l1);
+        };
+        if self.complete {
+            let mut all = cached(&self.l1);
+            let mut unreadable = false;
+            for (k, packed) in self.l2.iter() {
+                match GroupState::unpack(packed, held) {
+                    Some(s) => all.push((k.as_bytes().to_vec(), s)),
+                    None => unreadable = true,
+                }
+            }
+            if unreadable {
+                self.fail("the write-through layer holds an unreadable group state");
+            }
+            return all;
+        }
         self.write_pending();
         let mut all: HashMap<Vec<u8>, (GroupState, Vec<AuxSlot>)> = HashMap::new();
         for (k, v) in self.scan(&b, Family::Aggregates) {
-            match GroupState::decode(&v) {
+            match GroupState::decode(&v, held) {
                 Some(s) => {
                     all.insert(k[b.prefix.len()..].to_vec(), s);
                 }
@@ -691,7 +721,7 @@ impl GroupTable {
         for (k, slot) in self.l1.iter() {
             match &slot.state {
                 Some(s) => {
-                    all.insert(k.as_bytes().to_vec(), s.clone());
+                    all.insert(k.as_bytes().to_vec(), s.copy(held));
                 }
                 None => {
                     all.remove(k.as_bytes());
@@ -718,7 +748,7 @@ impl GroupTable {
         }
         // After the flush the store holds every state and every deletion.
         self.flush();
-        let entries = self.entries();
+        let entries = self.entries(true);
         self.l1.clear();
         self.stored.clear();
         self.l2.clear();
@@ -735,7 +765,7 @@ impl GroupTable {
     pub fn clear(&mut self) {
         if self.backing.is_some() {
             self.flush();
-            for (k, s) in self.entries() {
+            for (k, s) in self.entries(false) {
                 self.queue_write(&k, None, &aux_slots(&s));
             }
             self.write_pending();
@@ -863,27 +893,36 @@ mod tests {
     #[test]
     fn recent_events_round_trip() {
         let mut s = fresh();
-        assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
+        assert_eq!(GroupState::unpack(&s.pack(), true), Some(s.clone()));
         let row = [Value::Int(7), Value::Text("a".into()), Value::Null];
         let mut recent = Recent::default();
         recent.push(10, 1, &row, 2, &mut Default::default());
         recent.push(12, 5, &row, 2, &mut Default::default());
         s.recent = Some(Box::new(recent));
-        assert_eq!(GroupState::unpack(&s.pack()), Some(s.clone()));
+        assert_eq!(GroupState::unpack(&s.pack(), true), Some(s.clone()));
         let mut main = Vec::new();
         let aux = s.encode(&mut main);
-        let (decoded, slots) = GroupState::decode(&main).unwrap();
+        let (decoded, slots) = GroupState::decode(&main, true).unwrap();
         assert_eq!(decoded.recent, s.recent);
         assert_eq!(slots.len(), aux.len());
         let mut bad = s.pack().to_vec();
         bad.push(0);
-        assert_eq!(GroupState::unpack(&bad), None);
+        assert_eq!(GroupState::unpack(&bad, true), None);
     }
 
     /// One event's effect on a group: every slot changes (no two multisets alike), so
     /// every auxiliary slot is written, and later slots move when the layout changes.
+    /// Counts `v` in every slot, and holds it as a count window of three events would.
     fn apply(s: &mut GroupState, v: i64) {
         s.count += 1;
+        let held = s.recent.get_or_insert_with(Default::default);
+        held.push(
+            v,
+            s.count as u64,
+            &[Value::Int(v)],
+            3,
+            &mut Default::default(),
+        );
         for (i, state) in s.states.iter_mut().enumerate() {
             match state {
                 AggState::Count(n) => *n += v,
@@ -901,6 +940,35 @@ mod tests {
     /// Rows of `family` in the store under the table's prefix.
     fn stored(store: &MemStateStore, family: Family) -> usize {
         store.scan_prefix(family, b"task/node").unwrap().len()
+    }
+
+    /// While the layers hold every state, `entries` reads them and not the store, and
+    /// gives what a read of the store gives.
+    #[test]
+    fn a_complete_table_lists_its_entries_from_its_layers() {
+        let store = Arc::new(MemStateStore::default());
+        let mut t = GroupTable::new(Some(Backing {
+            store: store.clone(),
+            prefix: b"task/node".to_vec(),
+            config: CacheConfig {
+                l1_entries: 4,
+                l2_entries: 64,
+            },
+        }));
+        let mut model: StdMap<Vec<u8>, GroupState> = StdMap::new();
+        for i in 0..200_i64 {
+            let card = format!("card{}", i % 30);
+            let key = KeyRef::Text(&card).to_vec();
+            apply(model.entry(key.clone()).or_insert_with(fresh), i);
+            apply(t.entry(KeyRef::Packed(&key).hashed(), fresh), i);
+        }
+        t.remove(KeyRef::Text("card7").hashed());
+        model.remove(&KeyRef::Text("card7").to_vec());
+        assert!(t.complete, "no state left both layers");
+        let want = sorted(model.into_iter().collect());
+        assert_eq!(sorted(t.entries(true)), want);
+        t.complete = false;
+        assert_eq!(sorted(t.entries(true)), want, "read from the store");
     }
 
     /// Random updates, removals, reads, layout rewrites and reboots (flush, drop the
@@ -932,6 +1000,7 @@ mod tests {
                     let make = || {
                         let mut s = template.clone().unwrap_or_else(fresh);
                         s.count = 0;
+                        s.recent = None;
                         for st in &mut s.states {
                             *st = match st {
                                 AggState::Count(_) => AggState::Count(0),
@@ -965,7 +1034,11 @@ mod tests {
                 }
                 97 => {
                     let want = sorted(model.clone().into_iter().collect());
-                    assert_eq!(sorted(t.entries()), want, "step {step}");
+                    assert_eq!(sorted(t.entries(true)), want, "step {step}");
+                    // A read of the aggregates alone gets the same states, without the
+                    // held events.
+                    let bare: Vec<_> = want.into_iter().map(|(k, s)| (k, s.copy(false))).collect();
+                    assert_eq!(sorted(t.entries(false)), bare, "step {step}");
                 }
                 _ => {
                     t.flush();

@@ -886,7 +886,7 @@ impl Task {
             let g = &mut w.filters[m.filter].groups[m.group];
             let snapshot: Vec<Change> = g
                 .table
-                .entries()
+                .entries(false)
                 .into_iter()
                 .filter(|(_, s)| s.epoch == epoch && s.count > 0)
                 .map(|(k, s)| change_row(m, &k, Some(&s), t))
@@ -1492,7 +1492,7 @@ impl Task {
             }
             None => g
                 .table
-                .entries()
+                .entries(false)
                 .iter()
                 .filter(|(_, s)| live(s))
                 .map(|(k, s)| row(k, s))
@@ -1610,7 +1610,7 @@ fn advance(
                 let old = w.epoch;
                 for f in &mut w.filters {
                     for g in f.groups.iter_mut().filter(|g| g.watched) {
-                        let live = g.table.entries();
+                        let live = g.table.entries(false);
                         g.touched.extend(
                             live.into_iter()
                                 .filter(|(_, s)| s.epoch == old && s.count > 0)
