@@ -205,14 +205,6 @@ impl Base {
 }
 
 impl Recent {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Places an event by (time, arrival) among at most `keep`: when `keep` are held
     /// already, the oldest leaves first (its row into `leaving`, cleared first), or the
     /// event itself is refused if it is older than all of them. The base is read once.
