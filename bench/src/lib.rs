@@ -12,6 +12,19 @@ impl XorShift {
     }
 }
 
+/// The middle of `values` (the mean of the two middle ones for an even count), as the
+/// benches compare repeated runs.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
 /// A tokio-postgres client of an in-process server, its connection driven on the runtime.
 pub async fn connect(
     server: &eddy_server::serve::Server,

@@ -32,7 +32,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use eddy_bench::XorShift;
+use eddy_bench::{median, XorShift};
 use eddy_cluster::log::kafka::{reply_headers, reply_to};
 use eddy_cluster::route::partition_for;
 use eddy_planner::codec::encode_row;
@@ -323,18 +323,6 @@ impl Latency {
             self.errors,
             self.p999_over(kafka)
         )
-    }
-}
-
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
     }
 }
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use eddy_bench::XorShift;
+use eddy_bench::{median, XorShift};
 use eddy_cluster::log::TaskBatch;
 use eddy_cluster::placement::Pinning;
 use eddy_cluster::route::partition_for;
@@ -280,11 +280,6 @@ fn child(a: &Args, shards: usize, pinned: bool) -> Result<serde_json::Value> {
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
 fn main() -> Result<()> {
     let a = <Args as clap::Parser>::parse();
     if let Some(shards) = a.one {
@@ -311,7 +306,7 @@ fn main() -> Result<()> {
         .iter()
         .zip(&runs)
         .map(|(&(shards, pinned), runs)| {
-            let m = |path: &[&str]| median(runs.iter().map(|r| field(r, path)).collect());
+            let m = |path: &[&str]| median(&runs.iter().map(|r| field(r, path)).collect::<Vec<_>>());
             serde_json::json!({
                 "shards": shards,
                 "pinned": pinned,
