@@ -415,6 +415,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => {
+            eddy_server::ops::memory::return_freed_memory_sooner();
             let serve_matches = matches.subcommand_matches("serve");
             let source = |id: &str| serve_matches.and_then(|m| m.value_source(id));
             let shards_from_file =
