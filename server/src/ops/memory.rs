@@ -9,7 +9,8 @@
 //! (100 k cards), a `1000 EVENTS` window's peak RSS was 480–505 MB against 445–461 MB
 //! for a 5-minute one (+5 to +20 %, run to run). With 100 ms the two peak at 401–404 and
 //! 412–417 MB (+3 %), a 7-day window at 403–426 MB, and the rates did not change (three
-//! alternated runs of each: 2.07–2.16 M rows/s for 5 minutes at either delay). At 10 ms
+//! alternated runs of each, 5 minutes: 2.08–2.16 M rows/s at 100 ms, 2.07–2.22 M at a
+//! second; `1000 EVENTS`: 1.73–1.84 M against 1.74–1.79 M). At 10 ms
 //! the peaks were 380 MB for every window, but a `1000 EVENTS` window loaded 4 % slower.
 //! Under many small statements pages seldom stay free that long: one pgbench client
 //! sending single-row INSERTs for 8 s took 24.4 k page faults against 22.2 k at a second,
