@@ -6,12 +6,12 @@
 //! into Arrow batches first and frees each batch once the shards applied it, while a
 //! count window's groups grow as they take the events. With a second's delay the freed
 //! batches and the growing state were resident together: over the same COPY of 5 M rows
-//! (100 k cards), a `1000 EVENTS` window's peak RSS was 480–505 MB against 445–461 MB
+//! (100 k cards), a `1000 EVENTS` window's peak RSS was 479–507 MB against 445–461 MB
 //! for a 5-minute one (+5 to +20 %, run to run). With 100 ms the two peak at 401–404 and
 //! 412–417 MB (+3 %), a 7-day window at 403–426 MB, and the rates did not change (three
 //! alternated runs of each, 5 minutes: 2.08–2.16 M rows/s at 100 ms, 2.07–2.22 M at a
-//! second; `1000 EVENTS`: 1.73–1.84 M against 1.74–1.79 M). At 10 ms
-//! the peaks were 380 MB for every window, but a `1000 EVENTS` window loaded 4 % slower.
+//! second; `1000 EVENTS`: 1.73–1.84 M against 1.74–1.79 M). At 10 ms the peaks were
+//! 380 MB for every window, but a `1000 EVENTS` window loaded 4 % slower.
 //! Under many small statements pages seldom stay free that long: one pgbench client
 //! sending single-row INSERTs for 8 s took 24.4 k page faults against 22.2 k at a second,
 //! at the same rate and CPU (26.5–26.9 k against 23.9–26.8 k statements/s).
@@ -21,7 +21,7 @@
 
 #![allow(unsafe_code)]
 
-use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
+use libmimalloc_sys::{mi_option_set, mi_option_t};
 
 /// The delay the server runs with, in milliseconds.
 pub const PURGE_DELAY_MS: i64 = 100;
@@ -39,15 +39,16 @@ pub fn return_freed_memory_sooner() {
     }
 }
 
-/// The purge delay in force, in milliseconds.
-pub fn purge_delay_ms() -> i64 {
-    // SAFETY: as above; reading an option has no precondition.
-    unsafe { mi_option_get(PURGE_DELAY) as i64 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libmimalloc_sys::mi_option_get;
+
+    /// The purge delay in force, in milliseconds.
+    fn purge_delay_ms() -> i64 {
+        // SAFETY: as for `mi_option_set`; reading an option has no precondition.
+        unsafe { mi_option_get(PURGE_DELAY) as i64 }
+    }
 
     /// Run in a child process with `MIMALLOC_PURGE_DELAY=7`: the option read is the one
     /// the environment named, so `PURGE_DELAY` is the purge delay's index.
